@@ -1,0 +1,132 @@
+/* fp4idx_backend.h -- the interface every compute backend implements.
+ *
+ * A backend owns the page pool (device memory for CUDA, host memory for the
+ * CPU backend) and runs the contract of DESIGN.md sections 1-3: quantize and
+ * store keys at given slots, read slots back, and score verify rows against a
+ * sequence's pages (full logits or top-k). It knows nothing of sequences,
+ * sockets or allocation policy: the daemon's cache (daemon/cache.c) maps
+ * sequence positions to slots and hands the backend page lists.
+ *
+ * Threading: a backend object is used by one thread at a time (the daemon
+ * gives each device one worker thread). A backend may use threads of its own
+ * inside a call (the CPU backend does).
+ *
+ * All pointers passed in and out are HOST pointers; a device backend stages
+ * them. Every function returns FP4IDX_OK or a negative fp4idx_status_t.
+ */
+#ifndef FP4IDX_BACKEND_H
+#define FP4IDX_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp4idx_format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fp4idx_backend_s fp4idx_backend_t;
+
+/* What a backend reports about itself (for `info`). */
+typedef struct fp4idx_backend_info_s {
+  char name[16];         /* "cpu" or "cuda" */
+  char device[128];      /* e.g. "NVIDIA H200" or "x86_64, 2 threads" */
+  int device_index;      /* CUDA ordinal, -1 for the CPU */
+  uint64_t mem_total;    /* bytes of device (or host) memory */
+  uint64_t mem_free;     /* bytes free at the time of the call */
+} fp4idx_backend_info_t;
+
+/* One sequence of a score batch: R verify rows against the first keys of a
+ * sequence whose keys live on `pages` (position l is at slot
+ * pages[l / P] * P + l % P). */
+typedef struct fp4idx_score_seq_s {
+  const int32_t *pages;  /* [ceil(n_keys / P)] page ids in position order */
+  int64_t n_keys;        /* keys the sequence holds */
+  int32_t rows;          /* R >= 1 */
+  int64_t width;         /* logits columns; max(lens) <= width <= n_keys */
+  const uint16_t *q;     /* [R, H, 128] bf16 bits */
+  const uint16_t *w;     /* [R, H] bf16 bits */
+  const int32_t *lens;   /* [R] visible counts, 0 <= lens[r] <= width */
+  const uint8_t *mask;   /* [R, width] optional; 0 hides a position; NULL = none */
+} fp4idx_score_seq_t;
+
+/* A whole score call: one launch on a device backend.
+ * Outputs, rows numbered across sequences in order (row_base of sequence s =
+ * sum of rows of sequences before it):
+ *   topk == 0: logits, sequence s writing [R_s, width_s] f32 at
+ *              logits + sum over earlier sequences of R*width; -inf where a
+ *              position is invisible (l >= lens[r], or masked).
+ *   topk  > 0: for each row, up to topk (position, logit) pairs sorted by
+ *              logit descending, ties by lower position, among visible
+ *              positions (-inf logits are not visible and never returned):
+ *              topk_pos/topk_val [total_rows, topk], topk_count [total_rows];
+ *              unused entries are pos -1, logit -inf. */
+typedef struct fp4idx_score_batch_s {
+  int32_t heads;                    /* H, 1..128 */
+  int32_t n_seqs;
+  const fp4idx_score_seq_t *seqs;   /* [n_seqs] */
+  int32_t topk;
+  float *logits;
+  int32_t *topk_pos;
+  float *topk_val;
+  int32_t *topk_count;
+} fp4idx_score_batch_t;
+
+typedef struct fp4idx_backend_ops_s {
+  /* Frees everything the backend holds, pool included. */
+  void (*destroy)(fp4idx_backend_t *b);
+
+  /* Fills *info. */
+  int (*describe)(fp4idx_backend_t *b, fp4idx_backend_info_t *info);
+
+  /* Allocates a zeroed pool of n_pages pages of page_size slots. Called once.
+   * FP4IDX_EINVAL (bad page size, n_pages < 1), FP4IDX_ENOMEM / FP4IDX_EFULL
+   * (memory), FP4IDX_EDEVICE. */
+  int (*pool_create)(fp4idx_backend_t *b, int64_t n_pages, int32_t page_size);
+
+  /* Quantizes n bf16 or f32 keys ([n,128]) and writes them to slots[i].
+   * All-or-nothing: any NaN/inf -> FP4IDX_ENONFINITE and no slot changes.
+   * dtype FP4IDX_DTYPE_FP4 stores packed [n,68] slots verbatim. */
+  int (*store)(fp4idx_backend_t *b, const void *keys, fp4idx_dtype_t dtype,
+               int64_t n, const int64_t *slots, fp4idx_rounding_t mode);
+
+  /* Reads n slots back: dequant == 0 gives packed [n,68] bytes (payload then
+   * scales, the wire's fp4 layout); dequant != 0 gives [n,128] f32. */
+  int (*read)(fp4idx_backend_t *b, const int64_t *slots, int64_t n,
+              int dequant, void *out);
+
+  /* Scores a batch (see fp4idx_score_batch_t). Inputs are validated by the
+   * caller; the backend still returns FP4IDX_EINVAL on inconsistent shapes. */
+  int (*score)(fp4idx_backend_t *b, const fp4idx_score_batch_t *batch);
+
+  /* Raw page bytes, for snapshots: copies pages [first, first+count) of the
+   * pool to/from host memory (count * P * 68 bytes). */
+  int (*read_pages)(fp4idx_backend_t *b, int64_t first, int64_t count, void *out);
+  int (*write_pages)(fp4idx_backend_t *b, int64_t first, int64_t count, const void *in);
+} fp4idx_backend_ops_t;
+
+struct fp4idx_backend_s {
+  const fp4idx_backend_ops_t *ops;
+  int64_t n_pages;    /* set by pool_create */
+  int32_t page_size;  /* set by pool_create */
+  void *impl;         /* the backend's own state */
+};
+
+/* Creates the CPU backend with `threads` worker threads (0 = one per core).
+ * FP4IDX_ENOMEM on failure. */
+int fp4idx_backend_cpu_create(fp4idx_backend_t **out, int threads);
+
+/* Creates the CUDA backend on device ordinal `device`. FP4IDX_ENODEV when the
+ * build has no CUDA, no GPU is present, or the ordinal does not exist. */
+int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device);
+
+/* Convenience wrappers: b->ops->f(b, ...). */
+static inline void fp4idx_backend_destroy(fp4idx_backend_t *b) {
+  if (b) b->ops->destroy(b);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP4IDX_BACKEND_H */
