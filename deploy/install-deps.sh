@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# install-deps.sh -- install the Debian/Ubuntu packages fp4idx builds with,
+# only those missing. Used by tests/run.sh and deploy/quickstart.sh.
+#
+#   deploy/install-deps.sh [--runtime]
+#
+# --runtime installs only what the built binaries need (no compilers, no test
+# framework). Does nothing when everything is present; never upgrades.
+set -euo pipefail
+
+build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev)
+runtime_pkgs=(libuv1 libmsgpackc2)
+pkgs=("${build_pkgs[@]}")
+[ "${1:-}" = "--runtime" ] && pkgs=("${runtime_pkgs[@]}")
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if ! command -v apt-get >/dev/null; then
+  echo "install-deps: missing ${missing[*]} and no apt-get here; install them by hand" >&2
+  exit 1
+fi
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
