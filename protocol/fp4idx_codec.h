@@ -1,0 +1,473 @@
+/* fp4idx_codec.h -- the fp4idx wire codec, shared by the daemon and the client.
+ *
+ * The wire format is specified in protocol/PROTOCOL.md; this header is its C
+ * face. In short: a frame is a 4-byte big-endian body length N, then N bytes
+ * holding exactly one msgpack map. Requests are {"id", "op", ...}, responses
+ * {"id", "status", ...} (plus "error" when status < 0).
+ *
+ * What lives here:
+ *   - framing: header put/get and an incremental frame reader whose state
+ *     lives on the connection ("need more bytes" is a normal return);
+ *   - C structs for every request and response;
+ *   - strict decoders (fp4idx_decode_request, fp4idx_decode_response) that
+ *     validate every field (type, presence, shape against dtype, data length,
+ *     ranges, caps) before the caller touches anything;
+ *   - encoders that append a whole frame (header + body) to a msgpack_sbuffer.
+ *
+ * Zero copy: decoded tensors (fp4idx_tensor_t) and strings are VIEWS into the
+ * frame body that was decoded. They stay valid exactly as long as that body
+ * buffer does; the codec never copies tensor bytes. Tensor data is NOT
+ * aligned (msgpack puts it at any byte offset): read elements with memcpy or
+ * the fp4idx_load_* helpers below, or copy the block once into aligned memory;
+ * never cast `data` to `const float *` and dereference it.
+ *
+ * Byte order: tensor data is little-endian on the wire and the codec passes
+ * it through untouched, so it assumes a little-endian host (x86-64, aarch64);
+ * the build fails on a big-endian one.
+ *
+ * Threading: no global state; every function is safe to call concurrently on
+ * different objects.
+ *
+ * Errors: negative fp4idx status codes (fp4idx_status.h). Functions that take
+ * `msg, msgcap` write a NUL-terminated, human-readable detail there on error
+ * (naming the offending field, e.g. "seqs[2].q: shape [4,32,64], expected
+ * [R,32,128]"); msg may be NULL when msgcap is 0.
+ */
+#ifndef FP4IDX_CODEC_H
+#define FP4IDX_CODEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "fp4idx_status.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fp4idx codec assumes a little-endian host (tensor data is LE on the wire)"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- versions and limits (all listed in PROTOCOL.md "Limits") ------------ */
+
+#define FP4IDX_PROTOCOL_VERSION 1u /* "version" of hello/info */
+
+#define FP4IDX_FRAME_HEADER 4u                     /* bytes of the BE length */
+#define FP4IDX_MAX_FRAME_DEFAULT (64u << 20)       /* default request cap */
+#define FP4IDX_MAX_FRAME_LIMIT 0xFFFFFFFFu         /* header can't say more */
+#define FP4IDX_PROTO_MAX_HEADS 128u                /* "heads" is 1..128 */
+#define FP4IDX_PROTO_HEAD_DIM 128u                 /* elements per key / q row */
+#define FP4IDX_PROTO_SLOT_BYTES 68u                /* packed FP4 key */
+#define FP4IDX_PROTO_MAX_NDIM 4u                   /* dims of a tensor */
+#define FP4IDX_PROTO_MAX_SCORE_SEQS 1024u          /* entries of score "seqs" */
+#define FP4IDX_PROTO_MAX_TOPK (1u << 20)           /* "topk" upper bound */
+#define FP4IDX_PROTO_MAX_OBJECTS (1u << 20)        /* msgpack objects/message */
+#define FP4IDX_PROTO_MAX_DEPTH 8u                  /* container nesting */
+#define FP4IDX_PROTO_MAX_STRING 256u               /* "client", "error", ... */
+#define FP4IDX_PROTO_MAX_STATS_OPS 32u             /* entries of "requests" */
+#define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
+
+/* Fixed sizes of the NUL-terminated strings of decoded responses; longer
+ * strings on the wire are truncated (they are informational). */
+#define FP4IDX_PROTO_NAME_CAP 64u   /* "server", stats op names */
+#define FP4IDX_PROTO_SHORT_CAP 16u  /* "backend" */
+#define FP4IDX_PROTO_DEVICE_CAP 128u
+#define FP4IDX_PROTO_ERROR_CAP 256u /* "error" */
+
+/* ---- operations ----------------------------------------------------------- */
+
+typedef enum fp4idx_op_e {
+  FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
+  FP4IDX_OP_HELLO,
+  FP4IDX_OP_INFO,
+  FP4IDX_OP_APPEND,
+  FP4IDX_OP_SCORE,
+  FP4IDX_OP_TRUNCATE,
+  FP4IDX_OP_DROP,
+  FP4IDX_OP_READ,
+  FP4IDX_OP_STATS,
+  FP4IDX_OP_SAVE,
+  FP4IDX_OP__COUNT
+} fp4idx_op_t;
+
+/* Returns the wire name of `op` ("append"), or "?" for NONE/unknown. */
+const char *fp4idx_op_name(fp4idx_op_t op);
+
+/* Returns the op named by the `len` bytes at `name` (not NUL-terminated), or
+ * FP4IDX_OP_NONE if no op has that name. */
+fp4idx_op_t fp4idx_op_from_name(const char *name, size_t len);
+
+/* ---- tensors -------------------------------------------------------------- */
+
+/* Element types on the wire ("dtype"). Distinct from fp4idx_dtype_t of
+ * kernels/fp4idx_format.h, which names key encodings, not wire types. */
+typedef enum fp4idx_wire_dtype_e {
+  FP4IDX_WIRE_NONE = 0, /* tensor absent (optional field not sent) */
+  FP4IDX_WIRE_BF16 = 1, /* "bf16", 2 bytes, raw bf16 bit patterns */
+  FP4IDX_WIRE_F32 = 2,  /* "f32", 4 bytes, IEEE binary32 */
+  FP4IDX_WIRE_I32 = 3,  /* "i32", 4 bytes, two's complement */
+  FP4IDX_WIRE_U8 = 4    /* "u8", 1 byte */
+} fp4idx_wire_dtype_t;
+
+/* Bytes per element of `dt` (0 for NONE or unknown). */
+size_t fp4idx_wire_dtype_size(fp4idx_wire_dtype_t dt);
+
+/* Wire name of `dt` ("bf16"), or "?" for NONE/unknown. */
+const char *fp4idx_wire_dtype_name(fp4idx_wire_dtype_t dt);
+
+/* A tensor: C-order, little-endian, `nbytes` == prod(shape) * itemsize.
+ * Decoded tensors point into the frame body (see "Zero copy" above; data is
+ * unaligned). For encoding, `data` points to the caller's bytes, which the
+ * encoder copies into the output buffer. dtype NONE = absent. */
+typedef struct fp4idx_tensor_s {
+  fp4idx_wire_dtype_t dtype;
+  uint32_t ndim;                          /* 1..FP4IDX_PROTO_MAX_NDIM */
+  uint64_t shape[FP4IDX_PROTO_MAX_NDIM];  /* unused dims are 0 */
+  const void *data;                       /* may be NULL when nbytes == 0 */
+  size_t nbytes;
+} fp4idx_tensor_t;
+
+/* Fills *t with a view of `data` (dtype, ndim dims from shape[]) and computes
+ * nbytes. Returns 0, FP4IDX_EINVAL (t NULL, ndim 0 or > 4, NONE dtype, or
+ * data NULL with nbytes > 0) or FP4IDX_E2BIG (size overflows size_t). */
+int fp4idx_tensor_init(fp4idx_tensor_t *t, fp4idx_wire_dtype_t dtype,
+                       uint32_t ndim, const uint64_t *shape, const void *data);
+
+/* True when the tensor is present (dtype != NONE). */
+static inline bool fp4idx_tensor_present(const fp4idx_tensor_t *t) {
+  return t->dtype != FP4IDX_WIRE_NONE;
+}
+
+/* Unaligned-safe element loads from tensor data (element index i). */
+static inline int32_t fp4idx_load_i32(const void *data, size_t i) {
+  int32_t v;
+  memcpy(&v, (const unsigned char *)data + i * 4u, 4);
+  return v;
+}
+static inline float fp4idx_load_f32(const void *data, size_t i) {
+  float v;
+  memcpy(&v, (const unsigned char *)data + i * 4u, 4);
+  return v;
+}
+static inline uint16_t fp4idx_load_bf16(const void *data, size_t i) {
+  uint16_t v;
+  memcpy(&v, (const unsigned char *)data + i * 2u, 2);
+  return v;
+}
+
+/* ---- framing -------------------------------------------------------------- */
+
+/* Writes the 4-byte big-endian body length `n` to out[0..3]. */
+void fp4idx_frame_header_put(unsigned char out[4], uint32_t n);
+
+/* Reads the 4-byte big-endian body length at in[0..3]. */
+uint32_t fp4idx_frame_header_get(const unsigned char in[4]);
+
+/* Incremental frame reader: one per connection. Feed it whatever the socket
+ * gave; it assembles one frame body at a time in a buffer of exactly N bytes
+ * that the caller then takes over (so a body can outlive the next reads, e.g.
+ * while a worker thread scores from views into it). Fields are private. */
+typedef struct fp4idx_frame_reader_s {
+  uint32_t max_frame;      /* cap on N; a larger header is E2BIG */
+  unsigned char hdr[4];
+  uint32_t hdr_have;       /* header bytes seen, 0..4 */
+  uint32_t body_len;       /* N, valid once hdr_have == 4 */
+  uint32_t body_have;      /* body bytes seen */
+  unsigned char *body;     /* malloc(N or 1), owned until taken */
+  int error;               /* sticky error (E2BIG/ENOMEM) once hit */
+} fp4idx_frame_reader_t;
+
+/* Initialises *r with a cap of `max_frame` body bytes (0 = the default,
+ * FP4IDX_MAX_FRAME_DEFAULT). Never allocates. Returns 0 or FP4IDX_EINVAL. */
+int fp4idx_frame_reader_init(fp4idx_frame_reader_t *r, uint32_t max_frame);
+
+/* Frees a partial body; *r may be re-initialised afterwards. */
+void fp4idx_frame_reader_free(fp4idx_frame_reader_t *r);
+
+/* Consumes bytes from data[0..len) up to the end of the current frame and sets
+ * *consumed to how many it used (<= len; the caller feeds the rest after
+ * taking the frame). Returns:
+ *   1             a whole frame is ready: call fp4idx_frame_reader_take();
+ *   0             all `len` bytes consumed, more are needed (normal);
+ *   FP4IDX_E2BIG  the header announces N > max_frame (the connection is
+ *                 unusable: reply with an error, id 0, and close);
+ *   FP4IDX_ENOMEM the body buffer could not be allocated;
+ *   FP4IDX_EINVAL bad arguments, or a frame is ready and was not taken.
+ * After E2BIG/ENOMEM every later call returns the same error. */
+int fp4idx_frame_reader_feed(fp4idx_frame_reader_t *r, const void *data,
+                             size_t len, size_t *consumed);
+
+/* Zero-copy alternative to feed, for read(2)/libuv alloc callbacks: when the
+ * reader is inside a body, sets *buf and *len to the free rest of the body buffer
+ * (read straight into it, then call fp4idx_frame_reader_commit); otherwise
+ * sets *buf = NULL, *len = 0 (use feed with your own buffer). Returns 0. */
+int fp4idx_frame_reader_space(fp4idx_frame_reader_t *r, void **buf,
+                              size_t *len);
+
+/* Records that `n` bytes were written into the space of the last
+ * fp4idx_frame_reader_space call. Returns 1 when the frame is complete, 0 if
+ * more is needed, FP4IDX_EINVAL if n exceeds that space. */
+int fp4idx_frame_reader_commit(fp4idx_frame_reader_t *r, size_t n);
+
+/* Hands the completed frame body to the caller: *body (free() it) and *len
+ * (N, may be 0; *body is then a valid 1-byte allocation). Resets the reader
+ * for the next frame. Returns 0, or FP4IDX_EINVAL if no frame is complete. */
+int fp4idx_frame_reader_take(fp4idx_frame_reader_t *r, unsigned char **body,
+                             size_t *len);
+
+/* ---- requests ------------------------------------------------------------- */
+
+/* Rounding modes of "append"; same numbers as fp4idx_rounding_t in
+ * kernels/fp4idx_format.h (FP4IDX_ROUND_RNE / FP4IDX_ROUND_THRESHOLD). */
+#define FP4IDX_WIRE_ROUND_RNE 0
+#define FP4IDX_WIRE_ROUND_THRESHOLD 1
+
+/* A string view into the frame body: NOT NUL-terminated. ptr NULL = absent. */
+typedef struct fp4idx_strview_s {
+  const char *ptr;
+  size_t len;
+} fp4idx_strview_t;
+
+/* "hello" {"version": uint, "client": str?}. The codec accepts any version;
+ * the daemon answers EVERSION when it is not FP4IDX_PROTOCOL_VERSION. */
+typedef struct fp4idx_hello_req_s {
+  uint64_t version;
+  fp4idx_strview_t client; /* optional, <= FP4IDX_PROTO_MAX_STRING bytes */
+} fp4idx_hello_req_t;
+
+/* "append" {"seq", "keys", "rounding"?}. keys is checked: bf16 or f32
+ * [n,128], or u8 [n,68], n >= 1. rounding is ignored for u8 keys. */
+typedef struct fp4idx_append_req_s {
+  uint64_t seq;
+  fp4idx_tensor_t keys;
+  int rounding; /* FP4IDX_WIRE_ROUND_*, default RNE */
+} fp4idx_append_req_t;
+
+/* One entry of "score" "seqs". Checked by the decoder: q bf16 [R,H,128] with
+ * R >= 1, w bf16 [R,H], lens (optional) i32 [R], mask (optional) u8 [R,W'].
+ * NOT checked by the decoder (needs the sequence): lens values in
+ * 0..keys(seq) and W' == W; see fp4idx_score_seq_check(). */
+typedef struct fp4idx_score_seq_s {
+  uint64_t seq;
+  uint32_t rows;          /* R = q.shape[0] */
+  fp4idx_tensor_t q;      /* bf16 [R,H,128] */
+  fp4idx_tensor_t w;      /* bf16 [R,H] */
+  fp4idx_tensor_t lens;   /* i32 [R], or absent (every row sees all keys) */
+  fp4idx_tensor_t mask;   /* u8 [R,W], or absent (all visible) */
+} fp4idx_score_seq_t;
+
+/* "score" {"heads", "topk"?, "seqs"}. */
+typedef struct fp4idx_score_req_s {
+  uint32_t heads;             /* H, 1..128 */
+  uint32_t topk;              /* k >= 1, or 0 when absent (full logits) */
+  fp4idx_score_seq_t *seqs;   /* nseqs entries, 1..MAX_SCORE_SEQS */
+  size_t nseqs;
+} fp4idx_score_req_t;
+
+/* "truncate" {"seq", "length"}. */
+typedef struct fp4idx_truncate_req_s {
+  uint64_t seq;
+  uint64_t length;
+} fp4idx_truncate_req_t;
+
+/* "drop" {"seq"}. */
+typedef struct fp4idx_drop_req_s {
+  uint64_t seq;
+} fp4idx_drop_req_t;
+
+/* "read" {"seq", "from"?, "count"?, "dequant"?}. */
+typedef struct fp4idx_read_req_s {
+  uint64_t seq;
+  uint64_t from;   /* default 0 */
+  uint64_t count;  /* valid when has_count */
+  bool has_count;  /* false: to the end of the sequence */
+  bool dequant;    /* default false: packed u8 [n,68]; true: f32 [n,128] */
+} fp4idx_read_req_t;
+
+/* A request. "info", "stats" and "save" have no fields. */
+typedef struct fp4idx_request_s {
+  uint64_t id;    /* echoed by the response; 0 when it could not be read */
+  fp4idx_op_t op; /* NONE when decode failed before the op was known */
+  union {
+    fp4idx_hello_req_t hello;
+    fp4idx_append_req_t append;
+    fp4idx_score_req_t score;
+    fp4idx_truncate_req_t truncate;
+    fp4idx_drop_req_t drop;
+    fp4idx_read_req_t read;
+  } u;
+  void *owned_; /* private: what the decoder allocated (score seqs) */
+} fp4idx_request_t;
+
+/* Decodes and validates one frame body (the N bytes after the header) into
+ * *req. Everything is checked before it returns 0: map at top level, no
+ * trailing bytes, no duplicate or unknown keys, every field's msgpack type,
+ * required fields, tensor dtype/shape/data length, heads 1..128, shape
+ * consistency inside a score entry, counts against the caps.
+ * req->id is set whenever an unsigned "id" could be read, even on failure
+ * (0 otherwise), and req->op once "op" was recognised, so the caller can
+ * always send an error reply carrying the id.
+ * Tensors and strings are views into `body`; keep it alive while using *req.
+ * Always call fp4idx_request_clear(req) afterwards (also after failure).
+ * Returns 0 or:
+ *   FP4IDX_EPROTO  not msgpack, not a map, trailing bytes, missing field,
+ *                  wrong msgpack type, unknown field, bad enum string;
+ *   FP4IDX_ETYPE   "op" is a string naming no operation;
+ *   FP4IDX_ESHAPE  tensor dtype/shape/data length wrong, heads out of 1..128,
+ *                  n or R of 0, shapes inconsistent inside a score entry;
+ *   FP4IDX_E2BIG   over a cap (seqs, topk, ndim, objects, depth, string);
+ *   FP4IDX_ENOMEM  allocation failed;
+ *   FP4IDX_EINVAL  bad arguments (body NULL with len > 0, req NULL).
+ * `msg` gets the detail, naming the field. */
+int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
+                          char *msg, size_t msgcap);
+
+/* Frees what fp4idx_decode_request allocated and zeroes *req. Safe on a
+ * zeroed request and twice. Never touches the caller's seqs arrays when the
+ * request was built by hand for encoding. */
+void fp4idx_request_clear(fp4idx_request_t *req);
+
+/* Checks a decoded score entry against its sequence's key count `nkeys`
+ * (daemon side, under the sequence lock): every lens[r] in 0..nkeys
+ * (FP4IDX_ERANGE otherwise), and the mask width equals W (FP4IDX_ESHAPE).
+ * Sets *width to W = max(lens), or nkeys without lens (W of the logits
+ * [R,W]). Returns 0, ERANGE, ESHAPE or EINVAL (NULL arguments). */
+int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
+                           uint64_t *width, char *msg, size_t msgcap);
+
+/* Appends one request frame (header + body) to `sb` (anything already in sb
+ * is kept, so pipelined requests can be batched). Validates like the decoder
+ * would (a request that encodes also decodes), and leaves sb unchanged on
+ * failure. Returns 0, FP4IDX_EINVAL (bad struct: unknown op, missing tensor,
+ * wrong shape; detail not reported), FP4IDX_E2BIG (body over 4 GiB - 1) or
+ * FP4IDX_ENOMEM. */
+int fp4idx_encode_request(msgpack_sbuffer *sb, const fp4idx_request_t *req);
+
+/* ---- responses ------------------------------------------------------------ */
+
+/* "hello" -> {"version", "server"}. */
+typedef struct fp4idx_hello_resp_s {
+  uint64_t version;
+  char server[FP4IDX_PROTO_NAME_CAP]; /* "fp4idxd 0.1.0" */
+} fp4idx_hello_resp_t;
+
+/* "info" -> {...}. */
+typedef struct fp4idx_info_s {
+  uint64_t version;
+  char server[FP4IDX_PROTO_NAME_CAP];
+  char backend[FP4IDX_PROTO_SHORT_CAP]; /* "cpu" | "cuda" */
+  char device[FP4IDX_PROTO_DEVICE_CAP];
+  uint64_t page_size, pages_total, pages_free, sequences, max_frame;
+} fp4idx_info_t;
+
+/* "append" -> {"first", "length"}: position of the first new key and the
+ * sequence length after the append. */
+typedef struct fp4idx_append_resp_s {
+  uint64_t first;
+  uint64_t length;
+} fp4idx_append_resp_t;
+
+/* One entry of "score" "results", in request order. Without topk: logits f32
+ * [R,W]. With topk: positions i32 [R,k], logits f32 [R,k], counts i32 [R]. */
+typedef struct fp4idx_score_result_s {
+  uint64_t seq;
+  bool topk;                  /* true: positions and counts are present */
+  fp4idx_tensor_t logits;
+  fp4idx_tensor_t positions;
+  fp4idx_tensor_t counts;
+} fp4idx_score_result_t;
+
+typedef struct fp4idx_score_resp_s {
+  fp4idx_score_result_t *results;
+  size_t nresults;
+} fp4idx_score_resp_t;
+
+/* "truncate" -> {"length"}. */
+typedef struct fp4idx_truncate_resp_s {
+  uint64_t length;
+} fp4idx_truncate_resp_t;
+
+/* "read" -> {"keys": u8 [n,68] | f32 [n,128]} (n may be 0). */
+typedef struct fp4idx_read_resp_s {
+  fp4idx_tensor_t keys;
+} fp4idx_read_resp_t;
+
+/* Per-op counters of "stats" "requests". Buckets: le_us[i] is the upper
+ * bound (microseconds, inclusive) of bucket i, the last one +inf; hist[i] is
+ * the plain (non-cumulative) count of requests in bucket i. */
+typedef struct fp4idx_op_stats_s {
+  char op[FP4IDX_PROTO_NAME_CAP];
+  uint64_t count;
+  uint64_t errors;
+  uint32_t nbuckets;                        /* <= MAX_BUCKETS */
+  double le_us[FP4IDX_PROTO_MAX_BUCKETS];
+  uint64_t hist[FP4IDX_PROTO_MAX_BUCKETS];
+  double sum_us;
+} fp4idx_op_stats_t;
+
+/* "stats" -> {...}. */
+typedef struct fp4idx_stats_s {
+  double uptime_s;
+  uint64_t connections, sequences, keys, pages_total, pages_free;
+  char backend[FP4IDX_PROTO_SHORT_CAP];
+  char device[FP4IDX_PROTO_DEVICE_CAP];
+  fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
+  size_t nops;
+} fp4idx_stats_t;
+
+/* A response. When status < 0 only id, status and error are meaningful.
+ * "drop" and "save" have no fields. */
+typedef struct fp4idx_response_s {
+  uint64_t id;
+  int status;                          /* 0 or a negative fp4idx code */
+  char error[FP4IDX_PROTO_ERROR_CAP];  /* "" on success */
+  fp4idx_op_t op;                      /* which union member; not on wire */
+  union {
+    fp4idx_hello_resp_t hello;
+    fp4idx_info_t info;
+    fp4idx_append_resp_t append;
+    fp4idx_score_resp_t score;
+    fp4idx_truncate_resp_t truncate;
+    fp4idx_read_resp_t read;
+    fp4idx_stats_t stats;
+  } u;
+  void *owned_; /* private: what the decoder allocated */
+} fp4idx_response_t;
+
+/* Appends one success response frame for resp->op (resp->status must be 0)
+ * to `sb`; unchanged on failure. Tensors are copied from their views
+ * (checked: dtype/shape/nbytes consistent and as PROTOCOL.md says).
+ * Returns 0, FP4IDX_EINVAL (bad struct), FP4IDX_E2BIG (body > 4 GiB - 1) or
+ * FP4IDX_ENOMEM. */
+int fp4idx_encode_response(msgpack_sbuffer *sb, const fp4idx_response_t *resp);
+
+/* Appends an error response frame {"id", "status", "error"} to `sb`.
+ * status must be negative; message may be NULL (then fp4idx_strerror's text
+ * is sent) and is cut to FP4IDX_PROTO_ERROR_CAP - 1 bytes.
+ * Returns 0, FP4IDX_EINVAL or FP4IDX_ENOMEM. */
+int fp4idx_encode_error(msgpack_sbuffer *sb, uint64_t id, int status,
+                        const char *message);
+
+/* Decodes one response body, the answer to a request of kind `op` (the wire
+ * does not name the op; responses come back in request order). Strict like
+ * the request decoder, except that unknown keys are ignored (servers may add
+ * fields). An error response (status < 0) decodes successfully: the function
+ * returns 0 and resp->status / resp->error carry the server's error.
+ * Tensors are views into `body`. Call fp4idx_response_clear afterwards.
+ * Returns 0, FP4IDX_EPROTO / FP4IDX_ESHAPE / FP4IDX_E2BIG (malformed
+ * response; detail in msg), FP4IDX_ENOMEM or FP4IDX_EINVAL. */
+int fp4idx_decode_response(const void *body, size_t len, fp4idx_op_t op,
+                           fp4idx_response_t *resp, char *msg, size_t msgcap);
+
+/* Frees what fp4idx_decode_response allocated and zeroes *resp. */
+void fp4idx_response_clear(fp4idx_response_t *resp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP4IDX_CODEC_H */
