@@ -197,8 +197,11 @@ void fp4idx_frame_reader_free(fp4idx_frame_reader_t *r);
  *   FP4IDX_E2BIG  the header announces N > max_frame (the connection is
  *                 unusable: reply with an error, id 0, and close);
  *   FP4IDX_ENOMEM the body buffer could not be allocated;
- *   FP4IDX_EINVAL bad arguments, or a frame is ready and was not taken.
- * After E2BIG/ENOMEM every later call returns the same error. */
+ *   FP4IDX_EINVAL bad arguments.
+ * While a completed frame has not been taken, feed consumes nothing and
+ * returns 1 again. After E2BIG/ENOMEM every later call returns that error.
+ * The body buffer of N bytes is allocated when the header arrives (capped by
+ * max_frame; Linux commits its pages only as bytes arrive). */
 int fp4idx_frame_reader_feed(fp4idx_frame_reader_t *r, const void *data,
                              size_t len, size_t *consumed);
 

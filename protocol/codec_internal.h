@@ -1,0 +1,106 @@
+/* codec_internal.h -- helpers shared by the codec's .c files (not installed).
+ *
+ * Decoding goes in two steps: fp4idx__mp_parse() first walks the raw msgpack
+ * bytes without allocating (scan.c) to enforce the caps -- nesting depth,
+ * object count, container counts no larger than the bytes left -- so that
+ * msgpack-c never sizes an allocation from a hostile count; then msgpack-c
+ * unpacks into a zone. str/bin objects point into the input buffer (msgpack-c
+ * references, it does not copy, with msgpack_unpack_next), which is what
+ * makes tensor views zero-copy.
+ */
+#ifndef FP4IDX_CODEC_INTERNAL_H
+#define FP4IDX_CODEC_INTERNAL_H
+
+#include <stdarg.h>
+
+#include "fp4idx_codec.h"
+
+/* Formats the detail into msg (if any) and returns `status`. */
+int fp4idx__fail(char *msg, size_t cap, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Walks one msgpack object spanning exactly body[0..len). Returns 0,
+ * FP4IDX_EPROTO (truncated, invalid byte, trailing bytes) or FP4IDX_E2BIG
+ * (depth or object caps). */
+int fp4idx__mp_scan(const unsigned char *body, size_t len, char *msg,
+                    size_t cap);
+
+/* Scans, then unpacks body into *up (msgpack_unpacked_init'ed by the
+ * caller, destroyed by the caller). Checks that the root is a map. */
+int fp4idx__mp_parse(const void *body, size_t len, msgpack_unpacked *up,
+                     char *msg, size_t cap);
+
+/* ---- field access -------------------------------------------------------- */
+
+/* One named field of a map; val is NULL when absent (a nil value counts as
+ * absent: optional fields may be sent as nil). */
+typedef struct fp4idx__field_s {
+  const char *name;
+  const msgpack_object *val;
+} fp4idx__field_t;
+
+/* Matches the keys of `map` against fields[0..n): every key must be a str,
+ * no key twice; unknown keys are an EPROTO error when `strict`, ignored
+ * otherwise. `path` names the map in messages ("" for the top level). */
+int fp4idx__map_fields(const msgpack_object *map, const char *path,
+                       fp4idx__field_t *fields, size_t n, bool strict,
+                       char *msg, size_t cap);
+
+/* Returns the value of key `name` of map `map` (first match), or NULL. */
+const msgpack_object *fp4idx__map_get(const msgpack_object *map,
+                                      const char *name);
+
+/* Typed getters. `v` NULL means absent: EPROTO "missing field" when
+ * required, else 0 with *present = false (present may be NULL). */
+int fp4idx__get_uint(const msgpack_object *v, const char *path,
+                     const char *name, uint64_t *out, char *msg, size_t cap);
+int fp4idx__get_int(const msgpack_object *v, const char *path,
+                    const char *name, int64_t *out, char *msg, size_t cap);
+int fp4idx__get_num(const msgpack_object *v, const char *path,
+                    const char *name, double *out, char *msg, size_t cap);
+int fp4idx__get_bool(const msgpack_object *v, const char *path,
+                     const char *name, bool *out, char *msg, size_t cap);
+int fp4idx__get_str(const msgpack_object *v, const char *path,
+                    const char *name, fp4idx_strview_t *out, char *msg,
+                    size_t cap);
+/* Copies a str into a fixed char array, truncating, NUL-terminated. */
+int fp4idx__get_strcpy(const msgpack_object *v, const char *path,
+                       const char *name, char *out, size_t outcap, char *msg,
+                       size_t cap);
+
+/* Decodes a tensor map {"dtype","shape","data"} into *t (a view). Checks the
+ * msgpack types (EPROTO), dtype name and data length against the shape
+ * (ESHAPE), ndim 1..4 (0: ESHAPE, > 4: E2BIG). */
+int fp4idx__get_tensor(const msgpack_object *v, const char *path,
+                       const char *name, bool strict, fp4idx_tensor_t *t,
+                       char *msg, size_t cap);
+
+/* Formats t's dtype and shape as "bf16 [4,32,128]" into buf. */
+const char *fp4idx__tensor_desc(const fp4idx_tensor_t *t, char *buf,
+                                size_t cap);
+
+/* prod(shape) * itemsize into *nbytes; false on overflow. */
+bool fp4idx__tensor_bytes(fp4idx_wire_dtype_t dt, uint32_t ndim,
+                          const uint64_t *shape, size_t *nbytes);
+
+/* True when t is consistent: known dtype, ndim 1..4, nbytes matches, data
+ * non-NULL if nbytes > 0 (what an encoder needs before copying). */
+bool fp4idx__tensor_sane(const fp4idx_tensor_t *t);
+
+/* ---- encoding -------------------------------------------------------------- */
+
+/* Starts a frame: reserves the 4 header bytes at the end of sb and returns
+ * their offset in *start. */
+int fp4idx__frame_begin(msgpack_sbuffer *sb, size_t *start);
+
+/* Patches the header at `start` with the body length. On failure (`rc` != 0
+ * already, or body > 4 GiB - 1) rolls sb back to `start` and returns the
+ * error. */
+int fp4idx__frame_end(msgpack_sbuffer *sb, size_t start, int rc);
+
+/* Packing helpers; return msgpack's callback result (0 or -1). */
+int fp4idx__pack_cstr(msgpack_packer *pk, const char *s);
+int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n);
+int fp4idx__pack_tensor(msgpack_packer *pk, const fp4idx_tensor_t *t);
+
+#endif /* FP4IDX_CODEC_INTERNAL_H */

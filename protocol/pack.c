@@ -1,0 +1,31 @@
+/* pack.c -- writing frames into a msgpack_sbuffer: a 4-byte header slot
+ * patched once the body is packed, with rollback on failure so that a failed
+ * encode leaves the buffer as it was. */
+#include "codec_internal.h"
+
+int fp4idx__frame_begin(msgpack_sbuffer *sb, size_t *start) {
+  static const char zero[4] = {0, 0, 0, 0};
+  *start = sb->size;
+  return msgpack_sbuffer_write(sb, zero, 4) == 0 ? 0 : FP4IDX_ENOMEM;
+}
+
+int fp4idx__frame_end(msgpack_sbuffer *sb, size_t start, int rc) {
+  size_t body = sb->size - start - 4;
+  if (rc == 0 && body > FP4IDX_MAX_FRAME_LIMIT) rc = FP4IDX_E2BIG;
+  if (rc != 0) {
+    sb->size = start; /* roll back: the bytes stay allocated, unused */
+    return rc;
+  }
+  fp4idx_frame_header_put((unsigned char *)sb->data + start, (uint32_t)body);
+  return 0;
+}
+
+int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n) {
+  int rc = msgpack_pack_str(pk, n);
+  if (n > 0) rc |= msgpack_pack_str_body(pk, s, n);
+  return rc;
+}
+
+int fp4idx__pack_cstr(msgpack_packer *pk, const char *s) {
+  return fp4idx__pack_strn(pk, s, strlen(s));
+}
