@@ -1,0 +1,48 @@
+/* config.h -- fp4idxd command line -> configuration. */
+#ifndef FP4IDX_DAEMON_CONFIG_H
+#define FP4IDX_DAEMON_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "log.h"
+
+#define FP4IDXD_VERSION_STRING "0.1.0"
+
+typedef enum fp4idx_backend_kind_e {
+  FP4IDX_BACKEND_AUTO = 0,
+  FP4IDX_BACKEND_CUDA = 1,
+  FP4IDX_BACKEND_CPU = 2
+} fp4idx_backend_kind_t;
+
+typedef struct fp4idx_config_s {
+  char socket_path[108];          /* sun_path size; "" = default */
+  fp4idx_backend_kind_t backend;  /* --backend */
+  int device;                     /* --device N (CUDA ordinal) */
+  uint64_t cache_bytes;           /* --cache-bytes; 0 = default share */
+  int32_t page_size;              /* --page-size, power of two */
+  uint64_t max_frame;             /* --max-frame bytes */
+  int threads;                    /* --threads for the CPU backend (0 = cores) */
+  fp4idx_log_level_t log_level;   /* --log-level */
+} fp4idx_config_t;
+
+/* Fills the defaults (socket "" = resolved later, backend auto, device 0,
+ * cache 0 = default share, page size 64, max frame 64 MiB, threads 0, info). */
+void fp4idx__config_defaults(fp4idx_config_t *cfg);
+
+/* Parses argv (getopt_long). Returns 0 to run, 1 when --help or --version was
+ * printed to `out` (exit 0), or FP4IDX_EINVAL after printing a one-line reason
+ * to `err` (exit 2). */
+int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
+                         FILE *out, FILE *err);
+
+/* Parses a byte count with an optional K/M/G/T suffix (binary units, an
+ * optional trailing "B" or "iB"): "64M" = 64 MiB. Returns 0 or -1. */
+int fp4idx__config_parse_size(const char *s, uint64_t *out);
+
+/* The default socket path: $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock, or
+ * /run/fp4idx/fp4idxd.sock when running as root or when XDG_RUNTIME_DIR is
+ * unset. Returns 0, or FP4IDX_E2BIG if it does not fit in `cap` bytes. */
+int fp4idx__config_default_socket(char *buf, size_t cap);
+
+#endif /* FP4IDX_DAEMON_CONFIG_H */

@@ -1,0 +1,204 @@
+/* daemon.c -- wires the loop, engine, cache, worker and server together;
+ * signals and the graceful stop (see daemon.h). */
+#define _GNU_SOURCE
+#include "daemon.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "fp4idx_status.h"
+#include "log.h"
+
+/* ---- requests: server -> worker -> server ------------------------------- */
+
+static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
+  fp4idx_req_t *req = job->data;
+  fp4idx_daemon_t *d = req->conn->srv->data;
+  fp4idx__cmd_execute(d, req->body, req->body_len, req->t0_us, &req->resp, &req->resp_len);
+  /* The body (and the views into it) are not needed any more. */
+  free(req->body);
+  req->body = NULL;
+  if (!req->resp) req->close_after = 1; /* could not even encode an error */
+}
+
+static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
+  fp4idx__server_req_done(job->data);
+}
+
+static void fp4idx__daemon_submit_req(fp4idx_server_t *srv, fp4idx_req_t *req) {
+  fp4idx_daemon_t *d = srv->data;
+  req->job.work = fp4idx__daemon_req_work;
+  req->job.done = fp4idx__daemon_req_done;
+  req->job.data = req;
+  fp4idx__worker_submit(&d->worker, &req->job);
+}
+
+static int fp4idx__daemon_error_frame(fp4idx_server_t *srv, int status, const char *msg,
+                                      uint8_t **frame, size_t *len) {
+  (void)srv;
+  return fp4idx__cmd_error_frame(status, msg, frame, len);
+}
+
+static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
+  fp4idx_daemon_t *d = srv->data;
+  fp4idx__stats_conn(&d->stats, delta);
+}
+
+/* ---- stopping ----------------------------------------------------------- */
+
+static void fp4idx__daemon_server_stopped(fp4idx_server_t *srv) {
+  fp4idx_daemon_t *d = srv->data;
+  /* Every connection is closed, so every request has been answered; jobs
+   * from hooks may still be queued: stop runs them first. */
+  fp4idx__worker_stop(&d->worker);
+  if (d->hooks.shutdown) d->hooks.shutdown(d, d->hooks.arg);
+  uv_close((uv_handle_t *)&d->sig_int, NULL);
+  uv_close((uv_handle_t *)&d->sig_term, NULL);
+  fp4idx__log_info("stopped");
+}
+
+void fp4idx__daemon_stop(fp4idx_daemon_t *d) {
+  if (d->stopping) return;
+  d->stopping = 1;
+  fp4idx__log_info("stopping: finishing %llu queued request(s), %llu connection(s) open",
+                   (unsigned long long)d->worker.queued, (unsigned long long)d->server.n_conns);
+  if (d->hooks.stopping) d->hooks.stopping(d, d->hooks.arg);
+  fp4idx__server_stop(&d->server);
+}
+
+static void fp4idx__daemon_signal_cb(uv_signal_t *h, int signum) {
+  fp4idx_daemon_t *d = h->data;
+  if (d->stopping) {
+    fp4idx__log_info("signal %d: already stopping", signum);
+    return;
+  }
+  fp4idx__log_info("signal %d (%s): graceful stop", signum, signum == SIGINT ? "SIGINT" : "SIGTERM");
+  fp4idx__daemon_stop(d);
+}
+
+/* ---- life cycle --------------------------------------------------------- */
+
+int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
+  if (!d || !cfg) return FP4IDX_EINVAL;
+  memset(d, 0, sizeof *d);
+  d->cfg = *cfg;
+  int rc = uv_loop_init(&d->loop);
+  if (rc) {
+    fp4idx__log_error("uv_loop_init: %s", uv_strerror(rc));
+    return FP4IDX_EINTERNAL;
+  }
+  d->loop_ok = 1;
+  rc = fp4idx__stats_init(&d->stats);
+  if (rc) goto err;
+  d->stats_ok = 1;
+  int64_t n_pages = 0;
+  rc = fp4idx__engine_open(&d->engine, &d->cfg, &d->desc, &n_pages);
+  if (rc) goto err;
+  rc = fp4idx__cache_init(&d->cache, n_pages, d->cfg.page_size);
+  if (rc) {
+    fp4idx__log_error("cache of %lld pages: %s", (long long)n_pages, fp4idx_strerror(rc));
+    goto err;
+  }
+  d->cache_ok = 1;
+  fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
+  d->server.data = d;
+  d->server.submit = fp4idx__daemon_submit_req;
+  d->server.error_frame = fp4idx__daemon_error_frame;
+  d->server.conn_event = fp4idx__daemon_conn_event;
+  d->server.on_stopped = fp4idx__daemon_server_stopped;
+  d->worker.data = d;
+  return FP4IDX_OK;
+err:
+  fp4idx__daemon_fini(d);
+  return rc;
+}
+
+void fp4idx__daemon_set_hooks(fp4idx_daemon_t *d, const fp4idx_daemon_hooks_t *hooks) {
+  if (hooks) d->hooks = *hooks; else memset(&d->hooks, 0, sizeof d->hooks);
+}
+
+int fp4idx__daemon_start(fp4idx_daemon_t *d) {
+  if (d->started) return FP4IDX_OK;
+  d->started = 1;
+  if (d->hooks.startup) {
+    int rc = d->hooks.startup(d, d->hooks.arg);
+    if (rc < 0) {
+      fp4idx__log_error("startup hook failed: %s", fp4idx_strerror(rc));
+      return rc;
+    }
+  }
+  return FP4IDX_OK;
+}
+
+int fp4idx__daemon_listen_fd(fp4idx_daemon_t *d, int fd) {
+  int rc = fp4idx__daemon_start(d);
+  return rc ? rc : fp4idx__server_listen_fd(&d->server, fd);
+}
+
+int fp4idx__daemon_listen_default(fp4idx_daemon_t *d) {
+  int rc = fp4idx__daemon_start(d);
+  if (rc) return rc;
+  if (!d->cfg.socket_path[0]) {
+    rc = fp4idx__config_default_socket(d->cfg.socket_path, sizeof d->cfg.socket_path);
+    if (rc) {
+      fp4idx__log_error("the default socket path is too long; use --socket");
+      return rc;
+    }
+  }
+  return fp4idx__server_listen_path(&d->server, d->cfg.socket_path);
+}
+
+void fp4idx__daemon_submit(fp4idx_daemon_t *d, fp4idx_job_t *job) {
+  fp4idx__worker_submit(&d->worker, job);
+}
+
+int fp4idx__daemon_run(fp4idx_daemon_t *d) {
+  if (d->server.n_listeners == 0) {
+    fp4idx__log_error("no listening socket");
+    return 1;
+  }
+  /* A peer that closes early must not kill the daemon with SIGPIPE. */
+  signal(SIGPIPE, SIG_IGN);
+  int rc = fp4idx__worker_start(&d->worker, &d->loop);
+  if (rc) {
+    fp4idx__log_error("cannot start the worker thread");
+    return 1;
+  }
+  uv_signal_init(&d->loop, &d->sig_int);
+  uv_signal_init(&d->loop, &d->sig_term);
+  d->sig_int.data = d->sig_term.data = d;
+  uv_signal_start(&d->sig_int, fp4idx__daemon_signal_cb, SIGINT);
+  uv_signal_start(&d->sig_term, fp4idx__daemon_signal_cb, SIGTERM);
+  fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu",
+                   FP4IDXD_VERSION_STRING, d->desc.name, d->cfg.page_size,
+                   (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame);
+  if (d->hooks.ready) d->hooks.ready(d, d->hooks.arg);
+  uv_run(&d->loop, UV_RUN_DEFAULT);
+  return d->exit_code;
+}
+
+static void fp4idx__daemon_walk_close(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
+  if (!d) return;
+  if (d->worker.started) fp4idx__worker_stop(&d->worker);
+  if (d->loop_ok) {
+    /* Close whatever is left (listeners that never served, etc). */
+    uv_walk(&d->loop, fp4idx__daemon_walk_close, NULL);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    if (d->server.path[0]) unlink(d->server.path);
+    uv_loop_close(&d->loop);
+    d->loop_ok = 0;
+  }
+  if (d->cache_ok) fp4idx__cache_destroy(&d->cache);
+  d->cache_ok = 0;
+  fp4idx__engine_close(d->engine);
+  d->engine = NULL;
+  if (d->stats_ok) fp4idx__stats_destroy(&d->stats);
+  d->stats_ok = 0;
+}

@@ -1,0 +1,162 @@
+/* engine.c -- backend choice, pool sizing and calls (see engine.h). */
+#define _GNU_SOURCE
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fp4idx_backend.h"
+#include "fp4idx_status.h"
+#include "log.h"
+
+struct fp4idx_engine_s {
+  fp4idx_backend_t *b;
+};
+
+#ifndef FP4IDX_HAVE_CUDA_BACKEND
+/* Built without the CUDA backend: a cuda request has no device. */
+static int fp4idx__engine_cuda_create(fp4idx_backend_t **out, int device) {
+  (void)device;
+  *out = NULL;
+  return FP4IDX_ENODEV;
+}
+#else
+static int fp4idx__engine_cuda_create(fp4idx_backend_t **out, int device) {
+  return fp4idx_backend_cuda_create(out, device);
+}
+#endif
+
+int fp4idx__engine_describe(fp4idx_engine_t *e, fp4idx_engine_desc_t *desc) {
+  fp4idx_backend_info_t info;
+  memset(&info, 0, sizeof info);
+  int rc = e->b->ops->describe(e->b, &info);
+  if (rc) return rc;
+  memset(desc, 0, sizeof *desc);
+  snprintf(desc->name, sizeof desc->name, "%.15s", info.name);
+  snprintf(desc->device, sizeof desc->device, "%.127s", info.device);
+  desc->mem_total = info.mem_total;
+  desc->mem_free = info.mem_free;
+  return FP4IDX_OK;
+}
+
+static uint64_t fp4idx__engine_host_ram(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+  return (pages > 0 && psz > 0) ? (uint64_t)pages * (uint64_t)psz : 0;
+}
+
+int fp4idx__engine_open(fp4idx_engine_t **out, const fp4idx_config_t *cfg,
+                        fp4idx_engine_desc_t *desc, int64_t *n_pages) {
+  if (!out || !cfg || !desc || !n_pages) return FP4IDX_EINVAL;
+  *out = NULL;
+  fp4idx_engine_t *e = calloc(1, sizeof *e);
+  if (!e) return FP4IDX_ENOMEM;
+  int rc;
+  int cuda = 0;
+  if (cfg->backend == FP4IDX_BACKEND_CPU) {
+    rc = fp4idx_backend_cpu_create(&e->b, cfg->threads);
+  } else {
+    rc = fp4idx__engine_cuda_create(&e->b, cfg->device);
+    if (rc == FP4IDX_OK) {
+      cuda = 1;
+    } else if (cfg->backend == FP4IDX_BACKEND_CUDA) {
+      fp4idx__log_error("CUDA backend unavailable (device %d): %s", cfg->device,
+                        fp4idx_strerror(rc));
+      goto err;
+    } else {
+      fp4idx__log_info("no usable GPU (%s): using the CPU backend", fp4idx_strerror(rc));
+      rc = fp4idx_backend_cpu_create(&e->b, cfg->threads);
+    }
+  }
+  if (rc) {
+    fp4idx__log_error("cannot create the %s backend: %s", cuda ? "cuda" : "cpu",
+                      fp4idx_strerror(rc));
+    goto err;
+  }
+  rc = fp4idx__engine_describe(e, desc);
+  if (rc) goto err;
+  uint64_t bytes = cfg->cache_bytes;
+  if (bytes == 0) {
+    if (cuda) {
+      bytes = desc->mem_free / 2;
+    } else {
+      uint64_t ram = desc->mem_total ? desc->mem_total : fp4idx__engine_host_ram();
+      bytes = ram / 4;
+      if (bytes > (4ull << 30)) bytes = 4ull << 30;
+    }
+  }
+  uint64_t page_bytes = (uint64_t)cfg->page_size * 68u;
+  uint64_t pages = bytes / page_bytes;
+  if (pages > INT32_MAX) pages = INT32_MAX; /* page ids are int32 */
+  if (pages < 1) {
+    fp4idx__log_error("cache of %llu bytes holds no page of %llu bytes",
+                      (unsigned long long)bytes, (unsigned long long)page_bytes);
+    rc = FP4IDX_EINVAL;
+    goto err;
+  }
+  rc = e->b->ops->pool_create(e->b, (int64_t)pages, cfg->page_size);
+  if (rc) {
+    fp4idx__log_error("cannot allocate a pool of %llu pages (%llu bytes): %s",
+                      (unsigned long long)pages, (unsigned long long)(pages * page_bytes),
+                      fp4idx_strerror(rc));
+    goto err;
+  }
+  *n_pages = (int64_t)pages;
+  fp4idx__log_info("backend %s (%s): pool of %llu pages x %d keys = %llu bytes",
+                   desc->name, desc->device, (unsigned long long)pages, cfg->page_size,
+                   (unsigned long long)(pages * page_bytes));
+  *out = e;
+  return FP4IDX_OK;
+err:
+  fp4idx__engine_close(e);
+  return rc;
+}
+
+void fp4idx__engine_close(fp4idx_engine_t *e) {
+  if (!e) return;
+  fp4idx_backend_destroy(e->b);
+  free(e);
+}
+
+int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, int dtype, int64_t n,
+                         const int64_t *slots, int rounding) {
+  return e->b->ops->store(e->b, keys, (fp4idx_dtype_t)dtype, n, slots,
+                          (fp4idx_rounding_t)rounding);
+}
+
+int fp4idx__engine_read(fp4idx_engine_t *e, const int64_t *slots, int64_t n,
+                        int dequant, void *out) {
+  return e->b->ops->read(e->b, slots, n, dequant, out);
+}
+
+int fp4idx__engine_read_pages(fp4idx_engine_t *e, int64_t first, int64_t count, void *out) {
+  return e->b->ops->read_pages(e->b, first, count, out);
+}
+
+int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
+                               const void *in) {
+  return e->b->ops->write_pages(e->b, first, count, in);
+}
+
+int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
+                         const fp4idx_engine_seq_t *seqs, int32_t topk, float *logits,
+                         int32_t *topk_pos, float *topk_val, int32_t *topk_count) {
+  fp4idx_score_seq_t *bs = calloc((size_t)n_seqs, sizeof *bs);
+  if (!bs) return FP4IDX_ENOMEM;
+  for (int32_t i = 0; i < n_seqs; i++) {
+    bs[i].pages = seqs[i].pages;
+    bs[i].n_keys = seqs[i].n_keys;
+    bs[i].rows = seqs[i].rows;
+    bs[i].width = seqs[i].width;
+    bs[i].q = seqs[i].q;
+    bs[i].w = seqs[i].w;
+    bs[i].lens = seqs[i].lens;
+    bs[i].mask = seqs[i].mask;
+  }
+  fp4idx_score_batch_t batch = {
+      .heads = heads, .n_seqs = n_seqs, .seqs = bs, .topk = topk, .logits = logits,
+      .topk_pos = topk_pos, .topk_val = topk_val, .topk_count = topk_count};
+  int rc = e->b->ops->score(e->b, &batch);
+  free(bs);
+  return rc;
+}

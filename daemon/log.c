@@ -1,0 +1,62 @@
+/* log.c -- stderr logging, one line per event (see log.h). */
+#define _GNU_SOURCE
+#include "log.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static atomic_int fp4idx__log_level = FP4IDX_LOG_INFO;
+
+static const char *const fp4idx__log_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+void fp4idx__log_set_level(fp4idx_log_level_t level) {
+  atomic_store(&fp4idx__log_level, (int)level);
+}
+
+int fp4idx__log_parse_level(const char *name, fp4idx_log_level_t *out) {
+  if (!name || !out) return -1;
+  for (int i = 0; i < 4; i++) {
+    if (strcasecmp(name, fp4idx__log_names[i]) == 0 ||
+        (i == 1 && strcasecmp(name, "warning") == 0)) {
+      *out = (fp4idx_log_level_t)i;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+int fp4idx__log_enabled(fp4idx_log_level_t level) {
+  return (int)level <= atomic_load(&fp4idx__log_level);
+}
+
+void fp4idx__log(fp4idx_log_level_t level, const char *fmt, ...) {
+  if (!fp4idx__log_enabled(level)) return;
+  char line[1024];
+  struct timespec ts;
+  struct tm tm;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  int n = snprintf(line, sizeof line,
+                   "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ fp4idxd[%ld] %-5s ",
+                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                   tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L, (long)getpid(),
+                   fp4idx__log_names[level < 0 || level > 3 ? 0 : level]);
+  if (n < 0) return;
+  size_t head = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + head, sizeof line - head - 1, fmt, ap);
+  va_end(ap);
+  size_t len = head + (m < 0 ? 0 : (size_t)m);
+  if (len > sizeof line - 2) len = sizeof line - 2; /* truncated message */
+  for (size_t i = head; i < len; i++)
+    if (line[i] == '\n' || line[i] == '\r') line[i] = ' ';
+  line[len++] = '\n';
+  /* One write per line: lines from different threads never interleave. */
+  ssize_t w = write(STDERR_FILENO, line, len);
+  (void)w;
+}

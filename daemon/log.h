@@ -1,0 +1,40 @@
+/* log.h -- the daemon's log: stderr, one line per event.
+ *
+ * Line format: "2026-11-30T03:30:00.123Z fp4idxd[pid] LEVEL message".
+ * Safe to call from any thread (each line is formatted into one buffer and
+ * written with a single write(2), so lines never interleave).
+ */
+#ifndef FP4IDX_DAEMON_LOG_H
+#define FP4IDX_DAEMON_LOG_H
+
+#include <stdarg.h>
+
+typedef enum fp4idx_log_level_e {
+  FP4IDX_LOG_ERROR = 0,
+  FP4IDX_LOG_WARN = 1,
+  FP4IDX_LOG_INFO = 2,
+  FP4IDX_LOG_DEBUG = 3
+} fp4idx_log_level_t;
+
+/* Sets the most verbose level that is written (default INFO). */
+void fp4idx__log_set_level(fp4idx_log_level_t level);
+
+/* Parses "error", "warn", "info" or "debug" (case-insensitive). Returns 0 and
+ * sets *out, or -1 for an unknown name. */
+int fp4idx__log_parse_level(const char *name, fp4idx_log_level_t *out);
+
+/* True when `level` would be written. */
+int fp4idx__log_enabled(fp4idx_log_level_t level);
+
+/* Writes one line (a trailing newline is added; embedded newlines are
+ * replaced by spaces so one event stays one line). */
+void fp4idx__log(fp4idx_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define fp4idx__log_error(...) fp4idx__log(FP4IDX_LOG_ERROR, __VA_ARGS__)
+#define fp4idx__log_warn(...) fp4idx__log(FP4IDX_LOG_WARN, __VA_ARGS__)
+#define fp4idx__log_info(...) fp4idx__log(FP4IDX_LOG_INFO, __VA_ARGS__)
+#define fp4idx__log_debug(...) \
+  do { if (fp4idx__log_enabled(FP4IDX_LOG_DEBUG)) fp4idx__log(FP4IDX_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+#endif /* FP4IDX_DAEMON_LOG_H */

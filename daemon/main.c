@@ -1,0 +1,24 @@
+/* main.c -- fp4idxd: arguments -> configuration -> run. */
+#define _GNU_SOURCE
+#include <stdio.h>
+
+#include "config.h"
+#include "daemon.h"
+#include "fp4idx_status.h"
+#include "log.h"
+
+int main(int argc, char **argv) {
+  fp4idx_config_t cfg;
+  fp4idx__config_defaults(&cfg);
+  int rc = fp4idx__config_parse(&cfg, argc, argv, stdout, stderr);
+  if (rc == 1) return 0;   /* --help / --version */
+  if (rc < 0) return 2;    /* usage error, already explained */
+  fp4idx__log_set_level(cfg.log_level);
+
+  fp4idx_daemon_t d;
+  if (fp4idx__daemon_init(&d, &cfg) != FP4IDX_OK) return 1;
+  int code = 1;
+  if (fp4idx__daemon_listen_default(&d) == FP4IDX_OK) code = fp4idx__daemon_run(&d);
+  fp4idx__daemon_fini(&d);
+  return code;
+}

@@ -1,0 +1,508 @@
+/* server.c -- listening socket, connections, framing, response order.
+ * See server.h for the request path and the caps. */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fp4idx_status.h"
+#include "log.h"
+#include "stats.h"
+
+static void fp4idx__server_flush(fp4idx_conn_t *c);
+static void fp4idx__server_conn_close(fp4idx_conn_t *c);
+static void fp4idx__server_update_reading(fp4idx_conn_t *c);
+static void fp4idx__server_check_stopped(fp4idx_server_t *srv);
+
+void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame) {
+  memset(srv, 0, sizeof *srv);
+  srv->loop = loop;
+  srv->max_frame = max_frame;
+}
+
+void fp4idx__server_req_free(fp4idx_req_t *req) {
+  if (!req) return;
+  free(req->body);
+  free(req->resp);
+  free(req);
+}
+
+/* ---- connection lifetime ---------------------------------------------- */
+
+static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
+  fp4idx_server_t *srv = c->srv;
+  if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  srv->n_conns--;
+  free(c->body);
+  free(c->scratch);
+  free(c);
+  if (srv->conn_event) srv->conn_event(srv, -1);
+  fp4idx__server_check_stopped(srv);
+}
+
+static void fp4idx__server_close_cb(uv_handle_t *h) {
+  fp4idx_conn_t *c = h->data;
+  c->closed = 1;
+  /* Every started write has had its callback (UV_ECANCELED at the latest);
+   * finished responses that were never written are dropped here. Requests
+   * still on the worker stay in the list until their done callback. */
+  fp4idx_req_t **pp = &c->head;
+  c->tail = NULL;
+  while (*pp) {
+    fp4idx_req_t *r = *pp;
+    if (r->done) {
+      *pp = r->next;
+      c->pending--;
+      fp4idx__server_req_free(r);
+    } else {
+      c->tail = r;
+      pp = &r->next;
+    }
+  }
+  fp4idx__log_debug("connection %llu closed", (unsigned long long)c->id);
+  if (!c->head) fp4idx__server_conn_free(c);
+}
+
+static void fp4idx__server_conn_close(fp4idx_conn_t *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
+  c->reading = 0;
+  uv_close((uv_handle_t *)&c->pipe, fp4idx__server_close_cb);
+}
+
+/* Closes a connection that has nothing left to do: the peer is done sending
+ * (or the daemon is stopping) and every response is written. */
+static void fp4idx__server_maybe_close(fp4idx_conn_t *c) {
+  if (!c->closing && (c->eof || c->srv->stopping) && c->pending == 0)
+    fp4idx__server_conn_close(c);
+}
+
+/* ---- writing responses in order ----------------------------------------- */
+
+static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
+  fp4idx_req_t *r = wr->data;
+  fp4idx_conn_t *c = r->conn;
+  /* Writes start in list order and complete in order: r is the head. */
+  c->head = r->next;
+  if (!c->head) c->tail = NULL;
+  c->pending--;
+  c->out_bytes -= r->resp_len;
+  int close_after = r->close_after;
+  fp4idx__server_req_free(r);
+  if (c->closing) {
+    return; /* close_cb finishes the cleanup */
+  }
+  if (status < 0) {
+    fp4idx__log_debug("connection %llu: write failed: %s", (unsigned long long)c->id,
+                      uv_strerror(status));
+    c->dead = 1;
+    fp4idx__server_conn_close(c);
+    return;
+  }
+  if (close_after) {
+    fp4idx__server_conn_close(c);
+    return;
+  }
+  fp4idx__server_flush(c);
+  fp4idx__server_update_reading(c);
+  fp4idx__server_maybe_close(c);
+}
+
+static void fp4idx__server_flush(fp4idx_conn_t *c) {
+  if (c->closing || c->dead) return;
+  for (fp4idx_req_t *r = c->head; r && r->done; r = r->next) {
+    if (r->write_started) {
+      if (r->close_after) return; /* nothing goes out after a closing reply */
+      continue;
+    }
+    uv_buf_t buf = uv_buf_init((char *)r->resp, (unsigned)r->resp_len);
+    r->wr.data = r;
+    int rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, &buf, 1, fp4idx__server_write_cb);
+    if (rc < 0) {
+      c->dead = 1;
+      fp4idx__server_conn_close(c);
+      return;
+    }
+    r->write_started = 1;
+    c->out_bytes += r->resp_len;
+    if (r->close_after) return;
+  }
+}
+
+void fp4idx__server_req_done(fp4idx_req_t *req) {
+  fp4idx_conn_t *c = req->conn;
+  req->done = 1;
+  if (c->closed) {
+    /* The connection is gone: unlink and drop the response. */
+    fp4idx_req_t **pp = &c->head, *prev = NULL;
+    while (*pp && *pp != req) prev = *pp, pp = &(*pp)->next;
+    if (*pp) {
+      *pp = req->next;
+      if (c->tail == req) c->tail = prev;
+      c->pending--;
+    }
+    fp4idx__server_req_free(req);
+    if (!c->head) fp4idx__server_conn_free(c);
+    return;
+  }
+  if (c->closing) return; /* close_cb frees it */
+  fp4idx__server_flush(c);
+  fp4idx__server_update_reading(c);
+  fp4idx__server_maybe_close(c);
+}
+
+/* ---- reading and framing ------------------------------------------------ */
+
+static void fp4idx__server_update_reading(fp4idx_conn_t *c);
+
+static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
+  r->conn = c;
+  r->next = NULL;
+  if (c->tail) c->tail->next = r; else c->head = r;
+  c->tail = r;
+  c->pending++;
+}
+
+/* A frame that cannot be a request (too long, empty): reply with `status`
+ * and close after the reply; read nothing more. */
+static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *msg) {
+  fp4idx_server_t *srv = c->srv;
+  fp4idx__log_info("connection %llu: %s; closing after the error reply",
+                   (unsigned long long)c->id, msg);
+  c->eof = 1;
+  fp4idx_req_t *r = calloc(1, sizeof *r);
+  if (!r || !srv->error_frame || srv->error_frame(srv, status, msg, &r->resp, &r->resp_len)) {
+    free(r);
+    fp4idx__server_conn_close(c);
+    return;
+  }
+  r->done = 1;
+  r->close_after = 1;
+  fp4idx__server_enqueue(c, r);
+  fp4idx__server_flush(c);
+}
+
+static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
+  fp4idx_req_t *r = calloc(1, sizeof *r);
+  if (!r) {
+    fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
+    return;
+  }
+  r->body = c->body;
+  r->body_len = c->body_len;
+  r->job.data = r;
+  r->t0_us = fp4idx__stats_now_us();
+  c->body = NULL;
+  c->in_body = 0;
+  c->hdr_have = 0;
+  c->body_len = c->body_have = 0;
+  fp4idx__server_enqueue(c, r);
+  c->srv->submit(c->srv, r);
+}
+
+/* Frame header complete: check the length cap and get the body buffer.
+ * Returns 0 to go on, -1 when the connection is finished with. */
+static int fp4idx__server_begin_body(fp4idx_conn_t *c) {
+  uint32_t n = (uint32_t)c->hdr[0] << 24 | (uint32_t)c->hdr[1] << 16 |
+               (uint32_t)c->hdr[2] << 8 | c->hdr[3];
+  char msg[160];
+  if ((uint64_t)n > c->srv->max_frame) {
+    snprintf(msg, sizeof msg, "frame of %u bytes exceeds max_frame %llu", n,
+             (unsigned long long)c->srv->max_frame);
+    fp4idx__server_bad_frame(c, FP4IDX_E2BIG, msg);
+    return -1;
+  }
+  /* An empty body is still a frame (the stream stays in sync): it reaches
+   * the decoder, which answers EPROTO. */
+  c->body = malloc(n ? n : 1);
+  if (!c->body) {
+    fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a frame body");
+    return -1;
+  }
+  c->body_len = n;
+  c->body_have = 0;
+  c->in_body = 1;
+  return 0;
+}
+
+/* Consumes bytes read into the scratch buffer: headers and (parts of)
+ * bodies, possibly several whole frames. */
+static void fp4idx__server_parse(fp4idx_conn_t *c, const uint8_t *p, size_t n) {
+  while (n > 0 && !c->eof && !c->closing) {
+    if (!c->in_body) {
+      size_t k = 4 - c->hdr_have;
+      if (k > n) k = n;
+      memcpy(c->hdr + c->hdr_have, p, k);
+      c->hdr_have += k;
+      p += k;
+      n -= k;
+      if (c->hdr_have < 4) return; /* need more bytes */
+      if (fp4idx__server_begin_body(c)) return;
+      if (c->body_len == 0) {
+        fp4idx__server_dispatch(c);
+        continue;
+      }
+    }
+    size_t k = c->body_len - c->body_have;
+    if (k > n) k = n;
+    memcpy(c->body + c->body_have, p, k);
+    c->body_have += k;
+    p += k;
+    n -= k;
+    if (c->body_have == c->body_len) fp4idx__server_dispatch(c);
+  }
+}
+
+static void fp4idx__server_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  fp4idx_conn_t *c = h->data;
+  (void)hint;
+  /* Inside a body, read straight into it (never past its end, so the next
+   * frame's bytes are not consumed); between frames, into the scratch. */
+  if (c->in_body)
+    *buf = uv_buf_init((char *)c->body + c->body_have, (unsigned)(c->body_len - c->body_have));
+  else
+    *buf = uv_buf_init((char *)c->scratch, FP4IDX_SERVER_SCRATCH);
+}
+
+static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  fp4idx_conn_t *c = s->data;
+  if (nread == 0) return; /* EAGAIN */
+  if (nread < 0) {
+    if (nread != UV_EOF)
+      fp4idx__log_debug("connection %llu: read error: %s", (unsigned long long)c->id,
+                        uv_strerror((int)nread));
+    /* The peer is done sending; a partial frame is discarded. Responses to
+     * complete requests are still written (a half-closed peer reads them). */
+    c->eof = 1;
+    if (nread != UV_EOF) {
+      c->dead = 1; /* e.g. ECONNRESET: nobody will read the responses */
+      fp4idx__server_conn_close(c);
+      return;
+    }
+    fp4idx__server_update_reading(c);
+    fp4idx__server_maybe_close(c);
+    return;
+  }
+  if (buf->base == (char *)c->scratch) {
+    fp4idx__server_parse(c, c->scratch, (size_t)nread);
+  } else {
+    c->body_have += (size_t)nread;
+    if (c->body_have == c->body_len) fp4idx__server_dispatch(c);
+  }
+  fp4idx__server_update_reading(c);
+}
+
+static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
+  if (c->closing) return;
+  int want = !c->eof && !c->srv->stopping && c->pending < FP4IDX_SERVER_MAX_PENDING &&
+             c->out_bytes < FP4IDX_SERVER_MAX_OUT_BYTES;
+  if (want && !c->reading) {
+    if (uv_read_start((uv_stream_t *)&c->pipe, fp4idx__server_alloc_cb,
+                      fp4idx__server_read_cb) == 0)
+      c->reading = 1;
+  } else if (!want && c->reading) {
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->reading = 0;
+  }
+}
+
+/* ---- accepting ---------------------------------------------------------- */
+
+static void fp4idx__server_reject_close_cb(uv_handle_t *h) { free(h); }
+
+static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
+  fp4idx_server_t *srv = l->data;
+  if (status < 0) {
+    fp4idx__log_warn("accept: %s", uv_strerror(status));
+    return;
+  }
+  if (srv->stopping || srv->n_conns >= FP4IDX_SERVER_MAX_CONNS) {
+    uv_pipe_t *p = malloc(sizeof *p);
+    if (!p || uv_pipe_init(srv->loop, p, 0)) {
+      free(p);
+      return;
+    }
+    if (uv_accept(l, (uv_stream_t *)p) == 0)
+      fp4idx__log_warn("refusing a connection: %s",
+                       srv->stopping ? "shutting down" : "too many connections");
+    uv_close((uv_handle_t *)p, fp4idx__server_reject_close_cb);
+    return;
+  }
+  fp4idx_conn_t *c = calloc(1, sizeof *c);
+  if (!c || !(c->scratch = malloc(FP4IDX_SERVER_SCRATCH)) ||
+      uv_pipe_init(srv->loop, &c->pipe, 0)) {
+    fp4idx__log_error("out of memory for a connection");
+    if (c) free(c->scratch);
+    free(c);
+    return;
+  }
+  c->srv = srv;
+  c->pipe.data = c;
+  c->id = ++srv->next_conn_id;
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  srv->n_conns++;
+  if (srv->conn_event) srv->conn_event(srv, +1);
+  if (uv_accept(l, (uv_stream_t *)&c->pipe)) {
+    fp4idx__server_conn_close(c);
+    return;
+  }
+  fp4idx__log_debug("connection %llu opened", (unsigned long long)c->id);
+  fp4idx__server_update_reading(c);
+}
+
+/* mkdir -p of the folder holding `path`. */
+static int fp4idx__server_mkdirs(const char *path, mode_t mode) {
+  char dir[108];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash || slash == dir) return 0;
+  *slash = '\0';
+  for (char *p = dir + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(dir, mode) && errno != EEXIST) return -1;
+    *p = '/';
+  }
+  if (mkdir(dir, mode) && errno != EEXIST) return -1;
+  return 0;
+}
+
+/* 1 when a daemon accepts connections on `path`, 0 when nothing answers
+ * (stale file removed, or no file). -1 when the path holds something else. */
+static int fp4idx__server_probe(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return 0;
+  if (!S_ISSOCK(st.st_mode)) return -1;
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, path, strlen(path));
+  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  int err = errno;
+  close(fd);
+  if (rc == 0) return 1;
+  if (err == ECONNREFUSED || err == ENOENT) {
+    fp4idx__log_info("removing stale socket %s", path);
+    unlink(path);
+    return 0;
+  }
+  return 1; /* e.g. EAGAIN: a live daemon with a full backlog */
+}
+
+static int fp4idx__server_listen_handle(fp4idx_server_t *srv, uv_pipe_t *p) {
+  p->data = srv;
+  int rc = uv_listen((uv_stream_t *)p, 128, fp4idx__server_connection_cb);
+  if (rc) {
+    fp4idx__log_error("listen: %s", uv_strerror(rc));
+    return FP4IDX_EIO;
+  }
+  srv->n_listeners++;
+  srv->listeners_open++;
+  return FP4IDX_OK;
+}
+
+int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
+  if (!srv || !path || !*path) return FP4IDX_EINVAL;
+  if (strlen(path) >= sizeof srv->path) return FP4IDX_E2BIG;
+  if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
+  if (fp4idx__server_mkdirs(path, geteuid() == 0 ? 0755 : 0700)) {
+    fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
+    return FP4IDX_EIO;
+  }
+  int probe = fp4idx__server_probe(path);
+  if (probe == 1) {
+    fp4idx__log_error("another daemon is answering on %s", path);
+    return FP4IDX_EEXIST;
+  }
+  if (probe < 0) {
+    fp4idx__log_error("%s exists and is not a socket", path);
+    return FP4IDX_EEXIST;
+  }
+  uv_pipe_t *p = &srv->listeners[srv->n_listeners];
+  int rc = uv_pipe_init(srv->loop, p, 0);
+  if (rc) return FP4IDX_EIO;
+  rc = uv_pipe_bind(p, path);
+  if (rc) {
+    fp4idx__log_error("bind %s: %s", path, uv_strerror(rc));
+    uv_close((uv_handle_t *)p, NULL);
+    return FP4IDX_EIO;
+  }
+  snprintf(srv->path, sizeof srv->path, "%s", path);
+  rc = fp4idx__server_listen_handle(srv, p);
+  if (rc) {
+    unlink(path);
+    srv->path[0] = '\0';
+    uv_close((uv_handle_t *)p, NULL);
+    return rc;
+  }
+  fp4idx__log_info("listening on %s", path);
+  return FP4IDX_OK;
+}
+
+int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd) {
+  if (!srv || fd < 0) return FP4IDX_EINVAL;
+  if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
+  uv_pipe_t *p = &srv->listeners[srv->n_listeners];
+  int rc = uv_pipe_init(srv->loop, p, 0);
+  if (rc) return FP4IDX_EIO;
+  rc = uv_pipe_open(p, fd);
+  if (rc) {
+    fp4idx__log_error("adopting socket fd %d: %s", fd, uv_strerror(rc));
+    uv_close((uv_handle_t *)p, NULL);
+    return FP4IDX_EIO;
+  }
+  rc = fp4idx__server_listen_handle(srv, p);
+  if (rc) {
+    uv_close((uv_handle_t *)p, NULL);
+    return rc;
+  }
+  fp4idx__log_info("listening on inherited socket fd %d", fd);
+  return FP4IDX_OK;
+}
+
+/* ---- stopping ----------------------------------------------------------- */
+
+static void fp4idx__server_check_stopped(fp4idx_server_t *srv) {
+  if (srv->stopping == 1 && srv->listeners_open == 0 && srv->n_conns == 0) {
+    srv->stopping = 2; /* report once */
+    if (srv->on_stopped) srv->on_stopped(srv);
+  }
+}
+
+static void fp4idx__server_listener_close_cb(uv_handle_t *h) {
+  fp4idx_server_t *srv = h->data;
+  srv->listeners_open--;
+  fp4idx__server_check_stopped(srv);
+}
+
+void fp4idx__server_stop(fp4idx_server_t *srv) {
+  if (srv->stopping) return;
+  srv->stopping = 1;
+  /* Unlink before close: from here on a new daemon may bind the path. */
+  if (srv->path[0]) {
+    unlink(srv->path);
+    srv->path[0] = '\0';
+  }
+  for (int i = 0; i < srv->n_listeners; i++) {
+    srv->listeners[i].data = srv;
+    uv_close((uv_handle_t *)&srv->listeners[i], fp4idx__server_listener_close_cb);
+  }
+  for (fp4idx_conn_t *c = srv->conns, *next; c; c = next) {
+    next = c->next;
+    fp4idx__server_update_reading(c); /* stops reading: stopping is set */
+    fp4idx__server_maybe_close(c);    /* idle ones close now */
+  }
+  fp4idx__server_check_stopped(srv);
+}

@@ -1,0 +1,120 @@
+/* server.h -- the Unix socket: listening, connections, framing, ordering.
+ *
+ * The request path on the loop thread, in a straight line:
+ *   fp4idx__server_read_cb -> fp4idx__server_parse (frame header / body, state
+ *   on the connection; "need more bytes" is a normal return) ->
+ *   srv->submit(req) (the daemon queues it on the worker) ... worker ...
+ *   fp4idx__server_req_done(req) -> fp4idx__server_flush (writes every
+ *   finished response at the head of the connection's list, so responses
+ *   leave in request order).
+ *
+ * Caps: a frame longer than max_frame gets an E2BIG reply and the connection
+ * closes after it; a connection with more than FP4IDX_SERVER_MAX_PENDING
+ * requests in flight or FP4IDX_SERVER_MAX_OUT_BYTES of unsent replies is not
+ * read from until it drains (a slow reader only slows itself).
+ */
+#ifndef FP4IDX_DAEMON_SERVER_H
+#define FP4IDX_DAEMON_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "worker.h"
+
+#define FP4IDX_SERVER_MAX_LISTENERS 4
+#define FP4IDX_SERVER_MAX_CONNS 1024
+#define FP4IDX_SERVER_MAX_PENDING 64
+#define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
+#define FP4IDX_SERVER_SCRATCH 65536
+
+typedef struct fp4idx_server_s fp4idx_server_t;
+typedef struct fp4idx_conn_s fp4idx_conn_t;
+
+/* One request frame and, once done, its response frame. */
+typedef struct fp4idx_req_s {
+  fp4idx_job_t job;         /* job.data = this request */
+  fp4idx_conn_t *conn;
+  uint8_t *body;            /* the frame body (msgpack map), owned */
+  size_t body_len;
+  uint8_t *resp;            /* the whole response frame, 4-byte length first */
+  size_t resp_len;
+  int done;                 /* resp is set */
+  int close_after;          /* close the connection once resp is written */
+  int write_started;
+  double t0_us;             /* arrival (fp4idx__stats_now_us clock) */
+  uv_write_t wr;
+  struct fp4idx_req_s *next;
+} fp4idx_req_t;
+
+struct fp4idx_conn_s {
+  uv_pipe_t pipe;
+  fp4idx_server_t *srv;
+  fp4idx_conn_t *prev, *next;  /* server's list */
+  uint64_t id;                 /* for logs */
+  /* framing state */
+  uint8_t hdr[4];
+  size_t hdr_have;
+  uint8_t *body;
+  size_t body_len, body_have;
+  int in_body;
+  uint8_t *scratch;            /* [FP4IDX_SERVER_SCRATCH] */
+  /* requests in arrival order; head is the next response to write */
+  fp4idx_req_t *head, *tail;
+  size_t pending;              /* requests in the list */
+  size_t out_bytes;            /* response bytes handed to uv_write, unsent */
+  int reading;                 /* uv_read_start active */
+  int eof;                     /* peer finished sending (or bad frame) */
+  int closing;                 /* uv_close called */
+  int closed;                  /* close_cb ran: only in-worker requests remain */
+  int dead;                    /* write failed: drop responses */
+};
+
+struct fp4idx_server_s {
+  uv_loop_t *loop;
+  uint64_t max_frame;
+  uv_pipe_t listeners[FP4IDX_SERVER_MAX_LISTENERS];
+  int n_listeners;
+  int listeners_open;          /* not yet closed */
+  char path[108];              /* socket file we bound (unlinked at stop) */
+  fp4idx_conn_t *conns;
+  uint64_t n_conns;
+  uint64_t next_conn_id;
+  int stopping;
+  /* Set by the daemon. submit: queue req (its done path must call
+   * fp4idx__server_req_done). error_frame: encode an error response with
+   * id 0 into a malloc'd frame. conn_event: +1 / -1 on open / close. */
+  void (*submit)(fp4idx_server_t *srv, fp4idx_req_t *req);
+  int (*error_frame)(fp4idx_server_t *srv, int status, const char *msg,
+                     uint8_t **frame, size_t *len);
+  void (*conn_event)(fp4idx_server_t *srv, int delta);
+  void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
+  void *data;                  /* the daemon's */
+};
+
+/* Initializes an idle server on `loop` (no listener yet). */
+void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame);
+
+/* Binds and listens on `path`: creates the parent folder if missing (0700,
+ * or 0755 as root), refuses with FP4IDX_EEXIST when another daemon answers
+ * on it, removes a stale socket file. FP4IDX_EIO (bind/listen failed; a log
+ * line says why), FP4IDX_E2BIG (path too long), FP4IDX_EINVAL. */
+int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path);
+
+/* Listens on an already bound (e.g. systemd-activated) socket fd. The fd is
+ * owned by the server afterwards. FP4IDX_EIO, FP4IDX_E2BIG (too many). */
+int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd);
+
+/* Stops accepting (closes the listeners, unlinks the socket file), stops
+ * reading, lets every connection finish its in-flight requests and flush,
+ * then closes it; srv->on_stopped runs once everything is closed. */
+void fp4idx__server_stop(fp4idx_server_t *srv);
+
+/* The response of `req` is set (req->resp, resp_len, close_after): loop thread. */
+void fp4idx__server_req_done(fp4idx_req_t *req);
+
+/* Frees a request and its buffers (used by the daemon on paths that never
+ * queue it). */
+void fp4idx__server_req_free(fp4idx_req_t *req);
+
+#endif /* FP4IDX_DAEMON_SERVER_H */

@@ -1,0 +1,59 @@
+/* stats.h -- per-op request counters and latency histograms.
+ *
+ * Latency buckets (the wire schema's "stats"): bucket i < 25 counts requests
+ * with latency <= 2^i us (and above the previous bound); bucket 25 is +inf.
+ * Counts are per bucket, not cumulative. Updated from the worker thread and
+ * read from any thread under a mutex.
+ */
+#ifndef FP4IDX_DAEMON_STATS_H
+#define FP4IDX_DAEMON_STATS_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "fp4idx_codec.h"
+
+#define FP4IDX_STATS_BUCKETS 26 /* 2^0 .. 2^24 us, then +inf */
+
+/* Ops are the codec's fp4idx_op_t; FP4IDX_OP_NONE counts requests that
+ * could not be decoded far enough to name an op (reported as "unknown"). */
+#define FP4IDX_STATS_OPS FP4IDX_OP__COUNT
+
+typedef struct fp4idx_daemon_op_stats_s {
+  uint64_t count;
+  uint64_t errors;
+  uint64_t hist[FP4IDX_STATS_BUCKETS];
+  double sum_us;
+} fp4idx_daemon_op_stats_t;
+
+typedef struct fp4idx_daemon_stats_s {
+  pthread_mutex_t mu;
+  double start_s;               /* monotonic seconds at init */
+  uint64_t connections;         /* open now */
+  uint64_t connections_total;   /* accepted since start */
+  fp4idx_daemon_op_stats_t ops[FP4IDX_STATS_OPS];
+} fp4idx_daemon_stats_t;
+
+/* Wire name of an op, "unknown" for FP4IDX_OP_NONE. */
+const char *fp4idx__stats_op_name(fp4idx_op_t op);
+
+int fp4idx__stats_init(fp4idx_daemon_stats_t *s);
+void fp4idx__stats_destroy(fp4idx_daemon_stats_t *s);
+
+/* Monotonic clock in microseconds. */
+double fp4idx__stats_now_us(void);
+
+/* Records one request: status (0 or negative) and latency in us. */
+void fp4idx__stats_record(fp4idx_daemon_stats_t *s, fp4idx_op_t op, int status, double us);
+
+/* +1 / -1 open connections. */
+void fp4idx__stats_conn(fp4idx_daemon_stats_t *s, int delta);
+
+/* Bucket index for a latency. */
+int fp4idx__stats_bucket(double us);
+
+/* Consistent copy of everything (for the "stats" reply). */
+void fp4idx__stats_snapshot(fp4idx_daemon_stats_t *s, fp4idx_daemon_stats_t *out_copy_no_mutex,
+                            double *uptime_s);
+
+#endif /* FP4IDX_DAEMON_STATS_H */

@@ -1,0 +1,95 @@
+/* worker.c -- the compute thread and its FIFO queue (see worker.h). */
+#define _GNU_SOURCE
+#include "worker.h"
+
+#include <string.h>
+
+#include "fp4idx_status.h"
+#include "log.h"
+
+static void fp4idx__worker_drain_done(fp4idx_worker_t *w) {
+  pthread_mutex_lock(&w->mu);
+  fp4idx_job_t *j = w->done_head;
+  w->done_head = w->done_tail = NULL;
+  pthread_mutex_unlock(&w->mu);
+  while (j) {
+    fp4idx_job_t *next = j->next;
+    w->queued--;
+    j->done(j); /* may free j */
+    j = next;
+  }
+  if (w->queued == 0 && w->on_idle) w->on_idle(w);
+}
+
+static void fp4idx__worker_async_cb(uv_async_t *h) {
+  fp4idx__worker_drain_done(h->data);
+}
+
+static void *fp4idx__worker_main(void *arg) {
+  fp4idx_worker_t *w = arg;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (!w->todo_head && !w->stopping) pthread_cond_wait(&w->cv, &w->mu);
+    fp4idx_job_t *j = w->todo_head;
+    if (!j) break; /* stopping and nothing left */
+    w->todo_head = j->next;
+    if (!w->todo_head) w->todo_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    j->work(j);
+    j->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->done_tail) w->done_tail->next = j; else w->done_head = j;
+    w->done_tail = j;
+    /* uv_async_send coalesces; the loop drains the whole done list. */
+    uv_async_send(&w->async);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
+  void *data = w->data;
+  void (*on_idle)(fp4idx_worker_t *) = w->on_idle;
+  memset(w, 0, sizeof *w);
+  w->data = data;
+  w->on_idle = on_idle;
+  w->loop = loop;
+  if (pthread_mutex_init(&w->mu, NULL)) return FP4IDX_ENOMEM;
+  if (pthread_cond_init(&w->cv, NULL)) goto err_mu;
+  if (uv_async_init(loop, &w->async, fp4idx__worker_async_cb)) goto err_cv;
+  w->async.data = w;
+  if (pthread_create(&w->thread, NULL, fp4idx__worker_main, w)) goto err_async;
+  w->started = 1;
+  return FP4IDX_OK;
+err_async:
+  uv_close((uv_handle_t *)&w->async, NULL);
+err_cv:
+  pthread_cond_destroy(&w->cv);
+err_mu:
+  pthread_mutex_destroy(&w->mu);
+  return FP4IDX_EINTERNAL;
+}
+
+void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job) {
+  job->next = NULL;
+  w->queued++;
+  pthread_mutex_lock(&w->mu);
+  if (w->todo_tail) w->todo_tail->next = job; else w->todo_head = job;
+  w->todo_tail = job;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void fp4idx__worker_stop(fp4idx_worker_t *w) {
+  if (!w->started) return;
+  pthread_mutex_lock(&w->mu);
+  w->stopping = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->thread, NULL);
+  w->started = 0;
+  fp4idx__worker_drain_done(w);
+  uv_close((uv_handle_t *)&w->async, NULL);
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+}
