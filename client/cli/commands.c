@@ -1,0 +1,649 @@
+/* commands.c -- the commands of fp4idx-cli. Each parses its own options
+ * (getopt_long, GNU permutation so options may follow operands), connects
+ * only after its arguments are known to be good, and reports one failure
+ * through cli->err. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+/* ---- shared helpers -------------------------------------------------------- */
+
+static int connect_cli(fp4idx_cli_t *cli, fp4idx_client_t **out) {
+  *out = NULL;
+  fp4idx_client_t *c = fp4idx_client_new();
+  if (c == NULL)
+    return fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
+  fp4idx_client_set_timeout(c, cli->timeout_ms);
+  int st = fp4idx_client_connect(c, cli->socket);
+  if (st != FP4IDX_OK) {
+    fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
+    fp4idx_client_close(c);
+    return st;
+  }
+  *out = c;
+  return 0;
+}
+
+/* Copies the connection's last error into cli->err. */
+static int client_fail(fp4idx_cli_t *cli, fp4idx_client_t *c, int st) {
+  return fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
+}
+
+static int parse_seq(fp4idx_cli_t *cli, const char *s, uint64_t *seq) {
+  if (fp4idx__parse_u64(s, seq) != 0)
+    return fp4idx__cli_usage(&cli->err, "SEQ '%s' is not an unsigned integer",
+                             s);
+  return 0;
+}
+
+static int parse_num(fp4idx_cli_t *cli, const char *opt, const char *s,
+                     uint64_t *v) {
+  if (fp4idx__parse_u64(s, v) != 0)
+    return fp4idx__cli_usage(&cli->err, "%s: '%s' is not an unsigned integer",
+                             opt, s);
+  return 0;
+}
+
+/* getopt_long with our error reporting: returns the option, -1 at the end,
+ * or '?' after recording a usage error. */
+static int next_opt(fp4idx_cli_t *cli, int argc, char **argv, const char *so,
+                    const struct option *lo) {
+  opterr = 0;
+  int ch = getopt_long(argc, argv, so, lo, NULL);
+  if (ch == '?' || ch == ':') {
+    if (optopt)
+      fp4idx__cli_usage(&cli->err, "option -%c: %s", optopt,
+                        ch == ':' ? "needs a value" : "unknown option");
+    else
+      fp4idx__cli_usage(&cli->err, "unknown option or missing value: %s",
+                        argv[optind - 1]);
+    return '?';
+  }
+  return ch;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Opens --out ("-" or NULL = stdout). */
+static FILE *open_out(fp4idx_cli_t *cli, const char *path) {
+  if (path == NULL || strcmp(path, "-") == 0) return stdout;
+  FILE *f = fopen(path, "wb");
+  if (f == NULL)
+    fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "%s: %s", path, strerror(errno));
+  return f;
+}
+
+/* Closes an --out file, turning a late write error into EIO. */
+static int close_out(fp4idx_cli_t *cli, FILE *f, const char *path, int rc) {
+  if (f == NULL) return rc;
+  int bad = ferror(f);
+  if (f == stdout) bad |= fflush(f) != 0;
+  else bad |= fclose(f) != 0;
+  if (bad && rc == 0)
+    return fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "%s: write error",
+                            path ? path : "stdout");
+  return rc;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t a = strlen(s), b = strlen(suffix);
+  return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* ---- info ------------------------------------------------------------------ */
+
+int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] info\n"
+           "Prints the daemon's version, backend, device and pool.");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  if (optind != argc)
+    return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'",
+                             argv[optind]);
+  fp4idx_client_t *c;
+  int st = connect_cli(cli, &c);
+  if (st) return st;
+  fp4idx_client_info_t in;
+  st = fp4idx_client_info(c, &in);
+  if (st) {
+    client_fail(cli, c, st);
+    goto out;
+  }
+  printf("server: %s\nprotocol: %u\nbackend: %s\ndevice: %s\n"
+         "page_size: %llu\npages_total: %llu\npages_free: %llu\n"
+         "sequences: %llu\nmax_frame: %llu\n",
+         in.server, in.version, in.backend, in.device,
+         (unsigned long long)in.page_size, (unsigned long long)in.pages_total,
+         (unsigned long long)in.pages_free, (unsigned long long)in.sequences,
+         (unsigned long long)in.max_frame);
+out:
+  fp4idx_client_close(c);
+  return st;
+}
+
+/* ---- stats ----------------------------------------------------------------- */
+
+/* Upper bound (us) of the bucket holding quantile q, from per-bucket counts. */
+static double quantile_us(const fp4idx_client_op_stats_t *o, double q) {
+  uint64_t total = 0, cum = 0;
+  for (uint32_t b = 0; b < o->nbuckets; b++) total += o->hist[b];
+  if (total == 0) return 0;
+  for (uint32_t b = 0; b < o->nbuckets; b++) {
+    cum += o->hist[b];
+    if ((double)cum >= q * (double)total) return o->bounds_us[b];
+  }
+  return INFINITY;
+}
+
+static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
+  fprintf(f,
+          "uptime_s: %.3f\nbackend: %s\ndevice: %s\nconnections: %llu\n"
+          "sequences: %llu\nkeys: %llu\npages_total: %llu\npages_free: %llu\n",
+          s->uptime_s, s->backend, s->device,
+          (unsigned long long)s->connections, (unsigned long long)s->sequences,
+          (unsigned long long)s->keys, (unsigned long long)s->pages_total,
+          (unsigned long long)s->pages_free);
+  fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", "op", "requests", "errors",
+          "mean_us", "p50<=us", "p99<=us");
+  for (uint32_t i = 0; i < s->nops; i++) {
+    const fp4idx_client_op_stats_t *o = &s->ops[i];
+    double mean = o->count ? o->latency_sum_us / (double)o->count : 0;
+    fprintf(f, "%-10s %10llu %8llu %12.1f %10g %10g\n", o->op,
+            (unsigned long long)o->count, (unsigned long long)o->errors, mean,
+            quantile_us(o, 0.5), quantile_us(o, 0.99));
+  }
+}
+
+int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'},
+                                     {"prometheus", no_argument, 0, 'p'},
+                                     {"out", required_argument, 0, 'o'},
+                                     {0}};
+  int ch, prom = 0;
+  const char *out = NULL;
+  while ((ch = next_opt(cli, argc, argv, "hpo:", lo)) != -1) {
+    switch (ch) {
+      case 'h':
+        puts("usage: fp4idx-cli [-s SOCKET] stats [--prometheus] [--out FILE]\n"
+             "Prints the daemon's counters: per-op requests, errors and\n"
+             "latency, pool pages, sequences, keys, connections, uptime.\n"
+             "  --prometheus  Prometheus text format (node_exporter textfile\n"
+             "                collector): fp4idx_requests_total{op},\n"
+             "                fp4idx_request_errors_total{op},\n"
+             "                fp4idx_request_latency_seconds{op} histogram,\n"
+             "                gauges and fp4idx_info{...} 1\n"
+             "  --out FILE    write FILE atomically (temp file + rename), as\n"
+             "                the textfile collector needs");
+        return 0;
+      case 'p': prom = 1; break;
+      case 'o': out = optarg; break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  if (optind != argc)
+    return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'",
+                             argv[optind]);
+  fp4idx_client_t *c;
+  int st = connect_cli(cli, &c);
+  if (st) return st;
+  fp4idx_client_stats_t *s = NULL;
+  fp4idx_client_info_t in;
+  char *tmp = NULL;
+  FILE *f = NULL;
+  st = fp4idx_client_stats(c, &s);
+  if (st == 0 && prom) st = fp4idx_client_info(c, &in);
+  if (st) {
+    client_fail(cli, c, st);
+    goto out;
+  }
+  if (out != NULL && strcmp(out, "-") != 0) {
+    /* Same directory, so rename() is atomic: the collector never reads a
+     * half-written file. */
+    if (asprintf(&tmp, "%s.tmp.%ld", out, (long)getpid()) < 0) {
+      tmp = NULL;
+      st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
+      goto out;
+    }
+    f = fopen(tmp, "w");
+    if (f == NULL) {
+      st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "%s: %s", tmp,
+                            strerror(errno));
+      goto out;
+    }
+  } else {
+    f = stdout;
+  }
+  if (prom) fp4idx__prom_write(f, s, &in);
+  else print_stats(f, s);
+  st = close_out(cli, f, tmp, 0);
+  f = NULL;
+  if (st == 0 && tmp != NULL && rename(tmp, out) != 0)
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "rename %s -> %s: %s", tmp,
+                          out, strerror(errno));
+out:
+  if (tmp != NULL) unlink(tmp); /* no-op after a successful rename */
+  free(tmp);
+  fp4idx_client_free(s);
+  fp4idx_client_close(c);
+  return st;
+}
+
+/* ---- append ---------------------------------------------------------------- */
+
+static void progress(uint64_t done, uint64_t total, double t0, int final) {
+  int width = 30, fill = total ? (int)(done * (uint64_t)width / total) : width;
+  double dt = now_s() - t0;
+  char bar[64];
+  for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+  bar[width] = '\0';
+  fprintf(stderr, "\rappend [%s] %3d%% %llu/%llu keys %.0f keys/s%s", bar,
+          total ? (int)(done * 100 / total) : 100, (unsigned long long)done,
+          (unsigned long long)total, dt > 0 ? (double)done / dt : 0.0,
+          final ? "\n" : "");
+  fflush(stderr);
+}
+
+static const char append_help[] =
+    "usage: fp4idx-cli [-s SOCKET] append SEQ FILE [options]\n"
+    "       fp4idx-cli [-s SOCKET] append SEQ --random N [--seed S] [options]\n"
+    "Appends keys to sequence SEQ (created if unknown).\n"
+    "FILE: raw little-endian keys [n,128] (bf16 or f32) or [n,68] (fp4\n"
+    "slots), a .npy file ('<u2' = bf16 bit patterns, '<f4', '|u1'; C order),\n"
+    "or - for stdin. A .npy file carries its own dtype and shape.\n"
+    "  --dtype bf16|f32|fp4       element type of raw input (default bf16)\n"
+    "  --rounding rne|threshold   quantizer rounding (default rne)\n"
+    "  --random N                 append N generated keys (normal(0,1);\n"
+    "                             fp4: random codes) instead of FILE\n"
+    "  --seed S                   seed for --random (default 0)\n"
+    "  --chunk K                  keys per request (default 8192); each\n"
+    "                             request is all-or-nothing, the whole\n"
+    "                             input is not\n"
+    "Prints 'seq SEQ: appended N keys at FIRST, length LEN'. A progress bar\n"
+    "goes to stderr when it is a terminal and the input spans requests.";
+
+int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {
+      {"help", no_argument, 0, 'h'},         {"dtype", required_argument, 0, 'd'},
+      {"rounding", required_argument, 0, 'r'}, {"random", required_argument, 0, 'R'},
+      {"seed", required_argument, 0, 'S'},   {"chunk", required_argument, 0, 'c'},
+      {0}};
+  int ch, dtype = 0, rounding = FP4IDX_ROUNDING_RNE, have_random = 0;
+  uint64_t nrandom = 0, seed = 0, chunk = 8192, seq;
+  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+    switch (ch) {
+      case 'h': puts(append_help); return 0;
+      case 'd':
+        if ((dtype = fp4idx__parse_dtype(optarg)) < 0)
+          return fp4idx__cli_usage(&cli->err,
+                                   "--dtype '%s': expected bf16, f32 or fp4",
+                                   optarg);
+        break;
+      case 'r':
+        if ((rounding = fp4idx__parse_rounding(optarg)) < 0)
+          return fp4idx__cli_usage(&cli->err,
+                                   "--rounding '%s': expected rne or threshold",
+                                   optarg);
+        break;
+      case 'R':
+        if (parse_num(cli, "--random", optarg, &nrandom)) return FP4IDX_EINVAL;
+        if (nrandom == 0)
+          return fp4idx__cli_usage(&cli->err, "--random: N must be >= 1");
+        have_random = 1;
+        break;
+      case 'S':
+        if (parse_num(cli, "--seed", optarg, &seed)) return FP4IDX_EINVAL;
+        break;
+      case 'c':
+        if (parse_num(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
+        if (chunk == 0 || chunk > (1u << 24))
+          return fp4idx__cli_usage(&cli->err, "--chunk: K must be 1..16777216");
+        break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  int nops = argc - optind;
+  if (nops < 1)
+    return fp4idx__cli_usage(&cli->err, "missing SEQ (see append --help)");
+  if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
+  if (have_random ? nops != 1 : nops != 2)
+    return fp4idx__cli_usage(&cli->err,
+                             have_random ? "--random takes no FILE"
+                                         : "expected SEQ FILE (or --random N)");
+
+  unsigned char *file = NULL, *gen = NULL;
+  const unsigned char *keys = NULL;
+  size_t n = 0;
+  fp4idx_client_t *c = NULL;
+  int st = 0;
+  if (have_random) {
+    if (dtype == 0) dtype = FP4IDX_KEYS_BF16;
+    n = (size_t)nrandom;
+  } else {
+    size_t len;
+    fp4idx_array_t a;
+    const void *k;
+    if ((st = fp4idx__read_file(argv[optind + 1], &file, &len, &cli->err)))
+      goto out;
+    if ((st = fp4idx__array_from_buffer(file, len, &a, &cli->err)) ||
+        (st = fp4idx__keys_from_array(&a, &dtype, &k, &n, &cli->err)))
+      goto out;
+    keys = k;
+  }
+  size_t key_bytes = dtype == FP4IDX_KEYS_BF16  ? 2 * FP4IDX_CLIENT_HEAD_DIM
+                     : dtype == FP4IDX_KEYS_F32 ? 4 * FP4IDX_CLIENT_HEAD_DIM
+                                                : FP4IDX_CLIENT_SLOT_BYTES;
+  if (have_random && (gen = malloc((size_t)chunk * key_bytes)) == NULL) {
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
+    goto out;
+  }
+  if ((st = connect_cli(cli, &c))) goto out;
+
+  int bar = isatty(STDERR_FILENO) && n > chunk;
+  double t0 = now_s();
+  uint64_t first = 0, length = 0;
+  for (size_t done = 0; done < n;) {
+    size_t m = n - done < chunk ? n - done : (size_t)chunk;
+    const void *p;
+    if (have_random) {
+      fp4idx__gen_keys(dtype, seed, done, m, gen);
+      p = gen;
+    } else {
+      p = keys + done * key_bytes;
+    }
+    uint64_t f1, len1;
+    st = fp4idx_client_append(c, seq, (fp4idx_client_keys_t)dtype, p, m,
+                              (fp4idx_client_rounding_t)rounding, &f1, &len1);
+    if (st) {
+      if (bar) fputc('\n', stderr);
+      if (done > 0)
+        fp4idx__cli_fail(&cli->err, st,
+                         "after %zu of %zu keys were stored: %s", done, n,
+                         fp4idx_client_last_error(c));
+      else
+        client_fail(cli, c, st);
+      goto out;
+    }
+    if (done == 0) first = f1;
+    length = len1;
+    done += m;
+    if (bar) progress(done, n, t0, done == n);
+  }
+  printf("seq %llu: appended %zu keys at %llu, length %llu\n",
+         (unsigned long long)seq, n, (unsigned long long)first,
+         (unsigned long long)length);
+out:
+  fp4idx_client_close(c);
+  free(file);
+  free(gen);
+  return st;
+}
+
+/* ---- score ----------------------------------------------------------------- */
+
+static const char score_help[] =
+    "usage: fp4idx-cli [-s SOCKET] score SEQ --q FILE --w FILE --heads H\n"
+    "                  [--lens L1,L2,...] [--topk K] [--format text|json|raw]\n"
+    "                  [--out FILE]\n"
+    "Scores R verify rows of sequence SEQ against its keys.\n"
+    "  --q FILE        queries, bf16 [R,H,128] (raw little-endian or .npy);\n"
+    "                  R is derived from the size\n"
+    "  --w FILE        head weights, bf16 [R,H]\n"
+    "  --heads H       heads per row, 1..128\n"
+    "  --lens L,...    visible keys per row (R values; default: all keys)\n"
+    "  --topk K        only the K best (position, logit) pairs per row\n"
+    "  --format FMT    text (default): top-k -> 'row r: pos:logit ...' per\n"
+    "                  row; full logits -> a summary line per row\n"
+    "                  json: {\"seq\",\"rows\",\"width\",\"logits\":[[..]]} or\n"
+    "                  {\"seq\",\"rows\",\"k\",\"results\":[{\"count\",\n"
+    "                  \"positions\",\"logits\"}]}; -inf is null\n"
+    "                  raw: logits [R,W] f32 little-endian (W = max lens);\n"
+    "                  with --topk: positions [R,K] i32, then logits [R,K] f32\n"
+    "  --out FILE      write there instead of stdout";
+
+int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {
+      {"help", no_argument, 0, 'h'},       {"q", required_argument, 0, 'q'},
+      {"w", required_argument, 0, 'w'},    {"heads", required_argument, 0, 'H'},
+      {"lens", required_argument, 0, 'l'}, {"topk", required_argument, 0, 'k'},
+      {"format", required_argument, 0, 'f'}, {"out", required_argument, 0, 'o'},
+      {0}};
+  int ch, fmt = FP4IDX_FORMAT_TEXT;
+  const char *qpath = NULL, *wpath = NULL, *lens_s = NULL, *out = NULL;
+  uint64_t heads = 0, topk = 0, seq;
+  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+    switch (ch) {
+      case 'h': puts(score_help); return 0;
+      case 'q': qpath = optarg; break;
+      case 'w': wpath = optarg; break;
+      case 'l': lens_s = optarg; break;
+      case 'o': out = optarg; break;
+      case 'H':
+        if (parse_num(cli, "--heads", optarg, &heads)) return FP4IDX_EINVAL;
+        if (heads < 1 || heads > 128)
+          return fp4idx__cli_usage(&cli->err, "--heads: H must be 1..128");
+        break;
+      case 'k':
+        if (parse_num(cli, "--topk", optarg, &topk)) return FP4IDX_EINVAL;
+        if (topk < 1 || topk > UINT32_MAX)
+          return fp4idx__cli_usage(&cli->err, "--topk: K must be >= 1");
+        break;
+      case 'f':
+        if ((fmt = fp4idx__parse_format(optarg)) < 0)
+          return fp4idx__cli_usage(&cli->err,
+                                   "--format '%s': expected text, json or raw",
+                                   optarg);
+        break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  if (argc - optind != 1)
+    return fp4idx__cli_usage(&cli->err, argc - optind < 1
+                                            ? "missing SEQ (see score --help)"
+                                            : "unexpected argument");
+  if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
+  if (qpath == NULL || wpath == NULL || heads == 0)
+    return fp4idx__cli_usage(&cli->err, "--q, --w and --heads are required");
+
+  unsigned char *qbuf = NULL, *wbuf = NULL;
+  int32_t *lens = NULL;
+  size_t nlens = 0, len;
+  fp4idx_client_t *c = NULL;
+  fp4idx_client_result_t *res = NULL;
+  FILE *f = NULL;
+  fp4idx_array_t qa, wa;
+  uint32_t rq, rw;
+  int st;
+  if (lens_s != NULL && fp4idx__parse_lens(lens_s, &lens, &nlens) != 0)
+    return fp4idx__cli_usage(&cli->err,
+                             "--lens '%s': expected comma-separated counts",
+                             lens_s);
+  if ((st = fp4idx__read_file(qpath, &qbuf, &len, &cli->err)) ||
+      (st = fp4idx__array_from_buffer(qbuf, len, &qa, &cli->err)) ||
+      (st = fp4idx__bf16_rows(&qa, heads * FP4IDX_CLIENT_HEAD_DIM, "--q", &rq,
+                              &cli->err)))
+    goto out;
+  if ((st = fp4idx__read_file(wpath, &wbuf, &len, &cli->err)) ||
+      (st = fp4idx__array_from_buffer(wbuf, len, &wa, &cli->err)) ||
+      (st = fp4idx__bf16_rows(&wa, heads, "--w", &rw, &cli->err)))
+    goto out;
+  if (rq != rw) {
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_ESHAPE,
+                          "--q holds %u rows of %llu heads, --w holds %u", rq,
+                          (unsigned long long)heads, rw);
+    goto out;
+  }
+  if (lens != NULL && nlens != rq) {
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_ESHAPE,
+                          "--lens gives %zu counts for %u rows", nlens, rq);
+    goto out;
+  }
+  /* q and w sit at any offset of the file buffers; the library only reads
+   * them bytewise (memcpy into the request), so no alignment is needed. */
+  fp4idx_client_seq_t s = {.seq = seq, .rows = rq,
+                           .q = (const uint16_t *)(const void *)qa.data,
+                           .w = (const uint16_t *)(const void *)wa.data,
+                           .lens = lens};
+  if ((st = connect_cli(cli, &c))) goto out;
+  st = fp4idx_client_score(c, (uint32_t)heads, (uint32_t)topk, &s, 1, &res);
+  if (st) {
+    client_fail(cli, c, st);
+    goto out;
+  }
+  if ((f = open_out(cli, out)) == NULL) {
+    st = cli->err.status;
+    goto out;
+  }
+  if (fp4idx__write_result(f, (fp4idx_format_t)fmt, &res[0], topk != 0) != 0)
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "%s: write error",
+                          out ? out : "stdout");
+  st = close_out(cli, f, out, st);
+out:
+  fp4idx_client_free(res);
+  fp4idx_client_close(c);
+  free(qbuf);
+  free(wbuf);
+  free(lens);
+  return st;
+}
+
+/* ---- truncate / drop ------------------------------------------------------- */
+
+int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] truncate SEQ N\n"
+           "Keeps the first N keys of SEQ (drops rejected speculative keys);\n"
+           "N above the key count is an error (ERANGE).");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  uint64_t seq, n;
+  if (argc - optind != 2)
+    return fp4idx__cli_usage(&cli->err, "expected SEQ N");
+  if (parse_seq(cli, argv[optind], &seq) ||
+      parse_num(cli, "N", argv[optind + 1], &n))
+    return FP4IDX_EINVAL;
+  fp4idx_client_t *c;
+  int st = connect_cli(cli, &c);
+  if (st) return st;
+  uint64_t len;
+  st = fp4idx_client_truncate(c, seq, n, &len);
+  if (st) client_fail(cli, c, st);
+  else printf("seq %llu: length %llu\n", (unsigned long long)seq,
+              (unsigned long long)len);
+  fp4idx_client_close(c);
+  return st;
+}
+
+int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] drop SEQ\n"
+           "Drops sequence SEQ and frees its pages (ENOSEQ if unknown).");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  uint64_t seq;
+  if (argc - optind != 1) return fp4idx__cli_usage(&cli->err, "expected SEQ");
+  if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
+  fp4idx_client_t *c;
+  int st = connect_cli(cli, &c);
+  if (st) return st;
+  st = fp4idx_client_drop(c, seq);
+  if (st) client_fail(cli, c, st);
+  else printf("seq %llu: dropped\n", (unsigned long long)seq);
+  fp4idx_client_close(c);
+  return st;
+}
+
+/* ---- read ------------------------------------------------------------------ */
+
+int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {
+      {"help", no_argument, 0, 'h'},        {"from", required_argument, 0, 'F'},
+      {"count", required_argument, 0, 'n'}, {"dequant", no_argument, 0, 'd'},
+      {"out", required_argument, 0, 'o'},   {0}};
+  int ch, dequant = 0;
+  uint64_t from = 0, count = UINT64_MAX, seq;
+  const char *out = NULL;
+  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+    switch (ch) {
+      case 'h':
+        puts("usage: fp4idx-cli [-s SOCKET] read SEQ [--from I] [--count N]\n"
+             "                  [--dequant] --out FILE\n"
+             "Writes keys [I, I+N) of SEQ (default: all) to FILE (- = stdout):\n"
+             "packed FP4 slots u8 [n,68], or with --dequant the decoded values\n"
+             "f32 [n,128]; raw little-endian, or .npy when FILE ends in .npy.");
+        return 0;
+      case 'F':
+        if (parse_num(cli, "--from", optarg, &from)) return FP4IDX_EINVAL;
+        break;
+      case 'n':
+        if (parse_num(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
+        break;
+      case 'd': dequant = 1; break;
+      case 'o': out = optarg; break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  if (argc - optind != 1) return fp4idx__cli_usage(&cli->err, "expected SEQ");
+  if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
+  if (out == NULL) return fp4idx__cli_usage(&cli->err, "--out FILE is required");
+  fp4idx_client_t *c;
+  int st = connect_cli(cli, &c);
+  if (st) return st;
+  void *keys = NULL;
+  size_t n = 0;
+  FILE *f = NULL;
+  st = fp4idx_client_read(c, seq, from, count, dequant, &keys, &n);
+  if (st) {
+    client_fail(cli, c, st);
+    goto out;
+  }
+  if ((f = open_out(cli, out)) == NULL) {
+    st = cli->err.status;
+    goto out;
+  }
+  size_t cols = dequant ? FP4IDX_CLIENT_HEAD_DIM : FP4IDX_CLIENT_SLOT_BYTES;
+  size_t bytes = n * cols * (dequant ? 4 : 1);
+  if (ends_with(out, ".npy")) {
+    uint64_t shape[2] = {n, cols};
+    if (fp4idx__npy_write_header(f, dequant ? "<f4" : "|u1", 2, shape) != 0)
+      st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "%s: write error", out);
+  }
+  if (st == 0 && bytes && fwrite(keys, 1, bytes, f) != bytes)
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO, "%s: write error", out);
+  int to_stdout = f == stdout;
+  st = close_out(cli, f, out, st);
+  if (st == 0 && !to_stdout)
+    printf("seq %llu: read %zu keys from %llu\n", (unsigned long long)seq, n,
+           (unsigned long long)from);
+out:
+  fp4idx_client_free(keys);
+  fp4idx_client_close(c);
+  return st;
+}

@@ -1,0 +1,116 @@
+/* main.c -- fp4idx-cli: global options and command dispatch.
+ *
+ *   fp4idx-cli [-s SOCKET] [-t MS] COMMAND [ARGS...]
+ *
+ * Exit status: 0 success; 1 the operation failed (daemon error, connection,
+ * I/O); 2 bad command line. On failure exactly one line goes to stderr:
+ *   fp4idx-cli: <command>: <message> (<CODE>)
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifndef FP4IDX_VERSION_STRING
+#define FP4IDX_VERSION_STRING "0.0.0"
+#endif
+
+static const struct {
+  const char *name;
+  fp4idx_cli_cmd_fn fn;
+  const char *what;
+} commands[] = {
+    {"info", fp4idx__cmd_info, "daemon version, backend, device and pool"},
+    {"stats", fp4idx__cmd_stats, "counters (--prometheus for node_exporter)"},
+    {"append", fp4idx__cmd_append, "append keys to a sequence"},
+    {"score", fp4idx__cmd_score, "score verify rows (full logits or top-k)"},
+    {"truncate", fp4idx__cmd_truncate, "keep the first N keys of a sequence"},
+    {"drop", fp4idx__cmd_drop, "drop a sequence"},
+    {"read", fp4idx__cmd_read, "read keys back (packed or dequantized)"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: fp4idx-cli [-s SOCKET] [-t MS] COMMAND [ARGS...]\n"
+          "Talks to fp4idxd, the FP4 index-key cache daemon.\n\n"
+          "  -s, --socket PATH   daemon socket (default: $FP4IDX_SOCKET, else\n"
+          "                      $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock, or\n"
+          "                      /run/fp4idx/fp4idxd.sock as root)\n"
+          "  -t, --timeout MS    limit per request in milliseconds (default\n"
+          "                      none)\n"
+          "  -h, --help          this text; COMMAND --help for a command\n"
+          "  -V, --version       print the version\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
+  fprintf(f,
+          "\nExit status: 0 success, 1 failure, 2 bad command line; errors are\n"
+          "one line on stderr: 'fp4idx-cli: COMMAND: MESSAGE (CODE)'.\n");
+}
+
+static int report(const char *op, const fp4idx_cli_err_t *e) {
+  /* One line, always: flatten any newline a message may carry. */
+  char msg[sizeof e->msg];
+  snprintf(msg, sizeof msg, "%s", e->msg);
+  for (char *p = msg; *p; p++)
+    if (*p == '\n' || *p == '\r') *p = ' ';
+  fprintf(stderr, "fp4idx-cli: %s: %s (%s)\n", op, msg,
+          fp4idx_status_name(e->status));
+  return e->usage ? 2 : 1;
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {{"socket", required_argument, 0, 's'},
+                                     {"timeout", required_argument, 0, 't'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {"version", no_argument, 0, 'V'},
+                                     {0}};
+  fp4idx_cli_t cli = {0};
+  int ch;
+  opterr = 0;
+  /* '+': stop at the command name; its options are its own. */
+  while ((ch = getopt_long(argc, argv, "+s:t:hV", lo, NULL)) != -1) {
+    switch (ch) {
+      case 's': cli.socket = optarg; break;
+      case 't': {
+        uint64_t ms;
+        if (fp4idx__parse_u64(optarg, &ms) != 0 || ms > 2000000000u) {
+          fp4idx__cli_usage(&cli.err, "--timeout '%s': expected milliseconds",
+                            optarg);
+          return report("options", &cli.err);
+        }
+        cli.timeout_ms = (int)ms;
+        break;
+      }
+      case 'h': usage(stdout); return 0;
+      case 'V':
+        printf("fp4idx-cli %s (libfp4idx-client %s)\n", FP4IDX_VERSION_STRING,
+               fp4idx_client_version());
+        return 0;
+      default:
+        fp4idx__cli_usage(&cli.err, "unknown option or missing value: %s",
+                          argv[optind - 1]);
+        return report("options", &cli.err);
+    }
+  }
+  if (optind >= argc) {
+    fp4idx__cli_usage(&cli.err, "no command given (try --help)");
+    return report("options", &cli.err);
+  }
+  const char *name = argv[optind];
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+    if (strcmp(name, commands[i].name) != 0) continue;
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    optind = 0; /* glibc: 0 fully re-initialises getopt for the command */
+    int st = commands[i].fn(&cli, sub_argc, sub_argv);
+    if (st == 0) return 0;
+    if (cli.err.msg[0] == '\0')
+      fp4idx__cli_fail(&cli.err, st, "%s", fp4idx_strerror(st));
+    return report(name, &cli.err);
+  }
+  fp4idx__cli_usage(&cli.err, "unknown command '%s' (try --help)", name);
+  return report("options", &cli.err);
+}

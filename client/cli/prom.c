@@ -1,0 +1,115 @@
+/* prom.c -- the daemon's stats in the Prometheus text exposition format
+ * (version 0.0.4), for node_exporter's textfile collector.
+ *
+ * The daemon keeps plain per-bucket latency counts in microseconds; here
+ * they become the cumulative _bucket{le="<seconds>"} series Prometheus
+ * expects, ending with le="+Inf" == _count. */
+#include <math.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+/* Writes a label value with \\, \" and \n escaped. */
+static void label(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == '\\') fputs("\\\\", f);
+    else if (*s == '"') fputs("\\\"", f);
+    else if (*s == '\n') fputs("\\n", f);
+    else fputc(*s, f);
+  }
+}
+
+/* A Prometheus float: shortest round-trip-ish form, +Inf/-Inf/NaN spelled
+ * the way the format wants. */
+static void num(FILE *f, double v) {
+  if (isnan(v)) fputs("NaN", f);
+  else if (isinf(v)) fputs(v > 0 ? "+Inf" : "-Inf", f);
+  else fprintf(f, "%.17g", v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, double v) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s ", name, help, name, name);
+  num(f, v);
+  fputc('\n', f);
+}
+
+int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
+                       const fp4idx_client_info_t *info) {
+  fputs("# HELP fp4idx_info Daemon identity; the value is always 1.\n"
+        "# TYPE fp4idx_info gauge\nfp4idx_info{", f);
+  if (info != NULL) {
+    fputs("server=\"", f);
+    label(f, info->server);
+    fprintf(f, "\",protocol=\"%u\",", info->version);
+  }
+  fputs("backend=\"", f);
+  label(f, s->backend);
+  fputs("\",device=\"", f);
+  label(f, s->device);
+  fputs("\"} 1\n", f);
+
+  gauge(f, "fp4idx_uptime_seconds", "Seconds since the daemon started.",
+        s->uptime_s);
+  gauge(f, "fp4idx_connections", "Open client connections.",
+        (double)s->connections);
+  gauge(f, "fp4idx_sequences", "Live sequences in the cache.",
+        (double)s->sequences);
+  gauge(f, "fp4idx_keys", "Keys stored in the cache.", (double)s->keys);
+  gauge(f, "fp4idx_pool_pages", "Pages in the key pool.",
+        (double)s->pages_total);
+  gauge(f, "fp4idx_pool_pages_free", "Free pages in the key pool.",
+        (double)s->pages_free);
+  if (info != NULL && info->page_size != 0)
+    gauge(f, "fp4idx_pool_page_size_keys", "Keys per page.",
+          (double)info->page_size);
+
+  fputs("# HELP fp4idx_requests_total Requests handled, by operation.\n"
+        "# TYPE fp4idx_requests_total counter\n", f);
+  for (uint32_t i = 0; i < s->nops; i++) {
+    fputs("fp4idx_requests_total{op=\"", f);
+    label(f, s->ops[i].op);
+    fprintf(f, "\"} %llu\n", (unsigned long long)s->ops[i].count);
+  }
+  fputs("# HELP fp4idx_request_errors_total Requests answered with an error, "
+        "by operation.\n# TYPE fp4idx_request_errors_total counter\n", f);
+  for (uint32_t i = 0; i < s->nops; i++) {
+    fputs("fp4idx_request_errors_total{op=\"", f);
+    label(f, s->ops[i].op);
+    fprintf(f, "\"} %llu\n", (unsigned long long)s->ops[i].errors);
+  }
+  fputs("# HELP fp4idx_request_latency_seconds Request latency in the daemon, "
+        "by operation.\n# TYPE fp4idx_request_latency_seconds histogram\n", f);
+  for (uint32_t i = 0; i < s->nops; i++) {
+    const fp4idx_client_op_stats_t *o = &s->ops[i];
+    uint64_t cum = 0;
+    int have_inf = 0;
+    for (uint32_t b = 0; b < o->nbuckets; b++) {
+      cum += o->hist[b];
+      fputs("fp4idx_request_latency_seconds_bucket{op=\"", f);
+      label(f, o->op);
+      fputs("\",le=\"", f);
+      if (isinf(o->bounds_us[b])) {
+        fputs("+Inf", f);
+        have_inf = 1;
+      } else {
+        fprintf(f, "%.9g", o->bounds_us[b] * 1e-6);
+      }
+      fprintf(f, "\"} %llu\n", (unsigned long long)cum);
+    }
+    /* The +Inf bucket is mandatory and equals _count. */
+    uint64_t total = cum > o->count ? cum : o->count;
+    if (!have_inf) {
+      fputs("fp4idx_request_latency_seconds_bucket{op=\"", f);
+      label(f, o->op);
+      fprintf(f, "\",le=\"+Inf\"} %llu\n", (unsigned long long)total);
+    }
+    fputs("fp4idx_request_latency_seconds_sum{op=\"", f);
+    label(f, o->op);
+    fputs("\"} ", f);
+    num(f, o->latency_sum_us * 1e-6);
+    fputs("\nfp4idx_request_latency_seconds_count{op=\"", f);
+    label(f, o->op);
+    fprintf(f, "\"} %llu\n", (unsigned long long)(have_inf ? cum : total));
+  }
+  return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,564 @@
+/* client.c -- the requests of libfp4idx-client: each public call fills a
+ * codec request struct, does one round trip (encode, send, receive, strict
+ * decode through protocol/fp4idx_codec.h) and copies the answer out of the
+ * receive buffer into the caller's or a library-allocated block. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "fp4idx_codec.h"
+
+/* A finished round trip: the decoded response and the frame body its views
+ * point into. Release with exchange_done(). */
+typedef struct exchange_s {
+  fp4idx_response_t resp;
+  char *body;
+} exchange_t;
+
+static void exchange_done(exchange_t *x) {
+  fp4idx_response_clear(&x->resp);
+  free(x->body);
+  x->body = NULL;
+}
+
+/* Decodes `body` as the answer to `op`; on a daemon error records it.
+ * Returns OK, the daemon's status (connection kept) or EPROTO (closed). */
+static fp4idx_status_t take_response(fp4idx_client_t *c, exchange_t *x,
+                                     fp4idx_op_t op, uint64_t id, size_t len) {
+  char msg[256] = "";
+  int rc = fp4idx_decode_response(x->body, len, op, &x->resp, msg, sizeof msg);
+  if (rc != 0) {
+    fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, FP4IDX_EPROTO,
+                               "malformed %s response from the daemon: %s",
+                               fp4idx_op_name(op), msg);
+  }
+  if (x->resp.status < 0) {
+    /* id 0: the daemon could not read our frame and closes after this. */
+    if (x->resp.id != id) fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, (fp4idx_status_t)x->resp.status, "%s",
+                               x->resp.error[0] ? x->resp.error
+                                                : fp4idx_strerror(
+                                                      x->resp.status));
+  }
+  if (x->resp.id != id) {
+    fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, FP4IDX_EPROTO,
+                               "response id %llu does not match request id "
+                               "%llu",
+                               (unsigned long long)x->resp.id,
+                               (unsigned long long)id);
+  }
+  return FP4IDX_OK;
+}
+
+/* One request/response exchange. On OK the caller reads x->resp and then
+ * calls exchange_done(x); on error x is already released. */
+static fp4idx_status_t roundtrip(fp4idx_client_t *c, fp4idx_request_t *req,
+                                 exchange_t *x) {
+  memset(x, 0, sizeof *x);
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN,
+                               "not connected (connect first, or reconnect "
+                               "after a connection error)");
+  req->id = c->next_id++;
+  int64_t deadline = fp4idx__client_deadline(c);
+
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  int rc = fp4idx_encode_request(&sb, req);
+  if (rc != 0) {
+    msgpack_sbuffer_destroy(&sb);
+    return fp4idx__client_fail(c, (fp4idx_status_t)rc,
+                               "cannot encode the %s request: %s",
+                               fp4idx_op_name(req->op), fp4idx_strerror(rc));
+  }
+  size_t body_len = sb.size - FP4IDX_FRAME_HEADER;
+  if (c->max_frame != 0 && body_len > c->max_frame) {
+    msgpack_sbuffer_destroy(&sb);
+    return fp4idx__client_fail(c, FP4IDX_E2BIG,
+                               "%s request of %zu bytes exceeds the daemon's "
+                               "max frame of %llu bytes",
+                               fp4idx_op_name(req->op), body_len,
+                               (unsigned long long)c->max_frame);
+  }
+  fp4idx_status_t st = fp4idx__client_send(c, sb.data, sb.size, deadline);
+  msgpack_sbuffer_destroy(&sb);
+  size_t len = 0;
+  if (st == FP4IDX_ECONN && c->fd >= 0) {
+    /* The daemon stopped reading: it may have replied (E2BIG for an
+     * oversized frame) before closing. Look briefly for that reply. */
+    char saved[sizeof c->last_error];
+    memcpy(saved, c->last_error, sizeof saved);
+    int64_t soon = fp4idx__client_deadline(&(fp4idx_client_t){.timeout_ms = 200});
+    if (fp4idx__client_recv_frame(c, &x->body, &len, soon) == FP4IDX_OK) {
+      st = take_response(c, x, req->op, req->id, len);
+      fp4idx__client_disconnect(c);
+      if (st != FP4IDX_OK) {
+        exchange_done(x);
+        return st;
+      }
+    }
+    exchange_done(x);
+    fp4idx__client_disconnect(c);
+    memcpy(c->last_error, saved, sizeof saved);
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "%s", saved);
+  }
+  if (st != FP4IDX_OK) return st;
+
+  st = fp4idx__client_recv_frame(c, &x->body, &len, deadline);
+  if (st != FP4IDX_OK) return st;
+  st = take_response(c, x, req->op, req->id, len);
+  if (st != FP4IDX_OK) {
+    exchange_done(x);
+    return st;
+  }
+  fp4idx__client_fail(c, FP4IDX_OK, NULL);
+  return FP4IDX_OK;
+}
+
+static fp4idx_status_t bad_arg(fp4idx_client_t *c, const char *what) {
+  return fp4idx__client_fail(c, FP4IDX_EINVAL, "invalid argument: %s", what);
+}
+
+/* Copies a NUL-terminated string, cut to fit cap (> 0) bytes. */
+static void copy_str(char *dst, size_t cap, const char *src) {
+  size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* ---- hello / info -------------------------------------------------------- */
+
+fp4idx_status_t fp4idx_client_hello(fp4idx_client_t *c,
+                                    fp4idx_client_info_t *out) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  static const char name[] = "libfp4idx-client";
+  fp4idx_request_t req = {.op = FP4IDX_OP_HELLO};
+  req.u.hello.version = FP4IDX_CLIENT_PROTOCOL_VERSION;
+  req.u.hello.client.ptr = name;
+  req.u.hello.client.len = sizeof name - 1;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  if (out != NULL) {
+    memset(out, 0, sizeof *out);
+    out->version = (uint32_t)x.resp.u.hello.version;
+    copy_str(out->server, sizeof out->server, x.resp.u.hello.server);
+  }
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c,
+                                   fp4idx_client_info_t *out) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (out == NULL) return bad_arg(c, "out is NULL");
+  fp4idx_request_t req = {.op = FP4IDX_OP_INFO};
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_info_t *in = &x.resp.u.info;
+  memset(out, 0, sizeof *out);
+  out->version = (uint32_t)in->version;
+  copy_str(out->server, sizeof out->server, in->server);
+  copy_str(out->backend, sizeof out->backend, in->backend);
+  copy_str(out->device, sizeof out->device, in->device);
+  out->page_size = in->page_size;
+  out->pages_total = in->pages_total;
+  out->pages_free = in->pages_free;
+  out->sequences = in->sequences;
+  out->max_frame = in->max_frame;
+  c->max_frame = in->max_frame; /* lets later requests fail fast on E2BIG */
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+/* ---- keys ---------------------------------------------------------------- */
+
+fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
+                                     fp4idx_client_keys_t dtype,
+                                     const void *keys, size_t n,
+                                     fp4idx_client_rounding_t rounding,
+                                     uint64_t *first, uint64_t *length) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (keys == NULL) return bad_arg(c, "keys is NULL");
+  if (n == 0) return bad_arg(c, "n is 0 (append at least one key)");
+  if (rounding != FP4IDX_ROUNDING_RNE && rounding != FP4IDX_ROUNDING_THRESHOLD)
+    return bad_arg(c, "unknown rounding mode");
+  fp4idx_wire_dtype_t wt;
+  uint64_t shape[2] = {n, FP4IDX_CLIENT_HEAD_DIM};
+  switch (dtype) {
+    case FP4IDX_KEYS_BF16: wt = FP4IDX_WIRE_BF16; break;
+    case FP4IDX_KEYS_F32: wt = FP4IDX_WIRE_F32; break;
+    case FP4IDX_KEYS_FP4:
+      wt = FP4IDX_WIRE_U8;
+      shape[1] = FP4IDX_CLIENT_SLOT_BYTES;
+      break;
+    default: return bad_arg(c, "unknown key dtype");
+  }
+  fp4idx_request_t req = {.op = FP4IDX_OP_APPEND};
+  req.u.append.seq = seq;
+  req.u.append.rounding = rounding == FP4IDX_ROUNDING_THRESHOLD
+                              ? FP4IDX_WIRE_ROUND_THRESHOLD
+                              : FP4IDX_WIRE_ROUND_RNE;
+  int rc = fp4idx_tensor_init(&req.u.append.keys, wt, 2, shape, keys);
+  if (rc != 0)
+    return fp4idx__client_fail(c, (fp4idx_status_t)rc, "%zu keys: %s", n,
+                               fp4idx_strerror(rc));
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  if (first) *first = x.resp.u.append.first;
+  if (length) *length = x.resp.u.append.length;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_append_bf16(fp4idx_client_t *c, uint64_t seq,
+                                          const uint16_t *keys, size_t n,
+                                          fp4idx_client_rounding_t rounding,
+                                          uint64_t *first, uint64_t *length) {
+  return fp4idx_client_append(c, seq, FP4IDX_KEYS_BF16, keys, n, rounding,
+                              first, length);
+}
+
+fp4idx_status_t fp4idx_client_append_f32(fp4idx_client_t *c, uint64_t seq,
+                                         const float *keys, size_t n,
+                                         fp4idx_client_rounding_t rounding,
+                                         uint64_t *first, uint64_t *length) {
+  return fp4idx_client_append(c, seq, FP4IDX_KEYS_F32, keys, n, rounding,
+                              first, length);
+}
+
+fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
+                                         const uint8_t *slots, size_t n,
+                                         uint64_t *first, uint64_t *length) {
+  return fp4idx_client_append(c, seq, FP4IDX_KEYS_FP4, slots, n,
+                              FP4IDX_ROUNDING_RNE, first, length);
+}
+
+fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
+                                       uint64_t length, uint64_t *new_length) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  fp4idx_request_t req = {.op = FP4IDX_OP_TRUNCATE};
+  req.u.truncate.seq = seq;
+  req.u.truncate.length = length;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  if (new_length) *new_length = x.resp.u.truncate.length;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  fp4idx_request_t req = {.op = FP4IDX_OP_DROP};
+  req.u.drop.seq = seq;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_read(fp4idx_client_t *c, uint64_t seq,
+                                   uint64_t from, uint64_t count, int dequant,
+                                   void **keys, size_t *n) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (keys == NULL || n == NULL) return bad_arg(c, "keys or n is NULL");
+  *keys = NULL;
+  *n = 0;
+  fp4idx_request_t req = {.op = FP4IDX_OP_READ};
+  req.u.read.seq = seq;
+  req.u.read.from = from;
+  req.u.read.has_count = count != UINT64_MAX;
+  req.u.read.count = count;
+  req.u.read.dequant = dequant != 0;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_tensor_t *t = &x.resp.u.read.keys;
+  size_t want_cols = dequant ? FP4IDX_CLIENT_HEAD_DIM : FP4IDX_CLIENT_SLOT_BYTES;
+  fp4idx_wire_dtype_t want_dt = dequant ? FP4IDX_WIRE_F32 : FP4IDX_WIRE_U8;
+  if (t->dtype != want_dt || t->ndim != 2 || t->shape[1] != want_cols ||
+      (count != UINT64_MAX && t->shape[0] > count)) {
+    exchange_done(&x);
+    fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, FP4IDX_EPROTO,
+                               "read response keys have dtype %s, %u dims",
+                               fp4idx_wire_dtype_name(t->dtype), t->ndim);
+  }
+  if (t->nbytes > 0) {
+    void *buf = malloc(t->nbytes);
+    if (buf == NULL) {
+      exchange_done(&x);
+      return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                                 "no memory for %zu bytes of keys", t->nbytes);
+    }
+    memcpy(buf, t->data, t->nbytes);
+    *keys = buf;
+  }
+  *n = (size_t)t->shape[0];
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+/* ---- scoring ------------------------------------------------------------- */
+
+static size_t align8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+/* Checks one decoded result against what was asked; returns its width or
+ * -1 when it does not fit. */
+static int64_t result_width(const fp4idx_score_result_t *r,
+                            const fp4idx_client_seq_t *s, uint32_t topk) {
+  const fp4idx_tensor_t *l = &r->logits;
+  if (r->seq != s->seq || l->dtype != FP4IDX_WIRE_F32 || l->ndim != 2 ||
+      l->shape[0] != s->rows || l->shape[1] > INT32_MAX)
+    return -1;
+  if ((topk != 0) != r->topk) return -1;
+  if (topk != 0) {
+    const fp4idx_tensor_t *p = &r->positions, *n = &r->counts;
+    if (l->shape[1] != topk || p->dtype != FP4IDX_WIRE_I32 || p->ndim != 2 ||
+        p->shape[0] != s->rows || p->shape[1] != topk ||
+        n->dtype != FP4IDX_WIRE_I32 || n->ndim != 1 || n->shape[0] != s->rows)
+      return -1;
+  }
+  return (int64_t)l->shape[1];
+}
+
+/* Sends the score request; on OK x holds the checked response. */
+static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
+                                      uint32_t topk,
+                                      const fp4idx_client_seq_t *seqs,
+                                      size_t nseqs, exchange_t *x) {
+  if (seqs == NULL || nseqs == 0) return bad_arg(c, "no sequences to score");
+  if (heads < 1 || heads > FP4IDX_PROTO_MAX_HEADS)
+    return fp4idx__client_fail(c, FP4IDX_EINVAL,
+                               "heads %u outside 1..%u", heads,
+                               FP4IDX_PROTO_MAX_HEADS);
+  if (nseqs > FP4IDX_PROTO_MAX_SCORE_SEQS)
+    return fp4idx__client_fail(c, FP4IDX_E2BIG,
+                               "%zu sequences in one score request (max %u)",
+                               nseqs, FP4IDX_PROTO_MAX_SCORE_SEQS);
+  fp4idx_score_seq_t *ws = calloc(nseqs, sizeof *ws);
+  if (ws == NULL)
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM, "out of memory");
+  fp4idx_status_t st = FP4IDX_OK;
+  for (size_t i = 0; i < nseqs; i++) {
+    const fp4idx_client_seq_t *s = &seqs[i];
+    if (s->rows == 0 || s->q == NULL || s->w == NULL ||
+        (s->mask != NULL && s->mask_width == 0)) {
+      st = fp4idx__client_fail(c, FP4IDX_EINVAL,
+                               "seqs[%zu]: rows 0, q/w NULL or mask without "
+                               "width",
+                               i);
+      goto out;
+    }
+    uint64_t R = s->rows;
+    uint64_t qs[3] = {R, heads, FP4IDX_CLIENT_HEAD_DIM}, wsh[2] = {R, heads};
+    uint64_t ls[1] = {R}, ms[2] = {R, s->mask_width};
+    ws[i].seq = s->seq;
+    ws[i].rows = s->rows;
+    int rc = fp4idx_tensor_init(&ws[i].q, FP4IDX_WIRE_BF16, 3, qs, s->q);
+    if (rc == 0) rc = fp4idx_tensor_init(&ws[i].w, FP4IDX_WIRE_BF16, 2, wsh, s->w);
+    if (rc == 0 && s->lens)
+      rc = fp4idx_tensor_init(&ws[i].lens, FP4IDX_WIRE_I32, 1, ls, s->lens);
+    if (rc == 0 && s->mask)
+      rc = fp4idx_tensor_init(&ws[i].mask, FP4IDX_WIRE_U8, 2, ms, s->mask);
+    if (rc != 0) {
+      st = fp4idx__client_fail(c, (fp4idx_status_t)rc, "seqs[%zu]: %s", i,
+                               fp4idx_strerror(rc));
+      goto out;
+    }
+  }
+  fp4idx_request_t req = {.op = FP4IDX_OP_SCORE};
+  req.u.score.heads = heads;
+  req.u.score.topk = topk;
+  req.u.score.seqs = ws;
+  req.u.score.nseqs = nseqs;
+  st = roundtrip(c, &req, x);
+  if (st != FP4IDX_OK) goto out;
+  const fp4idx_score_resp_t *sr = &x->resp.u.score;
+  int ok = sr->nresults == nseqs;
+  for (size_t i = 0; ok && i < nseqs; i++)
+    ok = result_width(&sr->results[i], &seqs[i], topk) >= 0;
+  if (!ok) {
+    exchange_done(x);
+    fp4idx__client_disconnect(c);
+    st = fp4idx__client_fail(c, FP4IDX_EPROTO,
+                             "score response does not match the request "
+                             "(results, seq, shapes)");
+  }
+out:
+  free(ws);
+  return st;
+}
+
+fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
+                                    uint32_t topk,
+                                    const fp4idx_client_seq_t *seqs,
+                                    size_t nseqs,
+                                    fp4idx_client_result_t **out) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (out == NULL) return bad_arg(c, "out is NULL");
+  *out = NULL;
+  exchange_t x;
+  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_score_resp_t *sr = &x.resp.u.score;
+
+  /* One block: the result array, then each result's arrays (8-aligned). */
+  size_t total = align8(nseqs * sizeof(fp4idx_client_result_t));
+  for (size_t i = 0; i < nseqs; i++) {
+    total += align8(sr->results[i].logits.nbytes);
+    total += align8(sr->results[i].positions.nbytes);
+    total += align8(sr->results[i].counts.nbytes);
+  }
+  char *block = calloc(1, total);
+  if (block == NULL) {
+    exchange_done(&x);
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                               "no memory for %zu bytes of results", total);
+  }
+  fp4idx_client_result_t *res = (fp4idx_client_result_t *)block;
+  char *p = block + align8(nseqs * sizeof *res);
+  for (size_t i = 0; i < nseqs; i++) {
+    const fp4idx_score_result_t *r = &sr->results[i];
+    res[i].seq = r->seq;
+    res[i].rows = seqs[i].rows;
+    res[i].width = (uint32_t)r->logits.shape[1];
+    res[i].logits = (float *)p;
+    if (r->logits.nbytes) memcpy(p, r->logits.data, r->logits.nbytes);
+    p += align8(r->logits.nbytes);
+    if (r->topk) {
+      res[i].positions = (int32_t *)p;
+      memcpy(p, r->positions.data, r->positions.nbytes);
+      p += align8(r->positions.nbytes);
+      res[i].counts = (int32_t *)p;
+      memcpy(p, r->counts.data, r->counts.nbytes);
+      p += align8(r->counts.nbytes);
+    }
+  }
+  exchange_done(&x);
+  *out = res;
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
+                                         uint32_t heads, uint32_t rows,
+                                         const uint16_t *q, const uint16_t *w,
+                                         const int32_t *lens, float *logits,
+                                         size_t cap, uint32_t *width) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (width == NULL || (logits == NULL && cap > 0))
+    return bad_arg(c, "width NULL, or logits NULL with cap > 0");
+  fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
+                           .lens = lens};
+  exchange_t x;
+  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_tensor_t *l = &x.resp.u.score.results[0].logits;
+  *width = (uint32_t)l->shape[1];
+  size_t need = (size_t)rows * *width;
+  if (need > cap) {
+    exchange_done(&x);
+    return fp4idx__client_fail(c, FP4IDX_E2BIG,
+                               "logits need %zu floats (%u rows x %u), the "
+                               "buffer holds %zu",
+                               need, rows, *width, cap);
+  }
+  if (l->nbytes) memcpy(logits, l->data, l->nbytes);
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
+                                   uint32_t heads, uint32_t rows,
+                                   const uint16_t *q, const uint16_t *w,
+                                   const int32_t *lens, uint32_t k,
+                                   int32_t *positions, float *logits,
+                                   int32_t *counts) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (k == 0) return bad_arg(c, "k is 0");
+  if (positions == NULL || logits == NULL)
+    return bad_arg(c, "positions or logits is NULL");
+  fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
+                           .lens = lens};
+  exchange_t x;
+  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_score_result_t *r = &x.resp.u.score.results[0];
+  memcpy(positions, r->positions.data, r->positions.nbytes);
+  memcpy(logits, r->logits.data, r->logits.nbytes);
+  if (counts) memcpy(counts, r->counts.data, r->counts.nbytes);
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+static int op_cmp(const void *a, const void *b) {
+  return strcmp(((const fp4idx_client_op_stats_t *)a)->op,
+                ((const fp4idx_client_op_stats_t *)b)->op);
+}
+
+fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
+                                    fp4idx_client_stats_t **out) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (out == NULL) return bad_arg(c, "out is NULL");
+  *out = NULL;
+  fp4idx_request_t req = {.op = FP4IDX_OP_STATS};
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_stats_t *in = &x.resp.u.stats;
+
+  size_t nb = 0;
+  for (size_t i = 0; i < in->nops; i++) nb += in->ops[i].nbuckets;
+  size_t total = align8(sizeof(fp4idx_client_stats_t)) +
+                 align8(in->nops * sizeof(fp4idx_client_op_stats_t)) +
+                 nb * (sizeof(double) + sizeof(uint64_t));
+  char *block = calloc(1, total);
+  if (block == NULL) {
+    exchange_done(&x);
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM, "out of memory");
+  }
+  fp4idx_client_stats_t *s = (fp4idx_client_stats_t *)block;
+  s->uptime_s = in->uptime_s;
+  s->connections = in->connections;
+  s->sequences = in->sequences;
+  s->keys = in->keys;
+  s->pages_total = in->pages_total;
+  s->pages_free = in->pages_free;
+  copy_str(s->backend, sizeof s->backend, in->backend);
+  copy_str(s->device, sizeof s->device, in->device);
+  s->nops = (uint32_t)in->nops;
+  s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
+  char *p = (char *)s->ops + align8(in->nops * sizeof *s->ops);
+  for (size_t i = 0; i < in->nops; i++) {
+    const fp4idx_op_stats_t *o = &in->ops[i];
+    fp4idx_client_op_stats_t *d = &s->ops[i];
+    copy_str(d->op, sizeof d->op, o->op);
+    d->count = o->count;
+    d->errors = o->errors;
+    d->latency_sum_us = o->sum_us;
+    d->nbuckets = o->nbuckets;
+    double *b = (double *)p;
+    memcpy(b, o->le_us, o->nbuckets * sizeof *b);
+    p += o->nbuckets * sizeof(double);
+    uint64_t *h = (uint64_t *)p;
+    memcpy(h, o->hist, o->nbuckets * sizeof *h);
+    p += o->nbuckets * sizeof(uint64_t);
+    d->bounds_us = b;
+    d->hist = h;
+  }
+  qsort(s->ops, s->nops, sizeof *s->ops, op_cmp);
+  exchange_done(&x);
+  *out = s;
+  return FP4IDX_OK;
+}

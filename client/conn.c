@@ -1,0 +1,316 @@
+/* conn.c -- libfp4idx-client's transport: the handle, connect/close, the
+ * default socket path, timeouts, and whole-frame send/receive on a
+ * non-blocking Unix socket driven by poll(2).
+ *
+ * The socket is non-blocking so that every wait goes through poll() with the
+ * time left to the call's deadline; that makes short reads/writes, EINTR and
+ * timeouts one loop each. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "fp4idx_codec.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "libfp4idx-client passes arrays through as little-endian");
+
+#define FP4IDX__STR2(x) #x
+#define FP4IDX__STR(x) FP4IDX__STR2(x)
+
+const char *fp4idx_client_version(void) {
+  return FP4IDX__STR(FP4IDX_CLIENT_VERSION_MAJOR) "." FP4IDX__STR(
+      FP4IDX_CLIENT_VERSION_MINOR) "." FP4IDX__STR(FP4IDX_CLIENT_VERSION_PATCH);
+}
+
+fp4idx_status_t fp4idx__client_fail(fp4idx_client_t *c, fp4idx_status_t st,
+                                    const char *fmt, ...) {
+  c->last_status = st;
+  if (st == FP4IDX_OK || fmt == NULL) {
+    c->last_error[0] = '\0';
+    if (st != FP4IDX_OK)
+      snprintf(c->last_error, sizeof c->last_error, "%s", fp4idx_strerror(st));
+    return st;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t fp4idx__client_deadline(const fp4idx_client_t *c) {
+  return c->timeout_ms > 0 ? now_ms() + c->timeout_ms : INT64_MAX;
+}
+
+/* Time left for poll(): -1 = forever, 0 = expired. */
+static int time_left(int64_t deadline) {
+  if (deadline == INT64_MAX) return -1;
+  int64_t left = deadline - now_ms();
+  if (left <= 0) return 0;
+  return left > 1000000000 ? 1000000000 : (int)left;
+}
+
+/* Waits until fd is ready for `events`. Returns OK, ETIMEDOUT or ECONN. */
+static fp4idx_status_t wait_fd(int fd, short events, int64_t deadline) {
+  for (;;) {
+    int left = time_left(deadline);
+    if (left == 0) return FP4IDX_ETIMEDOUT;
+    struct pollfd p = {.fd = fd, .events = events};
+    int r = poll(&p, 1, left);
+    if (r > 0) return FP4IDX_OK; /* errors/hangup surface in read/write */
+    if (r == 0) {
+      if (deadline != INT64_MAX && now_ms() >= deadline)
+        return FP4IDX_ETIMEDOUT;
+      continue;
+    }
+    if (errno != EINTR) return FP4IDX_ECONN;
+  }
+}
+
+fp4idx_client_t *fp4idx_client_new(void) {
+  fp4idx_client_t *c = calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  c->fd = -1;
+  c->next_id = 1;
+  return c;
+}
+
+void fp4idx__client_disconnect(fp4idx_client_t *c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  c->max_frame = 0;
+}
+
+void fp4idx_client_close(fp4idx_client_t *c) {
+  if (c == NULL) return;
+  fp4idx__client_disconnect(c);
+  free(c);
+}
+
+void fp4idx_client_free(void *p) { free(p); }
+
+int fp4idx_client_connected(const fp4idx_client_t *c) {
+  return c != NULL && c->fd >= 0;
+}
+
+const char *fp4idx_client_last_error(const fp4idx_client_t *c) {
+  return c == NULL ? "no connection handle (NULL)" : c->last_error;
+}
+
+fp4idx_status_t fp4idx_client_last_status(const fp4idx_client_t *c) {
+  return c == NULL ? FP4IDX_EINVAL : c->last_status;
+}
+
+fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c,
+                                          int timeout_ms) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (timeout_ms < 0)
+    return fp4idx__client_fail(c, FP4IDX_EINVAL, "timeout %d ms is negative",
+                               timeout_ms);
+  c->timeout_ms = timeout_ms;
+  return fp4idx__client_fail(c, FP4IDX_OK, NULL);
+}
+
+fp4idx_status_t fp4idx_client_default_socket(char *buf, size_t size) {
+  if (buf == NULL || size == 0) return FP4IDX_EINVAL;
+  const char *env = getenv("FP4IDX_SOCKET");
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  int n;
+  if (env != NULL && env[0] != '\0')
+    n = snprintf(buf, size, "%s", env);
+  else if (geteuid() == 0)
+    n = snprintf(buf, size, "/run/fp4idx/fp4idxd.sock");
+  else if (xdg != NULL && xdg[0] != '\0')
+    n = snprintf(buf, size, "%s/fp4idx/fp4idxd.sock", xdg);
+  else
+    n = snprintf(buf, size, "/run/user/%u/fp4idx/fp4idxd.sock",
+                 (unsigned)geteuid());
+  return (n < 0 || (size_t)n >= size) ? FP4IDX_E2BIG : FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
+                                      const char *socket_path) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  fp4idx__client_disconnect(c);
+
+  char def[sizeof(((struct sockaddr_un *)0)->sun_path) + 64];
+  if (socket_path == NULL) {
+    if (fp4idx_client_default_socket(def, sizeof def) != FP4IDX_OK)
+      return fp4idx__client_fail(c, FP4IDX_EINVAL,
+                                 "default socket path too long");
+    socket_path = def;
+  }
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  size_t plen = strlen(socket_path);
+  if (plen == 0 || plen >= sizeof addr.sun_path)
+    return fp4idx__client_fail(c, FP4IDX_EINVAL,
+                               "socket path '%s' is empty or longer than %zu "
+                               "bytes",
+                               socket_path, sizeof addr.sun_path - 1);
+  memcpy(addr.sun_path, socket_path, plen + 1);
+
+  int64_t deadline = fp4idx__client_deadline(c);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return fp4idx__client_fail(c, errno == ENOMEM ? FP4IDX_ENOMEM : FP4IDX_ECONN,
+                               "socket: %s", strerror(errno));
+  for (;;) {
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) break;
+    int e = errno;
+    if (e == EINTR) continue;
+    /* A Unix socket whose listen backlog is full answers EAGAIN at once
+     * (never EINPROGRESS); retry until the deadline. */
+    if (e == EAGAIN) {
+      if (time_left(deadline) == 0) {
+        close(fd);
+        return fp4idx__client_fail(c, FP4IDX_ETIMEDOUT,
+                                   "connect %s: backlog full, timed out",
+                                   socket_path);
+      }
+      struct timespec ts = {0, 2 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+      continue;
+    }
+    if (e == EINPROGRESS) {
+      fp4idx_status_t st = wait_fd(fd, POLLOUT, deadline);
+      int err = 0;
+      socklen_t el = sizeof err;
+      if (st == FP4IDX_OK &&
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0)
+        break;
+      close(fd);
+      if (st == FP4IDX_ETIMEDOUT)
+        return fp4idx__client_fail(c, st, "connect %s: timed out",
+                                   socket_path);
+      return fp4idx__client_fail(c, FP4IDX_ECONN, "connect %s: %s",
+                                 socket_path, strerror(err ? err : EIO));
+    }
+    close(fd);
+    return fp4idx__client_fail(c, FP4IDX_ECONN,
+                               "connect %s: %s (is fp4idxd running?)",
+                               socket_path, strerror(e));
+  }
+  c->fd = fd;
+  return fp4idx__client_fail(c, FP4IDX_OK, NULL);
+}
+
+/* Writes len bytes from p. */
+static fp4idx_status_t write_all(fp4idx_client_t *c, const char *p,
+                                 size_t len, int64_t deadline) {
+  while (len > 0) {
+    ssize_t w = send(c->fd, p, len, MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      len -= (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      fp4idx_status_t st = wait_fd(c->fd, POLLOUT, deadline);
+      if (st == FP4IDX_OK) continue;
+      fp4idx__client_disconnect(c);
+      return fp4idx__client_fail(c, st,
+                                 st == FP4IDX_ETIMEDOUT
+                                     ? "timed out sending the request"
+                                     : "poll failed while sending");
+    }
+    /* Left open on purpose: the daemon may have answered (E2BIG, say)
+     * before closing; the caller reads that reply, then disconnects. */
+    int e = w < 0 ? errno : EPIPE;
+    return fp4idx__client_fail(c, FP4IDX_ECONN,
+                               "connection lost while sending: %s",
+                               strerror(e));
+  }
+  return FP4IDX_OK;
+}
+
+/* Reads exactly len bytes into p; `what` names the part for messages. */
+static fp4idx_status_t read_all(fp4idx_client_t *c, char *p, size_t len,
+                                int64_t deadline, const char *what) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = recv(c->fd, p + got, len - got, 0);
+    if (r > 0) {
+      got += (size_t)r;
+      continue;
+    }
+    if (r == 0) {
+      fp4idx__client_disconnect(c);
+      return fp4idx__client_fail(
+          c, FP4IDX_ECONN, "daemon closed the connection (%s, %zu of %zu bytes)",
+          what, got, len);
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      fp4idx_status_t st = wait_fd(c->fd, POLLIN, deadline);
+      if (st == FP4IDX_OK) continue;
+      fp4idx__client_disconnect(c);
+      return fp4idx__client_fail(c, st,
+                                 st == FP4IDX_ETIMEDOUT
+                                     ? "timed out waiting for the response"
+                                     : "poll failed while receiving");
+    }
+    int e = errno;
+    fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, FP4IDX_ECONN,
+                               "connection lost while receiving: %s",
+                               strerror(e));
+  }
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx__client_send(fp4idx_client_t *c, const void *frame,
+                                    size_t len, int64_t deadline) {
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  return write_all(c, frame, len, deadline);
+}
+
+fp4idx_status_t fp4idx__client_recv_frame(fp4idx_client_t *c, char **body,
+                                          size_t *len, int64_t deadline) {
+  *body = NULL;
+  *len = 0;
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  unsigned char hdr[4];
+  fp4idx_status_t st = read_all(c, (char *)hdr, 4, deadline, "frame header");
+  if (st != FP4IDX_OK) return st;
+  size_t n = fp4idx_frame_header_get(hdr);
+  if (n > FP4IDX_CLIENT_MAX_RESPONSE) {
+    fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, FP4IDX_E2BIG,
+                               "response frame of %zu bytes exceeds the "
+                               "client limit %u",
+                               n, FP4IDX_CLIENT_MAX_RESPONSE);
+  }
+  char *buf = malloc(n ? n : 1);
+  if (buf == NULL) {
+    fp4idx__client_disconnect(c);
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                               "no memory for a %zu-byte response", n);
+  }
+  st = read_all(c, buf, n, deadline, "frame body");
+  if (st != FP4IDX_OK) {
+    free(buf);
+    return st;
+  }
+  *body = buf;
+  *len = n;
+  return FP4IDX_OK;
+}

@@ -1,0 +1,313 @@
+/* fp4idx_client.h -- libfp4idx-client, the C client of the fp4idxd daemon.
+ *
+ * The daemon owns a paged FP4 index-key cache and scores verify rows against
+ * it (see the daemon's documentation and protocol/PROTOCOL.md). This library
+ * speaks its wire protocol over a Unix stream socket: 4-byte big-endian frame
+ * length, then one msgpack map.
+ *
+ * Threads: one connection per thread. A connection (fp4idx_client_t) is not
+ * thread-safe; separate connections are independent and may be used from
+ * different threads at once. Calls are blocking: each sends one request and
+ * waits for its response, bounded by the connection's timeout.
+ *
+ * Status: every call returns fp4idx_status_t (fp4idx_status.h): 0 = success,
+ * a negative FP4IDX_E* code otherwise. Switch on codes, never on messages.
+ * After a failed call fp4idx_client_last_error(c) gives a one-line message;
+ * when the daemon answered with an error, that message is the daemon's text.
+ * A call that fails never writes partial results to the caller's outputs
+ * except where its documentation says so.
+ *
+ * Connection errors: FP4IDX_ECONN (daemon absent, closed the connection,
+ * or the stream broke mid-response) and FP4IDX_ETIMEDOUT (the timeout
+ * elapsed) leave the connection CLOSED -- the position in the response stream
+ * is unknown -- and every later call returns FP4IDX_ECONN until
+ * fp4idx_client_connect() succeeds again on the same handle. FP4IDX_EPROTO
+ * from a malformed response closes it likewise. Errors reported by the
+ * daemon (ENOSEQ, ERANGE, ESHAPE, EFULL, ...) leave the connection usable.
+ *
+ * Memory: results the library allocates (fp4idx_client_score,
+ * fp4idx_client_read, fp4idx_client_stats) are single blocks owned by the
+ * caller, released with fp4idx_client_free(). Results written into buffers
+ * the caller provides (fp4idx_client_score_into, fp4idx_client_topk) stay
+ * the caller's. Input arrays are only read during the call.
+ *
+ * Byte order: arrays are in host order; the wire is little-endian, and the
+ * library is built for little-endian hosts only (x86-64, aarch64).
+ *
+ * bf16 values are passed as uint16_t bit patterns (the upper half of the
+ * f32 pattern).
+ */
+#ifndef FP4IDX_CLIENT_H
+#define FP4IDX_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp4idx_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FP4IDX_CLIENT_VERSION_MAJOR 0
+#define FP4IDX_CLIENT_VERSION_MINOR 1
+#define FP4IDX_CLIENT_VERSION_PATCH 0
+
+/* Wire protocol version this library speaks. */
+#define FP4IDX_CLIENT_PROTOCOL_VERSION 1
+
+/* Largest response frame the library accepts (bytes); a larger announced
+ * length gives FP4IDX_E2BIG and closes the connection. */
+#define FP4IDX_CLIENT_MAX_RESPONSE (1024u * 1024u * 1024u)
+
+/* Elements per key, bytes per packed FP4 key (64 payload + 4 scale). */
+#define FP4IDX_CLIENT_HEAD_DIM 128
+#define FP4IDX_CLIENT_SLOT_BYTES 68
+
+/* An open (or closed) connection to fp4idxd. Opaque. */
+typedef struct fp4idx_client_s fp4idx_client_t;
+
+/* Element type of keys given to fp4idx_client_append(). */
+typedef enum fp4idx_client_keys_e {
+  FP4IDX_KEYS_BF16 = 1, /* [n,128] bf16 bit patterns (uint16_t) */
+  FP4IDX_KEYS_F32 = 2,  /* [n,128] float */
+  FP4IDX_KEYS_FP4 = 3   /* [n,68] packed slots (uint8_t), stored as is */
+} fp4idx_client_keys_t;
+
+/* How the daemon quantizes bf16/f32 keys (ignored for FP4 keys). */
+typedef enum fp4idx_client_rounding_e {
+  FP4IDX_ROUNDING_RNE = 0,      /* nearest, ties to the even code (default) */
+  FP4IDX_ROUNDING_THRESHOLD = 1 /* code = number of thresholds below |v| */
+} fp4idx_client_rounding_t;
+
+/* ---- connection ----------------------------------------------------------- */
+
+/* Allocates an unconnected handle (timeout: none).
+ * Returns the handle, or NULL when out of memory. */
+fp4idx_client_t *fp4idx_client_new(void);
+
+/* Connects c to the daemon's socket.
+ * Takes: c from fp4idx_client_new(); socket_path, or NULL for the default
+ *   (fp4idx_client_default_socket()). If c is already connected, the old
+ *   connection is closed first. The connect itself is bounded by the timeout.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (c NULL, path too long for a Unix socket
+ *   address); FP4IDX_ECONN (no daemon: socket missing, refused, ...);
+ *   FP4IDX_ETIMEDOUT; FP4IDX_ENOMEM. */
+fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
+                                      const char *socket_path);
+
+/* Closes the connection (if any) and frees c. c may be NULL. */
+void fp4idx_client_close(fp4idx_client_t *c);
+
+/* Writes the default socket path into buf (NUL-terminated): $FP4IDX_SOCKET
+ * if set and non-empty; else /run/fp4idx/fp4idxd.sock when running as root;
+ * else $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock; else
+ * /run/user/<uid>/fp4idx/fp4idxd.sock.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (buf NULL) or FP4IDX_E2BIG (the path
+ *   does not fit in size bytes; buf then holds a truncated string). */
+fp4idx_status_t fp4idx_client_default_socket(char *buf, size_t size);
+
+/* Sets the time limit of each later blocking call (connect, and each
+ * request's send + wait for its response) in milliseconds; 0 = no limit
+ * (the default). A call that runs out returns FP4IDX_ETIMEDOUT and closes
+ * the connection.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (c NULL or timeout_ms < 0). */
+fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c, int timeout_ms);
+
+/* Returns 1 when c holds an open connection, else 0. */
+int fp4idx_client_connected(const fp4idx_client_t *c);
+
+/* Returns the message of the last failed call on c ("" after a success).
+ * The string belongs to c and stays valid until the next call on c.
+ * Never NULL (for c == NULL: a static string). */
+const char *fp4idx_client_last_error(const fp4idx_client_t *c);
+
+/* Returns the status of the last call on c (FP4IDX_OK after a success). */
+fp4idx_status_t fp4idx_client_last_status(const fp4idx_client_t *c);
+
+/* Frees a block returned by fp4idx_client_score, fp4idx_client_read or
+ * fp4idx_client_stats. p may be NULL. */
+void fp4idx_client_free(void *p);
+
+/* Returns the library version as "X.Y.Z" (static string). */
+const char *fp4idx_client_version(void);
+
+/* ---- hello / info --------------------------------------------------------- */
+
+/* What hello and info report. Strings are NUL-terminated and truncated to
+ * fit. Fields a call does not fill are zero / "". */
+typedef struct fp4idx_client_info_s {
+  uint32_t version;      /* protocol version of the daemon */
+  char server[64];       /* "fp4idxd X.Y.Z" */
+  char backend[16];      /* "cpu" | "cuda"             (info only) */
+  char device[128];      /* device name                (info only) */
+  uint64_t page_size;    /* keys per page              (info only) */
+  uint64_t pages_total;  /* pool capacity in pages     (info only) */
+  uint64_t pages_free;   /* free pages                 (info only) */
+  uint64_t sequences;    /* live sequences             (info only) */
+  uint64_t max_frame;    /* largest request frame, bytes (info only) */
+} fp4idx_client_info_t;
+
+/* Version handshake: sends this library's protocol version and name.
+ * Takes: c connected; out (may be NULL) receives version and server.
+ * Returns: FP4IDX_OK; FP4IDX_EVERSION (the daemon does not speak version 1);
+ *   FP4IDX_ECONN, FP4IDX_ETIMEDOUT, FP4IDX_EPROTO (see top of file). */
+fp4idx_status_t fp4idx_client_hello(fp4idx_client_t *c, fp4idx_client_info_t *out);
+
+/* Daemon and pool information.
+ * Takes: c connected; out (required) receives every field.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (out NULL); connection errors. */
+fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c, fp4idx_client_info_t *out);
+
+/* ---- keys ----------------------------------------------------------------- */
+
+/* Appends n keys to sequence seq (created if unknown), all or nothing.
+ * Takes: dtype and keys: FP4IDX_KEYS_BF16 -> uint16_t[n*128],
+ *   FP4IDX_KEYS_F32 -> float[n*128], FP4IDX_KEYS_FP4 -> uint8_t[n*68];
+ *   n >= 1; rounding for bf16/f32; first and length (each may be NULL)
+ *   receive the position of the first new key and the new key count.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (bad argument, n == 0); FP4IDX_E2BIG
+ *   (the request exceeds the daemon's frame limit: send fewer keys per
+ *   call); FP4IDX_ENONFINITE (NaN/inf in a key); FP4IDX_EFULL (pool full);
+ *   connection errors. On any error nothing was stored. */
+fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
+                                     fp4idx_client_keys_t dtype,
+                                     const void *keys, size_t n,
+                                     fp4idx_client_rounding_t rounding,
+                                     uint64_t *first, uint64_t *length);
+
+/* Typed forms of fp4idx_client_append (same returns). */
+fp4idx_status_t fp4idx_client_append_bf16(fp4idx_client_t *c, uint64_t seq,
+                                          const uint16_t *keys, size_t n,
+                                          fp4idx_client_rounding_t rounding,
+                                          uint64_t *first, uint64_t *length);
+fp4idx_status_t fp4idx_client_append_f32(fp4idx_client_t *c, uint64_t seq,
+                                         const float *keys, size_t n,
+                                         fp4idx_client_rounding_t rounding,
+                                         uint64_t *first, uint64_t *length);
+fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
+                                         const uint8_t *slots, size_t n,
+                                         uint64_t *first, uint64_t *length);
+
+/* Drops keys past position `length` of seq (rejected speculative tokens).
+ * Takes: length <= current key count; new_length (may be NULL) receives it.
+ * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); FP4IDX_ERANGE (length
+ *   above the key count); connection errors. */
+fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
+                                       uint64_t length, uint64_t *new_length);
+
+/* Drops sequence seq and frees its pages.
+ * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); connection errors. */
+fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
+
+/* Reads keys [from, from+count) of seq; count = UINT64_MAX: to the end.
+ * Takes: dequant 0: packed slots, *keys = uint8_t[n*68]; dequant 1: decoded
+ *   values, *keys = float[n*128]. keys and n required.
+ * Returns: FP4IDX_OK with *keys a block for fp4idx_client_free() (NULL when
+ *   *n == 0) and *n the number of keys; FP4IDX_ENOSEQ; FP4IDX_ERANGE (range
+ *   outside the sequence); connection errors. On error *keys = NULL, *n = 0. */
+fp4idx_status_t fp4idx_client_read(fp4idx_client_t *c, uint64_t seq,
+                                   uint64_t from, uint64_t count, int dequant,
+                                   void **keys, size_t *n);
+
+/* ---- scoring -------------------------------------------------------------- */
+
+/* One sequence of a score request: R verify rows of H heads. */
+typedef struct fp4idx_client_seq_s {
+  uint64_t seq;
+  uint32_t rows;         /* R >= 1 */
+  const uint16_t *q;     /* [R,H,128] bf16 */
+  const uint16_t *w;     /* [R,H] bf16 */
+  const int32_t *lens;   /* [R] visible keys per row, or NULL: all keys */
+  const uint8_t *mask;   /* [R,mask_width] 0 hides a position, or NULL */
+  uint32_t mask_width;   /* W = max(lens) when mask is given */
+} fp4idx_client_seq_t;
+
+/* The result for one sequence. Without topk: logits [rows,width], width =
+ * max(lens) (or the key count), -inf where a position is invisible;
+ * positions and counts are NULL. With topk: width = k, positions and logits
+ * [rows,k] sorted by logit descending (ties: lower position first), counts
+ * [rows] valid pairs per row, unused entries position -1 and logit -inf. */
+typedef struct fp4idx_client_result_s {
+  uint64_t seq;
+  uint32_t rows;
+  uint32_t width;
+  float *logits;
+  int32_t *positions;
+  int32_t *counts;
+} fp4idx_client_result_t;
+
+/* Scores one or more sequences in one request.
+ * Takes: heads H in 1..128; topk 0 (full logits) or k >= 1; seqs[nseqs],
+ *   nseqs >= 1; out receives the results.
+ * Returns: FP4IDX_OK with *out an array of nseqs results, in order, in one
+ *   block (all arrays inside it) for fp4idx_client_free(); FP4IDX_EINVAL;
+ *   FP4IDX_ENOSEQ (a sequence is unknown); FP4IDX_ERANGE (lens[r] above the
+ *   key count or negative); FP4IDX_ESHAPE; FP4IDX_E2BIG; connection errors.
+ *   On error *out = NULL. */
+fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
+                                    uint32_t topk,
+                                    const fp4idx_client_seq_t *seqs,
+                                    size_t nseqs,
+                                    fp4idx_client_result_t **out);
+
+/* Full logits of one sequence into a caller buffer.
+ * Takes: seq, heads H, rows R, q [R,H,128], w [R,H], lens [R] or NULL;
+ *   logits: room for cap floats; width receives W (required).
+ * Returns: FP4IDX_OK with logits[R*W] filled; FP4IDX_E2BIG when R*W > cap
+ *   (*width still tells W; logits untouched); else as fp4idx_client_score. */
+fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
+                                         uint32_t heads, uint32_t rows,
+                                         const uint16_t *q, const uint16_t *w,
+                                         const int32_t *lens, float *logits,
+                                         size_t cap, uint32_t *width);
+
+/* Top-k positions of one sequence into caller buffers.
+ * Takes: as fp4idx_client_score_into plus k >= 1; positions and logits:
+ *   room for R*k values each (required); counts: room for R (may be NULL).
+ * Returns: FP4IDX_OK with [R,k] pairs per row (see fp4idx_client_result_t);
+ *   else as fp4idx_client_score. */
+fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
+                                   uint32_t heads, uint32_t rows,
+                                   const uint16_t *q, const uint16_t *w,
+                                   const int32_t *lens, uint32_t k,
+                                   int32_t *positions, float *logits,
+                                   int32_t *counts);
+
+/* ---- stats ---------------------------------------------------------------- */
+
+/* Per-op counters. Latency histogram: hist[i] requests took <= bounds_us[i]
+ * (and more than bounds_us[i-1]); plain per-bucket counts, not cumulative;
+ * the last bound is +inf (INFINITY). */
+typedef struct fp4idx_client_op_stats_s {
+  char op[32];
+  uint64_t count;
+  uint64_t errors;
+  double latency_sum_us;
+  uint32_t nbuckets;
+  const double *bounds_us;  /* [nbuckets], inside the same block */
+  const uint64_t *hist;     /* [nbuckets] */
+} fp4idx_client_op_stats_t;
+
+typedef struct fp4idx_client_stats_s {
+  double uptime_s;
+  uint64_t connections;
+  uint64_t sequences;
+  uint64_t keys;
+  uint64_t pages_total;
+  uint64_t pages_free;
+  char backend[16];
+  char device[128];
+  uint32_t nops;
+  fp4idx_client_op_stats_t *ops;   /* [nops], sorted by op name */
+} fp4idx_client_stats_t;
+
+/* Daemon counters.
+ * Returns: FP4IDX_OK with *out one block for fp4idx_client_free();
+ *   FP4IDX_EINVAL (out NULL); connection errors. On error *out = NULL. */
+fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c, fp4idx_client_stats_t **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP4IDX_CLIENT_H */
