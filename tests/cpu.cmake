@@ -1,0 +1,6 @@
+# CPU backend tests: golden scorer cases, randomized dyadic cases against the
+# float64 reference of tests/common, top-k, store/read, argument errors.
+fp4idx_add_test(test_cpu SOURCES test_cpu.c
+  LIBS fp4idx_cpu fp4idx_test_util LABELS unit)
+fp4idx_add_test(test_cpu_random SOURCES test_cpu_random.c
+  LIBS fp4idx_cpu fp4idx_test_util LABELS unit)
