@@ -24,7 +24,7 @@ static void label(FILE *f, const char *s) {
 static void num(FILE *f, double v) {
   if (isnan(v)) fputs("NaN", f);
   else if (isinf(v)) fputs(v > 0 ? "+Inf" : "-Inf", f);
-  else fprintf(f, "%.17g", v);
+  else fprintf(f, "%.15g", v);
 }
 
 static void gauge(FILE *f, const char *name, const char *help, double v) {

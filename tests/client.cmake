@@ -1,0 +1,11 @@
+# Client library and CLI tests.
+#   test_client_cli_units  CLI internals, no daemon (npy, args, output, Prometheus)
+#   test_client_conn       the library's transport against an in-process fake
+#                          daemon: short reads, closes mid-response, timeouts,
+#                          id mismatch, oversize announcements, error replies
+#   test_client_e2e        the real fp4idxd (tests/common/daemon_harness):
+#                          golden cases bit for bit, top-k, errors, CLI
+fp4idx_add_test(test_client_cli_units SOURCES test_client_cli_units.c
+  LIBS fp4idx_cli_core LABELS unit client)
+fp4idx_add_test(test_client_conn SOURCES test_client_conn.c
+  LIBS fp4idx::client Threads::Threads LABELS unit client)

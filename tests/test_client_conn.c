@@ -1,0 +1,447 @@
+/* test_client_conn.c -- libfp4idx-client's transport and error handling
+ * against an in-process fake daemon (a thread on a temporary Unix socket)
+ * that misbehaves on purpose: byte-at-a-time replies, a close in the middle
+ * of a response, silence (timeouts), wrong ids, garbage, oversize
+ * announcements, error replies, an early close while the client is still
+ * sending. Also: absent daemon, default socket path, argument checks. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fp4idx_client.h"
+#include "fp4idx_codec.h"
+
+typedef enum {
+  FAKE_SLOW_OK,      /* info reply written one byte at a time */
+  FAKE_CLOSE_MID,    /* header + half the body, then close */
+  FAKE_SILENT,       /* read the request, never answer */
+  FAKE_BAD_ID,       /* answer with another id */
+  FAKE_ERROR_THEN_OK,/* ENOSEQ error reply, then a good info reply */
+  FAKE_HUGE,         /* announce a 4 GiB - 1 frame */
+  FAKE_GARBAGE,      /* a frame that is not msgpack */
+  FAKE_CLOSE_AT_ONCE,/* accept and close without reading */
+  FAKE_EARLY_E2BIG   /* read only the header, reply E2BIG (id 0), close */
+} fake_mode_t;
+
+typedef struct {
+  char path[108];
+  int lfd;
+  fake_mode_t mode;
+  pthread_t th;
+  volatile int stop;
+} fake_t;
+
+static int read_n(int fd, void *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)p + got, n - got);
+    if (r <= 0) {
+      if (r < 0 && errno == EINTR) continue;
+      return -1;
+    }
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static void write_n(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      return;
+    }
+    c += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Reads one request; returns its decoded id and op (0/NONE on failure). */
+static int read_request(int fd, uint64_t *id, fp4idx_op_t *op) {
+  unsigned char hdr[4];
+  if (read_n(fd, hdr, 4) != 0) return -1;
+  size_t n = fp4idx_frame_header_get(hdr);
+  unsigned char *b = malloc(n ? n : 1);
+  if (read_n(fd, b, n) != 0) {
+    free(b);
+    return -1;
+  }
+  fp4idx_request_t req;
+  int rc = fp4idx_decode_request(b, n, &req, NULL, 0);
+  *id = req.id;
+  *op = req.op;
+  fp4idx_request_clear(&req);
+  free(b);
+  return rc;
+}
+
+static void info_reply(msgpack_sbuffer *sb, uint64_t id) {
+  fp4idx_response_t r = {.id = id, .op = FP4IDX_OP_INFO};
+  r.u.info.version = 1;
+  strcpy(r.u.info.server, "fake 9.9.9");
+  strcpy(r.u.info.backend, "cpu");
+  strcpy(r.u.info.device, "fake device");
+  r.u.info.page_size = 64;
+  r.u.info.pages_total = 10;
+  r.u.info.pages_free = 7;
+  r.u.info.sequences = 2;
+  r.u.info.max_frame = 1u << 20;
+  cr_assert_eq(fp4idx_encode_response(sb, &r), 0);
+}
+
+static void *fake_main(void *arg) {
+  fake_t *f = arg;
+  int fd = accept(f->lfd, NULL, NULL);
+  if (fd < 0) return NULL;
+  uint64_t id = 0;
+  fp4idx_op_t op;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  switch (f->mode) {
+    case FAKE_SLOW_OK:
+      if (read_request(fd, &id, &op) != 0) break;
+      info_reply(&sb, id);
+      for (size_t i = 0; i < sb.size; i++) {
+        write_n(fd, sb.data + i, 1);
+        usleep(200);
+      }
+      break;
+    case FAKE_CLOSE_MID:
+      if (read_request(fd, &id, &op) != 0) break;
+      info_reply(&sb, id);
+      write_n(fd, sb.data, sb.size / 2);
+      break;
+    case FAKE_SILENT:
+      read_request(fd, &id, &op);
+      while (!f->stop) usleep(1000);
+      break;
+    case FAKE_BAD_ID:
+      if (read_request(fd, &id, &op) != 0) break;
+      info_reply(&sb, id + 1);
+      write_n(fd, sb.data, sb.size);
+      break;
+    case FAKE_ERROR_THEN_OK:
+      if (read_request(fd, &id, &op) != 0) break;
+      fp4idx_encode_error(&sb, id, FP4IDX_ENOSEQ, "unknown sequence 42");
+      write_n(fd, sb.data, sb.size);
+      sb.size = 0;
+      if (read_request(fd, &id, &op) != 0) break;
+      info_reply(&sb, id);
+      write_n(fd, sb.data, sb.size);
+      break;
+    case FAKE_HUGE: {
+      if (read_request(fd, &id, &op) != 0) break;
+      unsigned char hdr[4] = {0xff, 0xff, 0xff, 0xff};
+      write_n(fd, hdr, 4);
+      while (!f->stop) usleep(1000);
+      break;
+    }
+    case FAKE_GARBAGE: {
+      if (read_request(fd, &id, &op) != 0) break;
+      unsigned char frame[7] = {0, 0, 0, 3, 0xc1, 0xc1, 0xc1};
+      write_n(fd, frame, sizeof frame);
+      break;
+    }
+    case FAKE_CLOSE_AT_ONCE:
+      break;
+    case FAKE_EARLY_E2BIG: {
+      unsigned char hdr[4];
+      if (read_n(fd, hdr, 4) != 0) break;
+      fp4idx_encode_error(&sb, 0, FP4IDX_E2BIG,
+                          "frame of 9999999 bytes exceeds max-frame 1048576");
+      write_n(fd, sb.data, sb.size);
+      break;
+    }
+  }
+  msgpack_sbuffer_destroy(&sb);
+  close(fd);
+  return NULL;
+}
+
+static void fake_start(fake_t *f, fake_mode_t mode) {
+  memset(f, 0, sizeof *f);
+  f->mode = mode;
+  snprintf(f->path, sizeof f->path, "/tmp/fp4idx-fake-%d-%d.sock", getpid(),
+           (int)mode);
+  unlink(f->path);
+  f->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  cr_assert(f->lfd >= 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  strcpy(a.sun_path, f->path);
+  cr_assert_eq(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0, "%s",
+               strerror(errno));
+  cr_assert_eq(listen(f->lfd, 4), 0);
+  cr_assert_eq(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_t *f) {
+  f->stop = 1;
+  pthread_join(f->th, NULL);
+  close(f->lfd);
+  unlink(f->path);
+}
+
+static fp4idx_client_t *connect_to(fake_t *f) {
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_assert_not_null(c);
+  cr_assert_eq(fp4idx_client_connect(c, f->path), FP4IDX_OK, "%s",
+               fp4idx_client_last_error(c));
+  cr_assert(fp4idx_client_connected(c));
+  return c;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+Test(conn, reply_in_one_byte_pieces) {
+  fake_t f;
+  fake_start(&f, FAKE_SLOW_OK);
+  fp4idx_client_t *c = connect_to(&f);
+  fp4idx_client_info_t in;
+  cr_assert_eq(fp4idx_client_info(c, &in), FP4IDX_OK, "%s",
+               fp4idx_client_last_error(c));
+  cr_expect_str_eq(in.server, "fake 9.9.9");
+  cr_expect_str_eq(in.backend, "cpu");
+  cr_expect_str_eq(in.device, "fake device");
+  cr_expect_eq(in.pages_total, 10);
+  cr_expect_eq(in.pages_free, 7);
+  cr_expect_eq(in.max_frame, 1u << 20);
+  cr_expect_str_eq(fp4idx_client_last_error(c), "");
+  cr_expect_eq(fp4idx_client_last_status(c), FP4IDX_OK);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, close_mid_response_is_econn) {
+  fake_t f;
+  fake_start(&f, FAKE_CLOSE_MID);
+  fp4idx_client_t *c = connect_to(&f);
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_ECONN);
+  cr_expect(strstr(fp4idx_client_last_error(c), "closed") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect(!fp4idx_client_connected(c));
+  /* Every later call: ECONN until a reconnect. */
+  cr_expect_eq(fp4idx_client_drop(c, 1), FP4IDX_ECONN);
+  cr_expect(strstr(fp4idx_client_last_error(c), "not connected") != NULL);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, close_before_reading_is_econn) {
+  fake_t f;
+  fake_start(&f, FAKE_CLOSE_AT_ONCE);
+  fp4idx_client_t *c = connect_to(&f);
+  pthread_join(f.th, NULL); /* the fake has closed its end */
+  f.th = pthread_self();
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_ECONN);
+  cr_expect(!fp4idx_client_connected(c));
+  fp4idx_client_close(c);
+  close(f.lfd);
+  unlink(f.path);
+}
+
+Test(conn, timeout_closes_the_connection) {
+  fake_t f;
+  fake_start(&f, FAKE_SILENT);
+  fp4idx_client_t *c = connect_to(&f);
+  cr_assert_eq(fp4idx_client_set_timeout(c, 200), FP4IDX_OK);
+  double t0 = now_ms();
+  cr_expect_eq(fp4idx_client_drop(c, 5), FP4IDX_ETIMEDOUT);
+  double dt = now_ms() - t0;
+  cr_expect(dt >= 150 && dt < 3000, "timed out after %.0f ms", dt);
+  cr_expect(strstr(fp4idx_client_last_error(c), "timed out") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect(!fp4idx_client_connected(c));
+  cr_expect_eq(fp4idx_client_drop(c, 5), FP4IDX_ECONN);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, wrong_id_is_eproto) {
+  fake_t f;
+  fake_start(&f, FAKE_BAD_ID);
+  fp4idx_client_t *c = connect_to(&f);
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_EPROTO);
+  cr_expect(strstr(fp4idx_client_last_error(c), "id") != NULL);
+  cr_expect(!fp4idx_client_connected(c));
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, garbage_is_eproto) {
+  fake_t f;
+  fake_start(&f, FAKE_GARBAGE);
+  fp4idx_client_t *c = connect_to(&f);
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_EPROTO);
+  cr_expect(strstr(fp4idx_client_last_error(c), "malformed") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, oversize_announcement_is_e2big) {
+  fake_t f;
+  fake_start(&f, FAKE_HUGE);
+  fp4idx_client_t *c = connect_to(&f);
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_E2BIG);
+  cr_expect(!fp4idx_client_connected(c));
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, daemon_error_keeps_the_connection) {
+  fake_t f;
+  fake_start(&f, FAKE_ERROR_THEN_OK);
+  fp4idx_client_t *c = connect_to(&f);
+  cr_expect_eq(fp4idx_client_drop(c, 42), FP4IDX_ENOSEQ);
+  cr_expect_str_eq(fp4idx_client_last_error(c), "unknown sequence 42");
+  cr_expect_eq(fp4idx_client_last_status(c), FP4IDX_ENOSEQ);
+  cr_expect(fp4idx_client_connected(c));
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_OK, "%s",
+               fp4idx_client_last_error(c));
+  cr_expect_str_eq(fp4idx_client_last_error(c), "");
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, early_close_while_sending_reports_the_reply) {
+  fake_t f;
+  fake_start(&f, FAKE_EARLY_E2BIG);
+  fp4idx_client_t *c = connect_to(&f);
+  cr_assert_eq(fp4idx_client_set_timeout(c, 5000), FP4IDX_OK);
+  size_t n = 40000; /* ~10 MB of bf16 keys: far more than socket buffers */
+  uint16_t *keys = calloc(n * 128, 2);
+  int st = fp4idx_client_append_bf16(c, 1, keys, n, FP4IDX_ROUNDING_RNE, NULL,
+                                     NULL);
+  cr_expect_eq(st, FP4IDX_E2BIG, "got %s: %s", fp4idx_status_name(st),
+               fp4idx_client_last_error(c));
+  cr_expect(strstr(fp4idx_client_last_error(c), "max-frame") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect(!fp4idx_client_connected(c));
+  free(keys);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, absent_daemon_is_econn) {
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_assert_not_null(c);
+  cr_expect_eq(fp4idx_client_connect(c, "/tmp/fp4idx-no-such-dir/x.sock"),
+               FP4IDX_ECONN);
+  cr_expect(strstr(fp4idx_client_last_error(c), "x.sock") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect(!fp4idx_client_connected(c));
+  /* A socket file nobody listens on: refused. */
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/fp4idx-dead-%d.sock", getpid());
+  unlink(path);
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  strcpy(a.sun_path, path);
+  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  close(fd);
+  cr_expect_eq(fp4idx_client_connect(c, path), FP4IDX_ECONN);
+  unlink(path);
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_ECONN);
+  fp4idx_client_close(c);
+}
+
+Test(conn, arguments) {
+  cr_expect_eq(fp4idx_client_connect(NULL, "/x"), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_timeout(NULL, 1), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_drop(NULL, 1), FP4IDX_EINVAL);
+  cr_expect_not_null(fp4idx_client_last_error(NULL));
+  fp4idx_client_close(NULL);
+  fp4idx_client_free(NULL);
+
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_expect_eq(fp4idx_client_set_timeout(c, -1), FP4IDX_EINVAL);
+  char longp[300];
+  memset(longp, 'a', sizeof longp - 1);
+  longp[sizeof longp - 1] = '\0';
+  cr_expect_eq(fp4idx_client_connect(c, longp), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_connect(c, ""), FP4IDX_EINVAL);
+  uint16_t k[128] = {0};
+  cr_expect_eq(fp4idx_client_append_bf16(c, 1, k, 0, FP4IDX_ROUNDING_RNE,
+                                         NULL, NULL),
+               FP4IDX_EINVAL);
+  cr_expect(strstr(fp4idx_client_last_error(c), "n is 0") != NULL);
+  cr_expect_eq(fp4idx_client_append(c, 1, (fp4idx_client_keys_t)9, k, 1,
+                                    FP4IDX_ROUNDING_RNE, NULL, NULL),
+               FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_info(c, NULL), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_score(c, 32, 0, NULL, 0, NULL), FP4IDX_EINVAL);
+  fp4idx_client_result_t *res = (void *)1;
+  fp4idx_client_seq_t s = {.seq = 1, .rows = 1, .q = k, .w = k};
+  cr_expect_eq(fp4idx_client_score(c, 0, 0, &s, 1, &res), FP4IDX_EINVAL);
+  cr_expect_null(res);
+  cr_expect_eq(fp4idx_client_score(c, 129, 0, &s, 1, &res), FP4IDX_EINVAL);
+  int32_t pos[1];
+  float lg[1];
+  cr_expect_eq(fp4idx_client_topk(c, 1, 1, 1, k, k, NULL, 0, pos, lg, NULL),
+               FP4IDX_EINVAL);
+  /* Valid arguments but no connection. */
+  cr_expect_eq(fp4idx_client_drop(c, 1), FP4IDX_ECONN);
+  void *keys = (void *)1;
+  size_t n = 5;
+  cr_expect_eq(fp4idx_client_read(c, 1, 0, UINT64_MAX, 0, &keys, &n),
+               FP4IDX_ECONN);
+  cr_expect_null(keys);
+  cr_expect_eq(n, 0);
+  fp4idx_client_close(c);
+}
+
+Test(conn, default_socket_path) {
+  char buf[256];
+  setenv("FP4IDX_SOCKET", "/tmp/override.sock", 1);
+  cr_expect_eq(fp4idx_client_default_socket(buf, sizeof buf), FP4IDX_OK);
+  cr_expect_str_eq(buf, "/tmp/override.sock");
+  unsetenv("FP4IDX_SOCKET");
+  setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+  cr_expect_eq(fp4idx_client_default_socket(buf, sizeof buf), FP4IDX_OK);
+  if (geteuid() == 0)
+    cr_expect_str_eq(buf, "/run/fp4idx/fp4idxd.sock");
+  else
+    cr_expect_str_eq(buf, "/run/user/4242/fp4idx/fp4idxd.sock");
+  cr_expect_eq(fp4idx_client_default_socket(buf, 5), FP4IDX_E2BIG);
+  cr_expect_eq(fp4idx_client_default_socket(NULL, 5), FP4IDX_EINVAL);
+  /* NULL path connects to the default: FP4IDX_SOCKET pointing at a fake. */
+  fake_t f;
+  fake_start(&f, FAKE_SLOW_OK);
+  setenv("FP4IDX_SOCKET", f.path, 1);
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_expect_eq(fp4idx_client_connect(c, NULL), FP4IDX_OK, "%s",
+               fp4idx_client_last_error(c));
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_OK);
+  unsetenv("FP4IDX_SOCKET");
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, version_string) {
+  char want[32];
+  snprintf(want, sizeof want, "%d.%d.%d", FP4IDX_CLIENT_VERSION_MAJOR,
+           FP4IDX_CLIENT_VERSION_MINOR, FP4IDX_CLIENT_VERSION_PATCH);
+  cr_expect_str_eq(fp4idx_client_version(), want);
+}
