@@ -1,0 +1,244 @@
+/* export.c -- SGLang page layout export/import; see export.h. */
+#define _GNU_SOURCE
+#include "export.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "snapshot.h" /* fp4idx__fsync_parent */
+
+#define SLOT_BYTES 68
+#define PAYLOAD 64
+#define SCALES 4
+#define MAGIC "FP4IDXEX"
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+static void put32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+static int psize_ok(int32_t p) {
+  return p >= 1 && p <= (1 << 16) && (p & (p - 1)) == 0;
+}
+
+int64_t fp4idx_export_pages_bytes(int64_t n, int32_t page_size) {
+  if (n < 0 || !psize_ok(page_size)) return -1;
+  return (n + page_size - 1) / page_size * page_size * SLOT_BYTES;
+}
+
+int fp4idx_export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
+                       uint8_t *pages) {
+  if (n < 0 || !psize_ok(page_size) || (n > 0 && (!slots || !pages)))
+    return FP4IDX_EINVAL;
+  int64_t bytes = fp4idx_export_pages_bytes(n, page_size);
+  memset(pages, 0, (size_t)bytes);
+  for (int64_t i = 0; i < n; i++) {
+    uint8_t *page = pages + i / page_size * page_size * SLOT_BYTES;
+    int64_t o = i % page_size;
+    memcpy(page + o * PAYLOAD, slots + i * SLOT_BYTES, PAYLOAD);
+    memcpy(page + page_size * PAYLOAD + o * SCALES, slots + i * SLOT_BYTES + PAYLOAD,
+           SCALES);
+  }
+  return FP4IDX_OK;
+}
+
+int fp4idx_export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
+                         uint8_t *slots) {
+  if (n < 0 || !psize_ok(page_size) || (n > 0 && (!slots || !pages)))
+    return FP4IDX_EINVAL;
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *page = pages + i / page_size * page_size * SLOT_BYTES;
+    int64_t o = i % page_size;
+    memcpy(slots + i * SLOT_BYTES, page + o * PAYLOAD, PAYLOAD);
+    memcpy(slots + i * SLOT_BYTES + PAYLOAD, page + page_size * PAYLOAD + o * SCALES,
+           SCALES);
+  }
+  return FP4IDX_OK;
+}
+
+int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
+                        int64_t n, int32_t page_size, int flags, char *err,
+                        size_t errlen) {
+  int rc = FP4IDX_OK, fd = -1;
+  uint8_t *pages = NULL;
+  char tmp[PATH_MAX];
+  if (!path || n < 0 || !psize_ok(page_size) || (n > 0 && !slots) ||
+      (flags & ~FP4IDX_EXPORT_RAW) ||
+      snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+    seterr(err, errlen, "export: invalid arguments");
+    return FP4IDX_EINVAL;
+  }
+  int64_t bytes = fp4idx_export_pages_bytes(n, page_size);
+  pages = malloc(bytes ? (size_t)bytes : 1);
+  if (!pages) {
+    seterr(err, errlen, "export: out of memory");
+    return FP4IDX_ENOMEM;
+  }
+  fp4idx_export_pack(slots, n, page_size, pages);
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) goto ioerr;
+  if (!(flags & FP4IDX_EXPORT_RAW)) {
+    unsigned char h[FP4IDX_EXPORT_HEADER_BYTES];
+    memset(h, 0, sizeof h);
+    memcpy(h, MAGIC, 8);
+    put32(h + 8, 1);
+    put32(h + 12, FP4IDX_EXPORT_HEADER_BYTES);
+    put32(h + 16, (uint32_t)page_size);
+    put32(h + 20, SLOT_BYTES);
+    put64(h + 24, seq);
+    put64(h + 32, (uint64_t)n);
+    put64(h + 40, (uint64_t)(bytes / ((int64_t)page_size * SLOT_BYTES)));
+    put32(h + 48, fp4idx_crc32c(0, pages, (size_t)bytes));
+    put32(h + 60, fp4idx_crc32c(0, h, 60));
+    if (write(fd, h, sizeof h) != (ssize_t)sizeof h) goto ioerr;
+  }
+  for (int64_t off = 0; off < bytes;) {
+    ssize_t w = write(fd, pages + off, (size_t)(bytes - off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      goto ioerr;
+    }
+    off += w;
+  }
+  if (fsync(fd)) goto ioerr;
+  close(fd);
+  fd = -1;
+  if (rename(tmp, path)) goto ioerr;
+  (void)fp4idx__fsync_parent(path);
+  goto out;
+ioerr:
+  seterr(err, errlen, "export: %s: %s", tmp, strerror(errno));
+  rc = FP4IDX_EIO;
+  unlink(tmp);
+out:
+  if (fd >= 0) close(fd);
+  free(pages);
+  return rc;
+}
+
+int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
+                       uint8_t **slots_out, char *err, size_t errlen) {
+  int rc = FP4IDX_OK, fd = -1;
+  uint8_t *pages = NULL, *slots = NULL;
+  if (!path || !info || !slots_out || (flags & ~FP4IDX_EXPORT_RAW)) {
+    seterr(err, errlen, "import: invalid arguments");
+    return FP4IDX_EINVAL;
+  }
+  *slots_out = NULL;
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st)) goto ioerr;
+  uint64_t size = (uint64_t)st.st_size, hbytes = 0;
+  uint32_t crc = 0;
+  fp4idx_export_info_t in = *info;
+  if (!(flags & FP4IDX_EXPORT_RAW)) {
+    unsigned char h[FP4IDX_EXPORT_HEADER_BYTES];
+    ssize_t got = pread(fd, h, sizeof h, 0);
+    if (got < 0) goto ioerr;
+    if (got < (ssize_t)sizeof h || memcmp(h, MAGIC, 8) ||
+        get32(h + 60) != fp4idx_crc32c(0, h, 60)) {
+      seterr(err, errlen, "%s: not an fp4idx export file or corrupt header", path);
+      rc = FP4IDX_ECORRUPT;
+      goto out;
+    }
+    if (get32(h + 8) != 1) {
+      seterr(err, errlen, "%s: export format version %u, this build reads 1",
+             path, get32(h + 8));
+      rc = FP4IDX_EVERSION;
+      goto out;
+    }
+    in.page_size = (int32_t)get32(h + 16);
+    in.seq = get64(h + 24);
+    in.n_keys = (int64_t)get64(h + 32);
+    in.n_pages = (int64_t)get64(h + 40);
+    crc = get32(h + 48);
+    hbytes = FP4IDX_EXPORT_HEADER_BYTES;
+    if (!psize_ok(in.page_size) || get32(h + 20) != SLOT_BYTES ||
+        in.n_keys < 0 || in.n_keys > (INT64_MAX >> 8) ||
+        in.n_pages != (in.n_keys + in.page_size - 1) / in.page_size) {
+      seterr(err, errlen, "%s: inconsistent export header", path);
+      rc = FP4IDX_ECORRUPT;
+      goto out;
+    }
+  } else {
+    if (!psize_ok(in.page_size) || in.n_keys < 0 || in.n_keys > (INT64_MAX >> 8)) {
+      seterr(err, errlen, "import: raw file needs a key count and a page size");
+      rc = FP4IDX_EINVAL;
+      goto out;
+    }
+    in.n_pages = (in.n_keys + in.page_size - 1) / in.page_size;
+  }
+  int64_t bytes = fp4idx_export_pages_bytes(in.n_keys, in.page_size);
+  if (size != hbytes + (uint64_t)bytes) {
+    seterr(err, errlen, "%s: %s: expected %llu bytes, file has %llu", path,
+           size < hbytes + (uint64_t)bytes ? "truncated" : "wrong size",
+           (unsigned long long)(hbytes + (uint64_t)bytes),
+           (unsigned long long)size);
+    rc = FP4IDX_ECORRUPT;
+    goto out;
+  }
+  pages = malloc(bytes ? (size_t)bytes : 1);
+  slots = malloc(in.n_keys ? (size_t)in.n_keys * SLOT_BYTES : 1);
+  if (!pages || !slots) {
+    seterr(err, errlen, "import: out of memory");
+    rc = FP4IDX_ENOMEM;
+    goto out;
+  }
+  for (int64_t off = 0; off < bytes;) {
+    ssize_t r = pread(fd, pages + off, (size_t)(bytes - off), (off_t)(hbytes + (uint64_t)off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      goto ioerr;
+    }
+    if (r == 0) break;
+    off += r;
+  }
+  if (!(flags & FP4IDX_EXPORT_RAW) && fp4idx_crc32c(0, pages, (size_t)bytes) != crc) {
+    seterr(err, errlen, "%s: page checksum mismatch (corrupt)", path);
+    rc = FP4IDX_ECORRUPT;
+    goto out;
+  }
+  fp4idx_export_unpack(pages, in.n_keys, in.page_size, slots);
+  *info = in;
+  *slots_out = slots;
+  slots = NULL;
+  goto out;
+ioerr:
+  seterr(err, errlen, "import: %s: %s", path, strerror(errno));
+  rc = FP4IDX_EIO;
+out:
+  if (fd >= 0) close(fd);
+  free(pages);
+  free(slots);
+  return rc;
+}

@@ -1,0 +1,549 @@
+/* snapshot.c -- see snapshot.h for the file layout and the guarantees. */
+#define _GNU_SOURCE
+#include "snapshot.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+
+#define SLOT_BYTES 68
+#define MAGIC "FP4IDXSN"
+/* Pages are moved in batches of about this many bytes: large enough that a
+ * device copy runs at full speed, small enough to stay cheap in host RAM. */
+#define CHUNK_BYTES (32u << 20)
+
+/* ---- little helpers ----------------------------------------------------- */
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+static void put32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+static int64_t pages_of(int64_t n_keys, int32_t page_size) {
+  return (n_keys + page_size - 1) / page_size;
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len) {
+    ssize_t w = write(fd, p, len > (1u << 30) ? (1u << 30) : len);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Reads exactly len bytes; returns len, or fewer at end of file, or -1. */
+static ssize_t read_full(int fd, void *buf, size_t len) {
+  char *p = buf;
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = read(fd, p + got, len - got > (1u << 30) ? (1u << 30) : len - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+int fp4idx__fsync_parent(const char *path) {
+  char dir[PATH_MAX];
+  const char *slash = strrchr(path, '/');
+  if (!slash) {
+    strcpy(dir, ".");
+  } else if (slash == path) {
+    strcpy(dir, "/");
+  } else {
+    size_t n = (size_t)(slash - path);
+    if (n >= sizeof dir) return FP4IDX_EIO;
+    memcpy(dir, path, n);
+    dir[n] = 0;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return FP4IDX_EIO;
+  int rc = fsync(fd) == 0 ? FP4IDX_OK : FP4IDX_EIO;
+  close(fd);
+  return rc;
+}
+
+/* ---- header ------------------------------------------------------------- */
+
+typedef struct header_s {
+  fp4idx_snap_info_t info;
+  uint64_t table_bytes, pool_bytes;
+  uint32_t table_crc, pool_crc;
+} header_t;
+
+static void header_encode(unsigned char *h, const header_t *hd) {
+  memset(h, 0, FP4IDX_SNAPSHOT_HEADER_BYTES);
+  memcpy(h, MAGIC, 8);
+  put32(h + 8, FP4IDX_SNAPSHOT_VERSION);
+  put32(h + 12, FP4IDX_SNAPSHOT_HEADER_BYTES);
+  put32(h + 16, (uint32_t)hd->info.page_size);
+  put32(h + 20, SLOT_BYTES);
+  put64(h + 24, (uint64_t)hd->info.n_seqs);
+  put64(h + 32, (uint64_t)hd->info.n_pages);
+  put64(h + 40, hd->table_bytes);
+  put64(h + 48, hd->pool_bytes);
+  put64(h + 56, (uint64_t)hd->info.n_keys);
+  put64(h + 64, hd->info.log_gen);
+  put64(h + 72, hd->info.created_ns);
+  put32(h + 80, hd->table_crc);
+  put32(h + 84, hd->pool_crc);
+  put32(h + 124, fp4idx_crc32c(0, h, 124));
+}
+
+/* Decodes and checks a header against the file size. */
+static int header_decode(const unsigned char *h, uint64_t file_bytes,
+                         const char *path, header_t *hd, char *err,
+                         size_t errlen) {
+  if (memcmp(h, MAGIC, 8) != 0) {
+    seterr(err, errlen, "%s: not an fp4idx snapshot (bad magic)", path);
+    return FP4IDX_ECORRUPT;
+  }
+  if (get32(h + 124) != fp4idx_crc32c(0, h, 124)) {
+    seterr(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
+    return FP4IDX_ECORRUPT;
+  }
+  memset(hd, 0, sizeof *hd);
+  hd->info.version = get32(h + 8);
+  if (hd->info.version != FP4IDX_SNAPSHOT_VERSION) {
+    seterr(err, errlen, "%s: snapshot format version %u, this build reads %d",
+           path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
+    return FP4IDX_EVERSION;
+  }
+  uint32_t hbytes = get32(h + 12), psize = get32(h + 16), slot = get32(h + 20);
+  hd->info.n_seqs = (int64_t)get64(h + 24);
+  hd->info.n_pages = (int64_t)get64(h + 32);
+  hd->table_bytes = get64(h + 40);
+  hd->pool_bytes = get64(h + 48);
+  hd->info.n_keys = (int64_t)get64(h + 56);
+  hd->info.log_gen = get64(h + 64);
+  hd->info.created_ns = get64(h + 72);
+  hd->table_crc = get32(h + 80);
+  hd->pool_crc = get32(h + 84);
+  hd->info.page_size = (int32_t)psize;
+  hd->info.file_bytes = file_bytes;
+  if (hbytes != FP4IDX_SNAPSHOT_HEADER_BYTES || slot != SLOT_BYTES ||
+      psize < 1 || psize > (1u << 16) || (psize & (psize - 1)) ||
+      hd->info.n_seqs < 0 || hd->info.n_pages < 0 || hd->info.n_keys < 0 ||
+      hd->info.n_pages > (int64_t)INT32_MAX ||
+      hd->pool_bytes != (uint64_t)hd->info.n_pages * psize * SLOT_BYTES ||
+      hd->table_bytes < (uint64_t)hd->info.n_seqs * 16 ||
+      hd->table_bytes > (UINT64_MAX >> 2)) {
+    seterr(err, errlen, "%s: inconsistent snapshot header", path);
+    return FP4IDX_ECORRUPT;
+  }
+  uint64_t want = FP4IDX_SNAPSHOT_HEADER_BYTES + hd->table_bytes + hd->pool_bytes;
+  if (want != file_bytes) {
+    seterr(err, errlen,
+           "%s: snapshot is %s: header says %llu bytes, file has %llu", path,
+           file_bytes < want ? "truncated" : "longer than its header says",
+           (unsigned long long)want, (unsigned long long)file_bytes);
+    return FP4IDX_ECORRUPT;
+  }
+  return FP4IDX_OK;
+}
+
+/* ---- save --------------------------------------------------------------- */
+
+int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
+                         const fp4idx_snap_seq_t *seqs, int64_t n_seqs,
+                         uint64_t log_gen, fp4idx_snap_read_fn read_fn, void *ctx,
+                         fp4idx_snap_info_t *info, char *err, size_t errlen) {
+  int rc = FP4IDX_OK, fd = -1;
+  int32_t *file_index = NULL; /* pool page -> stored index, -1 if unused */
+  unsigned char *buf = NULL, *tbuf = NULL;
+  char tmp[PATH_MAX];
+  header_t hd;
+
+  if (!path || !read_fn || page_size < 1 || page_size > (1 << 16) ||
+      (page_size & (page_size - 1)) || pool_pages < 0 ||
+      pool_pages > INT32_MAX || n_seqs < 0 || (n_seqs && !seqs)) {
+    seterr(err, errlen, "snapshot save: invalid arguments");
+    return FP4IDX_EINVAL;
+  }
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+    seterr(err, errlen, "snapshot save: path too long");
+    return FP4IDX_EINVAL;
+  }
+  memset(&hd, 0, sizeof hd);
+  const size_t page_bytes = (size_t)page_size * SLOT_BYTES;
+
+  /* Mark used pages (and catch ids out of range or used twice), then number
+   * them in ascending page order: the order in which they are copied out. */
+  file_index = malloc(sizeof *file_index * (size_t)(pool_pages ? pool_pages : 1));
+  if (!file_index) goto nomem;
+  memset(file_index, 0xff, sizeof *file_index * (size_t)pool_pages);
+  for (int64_t s = 0; s < n_seqs; s++) {
+    int64_t np = pages_of(seqs[s].n_keys, page_size);
+    if (seqs[s].n_keys < 0 || (np && !seqs[s].pages)) {
+      seterr(err, errlen, "snapshot save: sequence %llu: bad key count",
+             (unsigned long long)seqs[s].id);
+      rc = FP4IDX_EINVAL;
+      goto out;
+    }
+    for (int64_t i = 0; i < np; i++) {
+      int32_t p = seqs[s].pages[i];
+      if (p < 0 || p >= pool_pages || file_index[p] != -1) {
+        seterr(err, errlen,
+               "snapshot save: sequence %llu: page %d out of range or shared",
+               (unsigned long long)seqs[s].id, (int)p);
+        rc = FP4IDX_EINVAL;
+        goto out;
+      }
+      file_index[p] = 0;
+    }
+    hd.info.n_keys += seqs[s].n_keys;
+    hd.table_bytes += 16 + 4 * (uint64_t)np;
+  }
+  int64_t n_stored = 0;
+  for (int64_t p = 0; p < pool_pages; p++)
+    if (file_index[p] == 0) file_index[p] = (int32_t)n_stored++;
+
+  hd.info.version = FP4IDX_SNAPSHOT_VERSION;
+  hd.info.page_size = page_size;
+  hd.info.n_seqs = n_seqs;
+  hd.info.n_pages = n_stored;
+  hd.info.log_gen = log_gen;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  hd.info.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+  hd.pool_bytes = (uint64_t)n_stored * page_bytes;
+
+  size_t chunk_pages = CHUNK_BYTES / page_bytes;
+  if (chunk_pages < 1) chunk_pages = 1;
+  buf = malloc(chunk_pages * page_bytes);
+  tbuf = malloc(1u << 20);
+  if (!buf || !tbuf) goto nomem;
+
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) goto ioerr;
+  /* Placeholder header; the real one (with checksums) goes in at the end. */
+  memset(tbuf, 0, FP4IDX_SNAPSHOT_HEADER_BYTES);
+  if (write_all(fd, tbuf, FP4IDX_SNAPSHOT_HEADER_BYTES)) goto ioerr;
+
+  /* Sequence table, through a 1 MiB buffer. */
+  size_t tlen = 0;
+  for (int64_t s = 0; s < n_seqs; s++) {
+    int64_t np = pages_of(seqs[s].n_keys, page_size);
+    if (tlen + 16 > (1u << 20)) {
+      hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+      if (write_all(fd, tbuf, tlen)) goto ioerr;
+      tlen = 0;
+    }
+    put64(tbuf + tlen, seqs[s].id);
+    put64(tbuf + tlen + 8, (uint64_t)seqs[s].n_keys);
+    tlen += 16;
+    for (int64_t i = 0; i < np; i++) {
+      if (tlen + 4 > (1u << 20)) {
+        hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+        if (write_all(fd, tbuf, tlen)) goto ioerr;
+        tlen = 0;
+      }
+      put32(tbuf + tlen, (uint32_t)file_index[seqs[s].pages[i]]);
+      tlen += 4;
+    }
+  }
+  hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+  if (tlen && write_all(fd, tbuf, tlen)) goto ioerr;
+
+  /* Pool: runs of consecutive used pages, copied in chunks. */
+  for (int64_t p = 0; p < pool_pages;) {
+    if (file_index[p] < 0) {
+      p++;
+      continue;
+    }
+    int64_t n = 0;
+    while (p + n < pool_pages && file_index[p + n] >= 0 &&
+           (size_t)n < chunk_pages)
+      n++;
+    rc = read_fn(ctx, p, n, buf);
+    if (rc != FP4IDX_OK) {
+      seterr(err, errlen, "snapshot save: reading pages %lld..%lld: %s",
+             (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+      goto out;
+    }
+    hd.pool_crc = fp4idx_crc32c(hd.pool_crc, buf, (size_t)n * page_bytes);
+    if (write_all(fd, buf, (size_t)n * page_bytes)) goto ioerr;
+    p += n;
+  }
+
+  unsigned char h[FP4IDX_SNAPSHOT_HEADER_BYTES];
+  header_encode(h, &hd);
+  if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h) goto ioerr;
+  /* Data and header must be on disk before the rename makes them the
+   * snapshot; the folder fsync makes the rename itself durable. */
+  if (fsync(fd)) goto ioerr;
+  if (close(fd)) {
+    fd = -1;
+    goto ioerr;
+  }
+  fd = -1;
+  if (rename(tmp, path)) goto ioerr;
+  if (fp4idx__fsync_parent(path) != FP4IDX_OK) goto ioerr;
+  hd.info.file_bytes = FP4IDX_SNAPSHOT_HEADER_BYTES + hd.table_bytes + hd.pool_bytes;
+  if (info) *info = hd.info;
+  goto out;
+
+nomem:
+  seterr(err, errlen, "snapshot save: out of memory");
+  rc = FP4IDX_ENOMEM;
+  goto out;
+ioerr:
+  seterr(err, errlen, "snapshot save: %s: %s", tmp, strerror(errno));
+  rc = FP4IDX_EIO;
+out:
+  if (fd >= 0) close(fd);
+  if (rc != FP4IDX_OK) unlink(tmp);
+  free(file_index);
+  free(buf);
+  free(tbuf);
+  return rc;
+}
+
+/* ---- load --------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int open_and_header(const char *path, int *fd_out, header_t *hd,
+                           char *err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return FP4IDX_SNAPSHOT_NONE;
+    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    return FP4IDX_EIO;
+  }
+  struct stat st;
+  unsigned char h[FP4IDX_SNAPSHOT_HEADER_BYTES];
+  if (fstat(fd, &st)) {
+    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    close(fd);
+    return FP4IDX_EIO;
+  }
+  ssize_t got = read_full(fd, h, sizeof h);
+  if (got < 0) {
+    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    close(fd);
+    return FP4IDX_EIO;
+  }
+  if (got < (ssize_t)sizeof h) {
+    seterr(err, errlen, "%s: snapshot is truncated (%lld bytes, header needs %d)",
+           path, (long long)got, FP4IDX_SNAPSHOT_HEADER_BYTES);
+    close(fd);
+    return FP4IDX_ECORRUPT;
+  }
+  int rc = header_decode(h, (uint64_t)st.st_size, path, hd, err, errlen);
+  if (rc != FP4IDX_OK) {
+    close(fd);
+    return rc;
+  }
+  *fd_out = fd;
+  return FP4IDX_OK;
+}
+
+int fp4idx_snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
+                          size_t errlen) {
+  header_t hd;
+  int fd = -1;
+  if (!path) return FP4IDX_EINVAL;
+  int rc = open_and_header(path, &fd, &hd, err, errlen);
+  if (rc != FP4IDX_OK) return rc;
+  close(fd);
+  if (info) *info = hd.info;
+  return FP4IDX_OK;
+}
+
+int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
+                         fp4idx_snap_write_fn write_fn, void *ctx,
+                         fp4idx_snap_seq_t **seqs_out, int64_t *n_seqs_out,
+                         fp4idx_snap_info_t *info, char *err, size_t errlen) {
+  int rc, fd = -1;
+  header_t hd;
+  unsigned char *table = NULL, *buf = NULL, *seen = NULL;
+  fp4idx_snap_seq_t *seqs = NULL;
+
+  if (!path || !write_fn || !seqs_out || !n_seqs_out || pool_pages < 0) {
+    seterr(err, errlen, "snapshot load: invalid arguments");
+    return FP4IDX_EINVAL;
+  }
+  *seqs_out = NULL;
+  *n_seqs_out = 0;
+  rc = open_and_header(path, &fd, &hd, err, errlen);
+  if (rc != FP4IDX_OK) return rc;
+  if (hd.info.page_size != page_size) {
+    seterr(err, errlen,
+           "%s: snapshot page size is %d, the daemon runs with %d "
+           "(start with --page-size %d to load it)",
+           path, (int)hd.info.page_size, (int)page_size, (int)hd.info.page_size);
+    rc = FP4IDX_EINVAL;
+    goto out;
+  }
+  if (hd.info.n_pages > pool_pages) {
+    seterr(err, errlen,
+           "%s: snapshot holds %lld pages, the pool has only %lld "
+           "(raise --cache-bytes)",
+           path, (long long)hd.info.n_pages, (long long)pool_pages);
+    rc = FP4IDX_EFULL;
+    goto out;
+  }
+
+  /* Table: read whole (its size is bounded by the file size, checked), check
+   * its checksum, then parse it with every bound checked. */
+  table = malloc(hd.table_bytes ? hd.table_bytes : 1);
+  seen = calloc((size_t)hd.info.n_pages / 8 + 1, 1);
+  if (!table || !seen) goto nomem;
+  ssize_t got = read_full(fd, table, hd.table_bytes);
+  if (got < 0) goto ioerr;
+  if ((uint64_t)got != hd.table_bytes ||
+      fp4idx_crc32c(0, table, hd.table_bytes) != hd.table_crc) {
+    seterr(err, errlen, "%s: sequence table checksum mismatch (corrupt)", path);
+    rc = FP4IDX_ECORRUPT;
+    goto out;
+  }
+  /* One block: the structs, then all page lists. */
+  uint64_t n_idx = (hd.table_bytes - 16 * (uint64_t)hd.info.n_seqs) / 4;
+  size_t block = sizeof *seqs * (size_t)hd.info.n_seqs + 4 * (size_t)n_idx + 1;
+  seqs = malloc(block);
+  if (!seqs) goto nomem;
+  int32_t *idx = (int32_t *)(seqs + hd.info.n_seqs);
+  uint64_t off = 0, keys = 0, used = 0;
+  for (int64_t s = 0; s < hd.info.n_seqs; s++) {
+    if (off + 16 > hd.table_bytes) goto badtable;
+    seqs[s].id = get64(table + off);
+    uint64_t nk = get64(table + off + 8);
+    off += 16;
+    if (nk > (uint64_t)INT64_MAX / 2) goto badtable;
+    int64_t np = pages_of((int64_t)nk, page_size);
+    if (off + 4 * (uint64_t)np > hd.table_bytes) goto badtable;
+    seqs[s].n_keys = (int64_t)nk;
+    seqs[s].pages = idx;
+    for (int64_t i = 0; i < np; i++) {
+      uint32_t p = get32(table + off);
+      off += 4;
+      if ((int64_t)p >= hd.info.n_pages || (seen[p / 8] & (1u << (p % 8))))
+        goto badtable;
+      seen[p / 8] |= (unsigned char)(1u << (p % 8));
+      *idx++ = (int32_t)p;
+    }
+    keys += nk;
+    used += (uint64_t)np;
+  }
+  if (off != hd.table_bytes || used != (uint64_t)hd.info.n_pages ||
+      keys != (uint64_t)hd.info.n_keys)
+    goto badtable;
+  /* Duplicate ids would make two sequences of one: check with a sort. */
+  if (hd.info.n_seqs > 1) {
+    uint64_t *ids = malloc(sizeof *ids * (size_t)hd.info.n_seqs);
+    if (!ids) goto nomem;
+    for (int64_t s = 0; s < hd.info.n_seqs; s++) ids[s] = seqs[s].id;
+    qsort(ids, (size_t)hd.info.n_seqs, sizeof *ids, cmp_u64);
+    int dup = 0;
+    for (int64_t s = 1; s < hd.info.n_seqs; s++) dup |= ids[s] == ids[s - 1];
+    free(ids);
+    if (dup) goto badtable;
+  }
+
+  /* Pool section: stream into pool pages 0.., checksumming as we go. */
+  const size_t page_bytes = (size_t)page_size * SLOT_BYTES;
+  size_t chunk_pages = CHUNK_BYTES / page_bytes;
+  if (chunk_pages < 1) chunk_pages = 1;
+  buf = malloc(chunk_pages * page_bytes);
+  if (!buf) goto nomem;
+#ifdef POSIX_FADV_SEQUENTIAL
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+  uint32_t crc = 0;
+  for (int64_t p = 0; p < hd.info.n_pages;) {
+    int64_t n = hd.info.n_pages - p;
+    if ((size_t)n > chunk_pages) n = (int64_t)chunk_pages;
+    got = read_full(fd, buf, (size_t)n * page_bytes);
+    if (got < 0) goto ioerr;
+    if ((size_t)got != (size_t)n * page_bytes) {
+      seterr(err, errlen, "%s: snapshot is truncated in its pool section", path);
+      rc = FP4IDX_ECORRUPT;
+      goto out;
+    }
+    crc = fp4idx_crc32c(crc, buf, (size_t)got);
+    rc = write_fn(ctx, p, n, buf);
+    if (rc != FP4IDX_OK) {
+      seterr(err, errlen, "%s: writing pages %lld..%lld into the pool: %s",
+             path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+      goto out;
+    }
+    p += n;
+  }
+  if (crc != hd.pool_crc) {
+    seterr(err, errlen,
+           "%s: pool checksum mismatch (corrupt page data); nothing loaded",
+           path);
+    rc = FP4IDX_ECORRUPT;
+    goto out;
+  }
+  *seqs_out = seqs;
+  *n_seqs_out = hd.info.n_seqs;
+  seqs = NULL;
+  if (info) *info = hd.info;
+  rc = FP4IDX_OK;
+  goto out;
+
+badtable:
+  seterr(err, errlen, "%s: inconsistent sequence table (corrupt)", path);
+  rc = FP4IDX_ECORRUPT;
+  goto out;
+nomem:
+  seterr(err, errlen, "snapshot load: out of memory");
+  rc = FP4IDX_ENOMEM;
+  goto out;
+ioerr:
+  seterr(err, errlen, "%s: %s", path, strerror(errno));
+  rc = FP4IDX_EIO;
+out:
+  if (fd >= 0) close(fd);
+  free(table);
+  free(seen);
+  free(buf);
+  free(seqs);
+  return rc;
+}

@@ -1,0 +1,24 @@
+# Tests of issue 5 (service, install, persistence): snapshot and append log
+# files, SGLang export, sd_notify/LISTEN_FDS, the systemd unit files.
+if(NOT TARGET fp4idx_persist)
+  include(${PROJECT_SOURCE_DIR}/daemon/persist.cmake)
+endif()
+
+fp4idx_add_test(test_snapshot SOURCES test_snapshot.c LIBS fp4idx_persist)
+fp4idx_add_test(test_aof SOURCES test_aof.c LIBS fp4idx_persist)
+fp4idx_add_test(test_export SOURCES test_export.c LIBS fp4idx_persist fp4idx_format)
+fp4idx_add_test(test_notify SOURCES test_notify.c LIBS fp4idx_persist)
+
+# The unit files: verified against the built daemon when there is one.
+if(TARGET fp4idxd)
+  set(_fp4idx_units_daemon $<TARGET_FILE:fp4idxd>)
+else()
+  set(_fp4idx_units_daemon /bin/true)
+endif()
+add_test(NAME test_units
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_units.sh
+                 ${PROJECT_SOURCE_DIR}/deploy ${_fp4idx_units_daemon})
+
+# Snapshot save/load speed (not a test): bench_snapshot [GiB] [dir].
+add_executable(bench_snapshot ${PROJECT_SOURCE_DIR}/bench/bench_snapshot.c)
+target_link_libraries(bench_snapshot PRIVATE fp4idx_persist)
