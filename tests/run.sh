@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# tests/run.sh -- the test command: installs what the build needs when it is
+# missing (Debian packages), configures, builds, runs ctest, and prints
+# Criterion's synthesis line of every test program.
+#
+#   tests/run.sh [extra cmake -D options...]
+#
+# Environment:
+#   BUILD_DIR    build folder (default: build)
+#   FP4IDX_CUDA  AUTO (default), ON or OFF -- passed to cmake
+#   JOBS         parallel build jobs (default: nproc)
+#   CTEST_ARGS   extra ctest arguments, e.g. "-L unit" or "-LE gpu"
+#   NO_INSTALL   set to 1 to never call apt-get
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+FP4IDX_CUDA=${FP4IDX_CUDA:-AUTO}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+# ---- dependencies ------------------------------------------------------------
+PKGS=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev)
+if [[ "${NO_INSTALL:-0}" != 1 ]] && command -v dpkg-query >/dev/null 2>&1; then
+  missing=()
+  for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if ((${#missing[@]})); then
+    echo "tests/run.sh: installing ${missing[*]}"
+    SUDO=
+    if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+    $SUDO apt-get update
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+# ---- configure, build ------------------------------------------------------------
+cmake -S . -B "$BUILD_DIR" -DFP4IDX_CUDA="$FP4IDX_CUDA" "$@"
+cmake --build "$BUILD_DIR" -j "$JOBS"
+
+# ---- test ------------------------------------------------------------------------
+status=0
+# shellcheck disable=SC2086
+(cd "$BUILD_DIR" && ctest --output-on-failure ${CTEST_ARGS:-}) || status=$?
+
+# Criterion's synthesis per test program, from ctest's full log.
+log="$BUILD_DIR/Testing/Temporary/LastTest.log"
+if [[ -f "$log" ]]; then
+  echo
+  echo "== Criterion synthesis =="
+  sed 's/\x1b\[[0-9;]*m//g' "$log" | awk '
+    /^[0-9]+\/[0-9]+ Testing: / { name = $3 }
+    /Synthesis: Tested:/ {
+      sub(/.*Synthesis: /, "");
+      printf "%-28s %s\n", name, $0
+      for (i = 1; i <= NF; i++) {
+        if ($i == "Tested:") t += $(i + 1)
+        if ($i == "Passing:") p += $(i + 1)
+        if ($i == "Failing:") f += $(i + 1)
+        if ($i == "Crashing:") c += $(i + 1)
+      }
+    }
+    END { printf "%-28s Tested: %d | Passing: %d | Failing: %d | Crashing: %d\n", "TOTAL", t, p, f, c }'
+fi
+exit "$status"
