@@ -9,3 +9,8 @@ fp4idx_add_test(test_client_cli_units SOURCES test_client_cli_units.c
   LIBS fp4idx_cli_core LABELS unit client)
 fp4idx_add_test(test_client_conn SOURCES test_client_conn.c
   LIBS fp4idx::client Threads::Threads LABELS unit client)
+if(TARGET fp4idx_daemon_harness)
+  fp4idx_add_test(test_client_e2e SOURCES test_client_e2e.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads
+    LABELS daemon client)
+endif()

@@ -1,0 +1,497 @@
+/* test_client_e2e.c -- libfp4idx-client against the real fp4idxd (spawned on
+ * a temporary socket by tests/common/daemon_harness): the golden scorer
+ * cases bit for bit, top-k against a sort of the full logits, several
+ * sequences in one request, the quantizer's two rounding modes through
+ * append/read, f32 and fp4 appends, truncate/drop, stats, and the error
+ * paths (ENOSEQ, ERANGE, ENONFINITE, E2BIG, daemon absent, timeout). */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon_harness.h"
+#include "fp4idx_client.h"
+#include "test_util.h"
+
+static fp4idx_test_daemon_t daemon_;
+
+static void start(void) {
+  cr_assert_eq(fp4idx_test_daemon_start(&daemon_, NULL), 0,
+               "fp4idxd did not start");
+}
+
+static void start_small_frame(void) {
+  static const char *const extra[] = {"--max-frame", "1M", NULL};
+  cr_assert_eq(fp4idx_test_daemon_start(&daemon_, extra), 0,
+               "fp4idxd did not start");
+}
+
+static void stop(void) {
+  if (daemon_.pid) fp4idx_test_daemon_stop(&daemon_);
+}
+
+static fp4idx_client_t *open_client(void) {
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_assert_not_null(c);
+  cr_assert_eq(fp4idx_client_set_timeout(c, 60000), FP4IDX_OK);
+  cr_assert_eq(fp4idx_client_connect(c, daemon_.sock), FP4IDX_OK, "%s",
+               fp4idx_client_last_error(c));
+  return c;
+}
+
+#define CHECK(c, call)                                                   \
+  do {                                                                   \
+    int st_ = (call);                                                    \
+    cr_assert_eq(st_, FP4IDX_OK, "%s: %s (%s)", #call,                   \
+                 fp4idx_client_last_error(c), fp4idx_status_name(st_));  \
+  } while (0)
+
+/* A golden scorer case, loaded from tests/golden. */
+typedef struct {
+  int heads, rows;
+  size_t n;           /* keys */
+  uint16_t *keys, *q, *w;
+  int32_t *lens;
+  float *ref;         /* [rows, n] */
+} golden_t;
+
+static void golden_load(golden_t *g, const char *name, int heads) {
+  char f[128];
+  size_t sz;
+  memset(g, 0, sizeof *g);
+  g->heads = heads;
+  snprintf(f, sizeof f, "%s_keys.bin", name);
+  g->keys = fp4idx_test_load_golden(f, 0, &sz);
+  cr_assert_not_null(g->keys, "missing golden %s", f);
+  g->n = sz / 256;
+  snprintf(f, sizeof f, "%s_lens.bin", name);
+  g->lens = fp4idx_test_load_golden(f, 0, &sz);
+  cr_assert_not_null(g->lens);
+  g->rows = (int)(sz / 4);
+  snprintf(f, sizeof f, "%s_q.bin", name);
+  g->q = fp4idx_test_load_golden(f, (size_t)g->rows * heads * 128 * 2, NULL);
+  snprintf(f, sizeof f, "%s_w.bin", name);
+  g->w = fp4idx_test_load_golden(f, (size_t)g->rows * heads * 2, NULL);
+  snprintf(f, sizeof f, "%s_ref.bin", name);
+  g->ref = fp4idx_test_load_golden(f, (size_t)g->rows * g->n * 4, NULL);
+  cr_assert(g->q && g->w && g->ref, "golden %s incomplete", name);
+}
+
+static void golden_free(golden_t *g) {
+  free(g->keys);
+  free(g->q);
+  free(g->w);
+  free(g->lens);
+  free(g->ref);
+}
+
+static uint32_t max_len(const golden_t *g) {
+  int32_t m = 0;
+  for (int r = 0; r < g->rows; r++) m = g->lens[r] > m ? g->lens[r] : m;
+  return (uint32_t)m;
+}
+
+/* Appends the golden keys in two requests (so positions continue). */
+static void golden_append(fp4idx_client_t *c, uint64_t seq, const golden_t *g) {
+  size_t half = g->n / 2;
+  uint64_t first, len;
+  CHECK(c, fp4idx_client_append_bf16(c, seq, g->keys, half,
+                                     FP4IDX_ROUNDING_RNE, &first, &len));
+  cr_assert_eq(first, 0);
+  cr_assert_eq(len, half);
+  CHECK(c, fp4idx_client_append_bf16(c, seq, g->keys + half * 128, g->n - half,
+                                     FP4IDX_ROUNDING_RNE, &first, &len));
+  cr_assert_eq(first, half);
+  cr_assert_eq(len, g->n);
+}
+
+/* logits [rows, width] against ref [rows, n]: bit for bit over the width,
+ * and the reference is -inf beyond it. */
+static void expect_ref(const golden_t *g, const float *logits, uint32_t width,
+                       const char *what) {
+  cr_assert_eq(width, max_len(g), "%s: width", what);
+  for (int r = 0; r < g->rows; r++) {
+    int64_t d = fp4idx_test_count_diff(logits + (size_t)r * width,
+                                       g->ref + (size_t)r * g->n, width);
+    cr_expect_eq(d, 0, "%s: row %d: %lld logits differ from the reference",
+                 what, r, (long long)d);
+    for (size_t l = width; l < g->n; l++)
+      cr_assert(g->ref[(size_t)r * g->n + l] == -INFINITY);
+  }
+}
+
+static void golden_case(const char *name, int heads) {
+  golden_t g;
+  golden_load(&g, name, heads);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 7, &g);
+
+  /* Library-allocated result. */
+  fp4idx_client_seq_t s = {.seq = 7, .rows = (uint32_t)g.rows, .q = g.q,
+                           .w = g.w, .lens = g.lens};
+  fp4idx_client_result_t *res = NULL;
+  CHECK(c, fp4idx_client_score(c, (uint32_t)heads, 0, &s, 1, &res));
+  cr_assert_eq(res[0].seq, 7);
+  cr_assert_eq(res[0].rows, (uint32_t)g.rows);
+  cr_assert_null(res[0].positions);
+  expect_ref(&g, res[0].logits, res[0].width, "score");
+  fp4idx_client_free(res);
+
+  /* Caller buffer; first too small (E2BIG, width still reported). */
+  size_t cap = (size_t)g.rows * g.n;
+  float *buf = malloc(cap * sizeof *buf);
+  uint32_t width = 0;
+  cr_expect_eq(fp4idx_client_score_into(c, 7, (uint32_t)heads, (uint32_t)g.rows,
+                                        g.q, g.w, g.lens, buf, 3, &width),
+               FP4IDX_E2BIG);
+  cr_expect_eq(width, max_len(&g));
+  CHECK(c, fp4idx_client_score_into(c, 7, (uint32_t)heads, (uint32_t)g.rows,
+                                    g.q, g.w, g.lens, buf, cap, &width));
+  expect_ref(&g, buf, width, "score_into");
+  free(buf);
+  fp4idx_client_close(c);
+  golden_free(&g);
+}
+
+TestSuite(e2e, .init = start, .fini = stop, .timeout = 120);
+
+Test(e2e, golden_dyadic_h32) { golden_case("dyadic_h32", 32); }
+Test(e2e, golden_gauss_h32) { golden_case("gauss_h32", 32); }
+Test(e2e, golden_gauss_h64) { golden_case("gauss_h64", 64); }
+
+Test(e2e, hello_and_info) {
+  fp4idx_client_t *c = open_client();
+  fp4idx_client_info_t in;
+  CHECK(c, fp4idx_client_hello(c, &in));
+  cr_expect_eq(in.version, 1);
+  cr_expect(strncmp(in.server, "fp4idxd ", 8) == 0, "%s", in.server);
+  CHECK(c, fp4idx_client_info(c, &in));
+  cr_expect_str_eq(in.backend, "cpu");
+  cr_expect_eq(in.page_size, 64);
+  cr_expect(in.pages_total > 0);
+  cr_expect_eq(in.pages_free, in.pages_total);
+  cr_expect_eq(in.sequences, 0);
+  cr_expect(in.max_frame > 0);
+  fp4idx_client_close(c);
+}
+
+/* Top-k through the library equals sorting the full logits (same daemon). */
+Test(e2e, topk_matches_sorted_full_logits) {
+  golden_t g;
+  golden_load(&g, "gauss_h64", 64);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 3, &g);
+  uint32_t W = max_len(&g);
+  float *full = malloc((size_t)g.rows * W * 4);
+  uint32_t width;
+  CHECK(c, fp4idx_client_score_into(c, 3, 64, (uint32_t)g.rows, g.q, g.w,
+                                    g.lens, full, (size_t)g.rows * W, &width));
+  static const uint32_t ks[] = {1, 16, 64, 500, 2048};
+  for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+    uint32_t k = ks[i];
+    size_t m = (size_t)g.rows * k;
+    int32_t *pos = malloc(m * 4), *cnt = malloc((size_t)g.rows * 4);
+    float *val = malloc(m * 4);
+    int32_t *rpos = malloc(m * 4), *rcnt = malloc((size_t)g.rows * 4);
+    float *rval = malloc(m * 4);
+    CHECK(c, fp4idx_client_topk(c, 3, 64, (uint32_t)g.rows, g.q, g.w, g.lens,
+                                k, pos, val, cnt));
+    cr_assert_eq(fp4idx_test_ref_topk(full, g.rows, W, (int)k, rpos, rval, rcnt),
+                 0);
+    for (int r = 0; r < g.rows; r++) {
+      int32_t want = g.lens[r] < (int32_t)k ? g.lens[r] : (int32_t)k;
+      cr_expect_eq(cnt[r], want, "k %u row %d count", k, r);
+      cr_expect_eq(cnt[r], rcnt[r]);
+    }
+    cr_expect_eq(memcmp(pos, rpos, m * 4), 0, "k %u: positions differ", k);
+    cr_expect_eq(fp4idx_test_count_diff(val, rval, (int64_t)m), 0,
+                 "k %u: logits differ", k);
+    /* The multi-sequence form returns the same. */
+    fp4idx_client_seq_t s = {.seq = 3, .rows = (uint32_t)g.rows, .q = g.q,
+                             .w = g.w, .lens = g.lens};
+    fp4idx_client_result_t *res;
+    CHECK(c, fp4idx_client_score(c, 64, k, &s, 1, &res));
+    cr_expect_eq(res[0].width, k);
+    cr_expect_eq(memcmp(res[0].positions, pos, m * 4), 0);
+    cr_expect_eq(memcmp(res[0].counts, cnt, (size_t)g.rows * 4), 0);
+    fp4idx_client_free(res);
+    free(pos), free(cnt), free(val), free(rpos), free(rcnt), free(rval);
+  }
+  free(full);
+  fp4idx_client_close(c);
+  golden_free(&g);
+}
+
+/* Two sequences in one score request: each equals its own reference. */
+Test(e2e, several_sequences_in_one_request) {
+  golden_t a, b;
+  golden_load(&a, "dyadic_h32", 32);
+  golden_load(&b, "gauss_h32", 32);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 100, &a);
+  golden_append(c, 200, &b);
+  fp4idx_client_seq_t s[2] = {
+      {.seq = 200, .rows = (uint32_t)b.rows, .q = b.q, .w = b.w, .lens = b.lens},
+      {.seq = 100, .rows = (uint32_t)a.rows, .q = a.q, .w = a.w, .lens = a.lens}};
+  fp4idx_client_result_t *res;
+  CHECK(c, fp4idx_client_score(c, 32, 0, s, 2, &res));
+  cr_assert_eq(res[0].seq, 200);
+  cr_assert_eq(res[1].seq, 100);
+  expect_ref(&b, res[0].logits, res[0].width, "seqs[0]");
+  expect_ref(&a, res[1].logits, res[1].width, "seqs[1]");
+  fp4idx_client_free(res);
+  /* Without lens every row sees every key. */
+  s[0].lens = NULL;
+  CHECK(c, fp4idx_client_score(c, 32, 0, s, 1, &res));
+  cr_expect_eq(res[0].width, b.n);
+  cr_expect_eq(fp4idx_test_count_diff(res[0].logits, b.ref, (int64_t)b.n), 0,
+               "row 0 sees all keys in the reference too");
+  fp4idx_client_free(res);
+  fp4idx_client_close(c);
+  golden_free(&a);
+  golden_free(&b);
+}
+
+/* The quantizer's golden bytes through append (bf16 and f32, both rounding
+ * modes) and read (packed), fp4 round trip, and dequantized reads. */
+Test(e2e, append_read_rounding_modes) {
+  size_t n = 512;
+  uint16_t *keys = fp4idx_test_load_golden("quant_keys.bin", n * 256, NULL);
+  uint8_t *pay[2], *sc[2];
+  pay[0] = fp4idx_test_load_golden("quant_payload_rne.bin", n * 64, NULL);
+  sc[0] = fp4idx_test_load_golden("quant_scales_rne.bin", n * 4, NULL);
+  pay[1] = fp4idx_test_load_golden("quant_payload_thr.bin", n * 64, NULL);
+  sc[1] = fp4idx_test_load_golden("quant_scales_thr.bin", n * 4, NULL);
+  cr_assert(keys && pay[0] && sc[0] && pay[1] && sc[1]);
+  float *f32 = malloc(n * 128 * 4);
+  for (size_t i = 0; i < n * 128; i++) {
+    uint32_t u = (uint32_t)keys[i] << 16;
+    memcpy(&f32[i], &u, 4);
+  }
+  fp4idx_client_t *c = open_client();
+  for (int mode = 0; mode < 2; mode++) {
+    fp4idx_client_rounding_t rd =
+        mode ? FP4IDX_ROUNDING_THRESHOLD : FP4IDX_ROUNDING_RNE;
+    uint64_t sb = 10 + (uint64_t)mode, sf = 20 + (uint64_t)mode;
+    CHECK(c, fp4idx_client_append_bf16(c, sb, keys, n, rd, NULL, NULL));
+    CHECK(c, fp4idx_client_append_f32(c, sf, f32, n, rd, NULL, NULL));
+    for (int which = 0; which < 2; which++) {
+      void *got;
+      size_t m;
+      CHECK(c, fp4idx_client_read(c, which ? sf : sb, 0, UINT64_MAX, 0, &got,
+                                  &m));
+      cr_assert_eq(m, n);
+      const uint8_t *slots = got;
+      size_t bad = 0;
+      for (size_t k = 0; k < n; k++)
+        bad += memcmp(slots + k * 68, pay[mode] + k * 64, 64) != 0 ||
+               memcmp(slots + k * 68 + 64, sc[mode] + k * 4, 4) != 0;
+      cr_expect_eq(bad, 0, "mode %d %s: %zu keys differ from golden", mode,
+                   which ? "f32" : "bf16", bad);
+      fp4idx_client_free(got);
+    }
+  }
+  /* Packed keys appended as fp4 come back unchanged; a sub-range read. */
+  void *packed;
+  size_t m;
+  CHECK(c, fp4idx_client_read(c, 10, 0, UINT64_MAX, 0, &packed, &m));
+  CHECK(c, fp4idx_client_append_fp4(c, 30, packed, m, NULL, NULL));
+  void *back;
+  size_t m2;
+  CHECK(c, fp4idx_client_read(c, 30, 100, 37, 0, &back, &m2));
+  cr_assert_eq(m2, 37);
+  cr_expect_eq(memcmp(back, (uint8_t *)packed + 100 * 68, 37 * 68), 0);
+  fp4idx_client_free(back);
+  /* Dequantized values equal the exact decode of the packed keys. */
+  CHECK(c, fp4idx_client_read(c, 30, 5, 20, 1, &back, &m2));
+  cr_assert_eq(m2, 20);
+  const float *deq = back;
+  size_t bad = 0;
+  for (size_t k = 0; k < 20; k++)
+    for (int e = 0; e < 128; e++)
+      bad += (double)deq[k * 128 + (size_t)e] !=
+             fp4idx_test_key_element((uint8_t *)packed + (5 + k) * 68, e);
+  cr_expect_eq(bad, 0, "%zu dequantized values differ", bad);
+  fp4idx_client_free(back);
+  /* Empty range at the end. */
+  CHECK(c, fp4idx_client_read(c, 30, m, UINT64_MAX, 0, &back, &m2));
+  cr_expect_eq(m2, 0);
+  fp4idx_client_free(back);
+  fp4idx_client_free(packed);
+  fp4idx_client_close(c);
+  free(keys), free(f32);
+  for (int i = 0; i < 2; i++) free(pay[i]), free(sc[i]);
+}
+
+Test(e2e, truncate_drop_and_errors) {
+  golden_t g;
+  golden_load(&g, "dyadic_h32", 32);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 5, &g);
+
+  /* Unknown sequence: ENOSEQ with the daemon's message, connection kept. */
+  fp4idx_client_seq_t s = {.seq = 999, .rows = (uint32_t)g.rows, .q = g.q,
+                           .w = g.w, .lens = g.lens};
+  fp4idx_client_result_t *res = (void *)1;
+  cr_expect_eq(fp4idx_client_score(c, 32, 0, &s, 1, &res), FP4IDX_ENOSEQ);
+  cr_expect_null(res);
+  cr_expect(strstr(fp4idx_client_last_error(c), "999") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect_eq(fp4idx_client_last_status(c), FP4IDX_ENOSEQ);
+  cr_expect(fp4idx_client_connected(c));
+  cr_expect_eq(fp4idx_client_drop(c, 999), FP4IDX_ENOSEQ);
+  cr_expect_neq(fp4idx_client_last_error(c)[0], '\0');
+  cr_expect_eq(fp4idx_client_truncate(c, 999, 0, NULL), FP4IDX_ENOSEQ);
+  void *keys = (void *)1;
+  size_t n = 9;
+  cr_expect_eq(fp4idx_client_read(c, 999, 0, UINT64_MAX, 0, &keys, &n),
+               FP4IDX_ENOSEQ);
+  cr_expect_null(keys);
+  cr_expect_eq(n, 0);
+
+  /* A visible count above the key count: ERANGE. */
+  int32_t lens[4] = {1001, 1, 1, 1};
+  s.seq = 5;
+  s.lens = lens;
+  cr_expect_eq(fp4idx_client_score(c, 32, 0, &s, 1, &res), FP4IDX_ERANGE);
+  cr_expect_neq(fp4idx_client_last_error(c)[0], '\0');
+  cr_expect_eq(fp4idx_client_truncate(c, 5, 1001, NULL), FP4IDX_ERANGE);
+
+  /* A NaN key: ENONFINITE and nothing stored. */
+  uint16_t bad[2 * 128];
+  memcpy(bad, g.keys, sizeof bad);
+  bad[128 + 17] = 0x7fc0;
+  uint64_t len = 0;
+  cr_expect_eq(fp4idx_client_append_bf16(c, 5, bad, 2, FP4IDX_ROUNDING_RNE,
+                                         NULL, &len),
+               FP4IDX_ENONFINITE);
+  CHECK(c, fp4idx_client_truncate(c, 5, 1000, &len));
+  cr_expect_eq(len, 1000, "a rejected append changed the length");
+
+  /* Truncate, then the scores of the surviving prefix are unchanged. */
+  CHECK(c, fp4idx_client_truncate(c, 5, 366, &len));
+  cr_expect_eq(len, 366);
+  int32_t l2[4] = {366, 366, 366, 65};
+  s.lens = l2;
+  CHECK(c, fp4idx_client_score(c, 32, 0, &s, 1, &res));
+  cr_expect_eq(res[0].width, 366);
+  cr_expect_eq(fp4idx_test_count_diff(res[0].logits + 2 * 366,
+                                      g.ref + 2 * g.n, 366),
+               0, "row 2 (366 visible) after truncate");
+  fp4idx_client_free(res);
+  /* Append continues at the truncated length. */
+  uint64_t first;
+  CHECK(c, fp4idx_client_append_bf16(c, 5, g.keys, 1, FP4IDX_ROUNDING_RNE,
+                                     &first, &len));
+  cr_expect_eq(first, 366);
+  cr_expect_eq(len, 367);
+
+  CHECK(c, fp4idx_client_drop(c, 5));
+  cr_expect_eq(fp4idx_client_drop(c, 5), FP4IDX_ENOSEQ);
+  fp4idx_client_info_t in;
+  CHECK(c, fp4idx_client_info(c, &in));
+  cr_expect_eq(in.sequences, 0);
+  cr_expect_eq(in.pages_free, in.pages_total, "drop freed every page");
+  fp4idx_client_close(c);
+  golden_free(&g);
+}
+
+Test(e2e, stats_counts_requests) {
+  fp4idx_client_t *c = open_client();
+  uint16_t k[3 * 128] = {0};
+  for (int i = 0; i < 3; i++)
+    CHECK(c, fp4idx_client_append_bf16(c, 1, k, 3, FP4IDX_ROUNDING_RNE, NULL,
+                                       NULL));
+  cr_expect_eq(fp4idx_client_drop(c, 77), FP4IDX_ENOSEQ);
+  fp4idx_client_stats_t *s = NULL;
+  CHECK(c, fp4idx_client_stats(c, &s));
+  cr_assert_not_null(s);
+  cr_expect_str_eq(s->backend, "cpu");
+  cr_expect_eq(s->sequences, 1);
+  cr_expect_eq(s->keys, 9);
+  cr_expect(s->connections >= 1);
+  cr_expect(s->pages_free < s->pages_total);
+  cr_expect(s->uptime_s >= 0);
+  int seen_append = 0, seen_drop = 0;
+  for (uint32_t i = 0; i < s->nops; i++) {
+    const fp4idx_client_op_stats_t *o = &s->ops[i];
+    if (i) cr_expect(strcmp(s->ops[i - 1].op, o->op) < 0, "ops not sorted");
+    uint64_t sum = 0;
+    for (uint32_t b = 0; b < o->nbuckets; b++) sum += o->hist[b];
+    cr_expect_eq(sum, o->count, "op %s: histogram total", o->op);
+    cr_expect(o->nbuckets > 0 && isinf(o->bounds_us[o->nbuckets - 1]),
+              "op %s: last bound is +inf", o->op);
+    if (strcmp(o->op, "append") == 0) {
+      seen_append = 1;
+      cr_expect_eq(o->count, 3);
+      cr_expect_eq(o->errors, 0);
+      cr_expect(o->latency_sum_us > 0);
+    }
+    if (strcmp(o->op, "drop") == 0) {
+      seen_drop = 1;
+      cr_expect_eq(o->count, 1);
+      cr_expect_eq(o->errors, 1);
+    }
+  }
+  cr_expect(seen_append && seen_drop);
+  fp4idx_client_free(s);
+  fp4idx_client_close(c);
+}
+
+Test(e2e, daemon_gone_is_econn) {
+  fp4idx_client_t *c = open_client();
+  fp4idx_client_info_t in;
+  CHECK(c, fp4idx_client_info(c, &in));
+  fp4idx_test_daemon_stop(&daemon_);
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_ECONN);
+  cr_expect(!fp4idx_client_connected(c));
+  cr_expect_eq(fp4idx_client_connect(c, daemon_.sock), FP4IDX_ECONN);
+  cr_expect_neq(fp4idx_client_last_error(c)[0], '\0');
+  fp4idx_client_close(c);
+}
+
+Test(e2e, timeout_on_a_stopped_daemon) {
+  fp4idx_client_t *c = open_client();
+  cr_assert_eq(fp4idx_client_set_timeout(c, 300), FP4IDX_OK);
+  cr_assert_eq(fp4idx_test_daemon_kill(&daemon_, SIGSTOP), 0);
+  fp4idx_client_info_t in;
+  int st = fp4idx_client_info(c, &in);
+  fp4idx_test_daemon_kill(&daemon_, SIGCONT);
+  cr_expect_eq(st, FP4IDX_ETIMEDOUT, "%s", fp4idx_status_name(st));
+  cr_expect(!fp4idx_client_connected(c));
+  /* Reconnect on the same handle and carry on. */
+  CHECK(c, fp4idx_client_connect(c, daemon_.sock));
+  CHECK(c, fp4idx_client_info(c, &in));
+  fp4idx_client_close(c);
+}
+
+TestSuite(e2e_small_frame, .init = start_small_frame, .fini = stop,
+          .timeout = 60);
+
+Test(e2e_small_frame, oversized_request_is_e2big) {
+  size_t n = 8192; /* 2 MiB of bf16 keys against --max-frame 1M */
+  uint16_t *k = calloc(n * 128, 2);
+  fp4idx_client_t *c = open_client();
+  /* Not knowing the limit, the library sends; the daemon refuses. */
+  int st = fp4idx_client_append_bf16(c, 1, k, n, FP4IDX_ROUNDING_RNE, NULL, NULL);
+  cr_expect_eq(st, FP4IDX_E2BIG, "%s: %s", fp4idx_status_name(st),
+               fp4idx_client_last_error(c));
+  /* After info the library knows max_frame and refuses before sending. */
+  CHECK(c, fp4idx_client_connect(c, daemon_.sock));
+  fp4idx_client_info_t in;
+  CHECK(c, fp4idx_client_info(c, &in));
+  cr_expect_eq(in.max_frame, 1u << 20);
+  cr_expect_eq(fp4idx_client_append_bf16(c, 1, k, n, FP4IDX_ROUNDING_RNE, NULL,
+                                         NULL),
+               FP4IDX_E2BIG);
+  cr_expect(strstr(fp4idx_client_last_error(c), "max frame") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect(fp4idx_client_connected(c), "a local refusal keeps the connection");
+  CHECK(c, fp4idx_client_append_bf16(c, 1, k, 1000, FP4IDX_ROUNDING_RNE, NULL,
+                                     NULL));
+  fp4idx_client_close(c);
+  free(k);
+}
