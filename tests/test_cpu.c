@@ -279,8 +279,9 @@ Test(cpu_args, score) {
   s2.rows = 0;
   cr_assert_eq(b->ops->score(b, &t), FP4IDX_EINVAL);
   s2 = sq;
-  s2.n_keys = 9; /* would need a third page */
-  s2.pages = pages;
+  int32_t pages3[3] = {1, 0, 2}; /* a third page, beyond the 2-page pool */
+  s2.n_keys = 9;
+  s2.pages = pages3;
   cr_assert_eq(b->ops->score(b, &t), FP4IDX_EINVAL);
   s2 = sq;
   s2.q = NULL;
