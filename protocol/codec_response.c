@@ -119,7 +119,8 @@ static int decode_op_stats(const msgpack_object_kv *kv, fp4idx_op_stats_t *s,
                         path);
   if (le->via.array.size != h->via.array.size)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "%s: %u bounds but %u histogram counts", path,
+                        "%s: latency_us_le has %u entries, latency_hist %u",
+                        path,
                         le->via.array.size, h->via.array.size);
   if (le->via.array.size > FP4IDX_PROTO_MAX_BUCKETS)
     return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %u buckets, at most %u",

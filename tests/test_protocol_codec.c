@@ -1,0 +1,694 @@
+/* test_protocol_codec.c -- round trips of every request and response through
+ * the real framing, zero-copy views, accepted encodings, encoder checks. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp4idx_codec.h"
+#include "test_protocol_util.h"
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* Runs the frames in sb through a frame reader; returns the i-th body. */
+static unsigned char *nth_body(const msgpack_sbuffer *sb, int i, size_t *len) {
+  fp4idx_frame_reader_t r;
+  size_t off = 0;
+  int k = 0;
+  fp4idx_frame_reader_init(&r, 0);
+  while (off <= sb->size) {
+    size_t used;
+    int rc = fp4idx_frame_reader_feed(&r, sb->data + off, sb->size - off, &used);
+    cr_assert_geq(rc, 0);
+    off += used;
+    if (rc == 1) {
+      unsigned char *body;
+      fp4idx_frame_reader_take(&r, &body, len);
+      if (k++ == i) {
+        fp4idx_frame_reader_free(&r);
+        return body;
+      }
+      free(body);
+    } else if (off == sb->size) {
+      break;
+    }
+  }
+  fp4idx_frame_reader_free(&r);
+  cr_assert_fail("frame %d not found", i);
+  return NULL;
+}
+
+static void check_view(const fp4idx_tensor_t *t, const unsigned char *body,
+                       size_t len) {
+  /* zero copy: the view lies inside the frame body */
+  cr_assert((const unsigned char *)t->data >= body &&
+                (const unsigned char *)t->data + t->nbytes <= body + len,
+            "tensor data is not a view into the body");
+}
+
+static void tensor_eq(const fp4idx_tensor_t *a, const fp4idx_tensor_t *b) {
+  cr_assert_eq(a->dtype, b->dtype);
+  cr_assert_eq(a->ndim, b->ndim);
+  for (uint32_t i = 0; i < a->ndim; i++) cr_assert_eq(a->shape[i], b->shape[i]);
+  cr_assert_eq(a->nbytes, b->nbytes);
+  cr_assert(a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0);
+}
+
+/* Encodes, frames, decodes. The caller frees *body after comparing. */
+static unsigned char *rt_req(const fp4idx_request_t *in, fp4idx_request_t *out) {
+  msgpack_sbuffer sb;
+  char msg[256];
+  size_t len;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_request(&sb, in), 0);
+  cr_assert_eq(fp4idx_frame_header_get((unsigned char *)sb.data), sb.size - 4);
+  unsigned char *body = nth_body(&sb, 0, &len);
+  msgpack_sbuffer_destroy(&sb);
+  int rc = fp4idx_decode_request(body, len, out, msg, sizeof(msg));
+  cr_assert_eq(rc, 0, "decode: %d %s", rc, msg);
+  cr_assert_eq(out->id, in->id);
+  cr_assert_eq(out->op, in->op);
+  return body;
+}
+
+static unsigned char *rt_resp(const fp4idx_response_t *in,
+                              fp4idx_response_t *out, size_t *lenp) {
+  msgpack_sbuffer sb;
+  char msg[256];
+  size_t len;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_response(&sb, in), 0);
+  unsigned char *body = nth_body(&sb, 0, &len);
+  msgpack_sbuffer_destroy(&sb);
+  int rc = fp4idx_decode_response(body, len, in->op, out, msg, sizeof(msg));
+  cr_assert_eq(rc, 0, "decode: %d %s", rc, msg);
+  cr_assert_eq(out->id, in->id);
+  cr_assert_eq(out->status, 0);
+  if (lenp) *lenp = len;
+  return body;
+}
+
+static void *pattern(size_t n, unsigned seed) {
+  void *p = malloc(n ? n : 1);
+  fill_pattern(p, n, seed);
+  return p;
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+Test(codec, hello_roundtrip) {
+  fp4idx_request_t in = {.id = 1, .op = FP4IDX_OP_HELLO}, out;
+  in.u.hello.version = 1;
+  in.u.hello.client = (fp4idx_strview_t){"py-client 1.0", 13};
+  unsigned char *b = rt_req(&in, &out);
+  cr_assert_eq(out.u.hello.version, 1u);
+  cr_assert_eq(out.u.hello.client.len, 13u);
+  cr_assert(memcmp(out.u.hello.client.ptr, "py-client 1.0", 13) == 0);
+  fp4idx_request_clear(&out);
+  free(b);
+
+  in.u.hello.client = (fp4idx_strview_t){NULL, 0};
+  in.u.hello.version = 7; /* any version decodes; the daemon says EVERSION */
+  in.id = UINT64_MAX;
+  b = rt_req(&in, &out);
+  cr_assert_null(out.u.hello.client.ptr);
+  cr_assert_eq(out.u.hello.version, 7u);
+  fp4idx_request_clear(&out);
+  free(b);
+}
+
+Test(codec, fieldless_requests_roundtrip) {
+  const fp4idx_op_t ops[] = {FP4IDX_OP_INFO, FP4IDX_OP_STATS, FP4IDX_OP_SAVE};
+  for (int i = 0; i < 3; i++) {
+    fp4idx_request_t in = {.id = 10u + (unsigned)i, .op = ops[i]}, out;
+    unsigned char *b = rt_req(&in, &out);
+    fp4idx_request_clear(&out);
+    free(b);
+  }
+}
+
+Test(codec, append_roundtrip_all_key_types) {
+  struct {
+    fp4idx_wire_dtype_t dt;
+    uint64_t n, d;
+    int rounding;
+  } cases[] = {{FP4IDX_WIRE_BF16, 3, 128, FP4IDX_WIRE_ROUND_RNE},
+               {FP4IDX_WIRE_F32, 1, 128, FP4IDX_WIRE_ROUND_THRESHOLD},
+               {FP4IDX_WIRE_U8, 5, 68, FP4IDX_WIRE_ROUND_RNE},
+               {FP4IDX_WIRE_BF16, 1000, 128, FP4IDX_WIRE_ROUND_THRESHOLD}};
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    fp4idx_request_t in = {.id = 2, .op = FP4IDX_OP_APPEND}, out;
+    size_t nb = cases[c].n * cases[c].d * fp4idx_wire_dtype_size(cases[c].dt);
+    void *keys = pattern(nb, (unsigned)c);
+    in.u.append.seq = 0xDEADBEEFCAFEull;
+    in.u.append.rounding = cases[c].rounding;
+    cr_assert_eq(fp4idx_tensor_init(&in.u.append.keys, cases[c].dt, 2,
+                                    (uint64_t[]){cases[c].n, cases[c].d},
+                                    keys),
+                 0);
+    unsigned char *b = rt_req(&in, &out);
+    cr_assert_eq(out.u.append.seq, in.u.append.seq);
+    cr_assert_eq(out.u.append.rounding, cases[c].rounding);
+    tensor_eq(&out.u.append.keys, &in.u.append.keys);
+    fp4idx_request_clear(&out);
+    free(b);
+    free(keys);
+  }
+}
+
+Test(codec, score_roundtrip_views_into_body) {
+  enum { H = 32, NS = 3 };
+  fp4idx_score_seq_t seqs[NS];
+  void *bufs[NS][4];
+  memset(seqs, 0, sizeof(seqs));
+  for (int s = 0; s < NS; s++) {
+    uint64_t R = 1 + (uint64_t)s * 2, W = 17;
+    seqs[s].seq = 100u + (unsigned)s;
+    seqs[s].rows = (uint32_t)R;
+    bufs[s][0] = pattern(R * H * 128 * 2, 1);
+    bufs[s][1] = pattern(R * H * 2, 2);
+    bufs[s][2] = calloc(R, 4);
+    bufs[s][3] = pattern(R * W, 3);
+    fp4idx_tensor_init(&seqs[s].q, FP4IDX_WIRE_BF16, 3,
+                       (uint64_t[]){R, H, 128}, bufs[s][0]);
+    fp4idx_tensor_init(&seqs[s].w, FP4IDX_WIRE_BF16, 2, (uint64_t[]){R, H},
+                       bufs[s][1]);
+    if (s >= 1) {
+      for (uint64_t r = 0; r < R; r++) ((int32_t *)bufs[s][2])[r] = (int32_t)(W - r);
+      fp4idx_tensor_init(&seqs[s].lens, FP4IDX_WIRE_I32, 1, (uint64_t[]){R},
+                         bufs[s][2]);
+    }
+    if (s == 2)
+      fp4idx_tensor_init(&seqs[s].mask, FP4IDX_WIRE_U8, 2, (uint64_t[]){R, W},
+                         bufs[s][3]);
+  }
+  for (int topk = 0; topk <= 16; topk += 16) {
+    fp4idx_request_t in = {.id = 3, .op = FP4IDX_OP_SCORE}, out;
+    in.u.score.heads = H;
+    in.u.score.topk = (uint32_t)topk;
+    in.u.score.seqs = seqs;
+    in.u.score.nseqs = NS;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    cr_assert_eq(fp4idx_encode_request(&sb, &in), 0);
+    size_t len;
+    unsigned char *b = nth_body(&sb, 0, &len);
+    msgpack_sbuffer_destroy(&sb);
+    cr_assert_eq(fp4idx_decode_request(b, len, &out, NULL, 0), 0);
+    cr_assert_eq(out.u.score.heads, (uint32_t)H);
+    cr_assert_eq(out.u.score.topk, (uint32_t)topk);
+    cr_assert_eq(out.u.score.nseqs, (size_t)NS);
+    for (int s = 0; s < NS; s++) {
+      const fp4idx_score_seq_t *o = &out.u.score.seqs[s];
+      cr_assert_eq(o->seq, seqs[s].seq);
+      cr_assert_eq(o->rows, seqs[s].rows);
+      tensor_eq(&o->q, &seqs[s].q);
+      tensor_eq(&o->w, &seqs[s].w);
+      check_view(&o->q, b, len);
+      check_view(&o->w, b, len);
+      cr_assert_eq(fp4idx_tensor_present(&o->lens), s >= 1);
+      cr_assert_eq(fp4idx_tensor_present(&o->mask), s == 2);
+      if (s >= 1) {
+        tensor_eq(&o->lens, &seqs[s].lens);
+        check_view(&o->lens, b, len);
+      }
+      if (s == 2) tensor_eq(&o->mask, &seqs[s].mask);
+    }
+    fp4idx_request_clear(&out);
+    cr_assert_null(out.owned_);
+    free(b);
+  }
+  for (int s = 0; s < NS; s++)
+    for (int k = 0; k < 4; k++) free(bufs[s][k]);
+}
+
+Test(codec, truncate_drop_read_roundtrip) {
+  fp4idx_request_t in = {.id = 4, .op = FP4IDX_OP_TRUNCATE}, out;
+  in.u.truncate.seq = 9;
+  in.u.truncate.length = 12345678901ull;
+  unsigned char *b = rt_req(&in, &out);
+  cr_assert_eq(out.u.truncate.seq, 9u);
+  cr_assert_eq(out.u.truncate.length, 12345678901ull);
+  fp4idx_request_clear(&out);
+  free(b);
+
+  memset(&in, 0, sizeof(in));
+  in.id = 5;
+  in.op = FP4IDX_OP_DROP;
+  in.u.drop.seq = UINT64_MAX;
+  b = rt_req(&in, &out);
+  cr_assert_eq(out.u.drop.seq, UINT64_MAX);
+  fp4idx_request_clear(&out);
+  free(b);
+
+  memset(&in, 0, sizeof(in));
+  in.id = 6;
+  in.op = FP4IDX_OP_READ;
+  in.u.read.seq = 3;
+  b = rt_req(&in, &out);
+  cr_assert(out.u.read.from == 0 && !out.u.read.has_count && !out.u.read.dequant);
+  fp4idx_request_clear(&out);
+  free(b);
+  in.u.read.from = 10;
+  in.u.read.count = 0; /* zero is a real count, distinct from absent */
+  in.u.read.has_count = true;
+  in.u.read.dequant = true;
+  b = rt_req(&in, &out);
+  cr_assert(out.u.read.from == 10 && out.u.read.has_count &&
+            out.u.read.count == 0 && out.u.read.dequant);
+  fp4idx_request_clear(&out);
+  free(b);
+}
+
+/* Decoding hand-built bodies: accepted encodings and defaults. */
+static int dec(const char *text, fp4idx_request_t *out, char *msg) {
+  unsigned char *body;
+  size_t len;
+  cr_assert_eq(mp_build_alloc(text, &body, &len), 0, "bad notation: %s", text);
+  int rc = fp4idx_decode_request(body, len, out, msg, 256);
+  free(body); /* only scalar fields are read after this */
+  return rc;
+}
+
+Test(codec, accepts_any_integer_width) {
+  fp4idx_request_t r;
+  char msg[256];
+  const char *ok[] = {
+      "{id: u8(1), op: 'truncate', seq: u16(2), length: u32(3)}",
+      "{id: u64(1), op: 'truncate', seq: u64(2), length: u64(3)}",
+      "{id: i8(1), op: 'truncate', seq: i16(2), length: i32(3)}",
+      "{id: i64(1), op: 'truncate', seq: 2, length: i64(3)}",
+  };
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+    int rc = dec(ok[i], &r, msg);
+    cr_assert_eq(rc, 0, "%s: %d %s", ok[i], rc, msg);
+    cr_assert(r.id == 1 && r.u.truncate.seq == 2 && r.u.truncate.length == 3);
+    fp4idx_request_clear(&r);
+  }
+  cr_assert_eq(dec("{id: 18446744073709551615, op: 'drop', seq: 1}", &r, msg), 0);
+  cr_assert_eq(r.id, UINT64_MAX);
+  fp4idx_request_clear(&r);
+}
+
+Test(codec, nil_means_absent_and_defaults) {
+  fp4idx_request_t r;
+  char msg[256];
+  cr_assert_eq(dec("{id: 1, op: 'read', seq: 4, from: nil, count: nil, "
+                   "dequant: nil}",
+                   &r, msg),
+               0, "%s", msg);
+  cr_assert(r.u.read.from == 0 && !r.u.read.has_count && !r.u.read.dequant);
+  fp4idx_request_clear(&r);
+  cr_assert_eq(dec("{op: 'append', id: 2, keys: T(u8, [1, 68]), seq: 1, "
+                   "rounding: nil}",
+                   &r, msg),
+               0, "%s", msg);
+  cr_assert_eq(r.u.append.rounding, FP4IDX_WIRE_ROUND_RNE);
+  fp4idx_request_clear(&r);
+  cr_assert_eq(dec("{id: 3, op: 'score', heads: 2, topk: nil, seqs: [{seq: 1, "
+                   "q: T(bf16, [2, 2, 128]), w: T(bf16, [2, 2]), lens: nil, "
+                   "mask: nil}]}",
+                   &r, msg),
+               0, "%s", msg);
+  cr_assert_eq(r.u.score.topk, 0u);
+  cr_assert(!fp4idx_tensor_present(&r.u.score.seqs[0].lens));
+  fp4idx_request_clear(&r);
+  /* key order does not matter; str data is accepted (old Python msgpack) */
+  cr_assert_eq(dec("{keys: T(f32, [2, 128], s), seq: 8, op: 'append', id: 9}",
+                   &r, msg),
+               0, "%s", msg);
+  cr_assert_eq(r.u.append.keys.nbytes, 2u * 128 * 4);
+  fp4idx_request_clear(&r);
+}
+
+Test(codec, pipelined_frames_in_one_buffer) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  for (uint64_t id = 1; id <= 20; id++) {
+    fp4idx_request_t in = {.id = id, .op = FP4IDX_OP_DROP};
+    in.u.drop.seq = id * 10;
+    cr_assert_eq(fp4idx_encode_request(&sb, &in), 0);
+  }
+  for (int i = 0; i < 20; i++) {
+    size_t len;
+    fp4idx_request_t out;
+    unsigned char *b = nth_body(&sb, i, &len);
+    cr_assert_eq(fp4idx_decode_request(b, len, &out, NULL, 0), 0);
+    cr_assert_eq(out.id, (uint64_t)i + 1);
+    cr_assert_eq(out.u.drop.seq, ((uint64_t)i + 1) * 10);
+    fp4idx_request_clear(&out);
+    free(b);
+  }
+  msgpack_sbuffer_destroy(&sb);
+}
+
+Test(codec, encoder_rejects_bad_structs_and_leaves_buffer) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  fp4idx_request_t first = {.id = 1, .op = FP4IDX_OP_INFO};
+  cr_assert_eq(fp4idx_encode_request(&sb, &first), 0);
+  size_t before = sb.size;
+
+  fp4idx_request_t r = {.id = 2, .op = FP4IDX_OP_APPEND};
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_EINVAL, "no keys");
+  uint16_t keys[2 * 64] = {0};
+  fp4idx_tensor_init(&r.u.append.keys, FP4IDX_WIRE_BF16, 2,
+                     (uint64_t[]){2, 64}, keys);
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_EINVAL, "[2,64] keys");
+  cr_assert_eq(sb.size, before);
+
+  r.op = FP4IDX_OP_NONE;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_EINVAL);
+  r.op = (fp4idx_op_t)99;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_EINVAL);
+
+  fp4idx_request_t s = {.id = 3, .op = FP4IDX_OP_SCORE};
+  s.u.score.heads = 4;
+  cr_assert_eq(fp4idx_encode_request(&sb, &s), FP4IDX_EINVAL, "no seqs");
+  s.u.score.heads = 0;
+  cr_assert_eq(fp4idx_encode_request(&sb, &s), FP4IDX_EINVAL);
+  cr_assert_eq(sb.size, before);
+
+  /* a tensor whose nbytes disagrees with its shape */
+  fp4idx_tensor_t t;
+  fp4idx_tensor_init(&t, FP4IDX_WIRE_U8, 2, (uint64_t[]){1, 68}, keys);
+  t.nbytes = 67;
+  r.op = FP4IDX_OP_APPEND;
+  r.u.append.keys = t;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_EINVAL);
+  cr_assert_eq(sb.size, before);
+  cr_assert_eq(fp4idx_encode_request(NULL, &first), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_encode_request(&sb, NULL), FP4IDX_EINVAL);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* ---- responses ------------------------------------------------------------- */
+
+Test(codec, hello_info_append_truncate_responses) {
+  fp4idx_response_t in, out;
+  memset(&in, 0, sizeof(in));
+  in.id = 1;
+  in.op = FP4IDX_OP_HELLO;
+  in.u.hello.version = 1;
+  strcpy(in.u.hello.server, "fp4idxd 0.1.0");
+  unsigned char *b = rt_resp(&in, &out, NULL);
+  cr_assert_eq(out.u.hello.version, 1u);
+  cr_assert_str_eq(out.u.hello.server, "fp4idxd 0.1.0");
+  fp4idx_response_clear(&out);
+  free(b);
+
+  memset(&in, 0, sizeof(in));
+  in.id = 2;
+  in.op = FP4IDX_OP_INFO;
+  fp4idx_info_t *i = &in.u.info;
+  i->version = 1;
+  strcpy(i->server, "fp4idxd 0.1.0");
+  strcpy(i->backend, "cuda");
+  strcpy(i->device, "NVIDIA H200");
+  i->page_size = 64;
+  i->pages_total = 1u << 20;
+  i->pages_free = 12345;
+  i->sequences = 3;
+  i->max_frame = 64u << 20;
+  b = rt_resp(&in, &out, NULL);
+  cr_assert(memcmp(&out.u.info, &in.u.info, sizeof(in.u.info)) == 0);
+  fp4idx_response_clear(&out);
+  free(b);
+
+  memset(&in, 0, sizeof(in));
+  in.id = 3;
+  in.op = FP4IDX_OP_APPEND;
+  in.u.append.first = 100;
+  in.u.append.length = 164;
+  b = rt_resp(&in, &out, NULL);
+  cr_assert(out.u.append.first == 100 && out.u.append.length == 164);
+  fp4idx_response_clear(&out);
+  free(b);
+
+  memset(&in, 0, sizeof(in));
+  in.id = 4;
+  in.op = FP4IDX_OP_TRUNCATE;
+  in.u.truncate.length = 77;
+  b = rt_resp(&in, &out, NULL);
+  cr_assert_eq(out.u.truncate.length, 77u);
+  fp4idx_response_clear(&out);
+  free(b);
+
+  const fp4idx_op_t empty[] = {FP4IDX_OP_DROP, FP4IDX_OP_SAVE};
+  for (int k = 0; k < 2; k++) {
+    memset(&in, 0, sizeof(in));
+    in.id = 5;
+    in.op = empty[k];
+    b = rt_resp(&in, &out, NULL);
+    fp4idx_response_clear(&out);
+    free(b);
+  }
+}
+
+Test(codec, score_response_logits_and_topk) {
+  enum { R = 4, W = 33, K = 8 };
+  float *lg = pattern(R * W * 4, 5), *tl = pattern(R * K * 4, 6);
+  int32_t *pos = pattern(R * K * 4, 7), cnt[R] = {8, 8, 3, 0};
+  fp4idx_score_result_t res[2];
+  memset(res, 0, sizeof(res));
+  res[0].seq = 1;
+  fp4idx_tensor_init(&res[0].logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){R, W}, lg);
+  res[1].seq = 2;
+  res[1].topk = true;
+  fp4idx_tensor_init(&res[1].positions, FP4IDX_WIRE_I32, 2, (uint64_t[]){R, K}, pos);
+  fp4idx_tensor_init(&res[1].logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){R, K}, tl);
+  fp4idx_tensor_init(&res[1].counts, FP4IDX_WIRE_I32, 1, (uint64_t[]){R}, cnt);
+  fp4idx_response_t in, out;
+  memset(&in, 0, sizeof(in));
+  in.id = 9;
+  in.op = FP4IDX_OP_SCORE;
+  in.u.score.results = res;
+  in.u.score.nresults = 2;
+  size_t len;
+  unsigned char *b = rt_resp(&in, &out, &len);
+  cr_assert_eq(out.u.score.nresults, 2u);
+  cr_assert(!out.u.score.results[0].topk && out.u.score.results[1].topk);
+  cr_assert_eq(out.u.score.results[1].seq, 2u);
+  tensor_eq(&out.u.score.results[0].logits, &res[0].logits);
+  tensor_eq(&out.u.score.results[1].logits, &res[1].logits);
+  tensor_eq(&out.u.score.results[1].positions, &res[1].positions);
+  tensor_eq(&out.u.score.results[1].counts, &res[1].counts);
+  check_view(&out.u.score.results[0].logits, b, len);
+  cr_assert_eq(fp4idx_load_i32(out.u.score.results[1].counts.data, 2), 3);
+  fp4idx_response_clear(&out);
+  free(b);
+
+  /* inconsistent topk result: positions [R,K] but logits [R,K-1] */
+  res[1].logits.shape[1] = K - 1;
+  res[1].logits.nbytes = R * (K - 1) * 4;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), FP4IDX_EINVAL);
+  cr_assert_eq(sb.size, 0u);
+  msgpack_sbuffer_destroy(&sb);
+  free(lg);
+  free(tl);
+  free(pos);
+}
+
+Test(codec, read_response_packed_dequant_empty) {
+  struct {
+    fp4idx_wire_dtype_t dt;
+    uint64_t n, d;
+  } c[] = {{FP4IDX_WIRE_U8, 10, 68}, {FP4IDX_WIRE_F32, 3, 128},
+           {FP4IDX_WIRE_U8, 0, 68}};
+  for (int k = 0; k < 3; k++) {
+    size_t nb = c[k].n * c[k].d * fp4idx_wire_dtype_size(c[k].dt);
+    void *d = pattern(nb, 9);
+    fp4idx_response_t in, out;
+    memset(&in, 0, sizeof(in));
+    in.id = 6;
+    in.op = FP4IDX_OP_READ;
+    fp4idx_tensor_init(&in.u.read.keys, c[k].dt, 2,
+                       (uint64_t[]){c[k].n, c[k].d}, d);
+    unsigned char *b = rt_resp(&in, &out, NULL);
+    tensor_eq(&out.u.read.keys, &in.u.read.keys);
+    fp4idx_response_clear(&out);
+    free(b);
+    free(d);
+  }
+}
+
+Test(codec, stats_response) {
+  fp4idx_op_stats_t ops[2];
+  memset(ops, 0, sizeof(ops));
+  for (int o = 0; o < 2; o++) {
+    strcpy(ops[o].op, o ? "score" : "append");
+    ops[o].count = 1000u + (unsigned)o;
+    ops[o].errors = (unsigned)o;
+    ops[o].nbuckets = 26;
+    for (int i = 0; i < 25; i++) {
+      ops[o].le_us[i] = (double)(1u << i);
+      ops[o].hist[i] = (uint64_t)(i * o);
+    }
+    ops[o].le_us[25] = INFINITY;
+    ops[o].hist[25] = 1;
+    ops[o].sum_us = 1234.5;
+  }
+  fp4idx_response_t in, out;
+  memset(&in, 0, sizeof(in));
+  in.id = 8;
+  in.op = FP4IDX_OP_STATS;
+  fp4idx_stats_t *st = &in.u.stats;
+  st->uptime_s = 12.25;
+  st->connections = 3;
+  st->sequences = 4;
+  st->keys = 5;
+  strcpy(st->backend, "cpu");
+  strcpy(st->device, "host (16 threads)");
+  st->pages_total = 100;
+  st->pages_free = 90;
+  st->ops = ops;
+  st->nops = 2;
+  unsigned char *b = rt_resp(&in, &out, NULL);
+  const fp4idx_stats_t *o = &out.u.stats;
+  cr_assert(o->uptime_s == 12.25 && o->connections == 3 && o->sequences == 4 &&
+            o->keys == 5 && o->pages_total == 100 && o->pages_free == 90);
+  cr_assert_str_eq(o->backend, "cpu");
+  cr_assert_str_eq(o->device, "host (16 threads)");
+  cr_assert_eq(o->nops, 2u);
+  for (int k = 0; k < 2; k++) {
+    cr_assert_str_eq(o->ops[k].op, ops[k].op);
+    cr_assert_eq(o->ops[k].count, ops[k].count);
+    cr_assert_eq(o->ops[k].errors, ops[k].errors);
+    cr_assert_eq(o->ops[k].nbuckets, 26u);
+    cr_assert(memcmp(o->ops[k].le_us, ops[k].le_us, 26 * sizeof(double)) == 0);
+    cr_assert(memcmp(o->ops[k].hist, ops[k].hist, 26 * sizeof(uint64_t)) == 0);
+    cr_assert(isinf(o->ops[k].le_us[25]));
+    cr_assert_eq(o->ops[k].sum_us, 1234.5);
+  }
+  fp4idx_response_clear(&out);
+  free(b);
+}
+
+Test(codec, error_response) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_error(&sb, 42, FP4IDX_ENOSEQ, "unknown sequence 7"), 0);
+  cr_assert_eq(fp4idx_encode_error(&sb, 43, FP4IDX_EFULL, NULL), 0);
+  /* non-ASCII and control bytes are replaced so the str is valid UTF-8 */
+  cr_assert_eq(fp4idx_encode_error(&sb, 44, FP4IDX_ETYPE, "op 'x\xc3\xa9\n'"), 0);
+  cr_assert_eq(fp4idx_encode_error(&sb, 45, 0, "no"), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_encode_error(&sb, 45, 3, "no"), FP4IDX_EINVAL);
+  char longmsg[1000];
+  memset(longmsg, 'a', sizeof(longmsg) - 1);
+  longmsg[sizeof(longmsg) - 1] = 0;
+  cr_assert_eq(fp4idx_encode_error(&sb, 46, FP4IDX_EPROTO, longmsg), 0);
+
+  struct {
+    uint64_t id;
+    int st;
+    const char *msg;
+  } want[] = {{42, FP4IDX_ENOSEQ, "unknown sequence 7"},
+              {43, FP4IDX_EFULL, "page pool is full"},
+              {44, FP4IDX_ETYPE, "op 'x\?\?\?'"}};
+  for (int i = 0; i < 4; i++) {
+    size_t len;
+    fp4idx_response_t out;
+    unsigned char *b = nth_body(&sb, i, &len);
+    /* an error reply decodes whatever op was asked */
+    cr_assert_eq(fp4idx_decode_response(b, len, FP4IDX_OP_SCORE, &out, NULL, 0), 0);
+    if (i < 3) {
+      cr_assert_eq(out.id, want[i].id);
+      cr_assert_eq(out.status, want[i].st);
+      cr_assert_str_eq(out.error, want[i].msg);
+    } else {
+      cr_assert_eq(strlen(out.error), FP4IDX_PROTO_ERROR_CAP - 1);
+    }
+    fp4idx_response_clear(&out);
+    free(b);
+  }
+  msgpack_sbuffer_destroy(&sb);
+}
+
+Test(codec, response_decoder_ignores_unknown_keys) {
+  unsigned char *b;
+  size_t len;
+  fp4idx_response_t out;
+  char msg[256];
+  cr_assert_eq(mp_build_alloc("{id: 1, status: 0, first: 5, length: 6, "
+                              "future_field: [1, 'x', {a: nil}]}",
+                              &b, &len),
+               0);
+  cr_assert_eq(fp4idx_decode_response(b, len, FP4IDX_OP_APPEND, &out, msg, 256),
+               0, "%s", msg);
+  cr_assert(out.u.append.first == 5 && out.u.append.length == 6);
+  fp4idx_response_clear(&out);
+  free(b);
+  /* ... but not a missing one */
+  cr_assert_eq(mp_build_alloc("{id: 1, status: 0, first: 5}", &b, &len), 0);
+  cr_assert_eq(fp4idx_decode_response(b, len, FP4IDX_OP_APPEND, &out, msg, 256),
+               FP4IDX_EPROTO);
+  cr_assert(strstr(msg, "length") != NULL, "%s", msg);
+  fp4idx_response_clear(&out);
+  free(b);
+}
+
+/* ---- helpers of the API ------------------------------------------------------ */
+
+Test(codec, score_seq_check) {
+  int32_t lens[3] = {5, 0, 9};
+  uint8_t mask[3 * 9] = {0};
+  uint16_t q[3 * 128] = {0}, w[3] = {0};
+  fp4idx_score_seq_t s;
+  uint64_t width;
+  char msg[256];
+  memset(&s, 0, sizeof(s));
+  s.seq = 7;
+  s.rows = 3;
+  fp4idx_tensor_init(&s.q, FP4IDX_WIRE_BF16, 3, (uint64_t[]){3, 1, 128}, q);
+  fp4idx_tensor_init(&s.w, FP4IDX_WIRE_BF16, 2, (uint64_t[]){3, 1}, w);
+  cr_assert_eq(fp4idx_score_seq_check(&s, 12, &width, msg, 256), 0);
+  cr_assert_eq(width, 12u, "without lens W = keys");
+  fp4idx_tensor_init(&s.lens, FP4IDX_WIRE_I32, 1, (uint64_t[]){3}, lens);
+  cr_assert_eq(fp4idx_score_seq_check(&s, 12, &width, msg, 256), 0);
+  cr_assert_eq(width, 9u, "W = max(lens)");
+  cr_assert_eq(fp4idx_score_seq_check(&s, 9, &width, msg, 256), 0);
+  cr_assert_eq(fp4idx_score_seq_check(&s, 8, &width, msg, 256), FP4IDX_ERANGE);
+  cr_assert(strstr(msg, "lens[2]") != NULL, "%s", msg);
+  lens[1] = -1;
+  cr_assert_eq(fp4idx_score_seq_check(&s, 100, &width, msg, 256), FP4IDX_ERANGE);
+  lens[1] = 0;
+  fp4idx_tensor_init(&s.mask, FP4IDX_WIRE_U8, 2, (uint64_t[]){3, 9}, mask);
+  cr_assert_eq(fp4idx_score_seq_check(&s, 100, &width, msg, 256), 0);
+  fp4idx_tensor_init(&s.mask, FP4IDX_WIRE_U8, 2, (uint64_t[]){3, 8}, mask);
+  cr_assert_eq(fp4idx_score_seq_check(&s, 100, &width, msg, 256), FP4IDX_ESHAPE);
+  cr_assert_eq(fp4idx_score_seq_check(NULL, 1, &width, NULL, 0), FP4IDX_EINVAL);
+}
+
+Test(codec, names_and_tensor_init) {
+  for (int op = FP4IDX_OP_NONE + 1; op < FP4IDX_OP__COUNT; op++) {
+    const char *n = fp4idx_op_name((fp4idx_op_t)op);
+    cr_assert_eq(fp4idx_op_from_name(n, strlen(n)), (fp4idx_op_t)op);
+  }
+  cr_assert_str_eq(fp4idx_op_name(FP4IDX_OP_NONE), "?");
+  cr_assert_eq(fp4idx_op_from_name("appendx", 6), FP4IDX_OP_APPEND);
+  cr_assert_eq(fp4idx_op_from_name("appen", 5), FP4IDX_OP_NONE);
+  cr_assert_eq(fp4idx_wire_dtype_size(FP4IDX_WIRE_BF16), 2u);
+  cr_assert_eq(fp4idx_wire_dtype_size(FP4IDX_WIRE_U8), 1u);
+  cr_assert_eq(fp4idx_wire_dtype_size((fp4idx_wire_dtype_t)77), 0u);
+  cr_assert_str_eq(fp4idx_wire_dtype_name(FP4IDX_WIRE_I32), "i32");
+
+  fp4idx_tensor_t t;
+  uint64_t big[2] = {UINT64_MAX / 2, 4};
+  cr_assert_eq(fp4idx_tensor_init(&t, FP4IDX_WIRE_F32, 2, big, &t), FP4IDX_E2BIG);
+  cr_assert_eq(fp4idx_tensor_init(&t, FP4IDX_WIRE_F32, 0, big, &t), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_tensor_init(&t, FP4IDX_WIRE_F32, 5, big, &t), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_tensor_init(&t, FP4IDX_WIRE_NONE, 1, big, &t), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_tensor_init(&t, FP4IDX_WIRE_U8, 1, (uint64_t[]){3}, NULL),
+               FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_tensor_init(&t, FP4IDX_WIRE_U8, 1, (uint64_t[]){0}, NULL), 0);
+  cr_assert_eq(t.nbytes, 0u);
+
+  /* unaligned loads */
+  unsigned char buf[9] = {0xff, 1, 0, 0, 0, 0, 0, 0x80, 0x3f};
+  cr_assert_eq(fp4idx_load_i32(buf + 1, 0), 1);
+  cr_assert_eq(fp4idx_load_f32(buf + 5, 0), 1.0f);
+  cr_assert_eq(fp4idx_load_bf16(buf + 7, 0), 0x3f80);
+}

@@ -1,0 +1,167 @@
+/* test_protocol_frame.c -- the 4-byte header and the incremental reader. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp4idx_codec.h"
+
+Test(frame, header_is_big_endian) {
+  unsigned char h[4];
+  fp4idx_frame_header_put(h, 0x01020304u);
+  cr_assert(h[0] == 1 && h[1] == 2 && h[2] == 3 && h[3] == 4);
+  cr_assert_eq(fp4idx_frame_header_get(h), 0x01020304u);
+  fp4idx_frame_header_put(h, 0xFFFFFFFFu);
+  cr_assert_eq(fp4idx_frame_header_get(h), 0xFFFFFFFFu);
+  fp4idx_frame_header_put(h, 0);
+  cr_assert_eq(fp4idx_frame_header_get(h), 0u);
+}
+
+/* Three frames (bodies of 5, 0 and 300 bytes) back to back. */
+static size_t make_stream(unsigned char *out) {
+  size_t o = 0;
+  const size_t lens[3] = {5, 0, 300};
+  for (int f = 0; f < 3; f++) {
+    fp4idx_frame_header_put(out + o, (uint32_t)lens[f]);
+    o += 4;
+    for (size_t i = 0; i < lens[f]; i++) out[o++] = (unsigned char)(f * 50 + i);
+  }
+  return o;
+}
+
+/* Feeds the stream in chunks of `chunk` bytes and checks the frames. */
+static void feed_in_chunks(size_t chunk) {
+  unsigned char stream[400];
+  size_t n = make_stream(stream), off = 0;
+  const size_t lens[3] = {5, 0, 300};
+  fp4idx_frame_reader_t r;
+  int got = 0;
+
+  cr_assert_eq(fp4idx_frame_reader_init(&r, 1000), 0);
+  while (off < n) {
+    size_t len = n - off < chunk ? n - off : chunk, used;
+    int rc = fp4idx_frame_reader_feed(&r, stream + off, len, &used);
+    cr_assert(rc == 0 || rc == 1, "rc %d", rc);
+    cr_assert_leq(used, len);
+    off += used;
+    if (rc == 0) cr_assert_eq(used, len, "need-more must consume everything");
+    if (rc == 1) {
+      unsigned char *body;
+      size_t blen;
+      cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+      cr_assert_eq(blen, lens[got], "frame %d: %zu bytes", got, blen);
+      for (size_t i = 0; i < blen; i++)
+        cr_assert_eq(body[i], (unsigned char)(got * 50 + i));
+      cr_assert_not_null(body);
+      free(body);
+      got++;
+    }
+  }
+  /* the empty frame completes with the header: may need one more call */
+  size_t used;
+  if (got < 3 && fp4idx_frame_reader_feed(&r, NULL, 0, &used) == 1) {
+    unsigned char *body;
+    size_t blen;
+    fp4idx_frame_reader_take(&r, &body, &blen);
+    free(body);
+    got++;
+  }
+  cr_assert_eq(got, 3, "chunk %zu: %d frames", chunk, got);
+  fp4idx_frame_reader_free(&r);
+}
+
+Test(frame, reader_any_chunking) {
+  for (size_t c = 1; c <= 20; c++) feed_in_chunks(c);
+  feed_in_chunks(301);
+  feed_in_chunks(1000);
+}
+
+Test(frame, oversized_header_is_e2big_and_sticky) {
+  fp4idx_frame_reader_t r;
+  unsigned char h[4];
+  size_t used;
+  fp4idx_frame_reader_init(&r, 100);
+  fp4idx_frame_header_put(h, 101);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, h, 4, &used), FP4IDX_E2BIG);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, h, 4, &used), FP4IDX_E2BIG);
+  cr_assert_eq(used, 0u);
+  fp4idx_frame_reader_free(&r);
+
+  /* exactly the cap is fine */
+  fp4idx_frame_reader_init(&r, 100);
+  fp4idx_frame_header_put(h, 100);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, h, 4, &used), 0);
+  fp4idx_frame_reader_free(&r);
+
+  /* the largest header value with the default cap */
+  fp4idx_frame_reader_init(&r, 0);
+  cr_assert_eq(r.max_frame, FP4IDX_MAX_FRAME_DEFAULT);
+  fp4idx_frame_header_put(h, 0xFFFFFFFFu);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, h, 4, &used), FP4IDX_E2BIG);
+  fp4idx_frame_reader_free(&r);
+}
+
+Test(frame, completed_frame_must_be_taken) {
+  fp4idx_frame_reader_t r;
+  unsigned char s[12] = {0, 0, 0, 2, 'a', 'b', 0, 0, 0, 1, 'c'};
+  size_t used;
+  unsigned char *body;
+  size_t blen;
+  fp4idx_frame_reader_init(&r, 0);
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s, 11, &used), 1);
+  cr_assert_eq(used, 6u);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s + 6, 5, &used), 1);
+  cr_assert_eq(used, 0u, "nothing consumed before take");
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+  cr_assert(blen == 2 && memcmp(body, "ab", 2) == 0);
+  free(body);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s + 6, 5, &used), 1);
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+  cr_assert(blen == 1 && body[0] == 'c');
+  free(body);
+  fp4idx_frame_reader_free(&r);
+}
+
+Test(frame, space_and_commit_read_in_place) {
+  fp4idx_frame_reader_t r;
+  unsigned char h[4];
+  size_t used, slen;
+  void *space;
+  fp4idx_frame_reader_init(&r, 0);
+  /* no space before the header is known */
+  cr_assert_eq(fp4idx_frame_reader_space(&r, &space, &slen), 0);
+  cr_assert_null(space);
+  fp4idx_frame_header_put(h, 10);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, h, 4, &used), 0);
+  cr_assert_eq(fp4idx_frame_reader_space(&r, &space, &slen), 0);
+  cr_assert_not_null(space);
+  cr_assert_eq(slen, 10u);
+  memcpy(space, "01234", 5);
+  cr_assert_eq(fp4idx_frame_reader_commit(&r, 5), 0);
+  fp4idx_frame_reader_space(&r, &space, &slen);
+  cr_assert_eq(slen, 5u);
+  cr_assert_eq(fp4idx_frame_reader_commit(&r, 6), FP4IDX_EINVAL);
+  memcpy(space, "56789", 5);
+  cr_assert_eq(fp4idx_frame_reader_commit(&r, 5), 1);
+  unsigned char *body;
+  size_t blen;
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+  cr_assert(blen == 10 && memcmp(body, "0123456789", 10) == 0);
+  free(body);
+  fp4idx_frame_reader_free(&r);
+}
+
+Test(frame, bad_arguments) {
+  fp4idx_frame_reader_t r;
+  size_t used;
+  cr_assert_eq(fp4idx_frame_reader_init(NULL, 0), FP4IDX_EINVAL);
+  fp4idx_frame_reader_init(&r, 0);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, NULL, 3, &used), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, "x", 1, NULL), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_frame_reader_commit(&r, 1), FP4IDX_EINVAL);
+  /* a partial body is freed by free() (ASan would catch a leak) */
+  unsigned char s[6] = {0, 0, 0, 9, 1, 2};
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s, 6, &used), 0);
+  fp4idx_frame_reader_free(&r);
+  fp4idx_frame_reader_free(&r); /* twice is fine */
+}
