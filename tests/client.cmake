@@ -14,3 +14,11 @@ if(TARGET fp4idx_daemon_harness)
     LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads
     LABELS daemon client)
 endif()
+if(TARGET fp4idx_daemon_harness)
+  fp4idx_add_test(test_client_cli SOURCES test_client_cli.c
+    LIBS fp4idx_cli_core fp4idx_daemon_harness fp4idx_test_util
+    LABELS daemon client)
+  target_compile_definitions(test_client_cli PRIVATE
+    FP4IDX_CLI_PATH="$<TARGET_FILE:fp4idx-cli>")
+  add_dependencies(test_client_cli fp4idx-cli)
+endif()
