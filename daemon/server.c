@@ -233,32 +233,45 @@ static int fp4idx__server_begin_body(fp4idx_conn_t *c) {
   return 0;
 }
 
-/* Consumes bytes read into the scratch buffer: headers and (parts of)
- * bodies, possibly several whole frames. */
-static void fp4idx__server_parse(fp4idx_conn_t *c, const uint8_t *p, size_t n) {
-  while (n > 0 && !c->eof && !c->closing) {
+static int fp4idx__server_over_caps(const fp4idx_conn_t *c) {
+  return c->pending >= FP4IDX_SERVER_MAX_PENDING || c->out_bytes >= FP4IDX_SERVER_MAX_OUT_BYTES;
+}
+
+/* Consumes the unparsed bytes of the scratch buffer: headers and (parts of)
+ * bodies, possibly several whole frames. Stops at a cap and leaves the rest
+ * in scratch (in_off/in_len) for when the connection drains: a client that
+ * pipelines more than the caps allow is simply read more slowly. */
+static void fp4idx__server_parse(fp4idx_conn_t *c) {
+  while (c->in_len > 0 && !c->eof && !c->closing) {
+    const uint8_t *p = c->scratch + c->in_off;
+    size_t n = c->in_len, used = 0;
     if (!c->in_body) {
+      if (fp4idx__server_over_caps(c)) return; /* resume later */
       size_t k = 4 - c->hdr_have;
       if (k > n) k = n;
       memcpy(c->hdr + c->hdr_have, p, k);
       c->hdr_have += k;
-      p += k;
-      n -= k;
+      used = k;
+      c->in_off += used;
+      c->in_len -= used;
       if (c->hdr_have < 4) return; /* need more bytes */
       if (fp4idx__server_begin_body(c)) return;
       if (c->body_len == 0) {
         fp4idx__server_dispatch(c);
         continue;
       }
+      p += used;
+      n -= used;
     }
     size_t k = c->body_len - c->body_have;
     if (k > n) k = n;
     memcpy(c->body + c->body_have, p, k);
     c->body_have += k;
-    p += k;
-    n -= k;
+    c->in_off += k;
+    c->in_len -= k;
     if (c->body_have == c->body_len) fp4idx__server_dispatch(c);
   }
+  if (c->in_len == 0) c->in_off = 0;
 }
 
 static void fp4idx__server_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -292,7 +305,9 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     return;
   }
   if (buf->base == (char *)c->scratch) {
-    fp4idx__server_parse(c, c->scratch, (size_t)nread);
+    c->in_off = 0;
+    c->in_len = (size_t)nread;
+    fp4idx__server_parse(c);
   } else {
     c->body_have += (size_t)nread;
     if (c->body_have == c->body_len) fp4idx__server_dispatch(c);
@@ -302,8 +317,12 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
 
 static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
   if (c->closing) return;
-  int want = !c->eof && !c->srv->stopping && c->pending < FP4IDX_SERVER_MAX_PENDING &&
-             c->out_bytes < FP4IDX_SERVER_MAX_OUT_BYTES;
+  /* Bytes left over from an earlier read go first (they may fill the caps
+   * again); the socket is read only when none are left. */
+  if (c->in_len > 0 && !c->eof && !c->srv->stopping && !fp4idx__server_over_caps(c))
+    fp4idx__server_parse(c);
+  if (c->closing) return;
+  int want = !c->eof && !c->srv->stopping && c->in_len == 0 && !fp4idx__server_over_caps(c);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->pipe, fp4idx__server_alloc_cb,
                       fp4idx__server_read_cb) == 0)

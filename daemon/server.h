@@ -24,7 +24,7 @@
 
 #define FP4IDX_SERVER_MAX_LISTENERS 4
 #define FP4IDX_SERVER_MAX_CONNS 1024
-#define FP4IDX_SERVER_MAX_PENDING 64
+#define FP4IDX_SERVER_MAX_PENDING 32
 #define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
 #define FP4IDX_SERVER_SCRATCH 65536
 
@@ -59,6 +59,7 @@ struct fp4idx_conn_s {
   size_t body_len, body_have;
   int in_body;
   uint8_t *scratch;            /* [FP4IDX_SERVER_SCRATCH] */
+  size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
   /* requests in arrival order; head is the next response to write */
   fp4idx_req_t *head, *tail;
   size_t pending;              /* requests in the list */
