@@ -1,0 +1,454 @@
+/* backend_cuda.c -- the CUDA backend (fp4idx_backend.h) over kernels/cuda.
+ *
+ * One device, one non-blocking stream, a cudaMalloc'd page pool, and two
+ * growing scratch areas: a pinned host staging buffer and a device buffer
+ * laid out identically, so the inputs of a call travel in ONE host-to-device
+ * copy and the outputs come back in one or a few copies. Each call ends with
+ * one stream synchronization (the caller's thread blocks there; the daemon
+ * runs backends on a worker thread). Every CUDA return code is checked; a
+ * failure logs "fp4idx cuda: <what>: <error>" to stderr and returns
+ * FP4IDX_EDEVICE (FP4IDX_ENOMEM when device memory runs out).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "fp4idx_backend.h"
+#include "fp4idx_cuda.h"
+
+typedef struct fp4idx__cuda_s {
+  int device;
+  int sms;
+  char name[128];
+  cudaStream_t stream;
+  uint8_t *pool;          /* device */
+  int32_t log2p;
+  uint8_t *h_stage;       /* pinned */
+  size_t h_cap;
+  uint8_t *d_stage;       /* device */
+  size_t d_cap;
+  int32_t *d_flag;        /* device: non-finite flag of store */
+} fp4idx__cuda_t;
+
+#define CK(call, what)                                  \
+  do {                                                  \
+    rc = fp4idx__cuda_check((call), (what));            \
+    if (rc) goto out;                                   \
+  } while (0)
+
+static size_t fp4idx__align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static int fp4idx__grow(fp4idx__cuda_t *c, size_t h_need, size_t d_need) {
+  int rc = FP4IDX_OK;
+  if (h_need > c->h_cap) {
+    size_t cap = h_need + h_need / 2;
+    if (c->h_stage) CK(cudaFreeHost(c->h_stage), "free pinned staging");
+    c->h_stage = NULL;
+    c->h_cap = 0;
+    cudaError_t e = cudaMallocHost((void **)&c->h_stage, cap);
+    if (e != cudaSuccess) {
+      fp4idx__cuda_check(e, "alloc pinned staging");
+      return FP4IDX_ENOMEM;
+    }
+    c->h_cap = cap;
+  }
+  if (d_need > c->d_cap) {
+    size_t cap = d_need + d_need / 4;
+    if (c->d_stage) CK(cudaFree(c->d_stage), "free device scratch");
+    c->d_stage = NULL;
+    c->d_cap = 0;
+    cudaError_t e = cudaMalloc((void **)&c->d_stage, cap);
+    if (e != cudaSuccess) {
+      fp4idx__cuda_check(e, "alloc device scratch");
+      return e == cudaErrorMemoryAllocation ? FP4IDX_ENOMEM : FP4IDX_EDEVICE;
+    }
+    c->d_cap = cap;
+  }
+out:
+  return rc;
+}
+
+static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
+  if (!b) return;
+  fp4idx__cuda_t *c = b->impl;
+  if (c) {
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    cudaFree(c->pool);
+    cudaFree(c->d_stage);
+    cudaFree(c->d_flag);
+    if (c->h_stage) cudaFreeHost(c->h_stage);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+  }
+  free(b);
+}
+
+static int fp4idx__cuda_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *info) {
+  if (!b || !info) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  int rc;
+  size_t fr = 0, tot = 0;
+  memset(info, 0, sizeof *info);
+  CK(cudaSetDevice(c->device), "set device");
+  CK(cudaMemGetInfo(&fr, &tot), "mem info");
+  snprintf(info->name, sizeof info->name, "cuda");
+  snprintf(info->device, sizeof info->device, "%s", c->name);
+  info->device_index = c->device;
+  info->mem_total = tot;
+  info->mem_free = fr;
+out:
+  return rc;
+}
+
+static int fp4idx__cuda_pool_create(fp4idx_backend_t *b, int64_t n_pages, int32_t page_size) {
+  if (!b || n_pages < 1 || !fp4idx_page_size_valid(page_size)) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  if (c->pool) return FP4IDX_EINVAL;
+  int rc;
+  const size_t bytes = (size_t)n_pages * (size_t)page_size * FP4IDX_SLOT_BYTES;
+  CK(cudaSetDevice(c->device), "set device");
+  cudaError_t e = cudaMalloc((void **)&c->pool, bytes);
+  if (e != cudaSuccess) {
+    fp4idx__cuda_check(e, "alloc page pool");
+    c->pool = NULL;
+    return e == cudaErrorMemoryAllocation ? FP4IDX_ENOMEM : FP4IDX_EDEVICE;
+  }
+  CK(cudaMemsetAsync(c->pool, 0, bytes, c->stream), "zero page pool");
+  CK(cudaStreamSynchronize(c->stream), "zero page pool: sync");
+  int32_t l = 0;
+  while ((1 << l) < page_size) l++;
+  c->log2p = l;
+  b->n_pages = n_pages;
+  b->page_size = page_size;
+out:
+  return rc;
+}
+
+static int fp4idx__slots_ok(const fp4idx_backend_t *b, const int64_t *slots, int64_t n) {
+  const int64_t total = b->n_pages * b->page_size;
+  for (int64_t i = 0; i < n; i++)
+    if (slots[i] < 0 || slots[i] >= total) return 0;
+  return 1;
+}
+
+static int fp4idx__cuda_store(fp4idx_backend_t *b, const void *keys, fp4idx_dtype_t dtype,
+                              int64_t n, const int64_t *slots, fp4idx_rounding_t mode) {
+  if (!b || n < 0 || (n && (!keys || !slots))) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  if (!c->pool) return FP4IDX_EINVAL;
+  if (dtype != FP4IDX_DTYPE_BF16 && dtype != FP4IDX_DTYPE_F32 && dtype != FP4IDX_DTYPE_FP4)
+    return FP4IDX_EINVAL;
+  if (mode != FP4IDX_ROUND_RNE && mode != FP4IDX_ROUND_THRESHOLD) return FP4IDX_EINVAL;
+  if (n == 0) return FP4IDX_OK;
+  if (!fp4idx__slots_ok(b, slots, n)) return FP4IDX_EINVAL;
+  int rc;
+  const size_t kb = (size_t)n * (dtype == FP4IDX_DTYPE_BF16 ? 256 : dtype == FP4IDX_DTYPE_F32 ? 512 : 68);
+  const size_t off_slots = fp4idx__align(kb), total = off_slots + (size_t)n * 8;
+  CK(cudaSetDevice(c->device), "set device");
+  if ((rc = fp4idx__grow(c, total, total))) goto out;
+  memcpy(c->h_stage, keys, kb);
+  memcpy(c->h_stage + off_slots, slots, (size_t)n * 8);
+  CK(cudaMemcpyAsync(c->d_stage, c->h_stage, total, cudaMemcpyHostToDevice, c->stream),
+     "store: upload");
+  if (dtype == FP4IDX_DTYPE_FP4) {
+    rc = fp4idx_cuda_store_packed_launch(c->pool, c->log2p, c->d_stage, n,
+                                         (const int64_t *)(c->d_stage + off_slots), c->stream);
+    if (rc) goto out;
+    CK(cudaStreamSynchronize(c->stream), "store: sync");
+  } else {
+    rc = fp4idx_cuda_store_launch(c->pool, c->log2p, c->d_stage, dtype, n,
+                                  (const int64_t *)(c->d_stage + off_slots), mode, c->d_flag,
+                                  c->stream);
+    if (rc) goto out;
+    CK(cudaMemcpyAsync(c->h_stage, c->d_flag, sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
+       "store: flag");
+    CK(cudaStreamSynchronize(c->stream), "store: sync");
+    int32_t flag;
+    memcpy(&flag, c->h_stage, sizeof flag);
+    if (flag) rc = FP4IDX_ENONFINITE;
+  }
+out:
+  return rc;
+}
+
+static int fp4idx__cuda_read(fp4idx_backend_t *b, const int64_t *slots, int64_t n, int dequant,
+                             void *outp) {
+  if (!b || n < 0 || (n && (!slots || !outp))) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  if (!c->pool) return FP4IDX_EINVAL;
+  if (n == 0) return FP4IDX_OK;
+  if (!fp4idx__slots_ok(b, slots, n)) return FP4IDX_EINVAL;
+  int rc;
+  const size_t ob = (size_t)n * (dequant ? 512 : 68);
+  const size_t off_out = fp4idx__align((size_t)n * 8);
+  const size_t total = off_out + ob;
+  CK(cudaSetDevice(c->device), "set device");
+  if ((rc = fp4idx__grow(c, total, total))) goto out;
+  memcpy(c->h_stage, slots, (size_t)n * 8);
+  CK(cudaMemcpyAsync(c->d_stage, c->h_stage, (size_t)n * 8, cudaMemcpyHostToDevice, c->stream),
+     "read: upload");
+  rc = fp4idx_cuda_read_launch(c->pool, c->log2p, (const int64_t *)c->d_stage, n, dequant,
+                               c->d_stage + off_out, c->stream);
+  if (rc) goto out;
+  CK(cudaMemcpyAsync(c->h_stage + off_out, c->d_stage + off_out, ob, cudaMemcpyDeviceToHost,
+                     c->stream), "read: download");
+  CK(cudaStreamSynchronize(c->stream), "read: sync");
+  memcpy(outp, c->h_stage + off_out, ob);
+out:
+  return rc;
+}
+
+/* Host top-k for k above the GPU kernel's limit (same order and ties). */
+typedef struct { float v; int32_t p; } fp4idx__pair_t;
+static int fp4idx__pair_cmp(const void *a, const void *b) {
+  const fp4idx__pair_t *x = a, *y = b;
+  if (x->v != y->v) return x->v > y->v ? -1 : 1;
+  return x->p < y->p ? -1 : (x->p > y->p);
+}
+static int fp4idx__host_topk(const float *lg, int64_t width, int32_t k, int32_t *pos, float *val,
+                             int32_t *count) {
+  fp4idx__pair_t *v = malloc(sizeof *v * (size_t)(width ? width : 1));
+  if (!v) return FP4IDX_ENOMEM;
+  int64_t m = 0;
+  for (int64_t l = 0; l < width; l++)
+    if (!(isinf(lg[l]) && lg[l] < 0) && !isnan(lg[l])) v[m++] = (fp4idx__pair_t){lg[l], (int32_t)l};
+  qsort(v, (size_t)m, sizeof *v, fp4idx__pair_cmp);
+  if (m > k) m = k;
+  for (int32_t i = 0; i < k; i++) {
+    pos[i] = i < m ? v[i].p : -1;
+    val[i] = i < m ? v[i].v : -INFINITY;
+  }
+  *count = (int32_t)m;
+  free(v);
+  return FP4IDX_OK;
+}
+
+/* Score, or with stage != NULL only upload the inputs and plan the launch
+ * (the benchmark captures the launch itself in a CUDA graph). */
+static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt,
+                                   fp4idx_cuda_score_params_t *stage) {
+  if (!b || !bt || bt->heads < 1 || bt->heads > FP4IDX_MAX_HEADS || bt->n_seqs < 0 ||
+      (bt->n_seqs && !bt->seqs) || bt->topk < 0)
+    return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  if (!c->pool) return FP4IDX_EINVAL;
+  const int32_t H = bt->heads, ns = bt->n_seqs, P = b->page_size;
+  if (bt->topk == 0 ? !bt->logits && ns : (!bt->topk_pos || !bt->topk_val || !bt->topk_count))
+    return FP4IDX_EINVAL;
+  int rc = FP4IDX_OK;
+  int32_t *rows = NULL;
+  int64_t *widths = NULL;
+  fp4idx_cuda_work_t *works = NULL;
+  size_t *o_pages = NULL;
+  if (ns == 0) return FP4IDX_OK;
+  rows = malloc(sizeof *rows * (size_t)ns);
+  widths = malloc(sizeof *widths * (size_t)ns);
+  if (!rows || !widths) { rc = FP4IDX_ENOMEM; goto out; }
+
+  /* Validate and lay out: inputs region (uploaded), then outputs. */
+  size_t off = 0, total_rows = 0, total_out = 0;
+  o_pages = malloc(sizeof *o_pages * (size_t)ns * 5);
+  if (!o_pages) { rc = FP4IDX_ENOMEM; goto out; }
+  for (int32_t i = 0; i < ns; i++) {
+    const fp4idx_score_seq_t *s = &bt->seqs[i];
+    if (s->rows < 1 || s->width < 0 || s->width > s->n_keys || !s->q || !s->w || !s->lens ||
+        (s->width > 0 && !s->pages)) { rc = FP4IDX_EINVAL; goto out; }
+    const int64_t np = (s->width + P - 1) / P;
+    for (int64_t p = 0; p < np; p++)
+      if (s->pages[p] < 0 || s->pages[p] >= b->n_pages) { rc = FP4IDX_EINVAL; goto out; }
+    for (int32_t r = 0; r < s->rows; r++)
+      if (s->lens[r] < 0 || s->lens[r] > s->width) { rc = FP4IDX_EINVAL; goto out; }
+    rows[i] = s->rows;
+    widths[i] = s->width;
+    o_pages[5 * i + 0] = off; off = fp4idx__align(off + (size_t)np * 4);
+    o_pages[5 * i + 1] = off; off = fp4idx__align(off + (size_t)s->rows * H * 256);
+    o_pages[5 * i + 2] = off; off = fp4idx__align(off + (size_t)s->rows * H * 2);
+    o_pages[5 * i + 3] = off; off = fp4idx__align(off + (size_t)s->rows * 4);
+    o_pages[5 * i + 4] = off;
+    if (s->mask) off = fp4idx__align(off + (size_t)s->rows * (size_t)s->width);
+    total_rows += (size_t)s->rows;
+    total_out += (size_t)s->rows * (size_t)s->width;
+  }
+  const int32_t max_works = fp4idx_cuda_score_max_works(H, ns, rows);
+  works = malloc(sizeof *works * (size_t)(max_works > 0 ? max_works : 1));
+  if (!works) { rc = FP4IDX_ENOMEM; goto out; }
+  fp4idx_cuda_score_params_t prm;
+  memset(&prm, 0, sizeof prm);
+  CK(cudaSetDevice(c->device), "set device");
+  int nw = fp4idx_cuda_score_plan(H, ns, rows, widths, c->sms, works, max_works, &prm);
+  if (nw < 0) { rc = nw; goto out; }
+  const size_t o_descs = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_seq_t) * (size_t)ns);
+  const size_t o_works = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_work_t) * (size_t)(nw ? nw : 1));
+  const size_t o_trows = off;
+  if (bt->topk) off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
+  const size_t in_bytes = off;
+  const size_t o_logits = off; off = fp4idx__align(off + total_out * 4);
+  const int gpu_topk = bt->topk > 0 && bt->topk <= FP4IDX_CUDA_TOPK_MAX;
+  const size_t o_tpos = off, kk = (size_t)bt->topk;
+  if (gpu_topk) off = fp4idx__align(off + total_rows * kk * 4);
+  const size_t o_tval = off;
+  if (gpu_topk) off = fp4idx__align(off + total_rows * kk * 4);
+  const size_t o_tcnt = off;
+  if (gpu_topk) off = fp4idx__align(off + total_rows * 4);
+  const size_t all = off;
+  if ((rc = fp4idx__grow(c, all, all))) goto out;
+
+  uint8_t *h = c->h_stage, *d = c->d_stage;
+  fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
+  fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
+  size_t out_at = 0, row_at = 0;
+  for (int32_t i = 0; i < ns; i++) {
+    const fp4idx_score_seq_t *s = &bt->seqs[i];
+    const int64_t np = (s->width + P - 1) / P;
+    if (np) memcpy(h + o_pages[5 * i], s->pages, (size_t)np * 4);
+    memcpy(h + o_pages[5 * i + 1], s->q, (size_t)s->rows * H * 256);
+    memcpy(h + o_pages[5 * i + 2], s->w, (size_t)s->rows * H * 2);
+    memcpy(h + o_pages[5 * i + 3], s->lens, (size_t)s->rows * 4);
+    if (s->mask) memcpy(h + o_pages[5 * i + 4], s->mask, (size_t)s->rows * (size_t)s->width);
+    fp4idx_cuda_seq_t *q = &descs[i];
+    memset(q, 0, sizeof *q);
+    q->pages = (const int32_t *)(d + o_pages[5 * i]);
+    q->q = (const uint16_t *)(d + o_pages[5 * i + 1]);
+    q->w = (const uint16_t *)(d + o_pages[5 * i + 2]);
+    q->lens = (const int32_t *)(d + o_pages[5 * i + 3]);
+    q->mask = s->mask ? (const uint8_t *)(d + o_pages[5 * i + 4]) : NULL;
+    q->out = (float *)(d + o_logits) + out_at;
+    q->width = s->width;
+    q->rows = s->rows;
+    if (bt->topk)
+      for (int32_t r = 0; r < s->rows; r++) {
+        trows[row_at].logits = q->out + (size_t)r * (size_t)s->width;
+        trows[row_at].width = s->width;
+        row_at++;
+      }
+    out_at += (size_t)s->rows * (size_t)s->width;
+  }
+  memcpy(h + o_works, works, sizeof *works * (size_t)nw);
+  CK(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, c->stream), "score: upload");
+  prm.pool = c->pool;
+  prm.seqs = (const fp4idx_cuda_seq_t *)(d + o_descs);
+  prm.works = (const fp4idx_cuda_work_t *)(d + o_works);
+  prm.log2_page = c->log2p;
+  if (stage) {
+    *stage = prm;
+    CK(cudaStreamSynchronize(c->stream), "score: stage sync");
+    goto out;
+  }
+  if ((rc = fp4idx_cuda_score_launch(&prm, c->stream))) goto out;
+  if (gpu_topk) {
+    rc = fp4idx_cuda_topk_launch((const fp4idx_cuda_topk_row_t *)(d + o_trows), (int32_t)total_rows,
+                                 bt->topk, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
+                                 (int32_t *)(d + o_tcnt), c->stream);
+    if (rc) goto out;
+    CK(cudaMemcpyAsync(h + o_tpos, d + o_tpos, o_tcnt + total_rows * 4 - o_tpos,
+                       cudaMemcpyDeviceToHost, c->stream), "score: topk download");
+    CK(cudaStreamSynchronize(c->stream), "score: sync");
+    memcpy(bt->topk_pos, h + o_tpos, total_rows * kk * 4);
+    memcpy(bt->topk_val, h + o_tval, total_rows * kk * 4);
+    memcpy(bt->topk_count, h + o_tcnt, total_rows * 4);
+  } else {
+    CK(cudaMemcpyAsync(h + o_logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
+                       c->stream), "score: download");
+    CK(cudaStreamSynchronize(c->stream), "score: sync");
+    const float *lg = (const float *)(h + o_logits);
+    if (bt->topk == 0) {
+      memcpy(bt->logits, lg, total_out * 4);
+    } else {
+      size_t ra = 0, la = 0;
+      for (int32_t i = 0; i < ns; i++)
+        for (int32_t r = 0; r < bt->seqs[i].rows; r++, ra++) {
+          rc = fp4idx__host_topk(lg + la, bt->seqs[i].width, bt->topk, bt->topk_pos + ra * kk,
+                                 bt->topk_val + ra * kk, bt->topk_count + ra);
+          if (rc) goto out;
+          la += (size_t)bt->seqs[i].width;
+        }
+    }
+  }
+out:
+  free(o_pages);
+  free(works);
+  free(rows);
+  free(widths);
+  return rc;
+}
+
+static int fp4idx__cuda_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt) {
+  return fp4idx__cuda_score_impl(b, bt, NULL);
+}
+
+int fp4idx_cuda_backend_stage_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt,
+                                    fp4idx_cuda_score_params_t *prm, cudaStream_t *stream) {
+  if (!b || !prm || !stream || b->ops->score != fp4idx__cuda_score) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  *stream = c->stream;
+  return fp4idx__cuda_score_impl(b, bt, prm);
+}
+
+static int fp4idx__cuda_pages_io(fp4idx_backend_t *b, int64_t first, int64_t count, void *host,
+                                 int to_host) {
+  if (!b || first < 0 || count < 0 || first + count > b->n_pages || (count && !host))
+    return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  if (!c->pool) return FP4IDX_EINVAL;
+  int rc;
+  const size_t pb = (size_t)b->page_size * FP4IDX_SLOT_BYTES;
+  uint8_t *dev = c->pool + (size_t)first * pb;
+  CK(cudaSetDevice(c->device), "set device");
+  CK(cudaStreamSynchronize(c->stream), "pages: sync");
+  if (to_host) CK(cudaMemcpy(host, dev, (size_t)count * pb, cudaMemcpyDeviceToHost), "pages: read");
+  else CK(cudaMemcpy(dev, host, (size_t)count * pb, cudaMemcpyHostToDevice), "pages: write");
+out:
+  return rc;
+}
+
+static int fp4idx__cuda_read_pages(fp4idx_backend_t *b, int64_t first, int64_t count, void *out) {
+  return fp4idx__cuda_pages_io(b, first, count, out, 1);
+}
+
+static int fp4idx__cuda_write_pages(fp4idx_backend_t *b, int64_t first, int64_t count,
+                                    const void *in) {
+  return fp4idx__cuda_pages_io(b, first, count, (void *)in, 0);
+}
+
+static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
+    .destroy = fp4idx__cuda_destroy,
+    .describe = fp4idx__cuda_describe,
+    .pool_create = fp4idx__cuda_pool_create,
+    .store = fp4idx__cuda_store,
+    .read = fp4idx__cuda_read,
+    .score = fp4idx__cuda_score,
+    .read_pages = fp4idx__cuda_read_pages,
+    .write_pages = fp4idx__cuda_write_pages,
+};
+
+int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
+  if (!out) return FP4IDX_EINVAL;
+  *out = NULL;
+  int n = 0, rc = FP4IDX_OK;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1 || device < 0 || device >= n) {
+    cudaGetLastError(); /* clear a sticky "no device" error */
+    return FP4IDX_ENODEV;
+  }
+  fp4idx_backend_t *b = calloc(1, sizeof *b);
+  fp4idx__cuda_t *c = calloc(1, sizeof *c);
+  if (!b || !c) { free(b); free(c); return FP4IDX_ENOMEM; }
+  b->ops = &fp4idx__cuda_ops;
+  b->impl = c;
+  c->device = device;
+  struct cudaDeviceProp prop;
+  CK(cudaSetDevice(device), "set device");
+  CK(cudaGetDeviceProperties(&prop, device), "device properties");
+  snprintf(c->name, sizeof c->name, "%.127s", prop.name);
+  c->sms = prop.multiProcessorCount;
+  CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");
+  CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
+  *out = b;
+  return FP4IDX_OK;
+out:
+  fp4idx__cuda_destroy(b);
+  return rc;
+}

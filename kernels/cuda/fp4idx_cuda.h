@@ -1,0 +1,132 @@
+/* fp4idx_cuda.h -- extern "C" launchers of the CUDA kernels (kernels/cuda).
+ *
+ * Every pointer in the param structs is a DEVICE pointer. Every launcher
+ * enqueues on `stream`, never synchronizes, and returns FP4IDX_OK or
+ * FP4IDX_EDEVICE (launch error; the message goes to stderr) / FP4IDX_EINVAL.
+ * All of them are safe inside CUDA graph capture.
+ */
+#ifndef FP4IDX_CUDA_H
+#define FP4IDX_CUDA_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "fp4idx_format.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- scorer (score.cu) -------------------------------------------------- */
+
+/* One sequence of a score launch. */
+typedef struct fp4idx_cuda_seq_s {
+  const int32_t *pages;  /* [ceil(width / P)] page ids in position order */
+  const uint16_t *q;     /* [rows, H, 128] bf16 */
+  const uint16_t *w;     /* [rows, H] bf16 */
+  const int32_t *lens;   /* [rows] visible counts (read on the device) */
+  const uint8_t *mask;   /* [rows, width] or NULL */
+  float *out;            /* [rows, width] f32 logits */
+  int64_t width;         /* columns; positions >= width are never touched */
+  int32_t rows;
+  int32_t _pad;
+} fp4idx_cuda_seq_t;
+
+/* A unit of work: rows [row0, row0+nrows) of one sequence, whose query
+ * vectors fit in one block's shared memory, over all its 32-key tiles.
+ * tile_begin is the prefix sum of tiles over earlier works. */
+typedef struct fp4idx_cuda_work_s {
+  int64_t tile_begin;
+  int32_t seq;
+  int32_t row0;
+  int32_t nrows;
+  int32_t _pad;
+} fp4idx_cuda_work_t;
+
+typedef struct fp4idx_cuda_score_params_s {
+  const uint8_t *pool;             /* page pool, P*68 bytes per page */
+  const fp4idx_cuda_seq_t *seqs;   /* [n_seqs] */
+  const fp4idx_cuda_work_t *works; /* [n_works] */
+  int32_t n_works;
+  int32_t heads;      /* H */
+  int32_t hp;         /* H rounded up to 8 */
+  int32_t ntp;        /* n-tiles (8 query vectors) per work, padded to 4 */
+  int32_t log2_page;  /* log2(P) */
+  int32_t grid;       /* blocks launched (set by the planner) */
+  int64_t total_tiles;
+} fp4idx_cuda_score_params_t;
+
+/* Host-side plan: for n_seqs sequences with rows[i] rows and width[i]
+ * columns and H heads, fills works (capacity max_works) and the launch
+ * shape in *p (n_works, hp, ntp, total_tiles, grid; `sms` = multiprocessor
+ * count). Returns the number of works needed (> max_works means: call again
+ * with more room), or FP4IDX_EINVAL. */
+int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32_t *rows,
+                           const int64_t *width, int sms,
+                           fp4idx_cuda_work_t *works, int32_t max_works,
+                           fp4idx_cuda_score_params_t *p);
+
+/* Enqueues the scorer. p->pool, seqs, works must be set (device pointers). */
+int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
+
+/* Largest n_works a plan makes for a batch (an upper bound for allocation). */
+int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t *rows);
+
+/* ---- top-k (topk.cu) ---------------------------------------------------- */
+
+enum { FP4IDX_CUDA_TOPK_MAX = 4096 }; /* larger k: the caller does it on the host */
+
+typedef struct fp4idx_cuda_topk_row_s {
+  const float *logits;  /* [width] */
+  int64_t width;
+} fp4idx_cuda_topk_row_t;
+
+/* One block per row: the k largest visible logits (not -inf), sorted by
+ * logit descending then position ascending; pos/val [n_rows, k] (unused:
+ * -1 / -inf), count [n_rows]. FP4IDX_EINVAL if k > FP4IDX_CUDA_TOPK_MAX. */
+int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows,
+                            int32_t k, int32_t *pos, float *val, int32_t *count,
+                            cudaStream_t stream);
+
+/* ---- store / read (store.cu) -------------------------------------------- */
+
+/* Quantizes n keys (bf16 or f32 [n,128]) into the pool at slots[i], in two
+ * kernels: a check that sets *flag (device int, zeroed by this call) when a
+ * key holds NaN/inf, then the store, which writes nothing if *flag != 0. */
+int fp4idx_cuda_store_launch(uint8_t *pool, int32_t log2_page, const void *keys,
+                             fp4idx_dtype_t dtype, int64_t n, const int64_t *slots,
+                             fp4idx_rounding_t mode, int32_t *flag, cudaStream_t stream);
+
+/* Stores n packed [n,68] slots verbatim. */
+int fp4idx_cuda_store_packed_launch(uint8_t *pool, int32_t log2_page,
+                                    const uint8_t *packed, int64_t n,
+                                    const int64_t *slots, cudaStream_t stream);
+
+/* Gathers n slots: dequant == 0 -> [n,68] bytes, else [n,128] f32 (exact). */
+int fp4idx_cuda_read_launch(const uint8_t *pool, int32_t log2_page,
+                            const int64_t *slots, int64_t n, int dequant,
+                            void *out, cudaStream_t stream);
+
+/* Decodes every (E2M1 code, UE8M0 byte) pair with the scorer's decoder:
+ * out[s * 16 + c] = bf16 bits of code c at scale byte s ([256*16], device). */
+int fp4idx_cuda_decode_table_launch(uint16_t *out, cudaStream_t stream);
+
+/* For benchmarks: uploads the inputs of `batch` to a CUDA backend's scratch
+ * and fills *prm (ready for fp4idx_cuda_score_launch, logits stay on the
+ * device) and *stream (the backend's). Valid until the backend's next call.
+ * FP4IDX_EINVAL if `b` is not a CUDA backend. */
+struct fp4idx_backend_s;
+struct fp4idx_score_batch_s;
+int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
+                                    const struct fp4idx_score_batch_s *batch,
+                                    fp4idx_cuda_score_params_t *prm, cudaStream_t *stream);
+
+/* Logs "fp4idx cuda: <what>: <cuda error string>" to stderr when err != 0
+ * and returns FP4IDX_EDEVICE; returns FP4IDX_OK for cudaSuccess. */
+int fp4idx__cuda_check(cudaError_t err, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FP4IDX_CUDA_H */

@@ -1,0 +1,29 @@
+#!/bin/bash
+# run_device.sh [tests|bench|sanitize|all]... -- what the CUDA backend runs on
+# the lent GPU machine (build here into build-D, bundle libs into
+# build-D/devlib, carry build-D). Logs go to $OUT (or /tmp).
+cd "$(dirname "$0")/../.." || exit 1
+OUT=${OUT:-/tmp}
+export LD_LIBRARY_PATH=$PWD/build-D/devlib FP4IDX_GOLDEN_DIR=$PWD/tests/golden
+B=build-D
+for what in "$@"; do
+  case $what in
+  info)
+    pwd; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader ;;
+  tests)
+    set -o pipefail
+    timeout 400 $B/tests/test_cuda -j1 --verbose 2>&1 | tee $OUT/test_cuda.log | grep -E "FAIL|Skip|Synthesis|error|differ" | head -60
+    echo "test_cuda rc=$?"
+    sh tests/sass_check.sh $B/kernels/cuda/CMakeFiles/fp4idx_cuda_score_obj.dir/score.cu.o 2>&1 | tee $OUT/sass_check.log ;;
+  bench)
+    timeout 300 $B/bench/fp4idx-bench-cuda --check --csv $OUT/bench.csv 2>&1 | tee $OUT/bench.log ;;
+  benchfast)
+    timeout 200 $B/bench/fp4idx-bench-cuda --csv $OUT/bench.csv 2>&1 | tee $OUT/bench.log ;;
+  sanitize)
+    for tool in memcheck racecheck; do
+      timeout 250 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda -j1 \
+        --filter='cuda_golden/gauss_h64' > $OUT/sanitize_$tool.log 2>&1
+      echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|Synthesis" $OUT/sanitize_$tool.log
+    done ;;
+  esac
+done
