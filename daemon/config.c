@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "aof.h"
 #include "fp4idx_format.h"
 #include "fp4idx_status.h"
 
@@ -21,6 +22,7 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->max_frame = 64u << 20;
   cfg->threads = 0;
   cfg->log_level = FP4IDX_LOG_INFO;
+  cfg->fsync_policy = FP4IDX_FSYNC_EVERYSEC;
 }
 
 int fp4idx__config_parse_size(const char *s, uint64_t *out) {
@@ -73,9 +75,14 @@ static void fp4idx__config_usage(FILE *out) {
     "  -m, --max-frame SIZE   largest request frame (default 64M)\n"
     "  -t, --threads N        CPU backend threads (default: one per core)\n"
     "  -l, --log-level LEVEL  error|warn|info|debug (default info)\n"
+    "  -D, --data-dir DIR     keep the cache across restarts: snapshot and\n"
+    "                         append log in DIR (default: none)\n"
+    "      --fsync POLICY     append log flush: always|everysec|no\n"
+    "                         (default everysec)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
-    "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish).\n");
+    "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
+    "with --data-dir a snapshot is written). SIGHUP writes a snapshot.\n");
 }
 
 int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
@@ -89,6 +96,8 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"max-frame", required_argument, NULL, 'm'},
       {"threads", required_argument, NULL, 't'},
       {"log-level", required_argument, NULL, 'l'},
+      {"data-dir", required_argument, NULL, 'D'},
+      {"fsync", required_argument, NULL, 'F'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -96,7 +105,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
   optind = 1;
   opterr = 0;
   for (;;) {
-    int o = getopt_long(argc, argv, ":s:b:d:c:p:m:t:l:hV", opts, NULL);
+    int o = getopt_long(argc, argv, ":s:b:d:c:p:m:t:l:D:hV", opts, NULL);
     if (o == -1) break;
     char *end = NULL;
     long v;
@@ -161,6 +170,22 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
           return FP4IDX_EINVAL;
         }
         break;
+      case 'D':
+        if (!*optarg || strlen(optarg) >= sizeof cfg->data_dir - 32) {
+          fprintf(err, "fp4idxd: --data-dir: path empty or too long\n");
+          return FP4IDX_EINVAL;
+        }
+        strcpy(cfg->data_dir, optarg);
+        break;
+      case 'F': {
+        fp4idx_fsync_t pol;
+        if (fp4idx_fsync_parse(optarg, &pol)) {
+          fprintf(err, "fp4idxd: --fsync: '%s' is not always, everysec or no\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->fsync_policy = (int)pol;
+        break;
+      }
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -6,6 +6,7 @@
 #include "daemon.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "service.h"
 
 int main(int argc, char **argv) {
   fp4idx_config_t cfg;
@@ -15,10 +16,20 @@ int main(int argc, char **argv) {
   if (rc < 0) return 2;    /* usage error, already explained */
   fp4idx__log_set_level(cfg.log_level);
 
+  /* systemd socket activation: take fd 3 before anything else runs. */
+  int listen_fd = -1;
+  int activated = fp4idx__service_listen_fd(&listen_fd);
+  if (activated < 0) return 1;
+
   fp4idx_daemon_t d;
   if (fp4idx__daemon_init(&d, &cfg) != FP4IDX_OK) return 1;
+  fp4idx_service_t svc; /* sd_notify, watchdog, snapshot + append log */
+  fp4idx__service_attach(&svc, &d);
   int code = 1;
-  if (fp4idx__daemon_listen_default(&d) == FP4IDX_OK) code = fp4idx__daemon_run(&d);
+  rc = activated ? fp4idx__daemon_listen_fd(&d, listen_fd)
+                  : fp4idx__daemon_listen_default(&d);
+  if (rc == FP4IDX_OK) code = fp4idx__daemon_run(&d);
+  fp4idx__service_detach(&svc);
   fp4idx__daemon_fini(&d);
   return code;
 }
