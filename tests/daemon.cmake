@@ -13,8 +13,11 @@ target_compile_definitions(fp4idx_daemon_harness PRIVATE
   FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(fp4idx_daemon_harness fp4idxd)
 
-foreach(t golden errors concurrency)
+foreach(t golden errors concurrency lifecycle)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
     LABELS daemon)
 endforeach()
+if(TARGET fp4idx_cuda)
+  target_compile_definitions(test_daemon_lifecycle PRIVATE FP4IDX_TEST_HAVE_CUDA)
+endif()

@@ -34,7 +34,7 @@ static void fp4idx__harness_sleep_ms(int ms) {
 }
 
 /* Makes the temporary folder and the paths in it (once). */
-static int fp4idx__harness_prepare(fp4idx_test_daemon_t *d) {
+int fp4idx_test_daemon_prepare(fp4idx_test_daemon_t *d) {
   if (d->dir[0]) return 0;
   snprintf(d->dir, sizeof d->dir, "/tmp/fp4idxd-test-XXXXXX");
   if (!mkdtemp(d->dir)) return -1;
@@ -45,7 +45,7 @@ static int fp4idx__harness_prepare(fp4idx_test_daemon_t *d) {
 
 int fp4idx_test_daemon_spawn(fp4idx_test_daemon_t *d, const char *sock,
                              const char *const *args) {
-  if (fp4idx__harness_prepare(d)) return -1;
+  if (fp4idx_test_daemon_prepare(d)) return -1;
   d->pid = 0;
   d->collected = 0;
   const char *argv[64];
@@ -85,10 +85,12 @@ int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra) 
   args[n++] = "cpu";
   args[n++] = "--log-level";
   args[n++] = "debug";
+  args[n++] = "--cache-bytes"; /* small by default; extra may override */
+  args[n++] = "8M";
   for (int i = 0; extra && extra[i] && n < 46; i++) args[n++] = extra[i];
   args[n] = NULL;
   memset(d, 0, sizeof *d);
-  if (fp4idx__harness_prepare(d) || fp4idx_test_daemon_spawn(d, d->sock, args)) return -1;
+  if (fp4idx_test_daemon_prepare(d) || fp4idx_test_daemon_spawn(d, d->sock, args)) return -1;
   for (int waited = 0; waited < 10000; waited += 10) {
     int fd = fp4idx_test_connect(d->sock);
     if (fd >= 0) {

@@ -26,13 +26,18 @@ typedef struct fp4idx_test_daemon_s {
   int collected;
 } fp4idx_test_daemon_t;
 
-/* Spawns fp4idxd --socket DIR/d.sock --backend cpu --log-level debug plus the
+/* Spawns fp4idxd --socket DIR/d.sock --backend cpu --log-level debug
+ * --cache-bytes 8M plus the
  * NULL-terminated extra args (e.g. "--cache-bytes", "1M", NULL; may be NULL),
  * and waits until the socket accepts a connection (10 s at most). Returns 0,
  * or -1 when the daemon did not come up (its log is printed to stderr). */
 int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra);
 
-/* Like start, but with a caller-chosen socket path (no --socket added when
+/* Makes d's temporary folder and fills d->dir, d->sock and d->log (once;
+ * zero *d first). 0 or -1. */
+int fp4idx_test_daemon_prepare(fp4idx_test_daemon_t *d);
+
+/* Like start (zero *d first), but with a caller-chosen socket path (no --socket added when
  * sock is NULL) and without waiting; for tests of start-up failures. */
 int fp4idx_test_daemon_spawn(fp4idx_test_daemon_t *d, const char *sock,
                              const char *const *args);
