@@ -445,3 +445,77 @@ Test(conn, version_string) {
            FP4IDX_CLIENT_VERSION_MINOR, FP4IDX_CLIENT_VERSION_PATCH);
   cr_expect_str_eq(fp4idx_client_version(), want);
 }
+
+/* ---- EINTR: signals without SA_RESTART keep interrupting poll/recv ---------- */
+
+static volatile sig_atomic_t hits_;
+static void on_usr1(int sig) {
+  (void)sig;
+  hits_++;
+}
+
+typedef struct {
+  pthread_t target;
+  volatile int stop;
+} pester_t;
+
+static void *pester(void *arg) {
+  pester_t *p = arg;
+  while (!p->stop) {
+    pthread_kill(p->target, SIGUSR1);
+    usleep(100);
+  }
+  return NULL;
+}
+
+static void pester_start(pester_t *p, pthread_t *th) {
+  struct sigaction sa = {.sa_handler = on_usr1}; /* no SA_RESTART */
+  sigemptyset(&sa.sa_mask);
+  cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+  hits_ = 0;
+  p->target = pthread_self();
+  p->stop = 0;
+  cr_assert_eq(pthread_create(th, NULL, pester, p), 0);
+}
+
+static void pester_stop(pester_t *p, pthread_t th) {
+  p->stop = 1;
+  pthread_join(th, NULL);
+  signal(SIGUSR1, SIG_IGN);
+}
+
+Test(conn, eintr_during_a_slow_reply) {
+  fake_t f;
+  fake_start(&f, FAKE_SLOW_OK);
+  fp4idx_client_t *c = connect_to(&f);
+  pester_t p;
+  pthread_t th;
+  pester_start(&p, &th);
+  fp4idx_client_info_t in;
+  int st = fp4idx_client_info(c, &in);
+  pester_stop(&p, th);
+  cr_expect_eq(st, FP4IDX_OK, "%s", fp4idx_client_last_error(c));
+  cr_expect_str_eq(in.server, "fake 9.9.9");
+  cr_expect(hits_ > 10, "only %d signals arrived", (int)hits_);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, eintr_does_not_extend_the_timeout) {
+  fake_t f;
+  fake_start(&f, FAKE_SILENT);
+  fp4idx_client_t *c = connect_to(&f);
+  fp4idx_client_set_timeout(c, 250);
+  pester_t p;
+  pthread_t th;
+  pester_start(&p, &th);
+  double t0 = now_ms();
+  int st = fp4idx_client_drop(c, 1);
+  double dt = now_ms() - t0;
+  pester_stop(&p, th);
+  cr_expect_eq(st, FP4IDX_ETIMEDOUT, "%s", fp4idx_status_name(st));
+  cr_expect(dt >= 200 && dt < 3000, "timed out after %.0f ms", dt);
+  cr_expect(hits_ > 10, "only %d signals arrived", (int)hits_);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
