@@ -48,6 +48,10 @@ fp4idx_status_t fp4idx__client_fail(fp4idx_client_t *c, fp4idx_status_t st,
   return st;
 }
 
+/* strerror(3) without its shared buffer (GNU strerror_r returns the text,
+ * in buf or static): connections used from several threads stay apart. */
+#define ERRTEXT(e) strerror_r((e), (char[128]){0}, 128)
+
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -169,7 +173,7 @@ fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0)
     return fp4idx__client_fail(c, errno == ENOMEM ? FP4IDX_ENOMEM : FP4IDX_ECONN,
-                               "socket: %s", strerror(errno));
+                               "socket: %s", ERRTEXT(errno));
   for (;;) {
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) break;
     int e = errno;
@@ -199,12 +203,12 @@ fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
         return fp4idx__client_fail(c, st, "connect %s: timed out",
                                    socket_path);
       return fp4idx__client_fail(c, FP4IDX_ECONN, "connect %s: %s",
-                                 socket_path, strerror(err ? err : EIO));
+                                 socket_path, ERRTEXT(err ? err : EIO));
     }
     close(fd);
     return fp4idx__client_fail(c, FP4IDX_ECONN,
                                "connect %s: %s (is fp4idxd running?)",
-                               socket_path, strerror(e));
+                               socket_path, ERRTEXT(e));
   }
   c->fd = fd;
   return fp4idx__client_fail(c, FP4IDX_OK, NULL);
@@ -235,7 +239,7 @@ static fp4idx_status_t write_all(fp4idx_client_t *c, const char *p,
     int e = w < 0 ? errno : EPIPE;
     return fp4idx__client_fail(c, FP4IDX_ECONN,
                                "connection lost while sending: %s",
-                               strerror(e));
+                               ERRTEXT(e));
   }
   return FP4IDX_OK;
 }
@@ -270,7 +274,7 @@ static fp4idx_status_t read_all(fp4idx_client_t *c, char *p, size_t len,
     fp4idx__client_disconnect(c);
     return fp4idx__client_fail(c, FP4IDX_ECONN,
                                "connection lost while receiving: %s",
-                               strerror(e));
+                               ERRTEXT(e));
   }
   return FP4IDX_OK;
 }
