@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -494,4 +495,70 @@ Test(e2e_small_frame, oversized_request_is_e2big) {
                                      NULL));
   fp4idx_client_close(c);
   free(k);
+}
+
+/* ---- one connection per thread ------------------------------------------- */
+
+typedef struct {
+  const golden_t *g;
+  uint64_t seq;
+  int ok;
+  char why[256];
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  const golden_t *g = w->g;
+  fp4idx_client_t *c = fp4idx_client_new();
+  fp4idx_client_result_t *res = NULL;
+  int st = c ? fp4idx_client_connect(c, daemon_.sock) : FP4IDX_ENOMEM;
+  for (size_t at = 0; st == 0 && at < g->n; at += 100) {
+    size_t m = g->n - at < 100 ? g->n - at : 100;
+    st = fp4idx_client_append_bf16(c, w->seq, g->keys + at * 128, m,
+                                   FP4IDX_ROUNDING_RNE, NULL, NULL);
+  }
+  fp4idx_client_seq_t s = {.seq = w->seq, .rows = (uint32_t)g->rows,
+                           .q = g->q, .w = g->w, .lens = g->lens};
+  for (int rep = 0; st == 0 && rep < 5; rep++) {
+    st = fp4idx_client_score(c, (uint32_t)g->heads, 0, &s, 1, &res);
+    if (st) break;
+    int64_t d = 0;
+    for (int r = 0; r < g->rows; r++)
+      d += fp4idx_test_count_diff(res->logits + (size_t)r * res->width,
+                                  g->ref + (size_t)r * g->n, res->width);
+    fp4idx_client_free(res);
+    if (d) {
+      snprintf(w->why, sizeof w->why, "seq %llu: %lld logits differ",
+               (unsigned long long)w->seq, (long long)d);
+      fp4idx_client_close(c);
+      return NULL;
+    }
+  }
+  if (st)
+    snprintf(w->why, sizeof w->why, "seq %llu: %s: %s",
+             (unsigned long long)w->seq, fp4idx_status_name(st),
+             fp4idx_client_last_error(c));
+  w->ok = st == 0;
+  fp4idx_client_close(c);
+  return NULL;
+}
+
+Test(e2e, one_connection_per_thread) {
+  golden_t g;
+  golden_load(&g, "dyadic_h32", 32);
+  enum { T = 8 };
+  pthread_t th[T];
+  worker_t w[T];
+  for (int i = 0; i < T; i++) {
+    w[i] = (worker_t){.g = &g, .seq = 1000 + (uint64_t)i};
+    cr_assert_eq(pthread_create(&th[i], NULL, worker, &w[i]), 0);
+  }
+  for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < T; i++) cr_expect(w[i].ok, "%s", w[i].why);
+  fp4idx_client_t *c = open_client();
+  fp4idx_client_info_t in;
+  CHECK(c, fp4idx_client_info(c, &in));
+  cr_expect_eq(in.sequences, T);
+  fp4idx_client_close(c);
+  golden_free(&g);
 }
