@@ -22,3 +22,11 @@ add_test(NAME test_units
 # Snapshot save/load speed (not a test): bench_snapshot [GiB] [dir].
 add_executable(bench_snapshot ${PROJECT_SOURCE_DIR}/bench/bench_snapshot.c)
 target_link_libraries(bench_snapshot PRIVATE fp4idx_persist)
+
+# The real daemon as a service (restart, kill -9, socket activation, notify).
+if(TARGET fp4idx_daemon_harness)
+  fp4idx_add_test(test_service_daemon SOURCES test_service_daemon.c
+    LIBS fp4idx_daemon_harness fp4idx_format Threads::Threads LABELS daemon)
+  target_compile_definitions(test_service_daemon PRIVATE
+    FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
+endif()
