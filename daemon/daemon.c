@@ -109,6 +109,15 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server.conn_event = fp4idx__daemon_conn_event;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
+  /* Signals are caught from here on, before the socket exists: a SIGTERM
+   * that comes as soon as a client can connect must stop gracefully, not
+   * kill the process with the socket file left behind. */
+  signal(SIGPIPE, SIG_IGN); /* a peer that closes early must not kill us */
+  uv_signal_init(&d->loop, &d->sig_int);
+  uv_signal_init(&d->loop, &d->sig_term);
+  d->sig_int.data = d->sig_term.data = d;
+  uv_signal_start(&d->sig_int, fp4idx__daemon_signal_cb, SIGINT);
+  uv_signal_start(&d->sig_term, fp4idx__daemon_signal_cb, SIGTERM);
   return FP4IDX_OK;
 err:
   fp4idx__daemon_fini(d);
@@ -159,18 +168,11 @@ int fp4idx__daemon_run(fp4idx_daemon_t *d) {
     fp4idx__log_error("no listening socket");
     return 1;
   }
-  /* A peer that closes early must not kill the daemon with SIGPIPE. */
-  signal(SIGPIPE, SIG_IGN);
   int rc = fp4idx__worker_start(&d->worker, &d->loop);
   if (rc) {
     fp4idx__log_error("cannot start the worker thread");
     return 1;
   }
-  uv_signal_init(&d->loop, &d->sig_int);
-  uv_signal_init(&d->loop, &d->sig_term);
-  d->sig_int.data = d->sig_term.data = d;
-  uv_signal_start(&d->sig_int, fp4idx__daemon_signal_cb, SIGINT);
-  uv_signal_start(&d->sig_term, fp4idx__daemon_signal_cb, SIGTERM);
   fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu",
                    FP4IDXD_VERSION_STRING, d->desc.name, d->cfg.page_size,
                    (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame);
