@@ -16,3 +16,10 @@ fp4idx_add_test(test_protocol_spec
 # the spec test reads PROTOCOL.md (status table, limits, hex transcript)
 target_compile_definitions(test_protocol_spec PRIVATE
   FP4IDX_PROTOCOL_MD="${PROJECT_SOURCE_DIR}/protocol/PROTOCOL.md")
+# out-of-memory loops: the test's allocator wraps malloc/calloc/realloc of
+# everything linked statically into it (the codec included)
+fp4idx_add_test(test_protocol_oom
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_oom.c ${_proto_util}
+  LIBS fp4idx_protocol)
+target_link_options(test_protocol_oom PRIVATE
+  -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
