@@ -562,3 +562,49 @@ Test(e2e, one_connection_per_thread) {
   fp4idx_client_close(c);
   golden_free(&g);
 }
+
+/* A candidate mask through the library equals the float64 reference with
+ * the same mask (tests/common), computed from the keys as stored. */
+Test(e2e, mask_matches_reference) {
+  golden_t g;
+  golden_load(&g, "gauss_h32", 32);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 9, &g);
+  void *packed;
+  size_t n;
+  CHECK(c, fp4idx_client_read(c, 9, 0, UINT64_MAX, 0, &packed, &n));
+  cr_assert_eq(n, g.n);
+  uint32_t W = max_len(&g);
+  uint8_t *mask = malloc((size_t)g.rows * W);
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 77);
+  for (size_t i = 0; i < (size_t)g.rows * W; i++)
+    mask[i] = fp4idx_test_rng_below(&rng, 4) != 0;
+  float *ref = malloc((size_t)g.rows * W * 4);
+  cr_assert_eq(fp4idx_test_ref_score(packed, (int64_t)n, 32, g.rows, g.q, g.w,
+                                     g.lens, mask, W, ref),
+               0);
+  fp4idx_client_seq_t s = {.seq = 9, .rows = (uint32_t)g.rows, .q = g.q,
+                           .w = g.w, .lens = g.lens, .mask = mask,
+                           .mask_width = W};
+  fp4idx_client_result_t *res;
+  CHECK(c, fp4idx_client_score(c, 32, 0, &s, 1, &res));
+  cr_assert_eq(res[0].width, W);
+  cr_expect_eq(fp4idx_test_count_diff(res[0].logits, ref,
+                                      (int64_t)g.rows * W),
+               0, "masked logits differ from the reference");
+  size_t hidden = 0;
+  for (size_t i = 0; i < (size_t)g.rows * W; i++)
+    hidden += !mask[i] && res[0].logits[i] == -INFINITY;
+  cr_expect(hidden > 0, "the mask hid nothing");
+  fp4idx_client_free(res);
+  /* A mask of the wrong width: ESHAPE from the daemon. */
+  s.mask_width = W - 1;
+  cr_expect_eq(fp4idx_client_score(c, 32, 0, &s, 1, &res), FP4IDX_ESHAPE,
+               "%s", fp4idx_client_last_error(c));
+  free(mask);
+  free(ref);
+  fp4idx_client_free(packed);
+  fp4idx_client_close(c);
+  golden_free(&g);
+}
