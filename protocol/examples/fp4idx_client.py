@@ -11,8 +11,10 @@ Needs the `msgpack` package (>= 1.0) and numpy. Usage as a library:
               "w": tensor(bf16(np.ones((1, 1))))}])
     logits = array(r["results"][0]["logits"])   # float32 [1, 1]
 
-`python3 fp4idx_client.py --selftest` checks that this client produces the
-exact request bytes of the PROTOCOL.md transcript and decodes its replies.
+`python3 fp4idx_client.py --selftest [PROTOCOL.md]` checks that this client
+produces the exact request bytes of the PROTOCOL.md transcript and decodes
+its replies; `python3 fp4idx_client.py SOCKET` runs a demo of every op
+against a running fp4idxd.
 """
 import socket
 import struct
@@ -127,8 +129,53 @@ def selftest(md_path):
     print("selftest: ok")
 
 
+def demo(path):
+    """Talks to a running daemon: every op, pipelining, the error rules."""
+    c = Client(path)
+    print(c.call("hello", version=1, client="fp4idx_client.py"))
+    try:
+        c.call("hello", version=2)
+    except Error as e:
+        print("hello version 2 ->", e.status, e.message)
+    print(c.call("info"))
+    rng = np.random.default_rng(0)
+    seq = int(rng.integers(1 << 62))
+    keys = rng.standard_normal((300, 128)).astype("<f4")
+    print(c.call("append", seq=seq, keys=tensor(keys)))
+    print(c.call("append", seq=seq, keys=tensor(bf16(keys[:10])),
+                 rounding="threshold"))
+    q = bf16(rng.standard_normal((4, 32, 128)))
+    w = bf16(rng.random((4, 32)))
+    lens = np.array([310, 309, 308, 100], "<i4")
+    entry = {"seq": seq, "q": tensor(q), "w": tensor(w), "lens": tensor(lens)}
+    logits = array(c.call("score", heads=32, seqs=[entry])["results"][0]["logits"])
+    print("logits", logits.shape, "row 3 sees 100 keys:", logits[3, 99], logits[3, 100])
+    res = c.call("score", heads=32, topk=5, seqs=[entry])["results"][0]
+    pos = array(res["positions"])
+    assert (np.argsort(-logits[0], kind="stable")[:5] == pos[0]).all()
+    print("top-5 of row 0:", pos[0], "counts", array(res["counts"]))
+    print(c.call("truncate", seq=seq, length=200))
+    print("read", array(c.call("read", seq=seq, **{"from": 5, "count": 2,
+                                                    "dequant": True})["keys"]).shape)
+    ids = [c.send("drop", seq=seq ^ 1), c.send("frobnicate"), c.send("drop", seq=seq)]
+    for rid in ids:  # pipelined: answers in request order
+        r = c.recv()
+        print("pipelined", rid, "->", r["id"], r["status"], r.get("error", ""))
+    c.sock.sendall(struct.pack(">I", 3) + b"\x93\x01\x02")  # not a map
+    print("bad message:", c.recv())  # the connection stays open
+    print("stats ops:", sorted(c.call("stats")["requests"]))
+    c.sock.sendall(struct.pack(">I", 0x7FFFFFFF))  # a frame above max_frame
+    print("bad frame:", c.recv())
+    try:
+        c.recv()
+    except ConnectionError as e:
+        print("then:", e)
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "--selftest":
         selftest(sys.argv[2] if len(sys.argv) > 2 else "protocol/PROTOCOL.md")
+    elif len(sys.argv) == 2:
+        demo(sys.argv[1])
     else:
         print(__doc__)
