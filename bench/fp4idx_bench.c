@@ -61,6 +61,14 @@ static double fp4idx__now_us(void) {
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
+/* CPU time of the whole process (all threads): on a shared machine the
+ * wall clock includes time the scheduler gave to others, this does not. */
+static double fp4idx__cpu_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
 static int fp4idx__cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -219,7 +227,7 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
                             const fp4idx_bench_case_t *c) {
   fp4idx__data_t d;
   fp4idx_backend_t *b = NULL, *oracle = NULL;
-  double *us = NULL;
+  double *us = NULL, *cus = NULL;
   int rc = fp4idx__data_make(&d, c, o->topk);
   if (rc) goto out;
   rc = fp4idx__make_backend(o, o->backend, o->threads, &b);
@@ -230,7 +238,8 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
                              .topk = o->topk, .logits = d.logits, .topk_pos = d.tpos,
                              .topk_val = d.tval, .topk_count = d.tcnt};
   us = calloc((size_t)o->reps, sizeof *us);
-  if (!us) {
+  cus = calloc((size_t)o->reps, sizeof *cus);
+  if (!us || !cus) {
     rc = FP4IDX_ENOMEM;
     goto out;
   }
@@ -246,10 +255,11 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
     for (int i = 0; i < o->warmup; i++)
       if ((rc = b->ops->score(b, &bt)) != 0) goto out;
     for (int r = 0; r < o->reps; r++) {
-      double t0 = fp4idx__now_us();
+      double t0 = fp4idx__now_us(), c0 = fp4idx__cpu_us();
       for (int i = 0; i < o->calls; i++)
         if ((rc = b->ops->score(b, &bt)) != 0) goto out;
       us[r] = (fp4idx__now_us() - t0) / o->calls;
+      cus[r] = (fp4idx__cpu_us() - c0) / o->calls;
     }
   }
   qsort(us, (size_t)o->reps, sizeof *us, fp4idx__cmp_d);
@@ -261,8 +271,18 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
          "  %8.2f Mkeys/s  %7.1f GFLOP/s",
          o->backend, c->name, c->seqs, c->rows, c->heads, (long long)c->context, o->topk, med,
          us[0], us[o->reps - 1], keys / med, gflops);
-  if (!strcmp(o->backend, "cpu"))
+  if (!strcmp(o->backend, "cpu")) {
     printf("  %5.1f%% of fp32 FMA peak", 100.0 * gflops / fp4idx__peak_gflops(m, o->threads));
+    if (!timed) {
+      /* per CPU-second: the efficiency of the code itself, robust to other
+       * load on the machine (compare with ONE core's peak) */
+      qsort(cus, (size_t)o->reps, sizeof *cus, fp4idx__cmp_d);
+      double cmed = cus[o->reps / 2];
+      double cg = 2.0 * c->rows * c->heads * 128 * keys / (cmed * 1e3);
+      printf("\n      cpu time %10.1f us/call -> %7.1f GFLOP per CPU-s = %5.1f%% of one core's peak",
+             cmed, cg, 100.0 * cg / fp4idx__peak_gflops(m, 1));
+    }
+  }
   printf("\n");
   fflush(stdout);
 
@@ -299,6 +319,7 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
 out:
   if (rc) fprintf(stderr, "fp4idx-bench: case %s: %s\n", c->name, fp4idx_strerror(rc));
   free(us);
+  free(cus);
   fp4idx_backend_destroy(b);
   fp4idx_backend_destroy(oracle);
   fp4idx__data_free(&d);

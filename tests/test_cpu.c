@@ -1,5 +1,6 @@
 /* test_cpu.c -- the CPU backend: golden scorer cases bit for bit, store
  * (all-or-nothing, FP4 passthrough), read back, pages, top-k, arguments. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -86,6 +87,15 @@ Test(cpu_golden, gauss_h32) { golden_case("gauss_h32", 4, 32, 1000, 0, 64); }
 Test(cpu_golden, gauss_h64) { golden_case("gauss_h64", 6, 64, 777, 0, 64); }
 Test(cpu_golden, gauss_h64_one_thread_page16) { golden_case("gauss_h64", 6, 64, 777, 1, 16); }
 Test(cpu_golden, gauss_h32_three_threads_page1) { golden_case("gauss_h32", 4, 32, 1000, 3, 1); }
+Test(cpu_golden, every_isa) {
+  const char *isas[] = {"generic", "avx2", "avx512"};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(setenv("FP4IDX_CPU_ISA", isas[i], 1), 0);
+    golden_case("dyadic_h32", 4, 32, 1000, 2, 64);
+    golden_case("gauss_h32", 4, 32, 1000, 2, 64);
+    golden_case("gauss_h64", 6, 64, 777, 2, 16);
+  }
+}
 
 /* ---- store / read --------------------------------------------------------- */
 
@@ -197,6 +207,9 @@ Test(cpu_misc, describe) {
   cr_assert_str_eq(info.name, "cpu");
   cr_assert_eq(info.device_index, -1);
   cr_assert(strstr(info.device, "2 threads"), "device: %s", info.device);
+  cr_assert(strstr(info.device, "generic") || strstr(info.device, "avx2") ||
+                strstr(info.device, "avx512"),
+            "device names the kernel ISA: %s", info.device);
   cr_assert(info.mem_total > 0 && info.mem_free <= info.mem_total);
   fp4idx_backend_destroy(b);
 }

@@ -3,7 +3,9 @@
  * head counts, row counts, lengths around page boundaries, page sizes,
  * masks; wide-exponent inputs (the f64 path); top-k order, ties, fewer
  * than k; batches of several sequences. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,10 +108,10 @@ Test(cpu_random, dyadic_odd_heads) {
 /* Wide exponent ranges: q and w anywhere in 2^-12..2^12 with full bf16
  * mantissas and both signs, key scales 100..154 (FP4 passthrough of random
  * codes). Exercises the f64 kernel and the direct double->bf16 roundings. */
-Test(cpu_random, wide_exponents) {
+static void wide(int iters, uint64_t seed) {
   fp4idx_test_rng_t rng;
-  fp4idx_test_rng_seed(&rng, 4242);
-  for (int it = 0; it < 6; it++) {
+  fp4idx_test_rng_seed(&rng, seed);
+  for (int it = 0; it < iters; it++) {
     int heads = it < 3 ? 32 : 64, rows = 1 + it % 4;
     int64_t n = 300 + 97 * it;
     fp4idx_test_case_t c;
@@ -149,6 +151,28 @@ Test(cpu_random, wide_exponents) {
     fp4idx_test_case_free(&c);
   }
 }
+
+Test(cpu_random, wide_exponents) { wide(6, 4242); }
+
+/* Every compiled tile kernel (generic, AVX2, AVX-512) on this machine:
+ * FP4IDX_CPU_ISA lowers the backend's choice (to what the CPU supports). */
+static void isa_suite(const char *isa) {
+  cr_assert_eq(setenv("FP4IDX_CPU_ISA", isa, 1), 0);
+  fp4idx_backend_t *b = NULL;
+  cr_assert_eq(fp4idx_backend_cpu_create(&b, 1), 0);
+  fp4idx_backend_info_t info;
+  cr_assert_eq(b->ops->pool_create(b, 1, 64), 0);
+  cr_assert_eq(b->ops->describe(b, &info), 0);
+  cr_log_info("FP4IDX_CPU_ISA=%s -> %s", isa, info.device);
+  fp4idx_backend_destroy(b);
+  sweep(32, 532, 700);
+  sweep(1, 501, 300);
+  wide(3, 77);
+}
+
+Test(cpu_isa, generic) { isa_suite("generic"); }
+Test(cpu_isa, avx2) { isa_suite("avx2"); }
+Test(cpu_isa, avx512) { isa_suite("avx512"); }
 
 /* ---- top-k ---------------------------------------------------------------- */
 

@@ -59,8 +59,8 @@ static int fp4idx__cpu_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *info
   snprintf(info->name, sizeof info->name, "cpu");
   char model[96];
   fp4idx__cpu_model(model, sizeof model);
-  snprintf(info->device, sizeof info->device, "%s, %d threads", model,
-           fp4idx__threads_count(c->threads));
+  snprintf(info->device, sizeof info->device, "%s, %d threads, %s", model,
+           fp4idx__threads_count(c->threads), fp4idx__cpu_isa_name(c->isa));
   info->device_index = -1;
   long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
   long psz = sysconf(_SC_PAGESIZE);
@@ -244,6 +244,7 @@ int fp4idx_backend_cpu_create(fp4idx_backend_t **out, int threads) {
   fp4idx__cpu_t *c = calloc(1, sizeof *c);
   if (!b || !c) goto fail;
   if (fp4idx__threads_create(&c->threads, threads) != FP4IDX_OK) goto fail;
+  c->isa = fp4idx__cpu_pick_isa();
   b->ops = &fp4idx__cpu_ops;
   b->impl = c;
   *out = b;

@@ -25,7 +25,15 @@ typedef struct fp4idx__cpu_s {
   fp4idx__threads_t *threads;
   uint8_t *pool;        /* n_pages * page_size * 68 bytes, NULL before pool_create */
   int64_t pool_bytes;
+  int isa;              /* FP4IDX__ISA_*: which compiled tile kernel runs */
 } fp4idx__cpu_t;
+
+enum { FP4IDX__ISA_GENERIC = 0, FP4IDX__ISA_AVX2 = 1, FP4IDX__ISA_AVX512 = 2 };
+
+/* The best tile kernel this CPU runs, lowered by $FP4IDX_CPU_ISA
+ * (generic|avx2|avx512) if set; and its name. */
+int fp4idx__cpu_pick_isa(void);
+const char *fp4idx__cpu_isa_name(int isa);
 
 /* The scorer (cpu_score.c); arguments already validated by the caller. */
 int fp4idx__cpu_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *batch);

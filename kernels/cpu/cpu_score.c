@@ -31,96 +31,48 @@
  * NaN logits are left out of top-k. Only keys stored verbatim (FP4 dtype)
  * with scale byte 255, or non-finite q/w, can produce them.
  */
-#include <math.h>
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
+#include "cpu_score.h"
 
-#include "cpu_internal.h"
-
-enum {
-  FP4IDX__TK = 32,   /* keys per tile: two 16-lane f32 vectors */
-  FP4IDX__G = 8,     /* query vectors (heads) per kernel call */
-  FP4IDX__CHUNK = 4  /* tiles taken per atomic increment */
-};
-#define FP4IDX__D FP4IDX_HEAD_DIM
-
-typedef float fp4idx__v16f __attribute__((vector_size(64)));
-typedef float fp4idx__v8f __attribute__((vector_size(32)));
-typedef uint32_t fp4idx__v16u __attribute__((vector_size(64)));
-typedef int32_t fp4idx__v16i __attribute__((vector_size(64)));
-typedef double fp4idx__v8d __attribute__((vector_size(64)));
-
-/* Function multi-versioning: the hot tile function is compiled for AVX-512,
- * AVX2 and baseline x86-64 and picked at load time (GCC ifunc). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(FP4IDX_NO_CLONES)
-#define FP4IDX__CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define FP4IDX__CLONES
-#endif
-#define FP4IDX__INLINE static inline __attribute__((always_inline))
-
-float fp4idx__f64_to_bf16f(double x) {
-  if (x != x) return (float)x;
-  double a = fabs(x);
-  if (a < 0x1p-126) {
-    /* bf16 subnormals: a fixed grid of 2^-133; x * 2^133 is exact and
-     * nearbyint rounds half to even in the default rounding mode. */
-    return (float)(nearbyint(x * 0x1p133) * 0x1p-133);
-  }
-  uint64_t u;
-  memcpy(&u, &x, 8);
-  if ((u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) return (float)x;
-  /* keep 1 + 7 mantissa bits: drop 45 bits with round-half-even */
-  u += ((1ull << 44) - 1) + ((u >> 45) & 1);
-  u &= ~((1ull << 45) - 1);
-  double r;
-  memcpy(&r, &u, 8);
-  return (float)r; /* exact, or +-inf when r >= 2^128 (bf16 overflow) */
-}
-
-/* Exponent bounds of one group of query vectors (see the header). */
-typedef struct fp4idx__grp_s {
-  int f64_only;  /* non-finite q or w: never the f32 kernel */
-  int zero;      /* every q and w of the group is 0: contributes exactly 0 */
-  int hi;        /* 6 * sum|q| < 2^hi for each vector of the group */
-  int lo;        /* every q_i * e2m1 is a multiple of 2^(lo + scale exp) */
-  int wlo;       /* every nonzero |w| >= 2^wlo */
-} fp4idx__grp_t;
-
-typedef struct fp4idx__heap_s {
-  int32_t *pos;
-  float *val;
-  int64_t n;
-} fp4idx__heap_t;
-
-typedef struct fp4idx__scratch_s {
-  float *ktf;     /* [128][TK] decoded tile, element-major */
-  double *ktd;    /* [128][TK] the same in double (f64 kernel), lazily */
-  float *d32;     /* [G][TK] */
-  double *d64;    /* [G][TK] */
-  double *sums;   /* [TK] */
-  fp4idx__heap_t *heaps; /* [R] when topk */
-} fp4idx__scratch_t;
-
-typedef struct fp4idx__ctx_s {
-  const uint8_t *pool;
-  int64_t P;
-  int pshift;               /* log2(P) */
-  const fp4idx_score_seq_t *sq;
-  int H, Hp, ngroups, R;
-  const float *qf;          /* [R][Hp][128] */
-  const float *wf;          /* [R][Hp] */
-  const fp4idx__grp_t *gi;  /* [R][ngroups] */
-  int64_t ntiles;
-  atomic_llong next;
-  float *logits;            /* [R][width] or NULL (topk mode) */
-  int64_t topk;
-  fp4idx__scratch_t *scr;   /* [threads] */
-} fp4idx__ctx_t;
+float fp4idx__f64_to_bf16f(double x) { return fp4idx__f64_to_bf16f_inl(x); }
 
 static float fp4idx__e2m1_lut[16];
+
+/* ---- instruction-set dispatch ---------------------------------------------- */
+
+static const char *const fp4idx__isa_names[] = {"generic", "avx2", "avx512"};
+
+int fp4idx__cpu_pick_isa(void) {
+  int best = FP4IDX__ISA_GENERIC;
+#if defined(FP4IDX_CPU_X86_DISPATCH)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    best = FP4IDX__ISA_AVX2;
+  if (best == FP4IDX__ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    best = FP4IDX__ISA_AVX512;
+#endif
+  /* FP4IDX_CPU_ISA=generic|avx2|avx512 may lower (never raise) the choice:
+   * the tests run every variant this machine can run. */
+  const char *e = getenv("FP4IDX_CPU_ISA");
+  if (e)
+    for (int i = 0; i <= best; i++)
+      if (!strcmp(e, fp4idx__isa_names[i])) return i;
+  return best;
+}
+
+const char *fp4idx__cpu_isa_name(int isa) {
+  return isa >= 0 && isa <= FP4IDX__ISA_AVX512 ? fp4idx__isa_names[isa] : "?";
+}
+
+static fp4idx__tile_fn fp4idx__tile_for(int isa) {
+#if defined(FP4IDX_CPU_X86_DISPATCH)
+  if (isa == FP4IDX__ISA_AVX512) return fp4idx__score_tile_avx512;
+  if (isa == FP4IDX__ISA_AVX2) return fp4idx__score_tile_avx2;
+#endif
+  (void)isa;
+  return fp4idx__score_tile_generic;
+}
 
 /* ---- top-k heap: root = the worst kept pair --------------------------- */
 
@@ -129,7 +81,7 @@ FP4IDX__INLINE int fp4idx__worse(float va, int32_t pa, float vb, int32_t pb) {
   return va < vb || (va == vb && pa > pb);
 }
 
-static void fp4idx__heap_push(fp4idx__heap_t *h, int64_t k, float v, int32_t p) {
+void fp4idx__heap_push(fp4idx__heap_t *h, int64_t k, float v, int32_t p) {
   int64_t i;
   if (h->n < k) {
     i = h->n++;
@@ -160,186 +112,6 @@ static void fp4idx__heap_push(fp4idx__heap_t *h, int64_t k, float v, int32_t p) 
   h->pos[i] = p;
 }
 
-/* ---- kernels ------------------------------------------------------------ */
-
-/* d[g][j] = q[g] . k_j in f32 for G vectors and TK keys. */
-FP4IDX__INLINE void fp4idx__kern_f32(const float *restrict q,
-                                     const float *restrict kt,
-                                     float *restrict d) {
-  fp4idx__v16f a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0},
-               a30 = {0}, a31 = {0}, a40 = {0}, a41 = {0}, a50 = {0}, a51 = {0},
-               a60 = {0}, a61 = {0}, a70 = {0}, a71 = {0};
-  for (int i = 0; i < FP4IDX__D; i++) {
-    fp4idx__v16f k0 = *(const fp4idx__v16f *)(kt + i * FP4IDX__TK);
-    fp4idx__v16f k1 = *(const fp4idx__v16f *)(kt + i * FP4IDX__TK + 16);
-#define FP4IDX__STEP(g)                          \
-  {                                              \
-    float s = q[(g) * FP4IDX__D + i];            \
-    a##g##0 += s * k0;                           \
-    a##g##1 += s * k1;                           \
-  }
-    FP4IDX__STEP(0) FP4IDX__STEP(1) FP4IDX__STEP(2) FP4IDX__STEP(3)
-    FP4IDX__STEP(4) FP4IDX__STEP(5) FP4IDX__STEP(6) FP4IDX__STEP(7)
-#undef FP4IDX__STEP
-  }
-#define FP4IDX__OUT(g)                                                   \
-  *(fp4idx__v16f *)(d + (g) * FP4IDX__TK) = a##g##0;                    \
-  *(fp4idx__v16f *)(d + (g) * FP4IDX__TK + 16) = a##g##1;
-  FP4IDX__OUT(0) FP4IDX__OUT(1) FP4IDX__OUT(2) FP4IDX__OUT(3)
-  FP4IDX__OUT(4) FP4IDX__OUT(5) FP4IDX__OUT(6) FP4IDX__OUT(7)
-#undef FP4IDX__OUT
-}
-
-/* d[g][j] = q[g] . k_j in f64 for 4 vectors and TK keys (4 x 8 lanes). */
-FP4IDX__INLINE void fp4idx__kern_f64x4(const float *restrict q,
-                                       const double *restrict kt,
-                                       double *restrict d) {
-  fp4idx__v8d a[4][4];
-  memset(a, 0, sizeof a);
-  for (int i = 0; i < FP4IDX__D; i++) {
-    const fp4idx__v8d *k = (const fp4idx__v8d *)(kt + i * FP4IDX__TK);
-    fp4idx__v8d k0 = k[0], k1 = k[1], k2 = k[2], k3 = k[3];
-    for (int g = 0; g < 4; g++) {
-      double s = q[g * FP4IDX__D + i];
-      a[g][0] += s * k0;
-      a[g][1] += s * k1;
-      a[g][2] += s * k2;
-      a[g][3] += s * k3;
-    }
-  }
-  for (int g = 0; g < 4; g++)
-    for (int c = 0; c < 4; c++) *(fp4idx__v8d *)(d + g * FP4IDX__TK + 8 * c) = a[g][c];
-}
-
-/* RNE f32 -> bf16 on 16 lanes (finite inputs), kept as f32, in place.
- * (A macro: a function taking or returning a 64-byte vector by value would
- * have a target-dependent ABI.) */
-#define FP4IDX__ROUND_BF16_V(x)                                     \
-  do {                                                              \
-    fp4idx__v16u u_ = (fp4idx__v16u)(x);                            \
-    u_ = (u_ + 0x7fffu + ((u_ >> 16) & 1u)) & 0xffff0000u;          \
-    (x) = (fp4idx__v16f)u_;                                         \
-  } while (0)
-
-/* ---- one tile ----------------------------------------------------------- */
-
-FP4IDX__CLONES
-static void fp4idx__score_tile(fp4idx__ctx_t *c, fp4idx__scratch_t *s,
-                               int64_t t0) {
-  const fp4idx_score_seq_t *sq = c->sq;
-  int64_t nk = sq->width - t0; /* keys of this tile that exist in the output */
-  if (nk > FP4IDX__TK) nk = FP4IDX__TK;
-
-  /* Rows that see at least one key of the tile. */
-  int any = 0;
-  for (int r = 0; r < c->R; r++) any |= sq->lens[r] > t0;
-  if (!any) goto invisible_only;
-
-  /* Decode the tile (the keys past the last visible one of every row are
-   * never read: the scorer must not touch pages it was not given). */
-  int64_t lim = 0;
-  for (int r = 0; r < c->R; r++) lim = sq->lens[r] > lim ? sq->lens[r] : lim;
-  int nd = (int)((lim - t0) < nk ? (lim - t0) : nk);
-  uint32_t smin = 255, smax = 0;
-  float *kt = s->ktf;
-  for (int j = 0; j < nd; j++) {
-    int64_t l = t0 + j;
-    int64_t slot = (int64_t)sq->pages[l >> c->pshift] * c->P + (l & (c->P - 1));
-    const uint8_t *pay = c->pool + fp4idx_payload_offset(slot, c->P);
-    const uint8_t *sc = c->pool + fp4idx_scale_offset(slot, c->P);
-    for (int blk = 0; blk < 4; blk++) {
-      uint32_t sb = sc[blk];
-      smin = sb < smin ? sb : smin;
-      smax = sb > smax ? sb : smax;
-      float scale = fp4idx_ue8m0_to_f32(sb);
-      for (int e = blk * 32; e < blk * 32 + 32; e += 2) {
-        uint32_t byte = pay[e >> 1];
-        kt[e * FP4IDX__TK + j] = fp4idx__e2m1_lut[byte & 15u] * scale;
-        kt[(e + 1) * FP4IDX__TK + j] = fp4idx__e2m1_lut[byte >> 4] * scale;
-      }
-    }
-  }
-  for (int j = nd; j < FP4IDX__TK; j++)
-    for (int e = 0; e < FP4IDX__D; e++) kt[e * FP4IDX__TK + j] = 0.0f;
-  int have_ktd = 0;
-
-  for (int r = 0; r < c->R; r++) {
-    float *out = c->logits ? c->logits + (int64_t)r * sq->width + t0 : NULL;
-    if (sq->lens[r] <= t0) {
-      if (out)
-        for (int j = 0; j < nk; j++) out[j] = -INFINITY;
-      continue;
-    }
-    double *sums = s->sums;
-    for (int j = 0; j < FP4IDX__TK; j++) sums[j] = 0.0;
-    for (int g = 0; g < c->ngroups; g++) {
-      const fp4idx__grp_t *gi = &c->gi[r * c->ngroups + g];
-      if (gi->zero) continue;
-      const float *q = c->qf + ((int64_t)r * c->Hp + g * FP4IDX__G) * FP4IDX__D;
-      const float *w = c->wf + (int64_t)r * c->Hp + g * FP4IDX__G;
-      int ng = c->H - g * FP4IDX__G;
-      if (ng > FP4IDX__G) ng = FP4IDX__G;
-      int lo = gi->lo + (int)smin - 127;
-      int f32ok = !gi->f64_only && smax <= 252 && lo >= -149 &&
-                  gi->hi + (int)smax <= gi->lo + (int)smin + 24 &&
-                  gi->hi + (int)smax - 127 <= 126 && lo + gi->wlo >= -126;
-      if (f32ok) {
-        fp4idx__kern_f32(q, kt, s->d32);
-        for (int h = 0; h < ng; h++) {
-          float wv = w[h];
-          for (int half = 0; half < 2; half++) {
-            fp4idx__v16f dv = *(fp4idx__v16f *)(s->d32 + h * FP4IDX__TK + 16 * half);
-            FP4IDX__ROUND_BF16_V(dv);
-            fp4idx__v16i pos = dv > 0.0f;
-            dv = (fp4idx__v16f)((fp4idx__v16u)dv & (fp4idx__v16u)pos);
-            fp4idx__v16f p = dv * wv;
-            FP4IDX__ROUND_BF16_V(p);
-            fp4idx__v8f plo, phi;
-            memcpy(&plo, &p, 32);
-            memcpy(&phi, (const char *)&p + 32, 32);
-            fp4idx__v8d *sv = (fp4idx__v8d *)(sums + 16 * half);
-            sv[0] += __builtin_convertvector(plo, fp4idx__v8d);
-            sv[1] += __builtin_convertvector(phi, fp4idx__v8d);
-          }
-        }
-      } else {
-        if (!have_ktd) {
-          for (int e = 0; e < FP4IDX__D * FP4IDX__TK; e++) s->ktd[e] = kt[e];
-          have_ktd = 1;
-        }
-        fp4idx__kern_f64x4(q, s->ktd, s->d64);
-        fp4idx__kern_f64x4(q + 4 * FP4IDX__D, s->ktd, s->d64 + 4 * FP4IDX__TK);
-        for (int h = 0; h < ng; h++) {
-          double wv = w[h];
-          for (int j = 0; j < nd; j++) {
-            double db = fp4idx__f64_to_bf16f(s->d64[h * FP4IDX__TK + j]);
-            double dm = (db > 0.0 || db != db) ? db : 0.0;
-            sums[j] += fp4idx__f64_to_bf16f(dm * wv);
-          }
-        }
-      }
-    }
-    /* logits of the row for this tile */
-    const uint8_t *mask = sq->mask ? sq->mask + (int64_t)r * sq->width + t0 : NULL;
-    int64_t vis = sq->lens[r] - t0; /* positions j < vis are visible */
-    for (int j = 0; j < nk; j++) {
-      float lg = -INFINITY;
-      if (j < vis && (!mask || mask[j])) lg = fp4idx__f64_to_bf16f(sums[j]);
-      if (out) {
-        out[j] = lg;
-      } else if (lg != -INFINITY && lg == lg) {
-        fp4idx__heap_push(&s->heaps[r], c->topk, lg, (int32_t)(t0 + j));
-      }
-    }
-  }
-  return;
-
-invisible_only:
-  if (c->logits)
-    for (int r = 0; r < c->R; r++)
-      for (int j = 0; j < nk; j++) c->logits[(int64_t)r * sq->width + t0 + j] = -INFINITY;
-}
-
 static void fp4idx__worker(void *arg, int tid) {
   fp4idx__ctx_t *c = arg;
   fp4idx__scratch_t *s = &c->scr[tid];
@@ -347,7 +119,7 @@ static void fp4idx__worker(void *arg, int tid) {
     long long t = atomic_fetch_add(&c->next, FP4IDX__CHUNK);
     if (t >= c->ntiles) break;
     long long end = t + FP4IDX__CHUNK < c->ntiles ? t + FP4IDX__CHUNK : c->ntiles;
-    for (; t < end; t++) fp4idx__score_tile(c, s, t * FP4IDX__TK);
+    for (; t < end; t++) c->tile(c, s, t * FP4IDX__TK);
   }
 }
 
@@ -484,6 +256,8 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt
   c.logits = topk > 0 ? NULL : bt->logits + logit_off;
   c.topk = topk;
   c.scr = scr;
+  c.lut = fp4idx__e2m1_lut;
+  c.tile = fp4idx__tile_for(cpu->isa);
   if (c.ntiles > 0) fp4idx__threads_run(cpu->threads, fp4idx__worker, &c);
 
   if (topk > 0) {
