@@ -76,15 +76,16 @@ double median3(double a, double b, double c) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  int check = 0;
+  int check = 0, variants = 0;
   std::vector<int> only;
   const char *csv = nullptr;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
+    else if (!strcmp(argv[i], "--variants")) variants = 1;
     else if (!strcmp(argv[i], "--case") && i + 1 < argc) only.push_back(atoi(argv[++i]));
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--case N]... [--csv FILE]\n");
+      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--variants] [--case N]... [--csv FILE]\n");
       return 2;
     }
   }
@@ -211,6 +212,36 @@ int main(int argc, char **argv) {
       t[cold] = median3(run[0], run[1], run[2]);
       CK(cudaGraphExecDestroy(ge));
       CK(cudaGraphDestroy(g));
+    }
+    if (variants) {  // stage removal, hot, same method
+      const int vs[4] = {1, 2, 4, 7};
+      const char *vn[4] = {"no-decode", "no-mma", "no-epilogue", "none(loads+writes)"};
+      for (int vi = 0; vi < 4; vi++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+        for (int i = 0; i < kCalls; i++) {
+          fp4idx_cuda_score_params_t p = prm;
+          p.pool = dpool[0];
+          if (fp4idx_cuda_score_launch_variant(&p, st, vs[vi])) return 1;
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        double run[kRuns];
+        for (int r = 0; r < kRuns; r++) {
+          CK(cudaGraphLaunch(ge, st));
+          CK(cudaEventRecord(e0, st));
+          for (int i = 0; i < kReplays; i++) CK(cudaGraphLaunch(ge, st));
+          CK(cudaEventRecord(e1, st));
+          CK(cudaEventSynchronize(e1));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          run[r] = 1e3 * ms / (kCalls * kReplays);
+        }
+        printf("  variant %-20s %8.2f us (full %.2f)\n", vn[vi], median3(run[0], run[1], run[2]), t[0]);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+      }
     }
     const double keys = (double)n * S;
     const double flop = 2.0 * R * H * 128 * keys;

@@ -70,6 +70,11 @@ int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32_t *rows,
 /* Enqueues the scorer. p->pool, seqs, works must be set (device pointers). */
 int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
 
+/* Benchmark only: stage-removal variants (skip = 1 no decode, 2 no MMA,
+ * 4 no bf16 epilogue, 7 none of them; 0 = the real scorer). Wrong results. */
+int fp4idx_cuda_score_launch_variant(const fp4idx_cuda_score_params_t *p, cudaStream_t stream,
+                                     int skip);
+
 /* Largest n_works a plan makes for a batch (an upper bound for allocation). */
 int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t *rows);
 

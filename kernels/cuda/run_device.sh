@@ -19,6 +19,13 @@ for what in "$@"; do
     timeout 300 $B/bench/fp4idx-bench-cuda --check --csv $OUT/bench.csv 2>&1 | tee $OUT/bench.log ;;
   benchfast)
     timeout 200 $B/bench/fp4idx-bench-cuda --csv $OUT/bench.csv 2>&1 | tee $OUT/bench.log ;;
+  variants)
+    timeout 200 $B/bench/fp4idx-bench-cuda --variants --case 2 --case 3 2>&1 | tee $OUT/variants.log ;;
+  ncu)
+    timeout 200 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+      -k regex:score_kernel -c 1 $B/bench/fp4idx-bench-cuda --case 2 > $OUT/ncu.log 2>&1
+    echo "ncu rc=$?"; grep -E "Stall|Throughput|Pipe|Occupancy|Warp Cycles|Issued|Bank|Eligible|Active Warps" $OUT/ncu.log | head -60 ;;
   sanitize)
     for tool in memcheck racecheck; do
       timeout 250 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda -j1 \

@@ -113,11 +113,20 @@ __device__ __forceinline__ void load_keys(KeyRegs &kr, const uint8_t *__restrict
     const int64_t page = __ldg(pages + (l >> log2p));
     const int64_t o = l & (psize - 1);
     const uint8_t *base = pool + page * (psize * FP4IDX_SLOT_BYTES);
-    kr.p[m] = __ldg(reinterpret_cast<const uint4 *>(base + o * 64 + t * 16));
+    const uint8_t *src = base + o * 64 + t * 16;
+    if (log2p >= 2) {
+      kr.p[m] = __ldg(reinterpret_cast<const uint4 *>(src));  // P*68 is a multiple of 16
+    } else {  // pages of 1 or 2 keys: 4-byte alignment only
+      const uint32_t *s4 = reinterpret_cast<const uint32_t *>(src);
+      kr.p[m] = make_uint4(__ldg(s4), __ldg(s4 + 1), __ldg(s4 + 2), __ldg(s4 + 3));
+    }
     kr.s[m] = __ldg(base + psize * 64 + o * 4 + t);
   }
 }
 
+// kSkip (stage-removal timings only; 0 in the product): 1 = no decode (raw
+// payload bits as A), 2 = no MMA, 4 = no bf16 epilogue (plain f32 sums).
+template <int kSkip>
 __global__ void __launch_bounds__(kThreads, 3)
     fp4idx_score_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -151,19 +160,30 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();  // the previous segment is done with shared memory
     // Stage Q (permuted, swizzled, zero-padded), w and the lengths.
     const int nvec = prm.ntp * 8;
-    for (int i = threadIdx.x; i < nvec * 16; i += kThreads) {
-      const int v = i >> 4, c = i & 15;
-      const int r = v / prm.hp, h = v - r * prm.hp;
-      uint4 o = make_uint4(0, 0, 0, 0);
-      if (r < nrows && h < prm.heads) {
-        const uint4 in = __ldg(reinterpret_cast<const uint4 *>(
-            sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
-        o.x = prmt(in.x, in.z, 0x5410);  // dims 0,4
-        o.y = prmt(in.x, in.z, 0x7632);  // dims 1,5
-        o.z = prmt(in.y, in.w, 0x5410);  // dims 2,6
-        o.w = prmt(in.y, in.w, 0x7632);  // dims 3,7
+    // 8 loads in flight per thread before the first use (L2 latency, not
+    // bandwidth, bounds this loop for short segments).
+    for (int i0 = threadIdx.x; i0 < nvec * 16; i0 += 8 * kThreads) {
+      uint4 in[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
+        const int r = v / prm.hp, h = v - r * prm.hp;
+        in[u] = make_uint4(0, 0, 0, 0);
+        if (i < nvec * 16 && r < nrows && h < prm.heads)
+          in[u] = __ldg(reinterpret_cast<const uint4 *>(
+              sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
       }
-      *reinterpret_cast<uint4 *>(q_s + q_chunk_offset(v, c)) = o;
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
+        if (i >= nvec * 16) break;
+        uint4 o;
+        o.x = prmt(in[u].x, in[u].z, 0x5410);  // dims 0,4
+        o.y = prmt(in[u].x, in[u].z, 0x7632);  // dims 1,5
+        o.z = prmt(in[u].y, in[u].w, 0x5410);  // dims 2,6
+        o.w = prmt(in[u].y, in[u].w, 0x7632);  // dims 3,7
+        *reinterpret_cast<uint4 *>(q_s + q_chunk_offset(v, c)) = o;
+      }
     }
     for (int i = threadIdx.x; i < nvec / 2; i += kThreads) {
       uint32_t pair = 0;
@@ -210,7 +230,15 @@ __global__ void __launch_bounds__(kThreads, 3)
         // Decode this tile, then prefetch the next one of this warp.
         uint32_t a[4][16];
 #pragma unroll
-        for (int m = 0; m < 4; m++) fp4idx__decode_block(kr.p[m], kr.s[m], a[m]);
+        for (int m = 0; m < 4; m++) {
+          if (kSkip & 1) {
+            const uint32_t x[4] = {kr.p[m].x, kr.p[m].y, kr.p[m].z, kr.p[m].w};
+#pragma unroll
+            for (int i = 0; i < 16; i++) a[m][i] = (x[i & 3] >> (i >> 2)) ^ kr.s[m];
+          } else {
+            fp4idx__decode_block(kr.p[m], kr.s[m], a[m]);
+          }
+        }
         const int64_t nxt = tile + kWarps;
         have = false;
         if (nxt < seg_end) {
@@ -222,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
 
         float rs[4] = {0.f, 0.f, 0.f, 0.f};  // head sums of keys g+8m, current row
+        int row_r = 0, row_left = nt_per_row;  // current row, its n-tiles still to come
         for (int j0 = 0; j0 < nt_valid; j0 += kNG) {
           float acc[kNG][2][4];
 #pragma unroll
@@ -241,6 +270,11 @@ __global__ void __launch_bounds__(kThreads, 3)
             for (int n = 0; n < kNG; n++)
 #pragma unroll
               for (int mt = 0; mt < 2; mt++) {
+                if (kSkip & 2) {
+                  acc[n][mt][0] += __uint_as_float(a[2 * mt][4 * kp] ^ b[n].x);
+                  acc[n][mt][3] += __uint_as_float(a[2 * mt + 1][4 * kp + 3] ^ b[n].w);
+                  continue;
+                }
                 // k-step 2kp: pairs 0,1 of word kp; k-step 2kp+1: pairs 2,3.
                 mma_bf16_16816(acc[n][mt], a[2 * mt][4 * kp + 0], a[2 * mt + 1][4 * kp + 0],
                                a[2 * mt][4 * kp + 1], a[2 * mt + 1][4 * kp + 1], b[n].x, b[n].y);
@@ -256,6 +290,11 @@ __global__ void __launch_bounds__(kThreads, 3)
               const uint32_t w2 = w_s[j * 4 + t];  // w of q-vectors 8j+2t, 8j+2t+1
 #pragma unroll
               for (int mt = 0; mt < 2; mt++) {
+                if (kSkip & 4) {
+                  rs[2 * mt] += acc[n][mt][0] + acc[n][mt][1];
+                  rs[2 * mt + 1] += acc[n][mt][2] + acc[n][mt][3];
+                  continue;
+                }
                 const uint32_t pa = relu_mul_bf16x2(cvt_bf16x2(acc[n][mt][0], acc[n][mt][1]), w2);
                 const uint32_t pb = relu_mul_bf16x2(cvt_bf16x2(acc[n][mt][2], acc[n][mt][3]), w2);
                 rs[2 * mt] += bf16_lo(pa);
@@ -263,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                 rs[2 * mt + 1] += bf16_lo(pb);
                 rs[2 * mt + 1] += bf16_hi(pb);
               }
-              if ((j + 1) % nt_per_row == 0) {
+              if (--row_left == 0) {
                 // Row complete: reduce-scatter over the quad, lane t <- key g+8t.
                 const bool up2 = (t & 2) != 0, up1 = (t & 1) != 0;
                 const float s0 = up2 ? rs[0] : rs[2], s1 = up2 ? rs[1] : rs[3];
@@ -271,7 +310,8 @@ __global__ void __launch_bounds__(kThreads, 3)
                 const float k1 = (up2 ? rs[3] : rs[1]) + __shfl_xor_sync(0xffffffffu, s1, 2);
                 const float s2 = up1 ? k0 : k1;
                 const float tot = (up1 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, s2, 1);
-                const int r = j / nt_per_row;
+                const int r = row_r++;
+                row_left = nt_per_row;
                 const int64_t l = l0 + g + 8 * t;
                 if (l < sq.width) {
                   const int64_t row = wk.row0 + r;
@@ -292,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 int blocks_per_sm(size_t smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_kernel, kThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_kernel<0>, kThreads, smem) !=
           cudaSuccess ||
       n < 1)
     n = 1;
@@ -368,18 +408,35 @@ extern "C" int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32
   return nw;
 }
 
-extern "C" int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p,
-                                        cudaStream_t stream) {
+template <int kSkip>
+static int launch_variant(const fp4idx_cuda_score_params_t *p, size_t smem, cudaStream_t stream) {
+  int rc = fp4idx__cuda_check(
+      cudaFuncSetAttribute(fp4idx_score_kernel<kSkip>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+      "score: set smem");
+  if (rc) return rc;
+  fp4idx_score_kernel<kSkip><<<p->grid, kThreads, smem, stream>>>(*p);
+  return fp4idx__cuda_check(cudaGetLastError(), "score: launch");
+}
+
+extern "C" int fp4idx_cuda_score_launch_variant(const fp4idx_cuda_score_params_t *p,
+                                                cudaStream_t stream, int skip) {
   if (!p || !p->pool || !p->seqs || !p->works || p->hp < 8 || p->ntp < kNG ||
       p->ntp * 8 > kMaxQ || p->log2_page < 0 || p->log2_page > 16)
     return FP4IDX_EINVAL;
   if (p->total_tiles == 0 || p->grid < 1) return FP4IDX_OK;
   const size_t smem = smem_bytes(p->ntp);
-  int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(fp4idx_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem),
-      "score: set smem");
-  if (rc) return rc;
-  fp4idx_score_kernel<<<p->grid, kThreads, smem, stream>>>(*p);
-  return fp4idx__cuda_check(cudaGetLastError(), "score: launch");
+  switch (skip) {
+    case 0: return launch_variant<0>(p, smem, stream);
+    case 1: return launch_variant<1>(p, smem, stream);
+    case 2: return launch_variant<2>(p, smem, stream);
+    case 4: return launch_variant<4>(p, smem, stream);
+    case 7: return launch_variant<7>(p, smem, stream);
+    default: return FP4IDX_EINVAL;
+  }
+}
+
+extern "C" int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p,
+                                        cudaStream_t stream) {
+  return fp4idx_cuda_score_launch_variant(p, stream, 0);
 }
