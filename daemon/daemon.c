@@ -71,7 +71,11 @@ void fp4idx__daemon_stop(fp4idx_daemon_t *d) {
 static void fp4idx__daemon_signal_cb(uv_signal_t *h, int signum) {
   fp4idx_daemon_t *d = h->data;
   if (d->stopping) {
-    fp4idx__log_info("signal %d: already stopping", signum);
+    /* A second signal: stop waiting for clients that do not read their
+     * last replies (requests on the worker still finish). */
+    fp4idx__log_warn("signal %d again: closing %llu connection(s) without flushing", signum,
+                     (unsigned long long)d->server.n_conns);
+    fp4idx__server_close_all(&d->server);
     return;
   }
   fp4idx__log_info("signal %d (%s): graceful stop", signum, signum == SIGINT ? "SIGINT" : "SIGTERM");

@@ -493,6 +493,13 @@ int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd) {
 
 /* ---- stopping ----------------------------------------------------------- */
 
+void fp4idx__server_close_all(fp4idx_server_t *srv) {
+  for (fp4idx_conn_t *c = srv->conns; c; c = c->next) {
+    c->dead = 1;
+    fp4idx__server_conn_close(c);
+  }
+}
+
 static void fp4idx__server_check_stopped(fp4idx_server_t *srv) {
   if (srv->stopping == 1 && srv->listeners_open == 0 && srv->n_conns == 0) {
     srv->stopping = 2; /* report once */

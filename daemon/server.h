@@ -111,6 +111,11 @@ int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd);
  * then closes it; srv->on_stopped runs once everything is closed. */
 void fp4idx__server_stop(fp4idx_server_t *srv);
 
+/* Closes every connection now, dropping responses not yet written (a
+ * second SIGTERM: do not wait for clients that do not read). Requests on the
+ * worker still run; their connections are freed when they come back. */
+void fp4idx__server_close_all(fp4idx_server_t *srv);
+
 /* The response of `req` is set (req->resp, resp_len, close_after): loop thread. */
 void fp4idx__server_req_done(fp4idx_req_t *req);
 

@@ -279,3 +279,83 @@ Test(daemon_golden, quantizer_modes, .timeout = 120) {
   free(keys);
   for (int i = 0; i < 2; i++) free(pay[i]), free(sc[i]);
 }
+
+/* A candidate mask hides positions (-inf) and leaves the others' bits
+ * unchanged; "read" with dequant gives the exact decoded keys. */
+Test(daemon_golden, mask_and_dequantized_read, .timeout = 120) {
+  golden_case_t c;
+  load_case(&c, "gauss_h64", 777, 6, 64);
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, NULL), 0);
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
+  append_keys(fd, 3, &c);
+  uint64_t W = (uint64_t)max_len(&c);
+  uint8_t *mask = malloc(c.rows * W);
+  for (uint64_t i = 0; i < c.rows * W; i++) mask[i] = (uint8_t)((i * 7 + i / 5) % 3 != 0);
+  fp4idx_request_t req;
+  fp4idx_score_seq_t s;
+  memset(&req, 0, sizeof req);
+  memset(&s, 0, sizeof s);
+  req.id = 77;
+  req.op = FP4IDX_OP_SCORE;
+  req.u.score.heads = c.heads;
+  req.u.score.seqs = &s;
+  req.u.score.nseqs = 1;
+  s.seq = 3;
+  s.rows = c.rows;
+  uint64_t qs[3] = {c.rows, c.heads, 128}, ws[2] = {c.rows, c.heads}, ls[1] = {c.rows},
+           ms[2] = {c.rows, W};
+  cr_assert_eq(fp4idx_tensor_init(&s.q, FP4IDX_WIRE_BF16, 3, qs, c.q), 0);
+  cr_assert_eq(fp4idx_tensor_init(&s.w, FP4IDX_WIRE_BF16, 2, ws, c.w), 0);
+  cr_assert_eq(fp4idx_tensor_init(&s.lens, FP4IDX_WIRE_I32, 1, ls, c.lens), 0);
+  cr_assert_eq(fp4idx_tensor_init(&s.mask, FP4IDX_WIRE_U8, 2, ms, mask), 0);
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
+  cr_assert_eq(resp.status, 0, "%s", resp.error);
+  const fp4idx_tensor_t *t = &resp.u.score.results[0].logits;
+  cr_assert_eq(t->shape[1], W);
+  for (uint32_t r = 0; r < c.rows; r++)
+    for (uint64_t l = 0; l < W; l++) {
+      float got = fp4idx_load_f32(t->data, r * W + l), ref = c.ref[(size_t)r * c.n + l];
+      if (mask[r * W + l])
+        cr_assert_eq(memcmp(&got, &ref, 4), 0, "row %u pos %llu", r, (unsigned long long)l);
+      else
+        cr_assert(isinf(got) && got < 0, "masked row %u pos %llu not -inf", r, (unsigned long long)l);
+    }
+  fp4idx_response_clear(&resp);
+  free(body);
+
+  /* dequantized read of keys 60..70 */
+  memset(&req, 0, sizeof req);
+  req.id = 78;
+  req.op = FP4IDX_OP_READ;
+  req.u.read.seq = 3;
+  req.u.read.from = 60;
+  req.u.read.count = 10;
+  req.u.read.has_count = true;
+  req.u.read.dequant = true;
+  cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
+  cr_assert_eq(resp.status, 0, "%s", resp.error);
+  t = &resp.u.read.keys;
+  cr_assert_eq(t->dtype, FP4IDX_WIRE_F32);
+  cr_assert_eq(t->shape[0], 10);
+  cr_assert_eq(t->shape[1], 128);
+  for (int i = 0; i < 10; i++) {
+    uint8_t slot[68];
+    fp4idx_quantize_key(c.keys + (size_t)(60 + i) * 128, FP4IDX_DTYPE_BF16, FP4IDX_ROUND_RNE, slot,
+                        slot + 64);
+    for (int e = 0; e < 128; e++) {
+      float want = fp4idx_slot_element(slot, slot + 64, e);
+      float got = fp4idx_load_f32(t->data, (size_t)i * 128 + e);
+      cr_assert_eq(memcmp(&got, &want, 4), 0, "key %d elem %d", 60 + i, e);
+    }
+  }
+  fp4idx_response_clear(&resp);
+  free(body);
+  free(mask);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  free_case(&c);
+}

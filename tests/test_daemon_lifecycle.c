@@ -147,6 +147,32 @@ Test(daemon_lifecycle, info_and_stats, .timeout = 60) {
   cr_assert_str_eq(info.backend, "cpu");
   cr_assert_str_eq(info.server, "fp4idxd 0.1.0");
   cr_assert_eq(info.version, 1);
+  {
+    fp4idx_request_t h;
+    fp4idx_response_t hr;
+    unsigned char *hb = NULL;
+    memset(&h, 0, sizeof h);
+    h.id = 5;
+    h.op = FP4IDX_OP_HELLO;
+    h.u.hello.version = 1;
+    h.u.hello.client = (fp4idx_strview_t){"test", 4};
+    cr_assert_eq(fp4idx_test_call(fd, &h, &hr, &hb), 0);
+    cr_assert_eq(hr.status, 0, "%s", hr.error);
+    cr_assert_eq(hr.id, 5);
+    cr_assert_eq(hr.u.hello.version, 1);
+    cr_assert_str_eq(hr.u.hello.server, "fp4idxd 0.1.0");
+    fp4idx_response_clear(&hr);
+    free(hb);
+  }
+  /* three more connections, two closed again: the count follows */
+  int extra[3];
+  for (int i = 0; i < 3; i++) {
+    extra[i] = fp4idx_test_connect(d.sock);
+    info_of(extra[i]);
+  }
+  close(extra[0]);
+  close(extra[1]);
+  usleep(100 * 1000);
   uint16_t *keys = make_keys(20, 4);
   for (int i = 0; i < 5; i++)
     cr_assert_eq(fp4idx_test_append(fd, 3, FP4IDX_WIRE_BF16, 20, keys, NULL, NULL), 0);
@@ -162,7 +188,7 @@ Test(daemon_lifecycle, info_and_stats, .timeout = 60) {
   const fp4idx_stats_t *st = &resp.u.stats;
   cr_assert_eq(st->keys, 100);
   cr_assert_eq(st->sequences, 1);
-  cr_assert_geq(st->connections, 1);
+  cr_assert_eq(st->connections, 2, "this one and extra[2]");
   cr_assert_gt(st->uptime_s, 0.0);
   cr_assert_str_eq(st->backend, "cpu");
   cr_assert_eq(st->pages_total - st->pages_free, 7); /* 100 keys / 16 */
@@ -189,6 +215,7 @@ Test(daemon_lifecycle, info_and_stats, .timeout = 60) {
     }
   }
   cr_assert(seen_append && seen_drop);
+  close(extra[2]);
   fp4idx_response_clear(&resp);
   free(body);
   free(keys);
@@ -401,3 +428,37 @@ Test(daemon_lifecycle, cuda_without_cuda_build, .timeout = 30) {
   cr_assert_eq(fp4idx_test_daemon_stop(&a), 0);
 }
 #endif
+
+/* A second SIGTERM does not wait for a client that never reads. */
+Test(daemon_lifecycle, second_signal_closes_without_flushing, .timeout = 60) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "16M", NULL}), 0);
+  int fd = fp4idx_test_connect(d.sock);
+  enum { N = 4096 };
+  uint16_t *keys = make_keys(N, 6);
+  cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_BF16, N, keys, NULL, NULL), 0);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  for (int i = 0; i < 200; i++) {
+    fp4idx_request_t req;
+    memset(&req, 0, sizeof req);
+    req.id = (uint64_t)i + 1;
+    req.op = FP4IDX_OP_READ;
+    req.u.read.seq = 1;
+    req.u.read.dequant = true; /* 2 MiB per answer */
+    cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  }
+  cr_assert_eq(fp4idx_test_send_all(fd, sb.data, sb.size), 0);
+  msgpack_sbuffer_destroy(&sb);
+  usleep(300 * 1000);
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGTERM), 0);
+  cr_assert_eq(fp4idx_test_daemon_wait(&d, 500), -1, "waits for the unread replies");
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGTERM), 0);
+  cr_assert_eq(fp4idx_test_daemon_wait(&d, 10000), 0, "second signal: prompt, clean exit");
+  cr_assert(log_contains(&d, "without flushing"));
+  struct stat st;
+  cr_assert_neq(stat(d.sock, &st), 0);
+  close(fd);
+  free(keys);
+  fp4idx_test_daemon_stop(&d);
+}
