@@ -19,9 +19,8 @@ bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 for tool in systemd-analyze systemd-sysusers systemd-tmpfiles; do
   if ! command -v $tool >/dev/null; then
-    echo "$tool not installed (Debian package systemd): cannot verify units"
-    echo "0 passed, 1 failed"
-    exit 1
+    echo "SKIP: $tool not installed (Debian package systemd): cannot verify units"
+    exit 77
   fi
 done
 [ -x "$daemon" ] || { echo "daemon binary $daemon missing"; echo "0 passed, 1 failed"; exit 1; }
