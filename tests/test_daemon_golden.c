@@ -94,23 +94,36 @@ static void compare_logits(const golden_case_t *c, const float *logits, uint64_t
   cr_assert_eq(diffs, 0, "%s: %zu logits differ from the reference", c->name, diffs);
 }
 
+static void run_case_on(fp4idx_test_daemon_t *dp, const char *name, uint32_t n, uint32_t rows,
+                        uint32_t heads);
+
 static void run_case(const char *name, uint32_t n, uint32_t rows, uint32_t heads) {
-  golden_case_t c;
-  load_case(&c, name, n, rows, heads);
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "16M", NULL}), 0);
-  int fd = fp4idx_test_connect(d.sock);
+  run_case_on(&d, name, n, rows, heads);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+/* Runs one golden case on an already started daemon, on a fresh sequence. */
+static void run_case_on(fp4idx_test_daemon_t *dp, const char *name, uint32_t n, uint32_t rows,
+                        uint32_t heads) {
+  static uint64_t next_seq = 77;
+  golden_case_t c;
+  const fp4idx_test_daemon_t *d = dp;
+  uint64_t seq = next_seq++;
+  load_case(&c, name, n, rows, heads);
+  int fd = fp4idx_test_connect(d->sock);
   cr_assert_geq(fd, 0);
-  append_keys(fd, 77, &c);
+  append_keys(fd, seq, &c);
   float *logits = NULL;
   uint64_t width = 0;
-  cr_assert_eq(fp4idx_test_score(fd, 77, heads, rows, c.q, c.w, c.lens, &logits, &width), 0);
+  cr_assert_eq(fp4idx_test_score(fd, seq, heads, rows, c.q, c.w, c.lens, &logits, &width), 0);
   compare_logits(&c, logits, width);
   free(logits);
 
   /* Without lens every row sees all n keys: compare the rows whose golden
    * len is n (the reference for other positions would be different). */
-  cr_assert_eq(fp4idx_test_score(fd, 77, heads, rows, c.q, c.w, NULL, &logits, &width), 0);
+  cr_assert_eq(fp4idx_test_score(fd, seq, heads, rows, c.q, c.w, NULL, &logits, &width), 0);
   cr_assert_eq(width, n);
   for (uint32_t r = 0; r < rows; r++)
     if ((uint32_t)c.lens[r] == n)
@@ -120,7 +133,7 @@ static void run_case(const char *name, uint32_t n, uint32_t rows, uint32_t heads
   /* The stored bytes are the quantizer's (RNE) of the golden keys. */
   uint8_t *got = malloc((size_t)n * 68);
   uint64_t cnt = 0;
-  cr_assert_eq(fp4idx_test_read(fd, 77, 0, n, got, &cnt), 0);
+  cr_assert_eq(fp4idx_test_read(fd, seq, 0, n, got, &cnt), 0);
   for (uint32_t i = 0; i < n; i++) {
     uint8_t want[68];
     cr_assert_eq(fp4idx_quantize_key(c.keys + (size_t)i * 128, FP4IDX_DTYPE_BF16,
@@ -129,13 +142,42 @@ static void run_case(const char *name, uint32_t n, uint32_t rows, uint32_t heads
   }
   free(got);
   close(fd);
-  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
   free_case(&c);
 }
 
 Test(daemon_golden, dyadic_h32, .timeout = 120) { run_case("dyadic_h32", 1000, 4, 32); }
 Test(daemon_golden, gauss_h32, .timeout = 120) { run_case("gauss_h32", 1000, 4, 32); }
 Test(daemon_golden, gauss_h64, .timeout = 120) { run_case("gauss_h64", 777, 6, 64); }
+
+/* The same through the CUDA backend, when it is built and a GPU answers. */
+Test(daemon_golden, cuda_backend_all_cases, .timeout = 300) {
+#ifndef FP4IDX_TEST_HAVE_CUDA
+  cr_skip_test("built without the CUDA backend");
+#else
+  fp4idx_test_daemon_t d;
+  memset(&d, 0, sizeof d);
+  cr_assert_eq(fp4idx_test_daemon_prepare(&d), 0);
+  cr_assert_eq(fp4idx_test_daemon_spawn(&d, d.sock, (const char *[]){"--backend", "cuda",
+               "--cache-bytes", "64M", "--log-level", "debug", NULL}), 0);
+  int fd = -1;
+  for (int i = 0; i < 3000 && fd < 0 && fp4idx_test_daemon_alive(&d); i++) {
+    fd = fp4idx_test_connect(d.sock);
+    if (fd < 0) usleep(10000);
+  }
+  if (fd < 0) {
+    int code = fp4idx_test_daemon_stop(&d);
+    cr_skip_test("no usable GPU (fp4idxd --backend cuda exited %d)", code);
+  }
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(fd, &info), 0);
+  cr_assert_str_eq(info.backend, "cuda");
+  close(fd);
+  run_case_on(&d, "dyadic_h32", 1000, 4, 32);
+  run_case_on(&d, "gauss_h32", 1000, 4, 32);
+  run_case_on(&d, "gauss_h64", 777, 6, 64);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+#endif
+}
 
 /* Two sequences in one score call, topk on the golden data: the top-k of
  * each row equals the reference's (logit descending, ties by position). */
