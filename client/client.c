@@ -30,6 +30,10 @@ static fp4idx_status_t take_response(fp4idx_client_t *c, exchange_t *x,
                                      fp4idx_op_t op, uint64_t id, size_t len) {
   char msg[256] = "";
   int rc = fp4idx_decode_response(x->body, len, op, &x->resp, msg, sizeof msg);
+  if (rc == FP4IDX_ENOMEM) /* the frame was read whole: stream still in step */
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                               "no memory to decode the %s response",
+                               fp4idx_op_name(op));
   if (rc != 0) {
     fp4idx__client_disconnect(c);
     return fp4idx__client_fail(c, FP4IDX_EPROTO,

@@ -22,3 +22,12 @@ if(TARGET fp4idx_daemon_harness)
     FP4IDX_CLI_PATH="$<TARGET_FILE:fp4idx-cli>")
   add_dependencies(test_client_cli fp4idx-cli)
 endif()
+if(TARGET fp4idx_daemon_harness)
+  # Allocation-failure loops: the linker routes the static library's
+  # malloc/calloc/realloc through the test's hooks.
+  fp4idx_add_test(test_client_oom SOURCES test_client_oom.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util
+    LABELS daemon client)
+  target_link_options(test_client_oom PRIVATE
+    -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
+endif()

@@ -121,7 +121,7 @@ static void golden_lens(const char *name, char *out, size_t cap, int *rows) {
   free(l);
 }
 
-TestSuite(cli, .init = start, .fini = stop, .timeout = 120);
+TestSuite(cli, .init = start, .fini = stop);
 
 static void golden_raw(const char *name, int heads) {
   char f[64], lens[256];

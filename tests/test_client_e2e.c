@@ -157,7 +157,7 @@ static void golden_case(const char *name, int heads) {
   golden_free(&g);
 }
 
-TestSuite(e2e, .init = start, .fini = stop, .timeout = 120);
+TestSuite(e2e, .init = start, .fini = stop);
 
 Test(e2e, golden_dyadic_h32) { golden_case("dyadic_h32", 32); }
 Test(e2e, golden_gauss_h32) { golden_case("gauss_h32", 32); }
@@ -469,8 +469,7 @@ Test(e2e, timeout_on_a_stopped_daemon) {
   fp4idx_client_close(c);
 }
 
-TestSuite(e2e_small_frame, .init = start_small_frame, .fini = stop,
-          .timeout = 60);
+TestSuite(e2e_small_frame, .init = start_small_frame, .fini = stop);
 
 Test(e2e_small_frame, oversized_request_is_e2big) {
   size_t n = 8192; /* 2 MiB of bf16 keys against --max-frame 1M */
