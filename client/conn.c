@@ -138,13 +138,10 @@ fp4idx_status_t fp4idx_client_default_socket(char *buf, size_t size) {
   int n;
   if (env != NULL && env[0] != '\0')
     n = snprintf(buf, size, "%s", env);
-  else if (geteuid() == 0)
-    n = snprintf(buf, size, "/run/fp4idx/fp4idxd.sock");
-  else if (xdg != NULL && xdg[0] != '\0')
+  else if (geteuid() != 0 && xdg != NULL && xdg[0] != '\0')
     n = snprintf(buf, size, "%s/fp4idx/fp4idxd.sock", xdg);
-  else
-    n = snprintf(buf, size, "/run/user/%u/fp4idx/fp4idxd.sock",
-                 (unsigned)geteuid());
+  else /* root, or no runtime dir: the system daemon's socket (as fp4idxd) */
+    n = snprintf(buf, size, "/run/fp4idx/fp4idxd.sock");
   return (n < 0 || (size_t)n >= size) ? FP4IDX_E2BIG : FP4IDX_OK;
 }
 

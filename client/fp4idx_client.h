@@ -100,9 +100,9 @@ fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
 void fp4idx_client_close(fp4idx_client_t *c);
 
 /* Writes the default socket path into buf (NUL-terminated): $FP4IDX_SOCKET
- * if set and non-empty; else /run/fp4idx/fp4idxd.sock when running as root;
- * else $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock; else
- * /run/user/<uid>/fp4idx/fp4idxd.sock.
+ * if set and non-empty; else, for a non-root user with $XDG_RUNTIME_DIR set,
+ * $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock; else /run/fp4idx/fp4idxd.sock (the
+ * same rule as fp4idxd's --socket default).
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (buf NULL) or FP4IDX_E2BIG (the path
  *   does not fit in size bytes; buf then holds a truncated string). */
 fp4idx_status_t fp4idx_client_default_socket(char *buf, size_t size);

@@ -519,3 +519,14 @@ Test(conn, eintr_does_not_extend_the_timeout) {
   fp4idx_client_close(c);
   fake_stop(&f);
 }
+
+Test(conn, default_socket_without_runtime_dir) {
+  char buf[256];
+  unsetenv("FP4IDX_SOCKET");
+  unsetenv("XDG_RUNTIME_DIR");
+  cr_expect_eq(fp4idx_client_default_socket(buf, sizeof buf), FP4IDX_OK);
+  cr_expect_str_eq(buf, "/run/fp4idx/fp4idxd.sock");
+  setenv("FP4IDX_SOCKET", "", 1); /* empty: ignored */
+  cr_expect_eq(fp4idx_client_default_socket(buf, sizeof buf), FP4IDX_OK);
+  cr_expect_str_eq(buf, "/run/fp4idx/fp4idxd.sock");
+}
