@@ -313,8 +313,9 @@ typedef struct fp4idx_request_s {
  * required fields, tensor dtype/shape/data length, heads 1..128, shape
  * consistency inside a score entry, counts against the caps.
  * req->id is set whenever an unsigned "id" could be read, even on failure
- * (0 otherwise), and req->op once "op" was recognised, so the caller can
- * always send an error reply carrying the id.
+ * (0 otherwise: the msgpack bytes are invalid or over a cap, the body is not
+ * a map, or "id" is missing or not a uint), and req->op once "op" was
+ * recognised, so the caller can always send an error reply carrying it.
  * Tensors and strings are views into `body`; keep it alive while using *req.
  * Always call fp4idx_request_clear(req) afterwards (also after failure).
  * Returns 0 or:
