@@ -9,6 +9,10 @@
  * widest registers it has. */
 #include "cpu_score.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #ifndef FP4IDX__TILE_NAME
 #define FP4IDX__TILE_NAME fp4idx__score_tile_generic
 #endif
@@ -125,9 +129,12 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
   uint32_t smin = 255, smax = 0;
   for (int j = 0; j < nd; j++) {
     int64_t l = t0 + j;
-    int64_t slot = (int64_t)sq->pages[l >> c->pshift] * c->P + (l & (c->P - 1));
-    pay[j] = c->pool + fp4idx_payload_offset(slot, c->P);
-    const uint8_t *sc = c->pool + fp4idx_scale_offset(slot, c->P);
+    /* DESIGN.md s1 page layout without a division: page base, then the
+     * payload of slot o at o*64 and its scales at P*64 + o*4 */
+    const uint8_t *page = c->pool + (int64_t)sq->pages[l >> c->pshift] * c->P * FP4IDX_SLOT_BYTES;
+    int64_t o = l & (c->P - 1);
+    pay[j] = page + o * FP4IDX_PAYLOAD_BYTES;
+    const uint8_t *sc = page + c->P * FP4IDX_PAYLOAD_BYTES + o * FP4IDX_SCALE_BYTES;
     for (int blk = 0; blk < 4; blk++) {
       uint32_t sb = sc[blk];
       smin = sb < smin ? sb : smin;
@@ -164,11 +171,13 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
       for (int t = 0; t < 16; t++) {
         int j = j0 + t;
         if (j < nd) {
-          fp4idx__v16u8 b8;
-          memcpy(&b8, pay[j] + 16 * m, 16);
-          fp4idx__v16i x = __builtin_convertvector(b8, fp4idx__v16i);
-          x = (__builtin_shuffle(x, dup) >> nib) & 15;
-          rows[t] = __builtin_shuffle(lut, x) * scl[j][m];
+          /* vpmovzxbd, vpermd, vpsrlvd, vpand, vpermps, vmulps (GCC lowers
+           * the vector-extension widening to scalar code, hence intrinsics) */
+          __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(pay[j] + 16 * m)));
+          x = _mm512_permutexvar_epi32((__m512i)dup, x);
+          x = _mm512_and_si512(_mm512_srlv_epi32(x, (__m512i)nib), _mm512_set1_epi32(15));
+          rows[t] = (fp4idx__v16f)_mm512_mul_ps(_mm512_permutexvar_ps(x, (__m512)lut),
+                                                _mm512_set1_ps(scl[j][m]));
         } else {
           rows[t] = (fp4idx__v16f){0};
         }
@@ -195,9 +204,10 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
   uint32_t smin = 255, smax = 0;
   for (int j = 0; j < nd; j++) {
     int64_t l = t0 + j;
-    int64_t slot = (int64_t)sq->pages[l >> c->pshift] * c->P + (l & (c->P - 1));
-    const uint8_t *pay = c->pool + fp4idx_payload_offset(slot, c->P);
-    const uint8_t *sc = c->pool + fp4idx_scale_offset(slot, c->P);
+    const uint8_t *page = c->pool + (int64_t)sq->pages[l >> c->pshift] * c->P * FP4IDX_SLOT_BYTES;
+    int64_t o = l & (c->P - 1);
+    const uint8_t *pay = page + o * FP4IDX_PAYLOAD_BYTES;
+    const uint8_t *sc = page + c->P * FP4IDX_PAYLOAD_BYTES + o * FP4IDX_SCALE_BYTES;
     for (int blk = 0; blk < 4; blk++) {
       uint32_t sb = sc[blk];
       smin = sb < smin ? sb : smin;
