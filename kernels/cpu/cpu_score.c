@@ -4,7 +4,7 @@
  *   k = bf16(decode(k_l));  d[h] = bf16(q[r,h] . k);
  *   p[h] = bf16(max(d[h], 0) * w[r,h]);  logit = f32(bf16(sum_h p[h])).
  *
- Work split: keys are cut into tiles of FP4IDX__TK (32) keys; the threads of
+ * Work split: keys are cut into tiles of FP4IDX__TK (32) keys; the threads of
  * a persistent pool take tiles from an atomic counter. A tile is decoded once
  * (element-major, so that one vector holds one element of 16 keys) and reused
  * by all R*H query vectors. Query vectors go in groups of FP4IDX__G (8)
