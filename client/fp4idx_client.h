@@ -22,8 +22,11 @@
  * elapsed) leave the connection CLOSED -- the position in the response stream
  * is unknown -- and every later call returns FP4IDX_ECONN until
  * fp4idx_client_connect() succeeds again on the same handle. FP4IDX_EPROTO
- * from a malformed response closes it likewise. Errors reported by the
- * daemon (ENOSEQ, ERANGE, ESHAPE, EFULL, ...) leave the connection usable.
+ * from a malformed response closes it likewise, as do FP4IDX_E2BIG for a
+ * response above FP4IDX_CLIENT_MAX_RESPONSE and FP4IDX_ENOMEM while a
+ * response was being received. Errors reported by the daemon (ENOSEQ,
+ * ERANGE, ESHAPE, EFULL, ...) and argument errors (EINVAL) leave the
+ * connection usable; fp4idx_client_connected() tells which case you are in.
  *
  * Memory: results the library allocates (fp4idx_client_score,
  * fp4idx_client_read, fp4idx_client_stats) are single blocks owned by the
