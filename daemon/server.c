@@ -40,7 +40,7 @@ static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   srv->n_conns--;
-  free(c->body);
+  fp4idx_frame_reader_free(&c->fr);
   free(c->scratch);
   free(c);
   if (srv->conn_event) srv->conn_event(srv, -1);
@@ -190,97 +190,68 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
   fp4idx__server_flush(c);
 }
 
+/* A whole frame is in the reader: hand its body to a request and queue it. */
 static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (!r) {
+  if (!r || fp4idx_frame_reader_take(&c->fr, &r->body, &r->body_len)) {
+    free(r);
     fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
     return;
   }
-  r->body = c->body;
-  r->body_len = c->body_len;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
-  c->body = NULL;
-  c->in_body = 0;
-  c->hdr_have = 0;
-  c->body_len = c->body_have = 0;
   fp4idx__server_enqueue(c, r);
   c->srv->submit(c->srv, r);
 }
 
-/* Frame header complete: check the length cap and get the body buffer.
- * Returns 0 to go on, -1 when the connection is finished with. */
-static int fp4idx__server_begin_body(fp4idx_conn_t *c) {
-  uint32_t n = (uint32_t)c->hdr[0] << 24 | (uint32_t)c->hdr[1] << 16 |
-               (uint32_t)c->hdr[2] << 8 | c->hdr[3];
+/* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */
+static void fp4idx__server_frame_error(fp4idx_conn_t *c, int rc) {
   char msg[160];
-  if ((uint64_t)n > c->srv->max_frame) {
-    snprintf(msg, sizeof msg, "frame of %u bytes exceeds max_frame %llu", n,
+  if (rc == FP4IDX_E2BIG)
+    snprintf(msg, sizeof msg, "frame length exceeds max_frame (%llu bytes)",
              (unsigned long long)c->srv->max_frame);
-    fp4idx__server_bad_frame(c, FP4IDX_E2BIG, msg);
-    return -1;
-  }
-  /* An empty body is still a frame (the stream stays in sync): it reaches
-   * the decoder, which answers EPROTO. */
-  c->body = malloc(n ? n : 1);
-  if (!c->body) {
-    fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a frame body");
-    return -1;
-  }
-  c->body_len = n;
-  c->body_have = 0;
-  c->in_body = 1;
-  return 0;
+  else
+    snprintf(msg, sizeof msg, "frame refused: %s", fp4idx_strerror(rc));
+  fp4idx__server_bad_frame(c, rc, msg);
 }
 
 static int fp4idx__server_over_caps(const fp4idx_conn_t *c) {
   return c->pending >= FP4IDX_SERVER_MAX_PENDING || c->out_bytes >= FP4IDX_SERVER_MAX_OUT_BYTES;
 }
 
-/* Consumes the unparsed bytes of the scratch buffer: headers and (parts of)
- * bodies, possibly several whole frames. Stops at a cap and leaves the rest
- * in scratch (in_off/in_len) for when the connection drains: a client that
- * pipelines more than the caps allow is simply read more slowly. */
+/* Feeds the unparsed bytes of the scratch buffer to the frame reader, one
+ * frame at a time. Stops at a cap and leaves the rest in scratch
+ * (in_off/in_len) for when the connection drains: a client that pipelines
+ * more than the caps allow is simply read more slowly. Callers enter only
+ * below the caps; the check after each frame keeps it so. */
 static void fp4idx__server_parse(fp4idx_conn_t *c) {
   while (c->in_len > 0 && !c->eof && !c->closing) {
-    const uint8_t *p = c->scratch + c->in_off;
-    size_t n = c->in_len, used = 0;
-    if (!c->in_body) {
-      if (fp4idx__server_over_caps(c)) return; /* resume later */
-      size_t k = 4 - c->hdr_have;
-      if (k > n) k = n;
-      memcpy(c->hdr + c->hdr_have, p, k);
-      c->hdr_have += k;
-      used = k;
-      c->in_off += used;
-      c->in_len -= used;
-      if (c->hdr_have < 4) return; /* need more bytes */
-      if (fp4idx__server_begin_body(c)) return;
-      if (c->body_len == 0) {
-        fp4idx__server_dispatch(c);
-        continue;
-      }
-      p += used;
-      n -= used;
+    size_t used = 0;
+    int rc = fp4idx_frame_reader_feed(&c->fr, c->scratch + c->in_off, c->in_len, &used);
+    c->in_off += used;
+    c->in_len -= used;
+    if (rc < 0) {
+      fp4idx__server_frame_error(c, rc);
+      break;
     }
-    size_t k = c->body_len - c->body_have;
-    if (k > n) k = n;
-    memcpy(c->body + c->body_have, p, k);
-    c->body_have += k;
-    c->in_off += k;
-    c->in_len -= k;
-    if (c->body_have == c->body_len) fp4idx__server_dispatch(c);
+    if (rc == 1) {
+      fp4idx__server_dispatch(c);
+      if (fp4idx__server_over_caps(c)) break; /* resume from update_reading */
+    }
   }
-  if (c->in_len == 0) c->in_off = 0;
+  if (c->in_len == 0 || c->eof || c->closing) c->in_off = c->in_len = 0;
 }
 
 static void fp4idx__server_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   fp4idx_conn_t *c = h->data;
+  void *space = NULL;
+  size_t len = 0;
   (void)hint;
   /* Inside a body, read straight into it (never past its end, so the next
    * frame's bytes are not consumed); between frames, into the scratch. */
-  if (c->in_body)
-    *buf = uv_buf_init((char *)c->body + c->body_have, (unsigned)(c->body_len - c->body_have));
+  fp4idx_frame_reader_space(&c->fr, &space, &len);
+  if (space && len <= UINT32_MAX)
+    *buf = uv_buf_init(space, (unsigned)len);
   else
     *buf = uv_buf_init((char *)c->scratch, FP4IDX_SERVER_SCRATCH);
 }
@@ -308,9 +279,8 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     c->in_off = 0;
     c->in_len = (size_t)nread;
     fp4idx__server_parse(c);
-  } else {
-    c->body_have += (size_t)nread;
-    if (c->body_have == c->body_len) fp4idx__server_dispatch(c);
+  } else if (fp4idx_frame_reader_commit(&c->fr, (size_t)nread) == 1) {
+    fp4idx__server_dispatch(c);
   }
   fp4idx__server_update_reading(c);
 }
@@ -366,6 +336,7 @@ static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
   c->srv = srv;
   c->pipe.data = c;
   c->id = ++srv->next_conn_id;
+  fp4idx_frame_reader_init(&c->fr, (uint32_t)srv->max_frame);
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;

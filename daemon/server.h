@@ -1,8 +1,9 @@
 /* server.h -- the Unix socket: listening, connections, framing, ordering.
  *
  * The request path on the loop thread, in a straight line:
- *   fp4idx__server_read_cb -> fp4idx__server_parse (frame header / body, state
- *   on the connection; "need more bytes" is a normal return) ->
+ *   fp4idx__server_read_cb -> fp4idx__server_parse (the codec's incremental
+ *   frame reader, state on the connection; "need more bytes" is a normal
+ *   return; bodies are read straight into their buffer) ->
  *   srv->submit(req) (the daemon queues it on the worker) ... worker ...
  *   fp4idx__server_req_done(req) -> fp4idx__server_flush (writes every
  *   finished response at the head of the connection's list, so responses
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "fp4idx_codec.h"
 #include "worker.h"
 
 #define FP4IDX_SERVER_MAX_LISTENERS 4
@@ -52,12 +54,7 @@ struct fp4idx_conn_s {
   fp4idx_server_t *srv;
   fp4idx_conn_t *prev, *next;  /* server's list */
   uint64_t id;                 /* for logs */
-  /* framing state */
-  uint8_t hdr[4];
-  size_t hdr_have;
-  uint8_t *body;
-  size_t body_len, body_have;
-  int in_body;
+  fp4idx_frame_reader_t fr;     /* framing state (the codec's reader) */
   uint8_t *scratch;            /* [FP4IDX_SERVER_SCRATCH] */
   size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
   /* requests in arrival order; head is the next response to write */

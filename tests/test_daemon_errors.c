@@ -562,3 +562,43 @@ Test(daemon_errors, fuzzed_frames_never_crash, .init = setup, .fini = teardown, 
   still_fine(g_fd);
   free(keys);
 }
+
+/* Frames cut at every byte (header and body across many reads), and two
+ * frames sharing one write, are reassembled. */
+Test(daemon_errors, frames_split_anywhere, .init = setup, .fini = teardown, .timeout = 60) {
+  uint16_t *keys = make_keys(3, 19);
+  fp4idx_request_t req;
+  memset(&req, 0, sizeof req);
+  req.id = 61;
+  req.op = FP4IDX_OP_APPEND;
+  req.u.append.seq = 8;
+  uint64_t shape[2] = {3, 128};
+  fp4idx_tensor_init(&req.u.append.keys, FP4IDX_WIRE_BF16, 2, shape, keys);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  fp4idx_request_t info;
+  memset(&info, 0, sizeof info);
+  info.id = 62;
+  info.op = FP4IDX_OP_INFO;
+  cr_assert_eq(fp4idx_encode_request(&sb, &info), 0);
+  for (size_t i = 0; i < sb.size; i++) {
+    cr_assert_eq(fp4idx_test_send_all(g_fd, sb.data + i, 1), 0);
+    if (i % 97 == 0) usleep(1000); /* let some bytes arrive alone */
+  }
+  msgpack_sbuffer_destroy(&sb);
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  cr_assert_eq(fp4idx_test_recv_response(g_fd, FP4IDX_OP_APPEND, &resp, &body), 0);
+  cr_assert_eq(resp.id, 61);
+  cr_assert_eq(resp.status, 0, "%s", resp.error);
+  cr_assert_eq(resp.u.append.length, 3);
+  fp4idx_response_clear(&resp);
+  free(body);
+  cr_assert_eq(fp4idx_test_recv_response(g_fd, FP4IDX_OP_INFO, &resp, &body), 0);
+  cr_assert_eq(resp.id, 62);
+  cr_assert_eq(resp.u.info.sequences, 1);
+  fp4idx_response_clear(&resp);
+  free(body);
+  free(keys);
+}
