@@ -1,17 +1,22 @@
 #!/bin/sh
-# sass_check.sh OBJECT -- the scorer's machine code must use tensor cores
+# sass_check.sh OBJECT... -- the scorer's machine code must use tensor cores
 # (HMMA or HGMMA) and no MUFU.EX2 (exp2 on the special-function unit), for
 # every architecture in the fat binary. Exit 77 (ctest: skipped) when no
 # cuobjdump is available.
-obj="$1"
 tool="${CUOBJDUMP:-}"
 [ -z "$tool" ] && tool=$(command -v cuobjdump 2>/dev/null)
 [ -z "$tool" ] && [ -x /usr/local/cuda/bin/cuobjdump ] && tool=/usr/local/cuda/bin/cuobjdump
 if [ -z "$tool" ]; then echo "sass_check: no cuobjdump, skipped"; exit 77; fi
-[ -f "$obj" ] || { echo "sass_check: no object $obj"; exit 1; }
-sass=$("$tool" -sass "$obj" 2>&1) || { echo "sass_check: cuobjdump failed: $sass"; exit 1; }
+set -- $(printf "%s " "$@" | tr ";" " ")
+sass=""
+for obj in "$@"; do
+  [ -f "$obj" ] || { echo "sass_check: no object $obj"; exit 1; }
+  one=$("$tool" -sass "$obj" 2>&1) || { echo "sass_check: cuobjdump failed: $one"; exit 1; }
+  sass="$sass
+$one"
+done
 archs=$(printf '%s\n' "$sass" | grep -o 'arch = sm_[0-9a-z]*' | sort -u | tr '\n' ' ')
-[ -n "$archs" ] || { echo "sass_check: no SASS in $obj"; exit 1; }
+[ -n "$archs" ] || { echo "sass_check: no SASS in $*"; exit 1; }
 rc=0
 for a in $archs; do :; done
 # Split per architecture section ("Fatbin elf code" ... "arch = sm_XX").

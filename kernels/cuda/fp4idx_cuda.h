@@ -54,6 +54,8 @@ typedef struct fp4idx_cuda_score_params_s {
   int32_t ntp;        /* n-tiles (8 query vectors) per work, padded to 4 */
   int32_t log2_page;  /* log2(P) */
   int32_t grid;       /* blocks launched (set by the planner) */
+  int32_t tile_keys;  /* 64: sm_90 wgmma kernel; 32: mma.sync kernel (planner) */
+  int32_t _pad2;
   int64_t total_tiles;
 } fp4idx_cuda_score_params_t;
 

@@ -14,9 +14,13 @@ for what in "$@"; do
     set -o pipefail
     timeout 400 $B/tests/test_cuda -j1 --verbose 2>&1 | tee $OUT/test_cuda.log | grep -E "FAIL|Skip|Synthesis|error|differ" | head -60
     echo "test_cuda rc=$?"
-    sh tests/sass_check.sh $B/kernels/cuda/CMakeFiles/fp4idx_cuda_score_obj.dir/score.cu.o 2>&1 | tee $OUT/sass_check.log ;;
+    sh tests/sass_check.sh $B/kernels/cuda/CMakeFiles/fp4idx_cuda_score_obj.dir/score*.cu.o 2>&1 | tee $OUT/sass_check.log ;;
   bench)
     timeout 300 $B/bench/fp4idx-bench-cuda --check --csv $OUT/bench.csv 2>&1 | tee $OUT/bench.log ;;
+  benchold)
+    FP4IDX_CUDA_MMASYNC=1 timeout 200 $B/bench/fp4idx-bench-cuda --csv $OUT/bench_mmasync.csv 2>&1 | tee $OUT/bench_mmasync.log | tail -7 ;;
+  testsold)
+    FP4IDX_CUDA_MMASYNC=1 timeout 400 $B/tests/test_cuda -j1 2>&1 | tail -3 ;;
   benchfast)
     timeout 200 $B/bench/fp4idx-bench-cuda --csv $OUT/bench.csv 2>&1 | tee $OUT/bench.log ;;
   variants)

@@ -40,6 +40,7 @@
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
@@ -343,6 +344,24 @@ size_t smem_bytes(int ntp) { return (size_t)ntp * 8 * 256 + (size_t)ntp * 16 + k
 
 }  // namespace
 
+extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp);
+extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem);
+extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
+
+// The wgmma kernel on compute capability 9.0 unless FP4IDX_CUDA_MMASYNC=1.
+static int use_sm90(void) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const char *e = getenv("FP4IDX_CUDA_MMASYNC");
+  if (e && *e && *e != '0') return 0;
+  return major == 9 && minor == 0;
+}
+
 extern "C" int fp4idx__cuda_check(cudaError_t err, const char *what) {
   if (err == cudaSuccess) return FP4IDX_OK;
   fprintf(stderr, "fp4idx cuda: %s: %s (%s)\n", what, cudaGetErrorString(err),
@@ -397,13 +416,34 @@ extern "C" int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32
     }
   }
   const int32_t nt_valid = (max_rows * hp) / 8;
+  const int sm90 = use_sm90();
   p->n_works = nw;
   p->heads = heads;
   p->hp = hp;
-  p->ntp = (nt_valid + kNG - 1) / kNG * kNG;
+  p->tile_keys = sm90 ? 64 : kTileKeys;
+  p->_pad2 = 0;
+  if (sm90) {
+    // Tiles of 64 keys; each work's tiles were counted in 32s above.
+    int64_t t64 = 0;
+    for (int32_t i = 0, wi = 0; i < n_seqs; i++) {
+      if (rows[i] == 0 || width[i] == 0) continue;
+      const int32_t rpc = rows_per_work(hp, rows[i]);
+      const int64_t nt = (width[i] + 63) / 64;
+      for (int32_t r0 = 0; r0 < rows[i]; r0 += rpc, wi++) {
+        if (wi < max_works) works[wi].tile_begin = t64;
+        t64 += nt;
+      }
+    }
+    tiles = t64;
+    p->ntp = (nt_valid + 15) / 16 * 16;
+  } else {
+    p->ntp = (nt_valid + kNG - 1) / kNG * kNG;
+  }
   p->total_tiles = tiles;
-  const int64_t want = (tiles + kWarps - 1) / kWarps;
-  const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * blocks_per_sm(smem_bytes(p->ntp));
+  const int64_t want = sm90 ? tiles : (tiles + kWarps - 1) / kWarps;
+  const int bps = sm90 ? fp4idx__score_sm90_blocks_per_sm(fp4idx__score_sm90_smem(p->ntp))
+                       : blocks_per_sm(smem_bytes(p->ntp));
+  const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * bps;
   p->grid = (int32_t)(want < cap ? want : cap);
   return nw;
 }
@@ -425,6 +465,11 @@ extern "C" int fp4idx_cuda_score_launch_variant(const fp4idx_cuda_score_params_t
       p->ntp * 8 > kMaxQ || p->log2_page < 0 || p->log2_page > 16)
     return FP4IDX_EINVAL;
   if (p->total_tiles == 0 || p->grid < 1) return FP4IDX_OK;
+  if (p->tile_keys == 64) {
+    if (skip != 0 || p->ntp % 16) return FP4IDX_EINVAL;
+    return fp4idx__score_sm90_launch(p, stream);
+  }
+  if (p->tile_keys != kTileKeys) return FP4IDX_EINVAL;
   const size_t smem = smem_bytes(p->ntp);
   switch (skip) {
     case 0: return launch_variant<0>(p, smem, stream);

@@ -1,0 +1,309 @@
+/* score_sm90.cu -- the FP4 index scorer on Hopper: wgmma (sm_90a).
+ *
+ * Same contract and epilogue as score.cu (see there); what changes is the
+ * matrix engine. One warpgroup (4 warps, 128 threads) per block takes a
+ * 64-key tile: warp w owns keys 16w..16w+15, and each lane decodes keys
+ * 16w+g and 16w+g+8 (scale block t of each, one LDG.128 + one byte) straight
+ * into the A-operand registers of wgmma.m64n128k16 -- the keys are decoded
+ * ONCE per tile and used for all R*H query vectors of the sequence.
+ * B (the query vectors, N = 128 per instruction, up to 2 chunks) lives in
+ * shared memory in the K-major 128-byte-swizzled layout that the tensor core
+ * reads through a matrix descriptor, with the K permutation of the decoder
+ * (a lane's A elements are one 32-element scale block) applied when the
+ * queries are staged. 8 wgmma (K = 128) per chunk, f32 accumulators in
+ * registers (64 per thread), then the bf16 epilogue per n8 block, the head
+ * sum across the quad (2 shuffles) and the row write.
+ *
+ * Grid: 1-D, <= occupancy * SMs blocks; block b takes the contiguous 64-key
+ * tile range [T*b/G, T*(b+1)/G) of the flattened work list (score.cu's
+ * planner). Shared memory: nq*256 B of queries (nq = query vectors padded to
+ * 128) + weights + lengths, 1024-byte aligned for the swizzle.
+ * Only compiled into the sm_90a image; the launcher picks it on CC 9.0.
+ */
+#include <cuda_bf16.h>
+#include <stdio.h>
+
+#include "fp4idx_cuda.h"
+#include "fp4idx_decode.cuh"
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = 64;
+constexpr int kN = 128;  // query vectors per wgmma
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP4IDX_SM90 1
+#endif
+
+#ifdef FP4IDX_SM90
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// D[64x128] (+)= A[64x16] (registers) * B[16x128] (shared, K-major, SW128).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, uint32_t a1,
+                                                 uint32_t a2, uint32_t a3, uint64_t desc,
+                                                 int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
+}
+
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+#endif
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ uint32_t relu_mul_bf16x2(uint32_t d, uint32_t w) {
+  uint32_t r, z = 0;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(d), "r"(z));
+  return fp4idx__hmul2_bits(r, w);
+}
+__device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+struct Keys2 {
+  uint4 p[2];
+  uint32_t s[2];
+};
+
+__device__ __forceinline__ void load_keys2(Keys2 &kr, const uint8_t *__restrict__ pool,
+                                           const int32_t *__restrict__ pages, int32_t log2p,
+                                           int64_t width, int64_t lbase, int t) {
+  const int64_t psize = int64_t(1) << log2p;
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    int64_t l = lbase + 8 * m;
+    if (l > width - 1) l = width - 1;
+    const int64_t page = __ldg(pages + (l >> log2p));
+    const int64_t o = l & (psize - 1);
+    const uint8_t *base = pool + page * (psize * FP4IDX_SLOT_BYTES);
+    const uint8_t *src = base + o * 64 + t * 16;
+    if (log2p >= 2) {
+      kr.p[m] = __ldg(reinterpret_cast<const uint4 *>(src));
+    } else {
+      const uint32_t *s4 = reinterpret_cast<const uint32_t *>(src);
+      kr.p[m] = make_uint4(__ldg(s4), __ldg(s4 + 1), __ldg(s4 + 2), __ldg(s4 + 3));
+    }
+    kr.s[m] = __ldg(base + psize * 64 + o * 4 + t);
+  }
+}
+
+}  // namespace
+
+__global__ void __launch_bounds__(kThreads, 3)
+    fp4idx_score_sm90_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
+#ifdef FP4IDX_SM90
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  uint8_t *smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  const int nq = prm.ntp * 8;                                      // query rows in smem
+  uint8_t *q_s = smem;                                             // [2 kc][nq][128 B]
+  uint32_t *w_s = reinterpret_cast<uint32_t *>(smem + nq * 256);   // [nq/2] bf16x2
+  int32_t *lens_s = reinterpret_cast<int32_t *>(w_s + nq / 2);     // [32]
+  int32_t *maxlen_s = lens_s + 32;
+  const uint32_t q_addr = (uint32_t)__cvta_generic_to_shared(q_s);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t T = prm.total_tiles;
+  const int64_t tb = T * blockIdx.x / gridDim.x;
+  const int64_t te = T * (blockIdx.x + 1) / gridDim.x;
+
+  int64_t cur = tb;
+  while (cur < te) {
+    int lo = 0, hi = prm.n_works - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (prm.works[mid].tile_begin <= cur) lo = mid; else hi = mid - 1;
+    }
+    const fp4idx_cuda_work_t wk = prm.works[lo];
+    const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
+    const int64_t seg_end = wend < te ? wend : te;
+    const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
+    const int nrows = wk.nrows;
+    const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
+    const int nchunks = (nt_valid * 8 + kN - 1) / kN;
+    const int nt_per_row = prm.hp >> 3;
+
+    __syncthreads();
+    // Stage the queries: input chunk (v, c) = dims 8c..8c+7 of vector v;
+    // with c = 4t'+w', its word pairs (d0,d4) (d1,d5) (d2,d6) (d3,d7) sit at
+    // logical K = 32w' + 2t' + {0,8,16,24} (the decoder's K order), in the
+    // SW128 K-major layout: [kc = K/64][row v][16-byte unit u ^ (v & 7)].
+    for (int i0 = threadIdx.x; i0 < nq * 16; i0 += 8 * kThreads) {
+      uint4 in[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
+        const int r = v / prm.hp, h = v - r * prm.hp;
+        in[u] = make_uint4(0, 0, 0, 0);
+        if (i < nq * 16 && r < nrows && h < prm.heads)
+          in[u] = __ldg(reinterpret_cast<const uint4 *>(
+              sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
+      }
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
+        if (i >= nq * 16) break;
+        const int tq = c >> 2, wq = c & 3;
+        const uint32_t o[4] = {prmt(in[u].x, in[u].z, 0x5410), prmt(in[u].x, in[u].z, 0x7632),
+                               prmt(in[u].y, in[u].w, 0x5410), prmt(in[u].y, in[u].w, 0x7632)};
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+          const int unit = 4 * wq + m;  // (K/8) over both 64-element chunks
+          const int kc = unit >> 3, uu = unit & 7;
+          *reinterpret_cast<uint32_t *>(q_s + kc * (nq * 128) + v * 128 + ((uu ^ (v & 7)) << 4) +
+                                        4 * tq) = o[m];
+        }
+      }
+    }
+    for (int i = threadIdx.x; i < nq / 2; i += kThreads) {
+      uint32_t pair = 0;
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int v = 2 * i + e, r = v / prm.hp, h = v - r * prm.hp;
+        uint32_t x = 0;
+        if (r < nrows && h < prm.heads) x = sq.w[(int64_t)(wk.row0 + r) * prm.heads + h];
+        pair |= x << (16 * e);
+      }
+      w_s[i] = pair;
+    }
+    if (threadIdx.x == 0) {
+      int32_t mx = 0;
+      for (int r = 0; r < nrows; r++) {
+        int32_t L = sq.lens[wk.row0 + r];
+        lens_s[r] = L;
+        mx = L > mx ? L : mx;
+      }
+      *maxlen_s = mx;
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const int32_t maxlen = *maxlen_s;
+
+    Keys2 kr;
+    {
+      const int64_t l0 = (cur - wk.tile_begin) * kTileKeys;
+      if (l0 < maxlen) load_keys2(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0 + 16 * warp + g, t);
+    }
+    for (int64_t tile = cur; tile < seg_end; tile++) {
+      const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
+      if (l0 >= maxlen) {
+        // Past every row's visible count: -inf only.
+        const int64_t l = l0 + (threadIdx.x & 63);
+        if (l < sq.width)
+          for (int r = threadIdx.x >> 6; r < nrows; r += 2)
+            sq.out[(int64_t)(wk.row0 + r) * sq.width + l] = -INFINITY;
+        continue;
+      }
+      uint32_t a[2][16];
+      fp4idx__decode_block(kr.p[0], kr.s[0], a[0]);
+      fp4idx__decode_block(kr.p[1], kr.s[1], a[1]);
+      if (tile + 1 < seg_end && l0 + kTileKeys < maxlen)
+        load_keys2(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0 + kTileKeys + 16 * warp + g, t);
+
+      float rs0 = 0.f, rs1 = 0.f;  // head sums of keys g, g+8 (current row)
+      int row_r = 0, row_left = nt_per_row;
+      for (int ch = 0; ch < nchunks; ch++) {
+        float d[64];
+        fence_acc(d);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+          const int w4 = kk >> 1, n0 = 2 * (kk & 1);
+          const uint32_t saddr = q_addr + (kk >> 2) * (nq * 128) + ch * (kN * 128) + (kk & 3) * 32;
+          wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
+                           a[1][4 * w4 + n0 + 1], make_desc(saddr), kk);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_acc(d);
+#pragma unroll
+        for (int jj = 0; jj < kN / 8; jj++) {
+          const int j = ch * (kN / 8) + jj;
+          if (j < nt_valid) {
+            const uint32_t w2 = w_s[j * 4 + t];
+            const uint32_t pa = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+            const uint32_t pb = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+            rs0 += bf16_lo(pa);
+            rs0 += bf16_hi(pa);
+            rs1 += bf16_lo(pb);
+            rs1 += bf16_hi(pb);
+            if (--row_left == 0) {
+              // Quad sum: odd lanes keep key g+8, even lanes key g.
+              const bool odd = (t & 1) != 0;
+              float keep = odd ? rs1 : rs0;
+              keep += __shfl_xor_sync(0xffffffffu, odd ? rs0 : rs1, 1);
+              keep += __shfl_xor_sync(0xffffffffu, keep, 2);
+              const int r = row_r++;
+              row_left = nt_per_row;
+              if (t < 2) {
+                const int64_t l = l0 + 16 * warp + g + 8 * t;
+                if (l < sq.width) {
+                  const int64_t row = wk.row0 + r;
+                  bool vis = l < lens_s[r];
+                  if (vis && sq.mask) vis = sq.mask[row * sq.width + l] != 0;
+                  sq.out[row * sq.width + l] =
+                      vis ? __bfloat162float(__float2bfloat16_rn(keep)) : -INFINITY;
+                }
+              }
+              rs0 = rs1 = 0.f;
+            }
+          }
+        }
+      }
+    }
+    cur = seg_end;
+  }
+#endif
+}
+
+extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
+  return (size_t)ntp * 8 * 256 + (size_t)ntp * 4 * 4 + 33 * 4 + 1024;
+}
+
+extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
+  int n = 0;
+  if (cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_sm90_kernel, kThreads, smem) !=
+          cudaSuccess ||
+      n < 1) {
+    cudaGetLastError();
+    n = 1;
+  }
+  return n;
+}
+
+extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream) {
+  const size_t smem = fp4idx__score_sm90_smem(p->ntp);
+  int rc = fp4idx__cuda_check(
+      cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem),
+      "score sm90: set smem");
+  if (rc) return rc;
+  fp4idx_score_sm90_kernel<<<p->grid, kThreads, smem, stream>>>(*p);
+  return fp4idx__cuda_check(cudaGetLastError(), "score sm90: launch");
+}
