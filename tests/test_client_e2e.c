@@ -607,3 +607,44 @@ Test(e2e, mask_matches_reference) {
   fp4idx_client_close(c);
   golden_free(&g);
 }
+
+/* ---- a pool of two pages --------------------------------------------------- */
+
+static void start_tiny_pool(void) {
+  static const char *const extra[] = {"--cache-bytes", "8704", NULL}; /* 2x64x68 */
+  cr_assert_eq(fp4idx_test_daemon_start(&daemon_, extra), 0,
+               "fp4idxd did not start");
+}
+
+TestSuite(e2e_tiny_pool, .init = start_tiny_pool, .fini = stop);
+
+Test(e2e_tiny_pool, full_pool_is_efull_and_changes_nothing) {
+  fp4idx_client_t *c = open_client();
+  fp4idx_client_info_t in;
+  CHECK(c, fp4idx_client_info(c, &in));
+  cr_assert_eq(in.pages_total, 2);
+  uint16_t *k = calloc(129 * 128, 2);
+  uint64_t len;
+  CHECK(c, fp4idx_client_append_bf16(c, 1, k, 100, FP4IDX_ROUNDING_RNE, NULL,
+                                     &len));
+  cr_expect_eq(fp4idx_client_append_bf16(c, 1, k, 29, FP4IDX_ROUNDING_RNE,
+                                         NULL, NULL),
+               FP4IDX_EFULL);
+  cr_expect_neq(fp4idx_client_last_error(c)[0], '\0');
+  cr_expect(fp4idx_client_connected(c));
+  cr_expect_eq(fp4idx_client_append_bf16(c, 2, k, 129, FP4IDX_ROUNDING_RNE,
+                                         NULL, NULL),
+               FP4IDX_EFULL);
+  CHECK(c, fp4idx_client_truncate(c, 1, 100, &len));
+  cr_expect_eq(len, 100, "the refused append stored keys");
+  CHECK(c, fp4idx_client_append_bf16(c, 1, k, 28, FP4IDX_ROUNDING_RNE, NULL,
+                                     &len));
+  cr_expect_eq(len, 128);
+  /* Dropping frees the pages for another sequence. */
+  CHECK(c, fp4idx_client_drop(c, 1));
+  CHECK(c, fp4idx_client_append_bf16(c, 2, k, 128, FP4IDX_ROUNDING_RNE, NULL,
+                                     &len));
+  cr_expect_eq(len, 128);
+  free(k);
+  fp4idx_client_close(c);
+}
