@@ -405,3 +405,28 @@ Test(cli, daemon_absent_is_econn) {
   cr_expect_eq(cli("append 1 --random 5"), 1);
   expect_one_line_error("append", "ECONN");
 }
+
+/* ---- a daemon with a small frame limit ------------------------------------- */
+
+static void start_small_frame(void) {
+  static const char *const extra[] = {"--max-frame", "256K", NULL};
+  snprintf(work_, sizeof work_, "/tmp/fp4idx-cli-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(work_));
+  cr_assert_eq(fp4idx_test_daemon_start(&daemon_, extra), 0,
+               "fp4idxd did not start");
+}
+
+TestSuite(cli_small_frame, .init = start_small_frame, .fini = stop);
+
+Test(cli_small_frame, append_chunks_fit_the_frame_limit) {
+  /* 8192 f32 keys would be 4 MiB per request; the CLI shrinks its chunks. */
+  cr_assert_eq(cli("append 1 --random 3000 --seed 2 --dtype f32"), 0, "%s",
+               err_);
+  cr_expect(strstr(out_, "appended 3000 keys at 0, length 3000") != NULL, "%s",
+            out_);
+  cr_assert_eq(cli("append 2 --random 3000 --seed 2 --dtype f32 --chunk 100"),
+               0, "%s", err_);
+  cr_assert_eq(cli("read 1 --out %s", tmp("a.bin")), 0, "%s", err_);
+  cr_assert_eq(cli("read 2 --out %s", tmp("b.bin")), 0, "%s", err_);
+  cr_expect(files_equal(tmp("a.bin"), tmp("b.bin")));
+}

@@ -355,6 +355,13 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
     goto out;
   }
   if ((st = connect_cli(cli, &c))) goto out;
+  /* Keep each request under the daemon's frame limit (--max-frame), less
+   * room for the map around the keys. */
+  fp4idx_client_info_t in;
+  if (fp4idx_client_info(c, &in) == FP4IDX_OK && in.max_frame > 4096) {
+    uint64_t fit = (in.max_frame - 1024) / key_bytes;
+    if (fit >= 1 && fit < chunk) chunk = fit;
+  }
 
   int bar = isatty(STDERR_FILENO) && n > chunk;
   double t0 = now_s();
