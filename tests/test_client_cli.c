@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,6 +397,17 @@ Test(cli, info_stats_prometheus) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "ls %s | grep -q 'fp4idx.prom.tmp'", work_);
   cr_expect_neq(WEXITSTATUS(system(cmd)), 0, "temporary file left behind");
+}
+
+Test(cli, timeout_option) {
+  cr_assert_eq(fp4idx_test_daemon_kill(&daemon_, SIGSTOP), 0);
+  int rc = cli("-t 200 info");
+  fp4idx_test_daemon_kill(&daemon_, SIGCONT);
+  cr_expect_eq(rc, 1);
+  expect_one_line_error("info", "ETIMEDOUT");
+  cr_expect_eq(cli("-t 60000 info"), 0, "%s", err_);
+  cr_expect_eq(cli("-t soon info"), 2);
+  expect_one_line_error("options", "EINVAL");
 }
 
 Test(cli, daemon_absent_is_econn) {
