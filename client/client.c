@@ -270,6 +270,17 @@ fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   return FP4IDX_OK;
 }
 
+/* "save" (issue 5): the daemon writes its snapshot. */
+fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 fp4idx_status_t fp4idx_client_read(fp4idx_client_t *c, uint64_t seq,
                                    uint64_t from, uint64_t count, int dequant,
                                    void **keys, size_t *n) {

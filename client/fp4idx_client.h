@@ -203,6 +203,11 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
  * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); connection errors. */
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
 
+/* Asks the daemon to write its snapshot now (and start a fresh append log).
+ * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EINVAL (daemon
+ *   runs without --data-dir); FP4IDX_EIO (disk); connection errors. */
+fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
+
 /* Reads keys [from, from+count) of seq; count = UINT64_MAX: to the end.
  * Takes: dequant 0: packed slots, *keys = uint8_t[n*68]; dequant 1: decoded
  *   values, *keys = float[n*128]. keys and n required.

@@ -7,7 +7,7 @@ endif()
 fp4idx_add_test(test_snapshot SOURCES test_snapshot.c LIBS fp4idx_persist)
 fp4idx_add_test(test_aof SOURCES test_aof.c LIBS fp4idx_persist)
 fp4idx_add_test(test_export SOURCES test_export.c LIBS fp4idx_persist fp4idx_format)
-fp4idx_add_test(test_notify SOURCES test_notify.c LIBS fp4idx_persist)
+fp4idx_add_test(test_notify SOURCES test_notify.c LIBS fp4idx_notify)
 
 # The unit files: verified against the built daemon when there is one.
 if(TARGET fp4idxd)
@@ -39,4 +39,11 @@ if(TARGET fp4idx_daemon_harness)
     LIBS fp4idx_daemon_harness fp4idx_format Threads::Threads LABELS daemon)
   target_compile_definitions(test_service_daemon PRIVATE
     FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
+endif()
+
+# fp4idx-cli save / export / import against the real daemon.
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_service_cli COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_service_cli.sh
+                                         $<TARGET_FILE:fp4idxd> $<TARGET_FILE:fp4idx-cli>)
+  set_tests_properties(test_service_cli PROPERTIES LABELS daemon)
 endif()

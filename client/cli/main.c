@@ -30,6 +30,9 @@ static const struct {
     {"truncate", fp4idx__cmd_truncate, "keep the first N keys of a sequence"},
     {"drop", fp4idx__cmd_drop, "drop a sequence"},
     {"read", fp4idx__cmd_read, "read keys back (packed or dequantized)"},
+    {"save", fp4idx__cmd_save, "make the daemon write its snapshot now"},
+    {"export", fp4idx__cmd_export, "write a sequence in SGLang's page layout"},
+    {"import", fp4idx__cmd_import, "append an exported (or SGLang) sequence"},
 };
 
 static void usage(FILE *f) {

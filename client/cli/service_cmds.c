@@ -1,0 +1,210 @@
+/* service_cmds.c -- fp4idx-cli save, export and import (helper E, issue 5):
+ * a snapshot on demand, and one sequence to/from SGLang's page layout
+ * (daemon/export.h) so caches move between fp4idx and SGLang. */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "export.h"
+
+static int svc_connect(fp4idx_cli_t *cli, fp4idx_client_t **out) {
+  *out = NULL;
+  fp4idx_client_t *c = fp4idx_client_new();
+  if (c == NULL) return fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
+  fp4idx_client_set_timeout(c, cli->timeout_ms);
+  int st = fp4idx_client_connect(c, cli->socket);
+  if (st != FP4IDX_OK) {
+    fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
+    fp4idx_client_close(c);
+    return st;
+  }
+  *out = c;
+  return 0;
+}
+
+static int svc_opt(fp4idx_cli_t *cli, int argc, char **argv, const struct option *lo) {
+  opterr = 0;
+  int ch = getopt_long(argc, argv, "h", lo, NULL);
+  if (ch == '?' || ch == ':') {
+    fp4idx__cli_usage(&cli->err, "unknown option or missing value: %s", argv[optind - 1]);
+    return '?';
+  }
+  return ch;
+}
+
+static int svc_u64(fp4idx_cli_t *cli, const char *what, const char *s, uint64_t *v) {
+  if (fp4idx__parse_u64(s, v) != 0)
+    return fp4idx__cli_usage(&cli->err, "%s: '%s' is not an unsigned integer", what, s);
+  return 0;
+}
+
+/* ---- save -------------------------------------------------------------------- */
+
+int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = svc_opt(cli, argc, argv, lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] save\n"
+           "Makes the daemon write its snapshot now (and start a fresh append\n"
+           "log). Needs a daemon started with --data-dir.");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  if (optind != argc)
+    return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'", argv[optind]);
+  fp4idx_client_t *c;
+  int st = svc_connect(cli, &c);
+  if (st) return st;
+  st = fp4idx_client_save(c);
+  if (st) fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
+  else puts("saved");
+  fp4idx_client_close(c);
+  return st;
+}
+
+/* ---- export -------------------------------------------------------------------- */
+
+static const char export_help[] =
+    "usage: fp4idx-cli [-s SOCKET] export SEQ FILE [--raw] [--page-size P]\n"
+    "Writes sequence SEQ in SGLang's FP4 index-K page layout: ceil(n/P) pages\n"
+    "of P*68 bytes (P payloads of 64 bytes, then P scale words of 4 bytes;\n"
+    "unused slots of the last page zero). The file has a 64-byte header (seq,\n"
+    "key count, page size, CRC-32C; numpy: np.fromfile(f, np.uint8,\n"
+    "offset=64).reshape(-1, P*68)); --raw writes the pages alone.\n"
+    "  --page-size P   page size of the file (default: the daemon's)\n"
+    "  --raw           no header";
+
+int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'},
+                                     {"raw", no_argument, 0, 'r'},
+                                     {"page-size", required_argument, 0, 'p'},
+                                     {0}};
+  int ch, raw = 0;
+  uint64_t seq, ps = 0;
+  while ((ch = svc_opt(cli, argc, argv, lo)) != -1) {
+    switch (ch) {
+      case 'h': puts(export_help); return 0;
+      case 'r': raw = 1; break;
+      case 'p':
+        if (svc_u64(cli, "--page-size", optarg, &ps)) return FP4IDX_EINVAL;
+        break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  if (argc - optind != 2) return fp4idx__cli_usage(&cli->err, "expected SEQ FILE");
+  if (svc_u64(cli, "SEQ", argv[optind], &seq)) return FP4IDX_EINVAL;
+  const char *path = argv[optind + 1];
+  fp4idx_client_t *c;
+  int st = svc_connect(cli, &c);
+  if (st) return st;
+  void *keys = NULL;
+  size_t n = 0;
+  if (ps == 0) {
+    fp4idx_client_info_t in;
+    st = fp4idx_client_info(c, &in);
+    if (st) goto fail;
+    ps = in.page_size;
+  }
+  st = fp4idx_client_read(c, seq, 0, UINT64_MAX, 0, &keys, &n);
+  if (st) goto fail;
+  char err[512] = "";
+  st = fp4idx_export_write(path, seq, keys, (int64_t)n, (int32_t)ps,
+                           raw ? FP4IDX_EXPORT_RAW : 0, err, sizeof err);
+  if (st) fp4idx__cli_fail(&cli->err, st, "%s", err);
+  else
+    printf("seq %llu: exported %zu keys as %lld pages of %llu to %s\n",
+           (unsigned long long)seq, n,
+           (long long)((n + ps - 1) / ps), (unsigned long long)ps, path);
+  fp4idx_client_free(keys);
+  fp4idx_client_close(c);
+  return st;
+fail:
+  fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
+  fp4idx_client_close(c);
+  return st;
+}
+
+/* ---- import -------------------------------------------------------------------- */
+
+static const char import_help[] =
+    "usage: fp4idx-cli [-s SOCKET] import SEQ FILE [--raw --count N --page-size P]\n"
+    "Appends the keys of an export file (or of raw SGLang pages with --raw)\n"
+    "to sequence SEQ, as packed FP4 slots stored verbatim.\n"
+    "  --raw           FILE holds pages only: give --count and --page-size\n"
+    "  --count N       keys in a raw FILE\n"
+    "  --page-size P   page size of a raw FILE\n"
+    "  --chunk K       keys per request (default 65536); each request is\n"
+    "                  all-or-nothing, the whole import is not";
+
+int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'},
+                                     {"raw", no_argument, 0, 'r'},
+                                     {"count", required_argument, 0, 'n'},
+                                     {"page-size", required_argument, 0, 'p'},
+                                     {"chunk", required_argument, 0, 'k'},
+                                     {0}};
+  int ch, raw = 0;
+  uint64_t seq, count = 0, ps = 0, chunk = 65536;
+  while ((ch = svc_opt(cli, argc, argv, lo)) != -1) {
+    switch (ch) {
+      case 'h': puts(import_help); return 0;
+      case 'r': raw = 1; break;
+      case 'n':
+        if (svc_u64(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
+        break;
+      case 'p':
+        if (svc_u64(cli, "--page-size", optarg, &ps)) return FP4IDX_EINVAL;
+        break;
+      case 'k':
+        if (svc_u64(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
+        if (chunk < 1 || chunk > (1u << 24))
+          return fp4idx__cli_usage(&cli->err, "--chunk: K must be 1..16777216");
+        break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  if (argc - optind != 2) return fp4idx__cli_usage(&cli->err, "expected SEQ FILE");
+  if (svc_u64(cli, "SEQ", argv[optind], &seq)) return FP4IDX_EINVAL;
+  if (raw && (count == 0 || ps == 0))
+    return fp4idx__cli_usage(&cli->err, "--raw needs --count N and --page-size P");
+  const char *path = argv[optind + 1];
+  fp4idx_export_info_t info = {.n_keys = (int64_t)count, .page_size = (int32_t)ps};
+  uint8_t *slots = NULL;
+  char err[512] = "";
+  int st = fp4idx_export_read(path, raw ? FP4IDX_EXPORT_RAW : 0, &info, &slots, err,
+                              sizeof err);
+  if (st) return fp4idx__cli_fail(&cli->err, st, "%s", err);
+  fp4idx_client_t *c;
+  st = svc_connect(cli, &c);
+  if (st) {
+    free(slots);
+    return st;
+  }
+  uint64_t first = 0, len = 0, done = 0;
+  while (done < (uint64_t)info.n_keys) {
+    uint64_t k = (uint64_t)info.n_keys - done;
+    if (k > chunk) k = chunk;
+    uint64_t f;
+    st = fp4idx_client_append_fp4(c, seq, slots + done * 68, k, &f, &len);
+    if (st) {
+      fp4idx__cli_fail(&cli->err, st, "after %llu of %lld keys: %s",
+                       (unsigned long long)done, (long long)info.n_keys,
+                       fp4idx_client_last_error(c));
+      break;
+    }
+    if (done == 0) first = f;
+    done += k;
+  }
+  if (!st)
+    printf("seq %llu: imported %lld keys at %llu, length %llu\n",
+           (unsigned long long)seq, (long long)info.n_keys, (unsigned long long)first,
+           (unsigned long long)len);
+  free(slots);
+  fp4idx_client_close(c);
+  return st;
+}
