@@ -240,6 +240,7 @@ int fp4idx_backend_cpu_create(fp4idx_backend_t **out, int threads) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     threads = n > 0 ? (int)(n > 256 ? 256 : n) : 1;
   }
+  if (threads > 256) threads = 256; /* the top-k merge keeps one cursor per thread */
   fp4idx_backend_t *b = calloc(1, sizeof *b);
   fp4idx__cpu_t *c = calloc(1, sizeof *c);
   if (!b || !c) goto fail;

@@ -11,7 +11,8 @@
  * heads; the kernel keeps a block of vector accumulators in registers. The
  * tile code (cpu_tile.c) is compiled for generic x86-64/other CPUs, AVX2 and
  * AVX-512 and picked at backend creation (FP4IDX_CPU_ISA may lower it).
- * Top-k: a bounded heap per thread and row, merged and sorted at the end.
+ * Top-k: per thread and row a buffer of 2k candidates, compacted to the best
+ * k by quickselect when full; at the end sorted per thread and merged.
  *
  * Performance (bench/RESULTS.md): the AVX-512 kernel does 16 FMAs per 10
  * loads and reaches about 75-80% of the fp32 FMA peak per core; the rest is
@@ -82,42 +83,52 @@ static fp4idx__tile_fn fp4idx__tile_for(int isa) {
   return fp4idx__score_tile_generic;
 }
 
-/* ---- top-k heap: root = the worst kept pair --------------------------- */
+/* ---- top-k candidates ---------------------------------------------------- */
 
-/* a is worse than b: lower logit, or the same logit at a higher position */
+/* a is worse than b: lower logit, or the same logit at a higher position
+ * (positions are unique, so this is a strict total order) */
 FP4IDX__INLINE int fp4idx__worse(float va, int32_t pa, float vb, int32_t pb) {
   return va < vb || (va == vb && pa > pb);
 }
 
-void fp4idx__heap_push(fp4idx__heap_t *h, int64_t k, float v, int32_t p) {
-  int64_t i;
-  if (h->n < k) {
-    i = h->n++;
-    while (i > 0) {
-      int64_t up = (i - 1) / 2;
-      if (!fp4idx__worse(v, p, h->val[up], h->pos[up])) break;
-      h->val[i] = h->val[up];
-      h->pos[i] = h->pos[up];
-      i = up;
+/* Rearranges v/p[0..n) so that the best k come first (in any order):
+ * Hoare's FIND / quickselect on the (logit, position) order. */
+static void fp4idx__select_best(float *v, int32_t *p, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n - 1, kk = k - 1;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    float pv = v[mid];
+    int32_t pp = p[mid];
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (fp4idx__worse(pv, pp, v[i], p[i])) i++; /* v[i] better than pivot */
+      while (fp4idx__worse(v[j], p[j], pv, pp)) j--; /* v[j] worse than pivot */
+      if (i <= j) {
+        float tv = v[i];
+        int32_t tp = p[i];
+        v[i] = v[j], p[i] = p[j];
+        v[j] = tv, p[j] = tp;
+        i++, j--;
+      }
     }
-    h->val[i] = v;
-    h->pos[i] = p;
-    return;
+    if (kk <= j) hi = j;
+    else if (kk >= i) lo = i;
+    else break;
   }
-  if (!fp4idx__worse(h->val[0], h->pos[0], v, p)) return;
-  i = 0;
-  for (;;) {
-    int64_t c = 2 * i + 1;
-    if (c >= h->n) break;
-    if (c + 1 < h->n && fp4idx__worse(h->val[c + 1], h->pos[c + 1], h->val[c], h->pos[c]))
-      c++;
-    if (!fp4idx__worse(h->val[c], h->pos[c], v, p)) break;
-    h->val[i] = h->val[c];
-    h->pos[i] = h->pos[c];
-    i = c;
-  }
-  h->val[i] = v;
-  h->pos[i] = p;
+}
+
+void fp4idx__topk_add(fp4idx__heap_t *h, int64_t k, float v, int32_t p) {
+  h->val[h->n] = v;
+  h->pos[h->n] = p;
+  if (++h->n < 2 * k) return;
+  fp4idx__select_best(h->val, h->pos, h->n, k);
+  h->n = k;
+  int64_t w = 0;
+  for (int64_t i = 1; i < k; i++)
+    if (fp4idx__worse(h->val[i], h->pos[i], h->val[w], h->pos[w])) w = i;
+  h->have_thr = 1;
+  h->thr_v = h->val[w];
+  h->thr_p = h->pos[w];
 }
 
 static void fp4idx__worker(void *arg, int tid) {
@@ -129,6 +140,45 @@ static void fp4idx__worker(void *arg, int tid) {
     long long end = t + FP4IDX__CHUNK < c->ntiles ? t + FP4IDX__CHUNK : c->ntiles;
     for (; t < end; t++) c->tile(c, s, t * FP4IDX__TK);
   }
+}
+
+/* Sift-down of a heap whose root is its worst pair. */
+static void fp4idx__sift(float *val, int32_t *pos, int64_t i, int64_t m) {
+  float v = val[i];
+  int32_t p = pos[i];
+  for (;;) {
+    int64_t c = 2 * i + 1;
+    if (c >= m) break;
+    if (c + 1 < m && fp4idx__worse(val[c + 1], pos[c + 1], val[c], pos[c])) c++;
+    if (!fp4idx__worse(val[c], pos[c], v, p)) break;
+    val[i] = val[c];
+    pos[i] = pos[c];
+    i = c;
+  }
+  val[i] = v;
+  pos[i] = p;
+}
+
+/* Keeps the best k candidates and sorts them best first (heapsort: the
+ * worst goes to the end first). */
+static void fp4idx__topk_finish(fp4idx__heap_t *h, int64_t k) {
+  if (h->n > k) {
+    fp4idx__select_best(h->val, h->pos, h->n, k);
+    h->n = k;
+  }
+  for (int64_t i = h->n / 2 - 1; i >= 0; i--) fp4idx__sift(h->val, h->pos, i, h->n);
+  for (int64_t n = h->n; n > 1; n--) {
+    float tv = h->val[0];
+    int32_t tp = h->pos[0];
+    h->val[0] = h->val[n - 1], h->pos[0] = h->pos[n - 1];
+    h->val[n - 1] = tv, h->pos[n - 1] = tp;
+    fp4idx__sift(h->val, h->pos, 0, n - 1);
+  }
+}
+
+static void fp4idx__sort_worker(void *arg, int tid) {
+  fp4idx__ctx_t *c = arg;
+  for (int r = 0; r < c->R; r++) fp4idx__topk_finish(&c->scr[tid].heaps[r], c->topk);
 }
 
 /* ---- setup -------------------------------------------------------------- */
@@ -180,18 +230,6 @@ static void fp4idx__group_info(const fp4idx_score_seq_t *sq, int H, int r, int g
   gi->wlo = wlo;
 }
 
-typedef struct {
-  float v;
-  int32_t p;
-} fp4idx__pair_t;
-
-/* qsort order of top-k: logit descending, then position ascending */
-static int fp4idx__cmp_pair(const void *a, const void *b) {
-  const fp4idx__pair_t *x = a, *y = b;
-  if (x->v != y->v) return x->v > y->v ? -1 : 1;
-  return (x->p > y->p) - (x->p < y->p);
-}
-
 static void fp4idx__init_lut(void) {
   for (uint32_t code = 0; code < 16; code++)
     fp4idx__e2m1_lut[code] = fp4idx_e2m1_to_f32(code);
@@ -209,7 +247,6 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt
   int rc = FP4IDX_ENOMEM;
   fp4idx__ctx_t c;
   memset(&c, 0, sizeof c);
-  fp4idx__pair_t *merge = NULL;
   float *qf = calloc((size_t)R * Hp * FP4IDX__D, sizeof *qf);
   float *wf = calloc((size_t)R * Hp, sizeof *wf);
   fp4idx__grp_t *gi = calloc((size_t)R * ngroups, sizeof *gi);
@@ -236,15 +273,11 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt
       s->heaps = calloc((size_t)R, sizeof *s->heaps);
       if (!s->heaps) goto out;
       for (int r = 0; r < R; r++) {
-        s->heaps[r].pos = malloc(sizeof(int32_t) * (size_t)topk);
-        s->heaps[r].val = malloc(sizeof(float) * (size_t)topk);
+        s->heaps[r].pos = malloc(sizeof(int32_t) * 2 * (size_t)topk);
+        s->heaps[r].val = malloc(sizeof(float) * 2 * (size_t)topk);
         if (!s->heaps[r].pos || !s->heaps[r].val) goto out;
       }
     }
-  }
-  if (topk > 0) {
-    merge = malloc(sizeof *merge * (size_t)T * (size_t)topk);
-    if (!merge) goto out;
   }
   int pshift = 0;
   while ((1ll << pshift) < b->page_size) pshift++;
@@ -269,21 +302,32 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt
   if (c.ntiles > 0) fp4idx__threads_run(cpu->threads, fp4idx__worker, &c);
 
   if (topk > 0) {
+    /* Each thread sorts its own heaps (in parallel), then the T sorted
+     * lists of a row are merged: O(T * k) here instead of a full sort. */
+    if (c.ntiles > 0) fp4idx__threads_run(cpu->threads, fp4idx__sort_worker, &c);
     for (int r = 0; r < R; r++) {
-      int64_t m = 0;
-      for (int t = 0; t < T; t++)
-        for (int64_t i = 0; i < scr[t].heaps[r].n; i++) {
-          merge[m].v = scr[t].heaps[r].val[i];
-          merge[m].p = scr[t].heaps[r].pos[i];
-          m++;
-        }
-      qsort(merge, (size_t)m, sizeof *merge, fp4idx__cmp_pair);
-      int64_t keep = m < topk ? m : topk;
+      int64_t at[256] = {0}; /* read position in each thread's list */
       int32_t *pos = bt->topk_pos + (row0 + r) * topk;
       float *val = bt->topk_val + (row0 + r) * topk;
-      for (int64_t i = 0; i < topk; i++) {
-        pos[i] = i < keep ? merge[i].p : -1;
-        val[i] = i < keep ? merge[i].v : -INFINITY;
+      int64_t keep = 0;
+      for (; keep < topk; keep++) {
+        int best = -1;
+        for (int t = 0; t < T; t++) {
+          const fp4idx__heap_t *h = &scr[t].heaps[r];
+          if (at[t] >= h->n) continue;
+          if (best < 0 || fp4idx__worse(scr[best].heaps[r].val[at[best]],
+                                        scr[best].heaps[r].pos[at[best]], h->val[at[t]],
+                                        h->pos[at[t]]))
+            best = t;
+        }
+        if (best < 0) break;
+        pos[keep] = scr[best].heaps[r].pos[at[best]];
+        val[keep] = scr[best].heaps[r].val[at[best]];
+        at[best]++;
+      }
+      for (int64_t i = keep; i < topk; i++) {
+        pos[i] = -1;
+        val[i] = -INFINITY;
       }
       bt->topk_count[row0 + r] = (int32_t)keep;
     }
@@ -306,7 +350,6 @@ out:
       }
     }
   free(scr);
-  free(merge);
   free(gi);
   free(wf);
   free(qf);

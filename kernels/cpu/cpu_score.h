@@ -56,10 +56,17 @@ typedef struct fp4idx__grp_s {
   int wlo;       /* every nonzero |w| >= 2^wlo */
 } fp4idx__grp_t;
 
+/* Top-k candidates of one row in one thread: a buffer of up to 2k pairs.
+ * When it fills, the best k are kept (quickselect) and the worst of them
+ * becomes a threshold that rejects most later candidates with one compare:
+ * amortized O(1) per candidate. */
 typedef struct fp4idx__heap_s {
-  int32_t *pos;
-  float *val;
+  int32_t *pos;  /* [2k] */
+  float *val;    /* [2k] */
   int64_t n;
+  int have_thr;  /* thr = the k-th best pair seen so far */
+  float thr_v;
+  int32_t thr_p;
 } fp4idx__heap_t;
 
 typedef struct fp4idx__scratch_s {
@@ -89,8 +96,13 @@ typedef struct fp4idx__ctx_s {
   void (*tile)(struct fp4idx__ctx_s *c, struct fp4idx__scratch_s *s, int64_t t0);
 } fp4idx__ctx_t;
 
-/* Pushes (v, p) into a top-k heap of capacity k (cpu_score.c). */
-void fp4idx__heap_push(fp4idx__heap_t *h, int64_t k, float v, int32_t p);
+/* Offers (v, p) to a row's top-k candidates (k = topk). */
+void fp4idx__topk_add(fp4idx__heap_t *h, int64_t k, float v, int32_t p);
+FP4IDX__INLINE void fp4idx__heap_push(fp4idx__heap_t *h, int64_t k, float v, int32_t p) {
+  /* not better than the k-th best so far: cannot make the top k */
+  if (h->have_thr && !(v > h->thr_v || (v == h->thr_v && p < h->thr_p))) return;
+  fp4idx__topk_add(h, k, v, p);
+}
 
 /* Scores one tile of TK keys starting at position t0 for every row of the
  * context's sequence: logits or heap pushes (cpu_tile.c, one per ISA). */
