@@ -15,9 +15,14 @@ if(TARGET fp4idxd)
 else()
   set(_fp4idx_units_daemon /bin/true)
 endif()
+if(TARGET fp4idx-cli)
+  set(_fp4idx_units_cli $<TARGET_FILE:fp4idx-cli>)
+else()
+  set(_fp4idx_units_cli /bin/true)
+endif()
 add_test(NAME test_units
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_units.sh
-                 ${PROJECT_SOURCE_DIR}/deploy ${_fp4idx_units_daemon})
+                 ${PROJECT_SOURCE_DIR}/deploy ${_fp4idx_units_daemon} ${_fp4idx_units_cli})
 set_tests_properties(test_units PROPERTIES SKIP_RETURN_CODE 77 LABELS unit)
 
 # The .deb: CPack builds it from this tree, its contents are checked and the

@@ -46,6 +46,7 @@ for f in ./usr/bin/fp4idxd ./usr/bin/fp4idx-cli ./usr/lib/libfp4idx-client.so \
          ./usr/include/fp4idx/fp4idx_client.h ./usr/lib/pkgconfig/libfp4idx-client.pc \
          ./usr/lib/systemd/system/fp4idxd.service ./usr/lib/systemd/system/fp4idxd.socket \
          ./usr/lib/systemd/system/fp4idxd@.service ./usr/lib/systemd/system/fp4idxd@.socket \
+         ./usr/lib/systemd/system/fp4idx-metrics.service ./usr/lib/systemd/system/fp4idx-metrics.timer \
          ./usr/lib/sysusers.d/fp4idx.conf ./usr/lib/tmpfiles.d/fp4idx.conf \
          ./etc/default/fp4idxd ./usr/share/man/man8/fp4idxd.8 ./usr/share/man/man1/fp4idx-cli.1; do
   echo "$list" | grep -qx -- "$f" && ok "has $f" || bad "missing $f"

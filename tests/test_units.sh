@@ -6,12 +6,13 @@
 # .socket units, and sysusers/tmpfiles create the user and folders in a
 # scratch root.
 #
-#   test_units.sh DEPLOY_DIR DAEMON_BINARY
+#   test_units.sh DEPLOY_DIR DAEMON_BINARY [CLI_BINARY]
 # ExecStart names the installed /usr/bin/fp4idxd; verify needs an executable
 # there, so the units are copied and pointed at DAEMON_BINARY.
 set -u
 deploy=$1
 daemon=$2
+cli=${3:-}
 fail=0
 pass=0
 ok() { pass=$((pass + 1)); echo "ok   $*"; }
@@ -28,12 +29,14 @@ done
 tmp=$(mktemp -d /tmp/fp4idx-units-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 cp "$deploy"/fp4idxd.service "$deploy"/fp4idxd.socket "$tmp"/
+cp "$deploy"/fp4idx-metrics.service "$deploy"/fp4idx-metrics.timer "$tmp"/
 cp "$deploy"/fp4idxd@.service "$tmp"/fp4idxd@0.service
 cp "$deploy"/fp4idxd@.socket "$tmp"/fp4idxd@0.socket
-sed -i "s#/usr/bin/fp4idxd#$daemon#" "$tmp"/*.service
+sed -i "s#/usr/bin/fp4idxd#$daemon#; s#/usr/bin/fp4idx-cli#${cli:-/bin/true}#" "$tmp"/*.service
 
 cd "$tmp"
-for unit in fp4idxd.service fp4idxd.socket fp4idxd@0.service fp4idxd@0.socket; do
+for unit in fp4idxd.service fp4idxd.socket fp4idxd@0.service fp4idxd@0.socket \
+            fp4idx-metrics.service fp4idx-metrics.timer; do
   out=$(systemd-analyze verify --man=no "./$unit" 2>&1)
   rc=$?
   if [ $rc -eq 0 ] && [ -z "$out" ]; then ok "verify $unit"
