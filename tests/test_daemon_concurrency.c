@@ -119,7 +119,7 @@ static void *client_main(void *arg) {
   return NULL;
 }
 
-Test(daemon_concurrency, sixteen_clients_equal_a_sequential_run, .timeout = 180) {
+Test(daemon_concurrency, sixteen_clients_equal_a_sequential_run) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", "--page-size", "16", NULL}), 0);
   static client_t par[NCLIENTS], seq[NCLIENTS];
@@ -163,7 +163,7 @@ Test(daemon_concurrency, sixteen_clients_equal_a_sequential_run, .timeout = 180)
 }
 
 /* A appends and gets the ack; B's very next score sees the keys. */
-Test(daemon_concurrency, acknowledged_append_visible_to_other_client, .timeout = 60) {
+Test(daemon_concurrency, acknowledged_append_visible_to_other_client) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "8M", NULL}), 0);
   int a = fp4idx_test_connect(d.sock), b = fp4idx_test_connect(d.sock);
@@ -208,7 +208,7 @@ static double now_s(void) {
 /* A client pipelines thousands of big reads and never reads the answers:
  * the daemon stops reading from it, other clients are served promptly, and
  * the daemon's memory stays bounded. */
-Test(daemon_concurrency, slow_reader_does_not_harm_others, .timeout = 120) {
+Test(daemon_concurrency, slow_reader_does_not_harm_others) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "16M", NULL}), 0);
   int slow = fp4idx_test_connect(d.sock), other = fp4idx_test_connect(d.sock);

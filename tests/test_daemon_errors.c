@@ -131,7 +131,7 @@ Test(daemon_errors, oversized_length_gets_e2big_then_close, .init = setup, .fini
   still_fine(g_fd);
 }
 
-Test(daemon_errors, max_frame_option_is_enforced, .timeout = 30) {
+Test(daemon_errors, max_frame_option_is_enforced) {
   start_with((const char *[]){"--max-frame", "4K", NULL});
   uint16_t *keys = make_keys(100, 1); /* 25.6 KB > 4 KiB */
   fp4idx_request_t req;
@@ -515,7 +515,7 @@ Test(daemon_errors, pipelined_mixed_requests_answer_in_order, .init = setup, .fi
 
 /* Random garbage and bit-flipped valid frames: every frame answered, in
  * order, and the daemon stays up. */
-Test(daemon_errors, fuzzed_frames_never_crash, .init = setup, .fini = teardown, .timeout = 60) {
+Test(daemon_errors, fuzzed_frames_never_crash, .init = setup, .fini = teardown) {
   uint16_t *keys = make_keys(2, 17);
   uint64_t x = 0x1234567;
   for (int i = 0; i < 400; i++) {
@@ -565,7 +565,7 @@ Test(daemon_errors, fuzzed_frames_never_crash, .init = setup, .fini = teardown, 
 
 /* Frames cut at every byte (header and body across many reads), and two
  * frames sharing one write, are reassembled. */
-Test(daemon_errors, frames_split_anywhere, .init = setup, .fini = teardown, .timeout = 60) {
+Test(daemon_errors, frames_split_anywhere, .init = setup, .fini = teardown) {
   uint16_t *keys = make_keys(3, 19);
   fp4idx_request_t req;
   memset(&req, 0, sizeof req);

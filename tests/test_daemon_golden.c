@@ -145,12 +145,12 @@ static void run_case_on(fp4idx_test_daemon_t *dp, const char *name, uint32_t n, 
   free_case(&c);
 }
 
-Test(daemon_golden, dyadic_h32, .timeout = 120) { run_case("dyadic_h32", 1000, 4, 32); }
-Test(daemon_golden, gauss_h32, .timeout = 120) { run_case("gauss_h32", 1000, 4, 32); }
-Test(daemon_golden, gauss_h64, .timeout = 120) { run_case("gauss_h64", 777, 6, 64); }
+Test(daemon_golden, dyadic_h32) { run_case("dyadic_h32", 1000, 4, 32); }
+Test(daemon_golden, gauss_h32) { run_case("gauss_h32", 1000, 4, 32); }
+Test(daemon_golden, gauss_h64) { run_case("gauss_h64", 777, 6, 64); }
 
 /* The same through the CUDA backend, when it is built and a GPU answers. */
-Test(daemon_golden, cuda_backend_all_cases, .timeout = 300) {
+Test(daemon_golden, cuda_backend_all_cases) {
 #ifndef FP4IDX_TEST_HAVE_CUDA
   cr_skip_test("built without the CUDA backend");
 #else
@@ -181,7 +181,7 @@ Test(daemon_golden, cuda_backend_all_cases, .timeout = 300) {
 
 /* Two sequences in one score call, topk on the golden data: the top-k of
  * each row equals the reference's (logit descending, ties by position). */
-Test(daemon_golden, multi_seq_score_and_topk, .timeout = 120) {
+Test(daemon_golden, multi_seq_score_and_topk) {
   golden_case_t a, b;
   load_case(&a, "gauss_h32", 1000, 4, 32);
   load_case(&b, "dyadic_h32", 1000, 4, 32);
@@ -267,7 +267,7 @@ Test(daemon_golden, multi_seq_score_and_topk, .timeout = 120) {
 
 /* The quantizer golden files through the socket: bf16 keys appended with
  * "rounding" rne and threshold, and as f32, read back byte for byte. */
-Test(daemon_golden, quantizer_modes, .timeout = 120) {
+Test(daemon_golden, quantizer_modes) {
   uint16_t *keys = fp4idx_test_load_golden("quant_keys.bin", 512 * 128 * 2, NULL);
   uint8_t *pay[2] = {fp4idx_test_load_golden("quant_payload_rne.bin", 512 * 64, NULL),
                      fp4idx_test_load_golden("quant_payload_thr.bin", 512 * 64, NULL)};
@@ -324,7 +324,7 @@ Test(daemon_golden, quantizer_modes, .timeout = 120) {
 
 /* A candidate mask hides positions (-inf) and leaves the others' bits
  * unchanged; "read" with dequant gives the exact decoded keys. */
-Test(daemon_golden, mask_and_dequantized_read, .timeout = 120) {
+Test(daemon_golden, mask_and_dequantized_read) {
   golden_case_t c;
   load_case(&c, "gauss_h64", 777, 6, 64);
   fp4idx_test_daemon_t d;

@@ -43,7 +43,7 @@ static int log_contains(const fp4idx_test_daemon_t *d, const char *needle) {
   return found;
 }
 
-Test(daemon_lifecycle, truncate_semantics, .timeout = 60) {
+Test(daemon_lifecycle, truncate_semantics) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "1M", NULL}), 0);
   int fd = fp4idx_test_connect(d.sock);
@@ -100,7 +100,7 @@ Test(daemon_lifecycle, truncate_semantics, .timeout = 60) {
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
 
-Test(daemon_lifecycle, drop_frees_pages_for_reuse, .timeout = 60) {
+Test(daemon_lifecycle, drop_frees_pages_for_reuse) {
   fp4idx_test_daemon_t d;
   /* 10 pages of 64 keys */
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "43520", NULL}), 0);
@@ -137,7 +137,7 @@ Test(daemon_lifecycle, drop_frees_pages_for_reuse, .timeout = 60) {
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
 
-Test(daemon_lifecycle, info_and_stats, .timeout = 60) {
+Test(daemon_lifecycle, info_and_stats) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "1M", "--page-size", "16", NULL}), 0);
   int fd = fp4idx_test_connect(d.sock);
@@ -287,15 +287,15 @@ static void graceful_stop_with_inflight(int sig) {
   free(keys);
 }
 
-Test(daemon_lifecycle, sigterm_finishes_inflight_requests, .timeout = 120) {
+Test(daemon_lifecycle, sigterm_finishes_inflight_requests) {
   graceful_stop_with_inflight(SIGTERM);
 }
 
-Test(daemon_lifecycle, sigint_finishes_inflight_requests, .timeout = 120) {
+Test(daemon_lifecycle, sigint_finishes_inflight_requests) {
   graceful_stop_with_inflight(SIGINT);
 }
 
-Test(daemon_lifecycle, idle_stop_and_no_new_connections, .timeout = 30) {
+Test(daemon_lifecycle, idle_stop_and_no_new_connections) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, NULL), 0);
   int fd = fp4idx_test_connect(d.sock); /* an idle client does not block the stop */
@@ -308,7 +308,7 @@ Test(daemon_lifecycle, idle_stop_and_no_new_connections, .timeout = 30) {
   fp4idx_test_daemon_stop(&d);
 }
 
-Test(daemon_lifecycle, refuses_a_second_daemon_on_the_socket, .timeout = 30) {
+Test(daemon_lifecycle, refuses_a_second_daemon_on_the_socket) {
   fp4idx_test_daemon_t d1, d2;
   cr_assert_eq(fp4idx_test_daemon_start(&d1, NULL), 0);
   memset(&d2, 0, sizeof d2);
@@ -325,7 +325,7 @@ Test(daemon_lifecycle, refuses_a_second_daemon_on_the_socket, .timeout = 30) {
   cr_assert_eq(fp4idx_test_daemon_stop(&d1), 0);
 }
 
-Test(daemon_lifecycle, removes_a_stale_socket_file, .timeout = 30) {
+Test(daemon_lifecycle, removes_a_stale_socket_file) {
   fp4idx_test_daemon_t d;
   memset(&d, 0, sizeof d);
   char dir[] = "/tmp/fp4idxd-stale-XXXXXX";
@@ -361,7 +361,7 @@ Test(daemon_lifecycle, removes_a_stale_socket_file, .timeout = 30) {
   rmdir(dir);
 }
 
-Test(daemon_lifecycle, creates_the_socket_folder, .timeout = 30) {
+Test(daemon_lifecycle, creates_the_socket_folder) {
   fp4idx_test_daemon_t d;
   memset(&d, 0, sizeof d);
   char dir[] = "/tmp/fp4idxd-mk-XXXXXX";
@@ -388,7 +388,7 @@ Test(daemon_lifecycle, creates_the_socket_folder, .timeout = 30) {
   rmdir(dir);
 }
 
-Test(daemon_lifecycle, command_line_exit_codes, .timeout = 30) {
+Test(daemon_lifecycle, command_line_exit_codes) {
   struct {
     const char *args[6];
     int code;
@@ -410,7 +410,7 @@ Test(daemon_lifecycle, command_line_exit_codes, .timeout = 30) {
 }
 
 #ifndef FP4IDX_TEST_HAVE_CUDA
-Test(daemon_lifecycle, cuda_without_cuda_build, .timeout = 30) {
+Test(daemon_lifecycle, cuda_without_cuda_build) {
   fp4idx_test_daemon_t d;
   memset(&d, 0, sizeof d);
   cr_assert_eq(fp4idx_test_daemon_prepare(&d), 0);
@@ -430,7 +430,7 @@ Test(daemon_lifecycle, cuda_without_cuda_build, .timeout = 30) {
 #endif
 
 /* A second SIGTERM does not wait for a client that never reads. */
-Test(daemon_lifecycle, second_signal_closes_without_flushing, .timeout = 60) {
+Test(daemon_lifecycle, second_signal_closes_without_flushing) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "16M", NULL}), 0);
   int fd = fp4idx_test_connect(d.sock);
