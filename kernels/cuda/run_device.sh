@@ -30,6 +30,13 @@ for what in "$@"; do
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
       -k regex:score_kernel -c 1 $B/bench/fp4idx-bench-cuda --case 2 > $OUT/ncu.log 2>&1
     echo "ncu rc=$?"; grep -E "Stall|Throughput|Pipe|Occupancy|Warp Cycles|Issued|Bank|Eligible|Active Warps" $OUT/ncu.log | head -60 ;;
+  ncufull)
+    for c in 0 2; do
+      timeout 250 ncu --clock-control none --set full --import-source yes -k regex:score_sm90 -c 1 \
+        $B/bench/fp4idx-bench-cuda --case $c > $OUT/ncufull_$c.log 2>&1
+      echo "ncu case $c rc=$?"
+      grep -E "Duration|Elapsed Cycles|Issue Slots Busy|Executed Ipc A|Theoretical Occ|Achieved Occ|Registers Per|Stall|stall|Tensor|pipe|Pipe" $OUT/ncufull_$c.log | head -40
+    done ;;
   sanitize)
     for tool in memcheck racecheck; do
       timeout 250 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda -j1 \

@@ -203,12 +203,14 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();
     const int32_t maxlen = *maxlen_s;
 
-    Keys2 kr;
-    {
-      const int64_t l0 = (cur - wk.tile_begin) * kTileKeys;
-      if (l0 < maxlen) load_keys2(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0 + 16 * warp + g, t);
-    }
-    for (int64_t tile = cur; tile < seg_end; tile++) {
+    // Tile loop, keys prefetched two tiles ahead (the page-id -> payload
+    // chain is two dependent memory round trips).
+    auto issue = [&](Keys2 &kr, int64_t tile) {
+      const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
+      if (tile < seg_end && l0 < maxlen)
+        load_keys2(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0 + 16 * warp + g, t);
+    };
+    auto process = [&](Keys2 &kr, int64_t tile) {
       const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
       if (l0 >= maxlen) {
         // Past every row's visible count: -inf only.
@@ -216,13 +218,12 @@ __global__ void __launch_bounds__(kThreads, 3)
         if (l < sq.width)
           for (int r = threadIdx.x >> 6; r < nrows; r += 2)
             sq.out[(int64_t)(wk.row0 + r) * sq.width + l] = -INFINITY;
-        continue;
+        return;
       }
       uint32_t a[2][16];
       fp4idx__decode_block(kr.p[0], kr.s[0], a[0]);
       fp4idx__decode_block(kr.p[1], kr.s[1], a[1]);
-      if (tile + 1 < seg_end && l0 + kTileKeys < maxlen)
-        load_keys2(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0 + kTileKeys + 16 * warp + g, t);
+      issue(kr, tile + 2);
 
       float rs0 = 0.f, rs1 = 0.f;  // head sums of keys g, g+8 (current row)
       int row_r = 0, row_left = nt_per_row;
@@ -274,6 +275,13 @@ __global__ void __launch_bounds__(kThreads, 3)
           }
         }
       }
+    };
+    Keys2 ka, kb;
+    issue(ka, cur);
+    issue(kb, cur + 1);
+    for (int64_t tile = cur; tile < seg_end; tile += 2) {
+      process(ka, tile);
+      if (tile + 1 < seg_end) process(kb, tile + 1);
     }
     cur = seg_end;
   }
