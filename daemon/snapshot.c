@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,153 @@ static ssize_t read_full(int fd, void *buf, size_t len) {
     got += (size_t)r;
   }
   return (ssize_t)got;
+}
+
+/* ---- double buffering --------------------------------------------------- */
+
+/* Two buffers passed between the calling thread (page copies through the
+ * callbacks, checksums) and an I/O thread (write() or read() of the file),
+ * so that disk I/O overlaps the rest. writing = 1: the caller fills buffers
+ * and the thread writes them; writing = 0: the thread reads `left` bytes of
+ * the file into buffers and the caller drains them. Buffers alternate 0, 1,
+ * 0, ... on both sides, so the order is kept. */
+typedef struct iopipe_s {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  unsigned char *buf[2];
+  size_t cap;
+  size_t len[2];
+  int full[2];    /* 1: data waiting for the consumer */
+  int fd;
+  int writing;
+  uint64_t left;  /* reading: bytes still to read */
+  int eof;        /* writing: the caller has put its last buffer */
+  int stop;       /* the caller gives up: the thread ends */
+  int err;        /* errno of a failed write/read; EPIPE for a short read */
+  int started;
+} iopipe_t;
+
+static void *iopipe_main(void *arg) {
+  iopipe_t *p = arg;
+  for (int i = 0;; i ^= 1) {
+    pthread_mutex_lock(&p->mu);
+    if (p->writing) {
+      while (!p->full[i] && !p->eof && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+      if (p->stop || !p->full[i]) break; /* (eof with nothing left) */
+    } else {
+      while (p->full[i] && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+      if (p->stop || p->left == 0) break;
+    }
+    pthread_mutex_unlock(&p->mu);
+    int e = 0;
+    size_t n = p->writing ? p->len[i] : (p->left < p->cap ? (size_t)p->left : p->cap);
+    if (p->writing) {
+      if (write_all(p->fd, p->buf[i], n)) e = errno ? errno : EIO;
+    } else {
+      ssize_t got = read_full(p->fd, p->buf[i], n);
+      if (got < 0) e = errno ? errno : EIO;
+      else if ((size_t)got != n) e = EPIPE;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (e) {
+      p->err = e;
+      pthread_cond_broadcast(&p->cv);
+      break;
+    }
+    if (p->writing) {
+      p->full[i] = 0;
+    } else {
+      p->len[i] = n;
+      p->left -= n;
+      p->full[i] = 1;
+    }
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+/* Allocates the buffers and starts the thread. 0, or -1 (errno). */
+static int iopipe_start(iopipe_t *p, int fd, int writing, size_t cap, uint64_t left) {
+  memset(p, 0, sizeof *p);
+  p->fd = fd;
+  p->writing = writing;
+  p->cap = cap;
+  p->left = left;
+  p->buf[0] = malloc(cap);
+  p->buf[1] = malloc(cap);
+  if (!p->buf[0] || !p->buf[1]) {
+    free(p->buf[0]);
+    free(p->buf[1]);
+    errno = ENOMEM;
+    return -1;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  if (pthread_create(&p->th, NULL, iopipe_main, p) != 0) {
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->buf[0]);
+    free(p->buf[1]);
+    errno = EAGAIN;
+    return -1;
+  }
+  p->started = 1;
+  return 0;
+}
+
+/* Caller side. writing: waits until buffer i is free; reading: until it is
+ * full. Returns the buffer, or NULL after an I/O error (errno set). */
+static unsigned char *iopipe_wait(iopipe_t *p, int i) {
+  pthread_mutex_lock(&p->mu);
+  while (!p->err && (p->writing ? p->full[i] : !p->full[i])) pthread_cond_wait(&p->cv, &p->mu);
+  int e = p->err;
+  pthread_mutex_unlock(&p->mu);
+  if (e) {
+    errno = e;
+    return NULL;
+  }
+  return p->buf[i];
+}
+
+/* writing: hands buffer i (len bytes) to the thread; reading: gives buffer i
+ * back to it. */
+static void iopipe_pass(iopipe_t *p, int i, size_t len) {
+  pthread_mutex_lock(&p->mu);
+  if (p->writing) {
+    p->len[i] = len;
+    p->full[i] = 1;
+  } else {
+    p->full[i] = 0;
+  }
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Ends the thread: writing and ok, after everything is written; otherwise at
+ * once. Returns 0, or -1 with errno of the first I/O error. */
+static int iopipe_finish(iopipe_t *p, int ok) {
+  if (!p->started) return 0;
+  pthread_mutex_lock(&p->mu);
+  if (p->writing && ok) p->eof = 1;
+  else p->stop = 1;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  pthread_join(p->th, NULL);
+  int e = p->err;
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  free(p->buf[0]);
+  free(p->buf[1]);
+  p->started = 0;
+  if (e) {
+    errno = e;
+    return -1;
+  }
+  return 0;
 }
 
 int fp4idx__fsync_parent(const char *path) {
@@ -191,7 +339,8 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
   int rc = FP4IDX_OK, fd = -1;
   int32_t *file_index = NULL; /* pool page -> stored index, -1 if unused */
-  unsigned char *buf = NULL, *tbuf = NULL;
+  unsigned char *tbuf = NULL;
+  iopipe_t pipe;
   char tmp[PATH_MAX];
   header_t hd;
 
@@ -251,9 +400,8 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
 
   size_t chunk_pages = CHUNK_BYTES / page_bytes;
   if (chunk_pages < 1) chunk_pages = 1;
-  buf = malloc(chunk_pages * page_bytes);
   tbuf = malloc(1u << 20);
-  if (!buf || !tbuf) goto nomem;
+  if (!tbuf) goto nomem;
 
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   if (fd < 0) goto ioerr;
@@ -286,26 +434,41 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
   if (tlen && write_all(fd, tbuf, tlen)) goto ioerr;
 
-  /* Pool: runs of consecutive used pages, copied in chunks. */
-  for (int64_t p = 0; p < pool_pages;) {
+  /* Pool: used pages in ascending order, copied run by run (one callback per
+   * run of consecutive pages) into a buffer that the I/O thread writes out
+   * while the next one fills. */
+  if (iopipe_start(&pipe, fd, 1, chunk_pages * page_bytes, 0)) goto ioerr;
+  int cur = 0;
+  size_t fill = 0; /* pages in buffer cur */
+  unsigned char *out = iopipe_wait(&pipe, cur);
+  for (int64_t p = 0; p < pool_pages && out;) {
     if (file_index[p] < 0) {
       p++;
       continue;
     }
     int64_t n = 0;
-    while (p + n < pool_pages && file_index[p + n] >= 0 &&
-           (size_t)n < chunk_pages)
+    while (p + n < pool_pages && file_index[p + n] >= 0 && fill + (size_t)n < chunk_pages)
       n++;
-    rc = read_fn(ctx, p, n, buf);
+    rc = read_fn(ctx, p, n, out + fill * page_bytes);
     if (rc != FP4IDX_OK) {
       seterr(err, errlen, "snapshot save: reading pages %lld..%lld: %s",
              (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+      iopipe_finish(&pipe, 0);
       goto out;
     }
-    hd.pool_crc = fp4idx_crc32c(hd.pool_crc, buf, (size_t)n * page_bytes);
-    if (write_all(fd, buf, (size_t)n * page_bytes)) goto ioerr;
+    hd.pool_crc = fp4idx_crc32c(hd.pool_crc, out + fill * page_bytes,
+                                (size_t)n * page_bytes);
+    fill += (size_t)n;
     p += n;
+    if (fill == chunk_pages) {
+      iopipe_pass(&pipe, cur, fill * page_bytes);
+      cur ^= 1;
+      fill = 0;
+      out = iopipe_wait(&pipe, cur);
+    }
   }
+  if (out && fill) iopipe_pass(&pipe, cur, fill * page_bytes);
+  if (iopipe_finish(&pipe, out != NULL)) goto ioerr;
 
   unsigned char h[FP4IDX_SNAPSHOT_HEADER_BYTES];
   header_encode(h, &hd);
@@ -335,7 +498,6 @@ out:
   if (fd >= 0) close(fd);
   if (rc != FP4IDX_OK) unlink(tmp);
   free(file_index);
-  free(buf);
   free(tbuf);
   return rc;
 }
@@ -401,7 +563,8 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
   int rc, fd = -1;
   header_t hd;
-  unsigned char *table = NULL, *buf = NULL, *seen = NULL;
+  unsigned char *table = NULL, *seen = NULL;
+  iopipe_t pipe;
   fp4idx_snap_seq_t *seqs = NULL;
 
   if (!path || !write_fn || !seqs_out || !n_seqs_out || pool_pages < 0) {
@@ -485,35 +648,43 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
     if (dup) goto badtable;
   }
 
-  /* Pool section: stream into pool pages 0.., checksumming as we go. */
+  /* Pool section: the I/O thread reads ahead into one buffer while the pages
+   * of the other are checksummed and written into pool pages 0.. */
   const size_t page_bytes = (size_t)page_size * SLOT_BYTES;
   size_t chunk_pages = CHUNK_BYTES / page_bytes;
   if (chunk_pages < 1) chunk_pages = 1;
-  buf = malloc(chunk_pages * page_bytes);
-  if (!buf) goto nomem;
 #ifdef POSIX_FADV_SEQUENTIAL
   posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
+  if (iopipe_start(&pipe, fd, 0, chunk_pages * page_bytes, hd.pool_bytes)) goto ioerr;
   uint32_t crc = 0;
-  for (int64_t p = 0; p < hd.info.n_pages;) {
-    int64_t n = hd.info.n_pages - p;
-    if ((size_t)n > chunk_pages) n = (int64_t)chunk_pages;
-    got = read_full(fd, buf, (size_t)n * page_bytes);
-    if (got < 0) goto ioerr;
-    if ((size_t)got != (size_t)n * page_bytes) {
-      seterr(err, errlen, "%s: snapshot is truncated in its pool section", path);
-      rc = FP4IDX_ECORRUPT;
-      goto out;
+  int cur = 0;
+  for (int64_t p = 0; p < hd.info.n_pages; cur ^= 1) {
+    unsigned char *in = iopipe_wait(&pipe, cur);
+    if (!in) {
+      int e = errno;
+      iopipe_finish(&pipe, 0);
+      if (e == EPIPE) {
+        seterr(err, errlen, "%s: snapshot is truncated in its pool section", path);
+        rc = FP4IDX_ECORRUPT;
+        goto out;
+      }
+      errno = e;
+      goto ioerr;
     }
-    crc = fp4idx_crc32c(crc, buf, (size_t)got);
-    rc = write_fn(ctx, p, n, buf);
+    int64_t n = (int64_t)(pipe.len[cur] / page_bytes);
+    crc = fp4idx_crc32c(crc, in, pipe.len[cur]);
+    rc = write_fn(ctx, p, n, in);
     if (rc != FP4IDX_OK) {
+      iopipe_finish(&pipe, 0);
       seterr(err, errlen, "%s: writing pages %lld..%lld into the pool: %s",
              path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       goto out;
     }
+    iopipe_pass(&pipe, cur, 0);
     p += n;
   }
+  iopipe_finish(&pipe, 0);
   if (crc != hd.pool_crc) {
     seterr(err, errlen,
            "%s: pool checksum mismatch (corrupt page data); nothing loaded",
@@ -543,7 +714,6 @@ out:
   if (fd >= 0) close(fd);
   free(table);
   free(seen);
-  free(buf);
   free(seqs);
   return rc;
 }

@@ -307,3 +307,84 @@ Test(snapshot, load_write_error) {
   free(into.bytes);
   scenario_fini(&s);
 }
+
+/* Several I/O buffers (32 MiB each) with every other page used: the copy
+ * runs are one page long and each buffer gathers many of them; failures in a
+ * later buffer still leave nothing behind. */
+Test(snapshot, multi_buffer_round_trip_and_late_failure) {
+  const int64_t pool = 24000; /* 24000 * 64 * 68 = 104 MB */
+  host_pool_t src;
+  host_pool_init(&src, pool, 64);
+  fill_random(src.bytes, (size_t)pool * 64 * 68, 77);
+  /* Sequence i takes pages 2i*... so that used pages alternate with holes. */
+  enum { NS = 150 };
+  static int32_t pages[12000];
+  fp4idx_snap_seq_t seqs[NS];
+  int64_t used = 0;
+  for (int i = 0; i < NS; i++) {
+    seqs[i].id = (uint64_t)i * 3 + 1;
+    seqs[i].n_keys = 80 * 64 - (i % 64); /* 80 pages, last one partial */
+    seqs[i].pages = pages + used;
+    for (int k = 0; k < 80; k++) pages[used + k] = (int32_t)(2 * (used + k) + (i & 1));
+    used += 80;
+  }
+  char dir[64], path[128];
+  tmpdir_make(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/big.fp4s", dir);
+  char err[256] = "";
+  cr_assert_eq(fp4idx_snapshot_save(path, 64, pool, seqs, NS, 9, host_pool_read, &src,
+                                    NULL, err, sizeof err),
+               FP4IDX_OK, "%s", err);
+  host_pool_t dst;
+  host_pool_init(&dst, used, 64);
+  fp4idx_snap_seq_t *got = NULL;
+  int64_t n = 0;
+  cr_assert_eq(fp4idx_snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
+                                    err, sizeof err),
+               FP4IDX_OK, "%s", err);
+  cr_assert_eq(n, NS);
+  size_t pb = 64 * 68;
+  for (int i = 0; i < NS; i++) {
+    cr_assert_eq(got[i].id, seqs[i].id);
+    cr_assert_eq(got[i].n_keys, seqs[i].n_keys);
+    for (int k = 0; k < 80; k++)
+      cr_assert_eq(memcmp(dst.bytes + (size_t)got[i].pages[k] * pb,
+                          src.bytes + (size_t)seqs[i].pages[k] * pb, pb),
+                   0, "seq %d page %d", i, k);
+  }
+  free(got);
+
+  /* A read failure deep into the pool: EIO, the old snapshot stays. */
+  off_t size = file_size(path);
+  src.fail_at = 9000;
+  src.calls = 0;
+  cr_assert_eq(fp4idx_snapshot_save(path, 64, pool, seqs, NS, 10, host_pool_read, &src,
+                                    NULL, err, sizeof err),
+               FP4IDX_EIO);
+  cr_assert_eq(file_size(path), size);
+  fp4idx_snap_info_t info;
+  cr_assert_eq(fp4idx_snapshot_probe(path, &info, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(info.log_gen, 9);
+  char tmp[160];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  cr_assert_neq(access(tmp, F_OK), 0);
+
+  /* A write failure deep into the load: reported, nothing returned. */
+  dst.fail_at = 2; /* the second of the two buffers */
+  dst.calls = 0;
+  got = NULL;
+  cr_assert_eq(fp4idx_snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
+                                    err, sizeof err),
+               FP4IDX_EIO);
+  cr_assert_null(got);
+  /* A flipped byte in the last buffer: refused. */
+  file_flip(path, size - 5, 0x40);
+  dst.fail_at = 0;
+  cr_assert_eq(fp4idx_snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
+                                    err, sizeof err),
+               FP4IDX_ECORRUPT);
+  cr_assert_null(got);
+  free(src.bytes);
+  free(dst.bytes);
+  tmpdir_rm(dir);
+}
