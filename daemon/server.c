@@ -373,7 +373,9 @@ static int fp4idx__server_probe(const char *path) {
   struct stat st;
   if (lstat(path, &st) != 0) return 0;
   if (!S_ISSOCK(st.st_mode)) return -1;
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  /* Non-blocking: a live daemon with a full backlog answers EAGAIN instead
+   * of stalling our start. */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -1;
   struct sockaddr_un sa;
   memset(&sa, 0, sizeof sa);
