@@ -5,6 +5,8 @@ fp4idx_add_test(test_daemon_cache SOURCES test_daemon_cache.c
   LIBS fp4idxd_cache LABELS unit)
 fp4idx_add_test(test_daemon_config SOURCES test_daemon_config.c
   LIBS fp4idxd_core LABELS unit)
+fp4idx_add_test(test_daemon_worker SOURCES test_daemon_worker.c
+  LIBS fp4idxd_core LABELS unit)
 
 add_library(fp4idx_daemon_harness STATIC ${CMAKE_CURRENT_SOURCE_DIR}/common/daemon_harness.c)
 target_include_directories(fp4idx_daemon_harness PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/common)

@@ -1,0 +1,139 @@
+/* test_daemon_worker.c -- the worker queue (daemon/worker.c) and the
+ * latency histogram (daemon/stats.c), without a backend or a socket. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "stats.h"
+#include "worker.h"
+
+enum { NJOBS = 2000 };
+
+typedef struct ctx_s {
+  fp4idx_worker_t w;
+  fp4idx_job_t jobs[NJOBS];
+  int order[NJOBS];      /* work order, written by the worker thread */
+  int n_work;
+  int n_done;            /* loop thread */
+  int done_in_order;     /* done callbacks came in submission order */
+  pthread_t loop_thread;
+  int done_on_loop;
+  int idle_calls;
+} ctx_t;
+
+static void work_cb(fp4idx_job_t *j) {
+  ctx_t *c = j->data;
+  int i = (int)(j - c->jobs);
+  if (i % 97 == 0) usleep(200); /* some slow jobs */
+  c->order[c->n_work++] = i;
+}
+
+static void done_cb(fp4idx_job_t *j) {
+  ctx_t *c = j->data;
+  int i = (int)(j - c->jobs);
+  if (i != c->n_done) c->done_in_order = 0;
+  if (!pthread_equal(pthread_self(), c->loop_thread)) c->done_on_loop = 0;
+  c->n_done++;
+}
+
+static void idle_cb(fp4idx_worker_t *w) {
+  ctx_t *c = w->data;
+  c->idle_calls++;
+  if (c->n_done == NJOBS) fp4idx__worker_stop(w);
+}
+
+Test(worker, fifo_order_and_done_on_the_loop) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  static ctx_t c;
+  memset(&c, 0, sizeof c);
+  c.done_in_order = 1;
+  c.done_on_loop = 1;
+  c.loop_thread = pthread_self();
+  c.w.data = &c;
+  c.w.on_idle = idle_cb;
+  cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
+  cr_assert_eq(c.w.data, &c, "start keeps the user's data");
+  for (int i = 0; i < NJOBS; i++) {
+    c.jobs[i].work = work_cb;
+    c.jobs[i].done = done_cb;
+    c.jobs[i].data = &c;
+    fp4idx__worker_submit(&c.w, &c.jobs[i]);
+  }
+  cr_assert_eq(c.w.queued, NJOBS);
+  uv_run(&loop, UV_RUN_DEFAULT); /* ends when idle_cb stopped the worker */
+  cr_assert_eq(c.n_work, NJOBS);
+  cr_assert_eq(c.n_done, NJOBS);
+  for (int i = 0; i < NJOBS; i++) cr_assert_eq(c.order[i], i, "job %d ran out of order", i);
+  cr_assert(c.done_in_order);
+  cr_assert(c.done_on_loop);
+  cr_assert_geq(c.idle_calls, 1);
+  cr_assert_eq(c.w.queued, 0);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
+/* Stopping with jobs still queued runs them all and delivers every done. */
+Test(worker, stop_drains_the_queue) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  static ctx_t c;
+  memset(&c, 0, sizeof c);
+  c.done_in_order = 1;
+  c.done_on_loop = 1;
+  c.loop_thread = pthread_self();
+  cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
+  for (int i = 0; i < 300; i++) {
+    c.jobs[i].work = work_cb;
+    c.jobs[i].done = done_cb;
+    c.jobs[i].data = &c;
+    fp4idx__worker_submit(&c.w, &c.jobs[i]);
+  }
+  fp4idx__worker_stop(&c.w); /* without running the loop first */
+  cr_assert_eq(c.n_work, 300);
+  cr_assert_eq(c.n_done, 300);
+  cr_assert(c.done_in_order);
+  uv_run(&loop, UV_RUN_DEFAULT); /* finishes closing the async handle */
+  cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
+Test(stats, latency_buckets) {
+  cr_assert_eq(fp4idx__stats_bucket(0.0), 0);
+  cr_assert_eq(fp4idx__stats_bucket(1.0), 0);
+  cr_assert_eq(fp4idx__stats_bucket(1.5), 1);
+  cr_assert_eq(fp4idx__stats_bucket(2.0), 1);
+  cr_assert_eq(fp4idx__stats_bucket(3.0), 2);
+  cr_assert_eq(fp4idx__stats_bucket(1024.0), 10);
+  cr_assert_eq(fp4idx__stats_bucket(1025.0), 11);
+  cr_assert_eq(fp4idx__stats_bucket((double)(1 << 24)), 24);
+  cr_assert_eq(fp4idx__stats_bucket((double)(1 << 24) + 1), 25);
+  cr_assert_eq(fp4idx__stats_bucket(1e12), 25);
+}
+
+Test(stats, record_and_snapshot) {
+  fp4idx_daemon_stats_t s, snap;
+  cr_assert_eq(fp4idx__stats_init(&s), 0);
+  fp4idx__stats_record(&s, FP4IDX_OP_APPEND, 0, 3.0);
+  fp4idx__stats_record(&s, FP4IDX_OP_APPEND, -7, 100.0);
+  fp4idx__stats_record(&s, FP4IDX_OP_NONE, -2, 1.0);
+  fp4idx__stats_record(&s, (fp4idx_op_t)999, -2, 1.0); /* out of range: unknown */
+  fp4idx__stats_conn(&s, +1);
+  fp4idx__stats_conn(&s, +1);
+  fp4idx__stats_conn(&s, -1);
+  double up = -1;
+  fp4idx__stats_snapshot(&s, &snap, &up);
+  cr_assert_geq(up, 0.0);
+  cr_assert_eq(snap.connections, 1);
+  cr_assert_eq(snap.connections_total, 2);
+  cr_assert_eq(snap.ops[FP4IDX_OP_APPEND].count, 2);
+  cr_assert_eq(snap.ops[FP4IDX_OP_APPEND].errors, 1);
+  cr_assert_eq(snap.ops[FP4IDX_OP_APPEND].hist[2], 1);
+  cr_assert_eq(snap.ops[FP4IDX_OP_APPEND].hist[7], 1);
+  cr_assert_eq(snap.ops[FP4IDX_OP_APPEND].sum_us, 103.0);
+  cr_assert_eq(snap.ops[FP4IDX_OP_NONE].count, 2);
+  cr_assert_str_eq(fp4idx__stats_op_name(FP4IDX_OP_NONE), "unknown");
+  cr_assert_str_eq(fp4idx__stats_op_name(FP4IDX_OP_SCORE), "score");
+  fp4idx__stats_destroy(&s);
+}
