@@ -7,6 +7,14 @@
 #include "fp4idx_format.h"
 #include "fp4idx_status.h"
 
+/* The allocator, replaceable by tests that fail the N-th allocation
+ * (tests/test_daemon_cache_oom.c). */
+#ifndef FP4IDX_CACHE_MALLOC
+#define FP4IDX_CACHE_MALLOC malloc
+#define FP4IDX_CACHE_CALLOC calloc
+#define FP4IDX_CACHE_REALLOC realloc
+#endif
+
 static uint64_t fp4idx__cache_hash(uint64_t x) {
   /* splitmix64 finalizer: sequence ids are often small consecutive numbers. */
   x ^= x >> 30;
@@ -26,7 +34,7 @@ static uint64_t fp4idx__cache_probe(const fp4idx_cache_t *c, uint64_t id) {
 
 static int fp4idx__cache_grow_table(fp4idx_cache_t *c) {
   uint64_t cap = c->table_cap * 2;
-  fp4idx_cache_seq_t **t = calloc(cap, sizeof *t);
+  fp4idx_cache_seq_t **t = FP4IDX_CACHE_CALLOC(cap, sizeof *t);
   if (!t) return FP4IDX_ENOMEM;
   fp4idx_cache_seq_t **old = c->table;
   uint64_t old_cap = c->table_cap;
@@ -64,10 +72,10 @@ int fp4idx__cache_init(fp4idx_cache_t *c, int64_t n_pages, int32_t page_size) {
     return FP4IDX_EINVAL;
   c->page_size = page_size;
   c->n_pages = n_pages;
-  c->free_stack = malloc((size_t)n_pages * sizeof *c->free_stack);
-  c->free_pos = malloc((size_t)n_pages * sizeof *c->free_pos);
+  c->free_stack = FP4IDX_CACHE_MALLOC((size_t)n_pages * sizeof *c->free_stack);
+  c->free_pos = FP4IDX_CACHE_MALLOC((size_t)n_pages * sizeof *c->free_pos);
   c->table_cap = 64;
-  c->table = calloc(c->table_cap, sizeof *c->table);
+  c->table = FP4IDX_CACHE_CALLOC(c->table_cap, sizeof *c->table);
   if (!c->free_stack || !c->free_pos || !c->table) goto err;
   /* Top of the stack is page 0, so a fresh pool hands out 0, 1, 2, ... */
   for (int64_t i = 0; i < n_pages; i++) {
@@ -120,7 +128,7 @@ static int fp4idx__cache_reserve_pages(fp4idx_cache_seq_t *s, int64_t need) {
   if (need <= s->cap_pages) return FP4IDX_OK;
   int64_t cap = s->cap_pages ? s->cap_pages : 4;
   while (cap < need) cap *= 2;
-  int32_t *p = realloc(s->pages, (size_t)cap * sizeof *p);
+  int32_t *p = FP4IDX_CACHE_REALLOC(s->pages, (size_t)cap * sizeof *p);
   if (!p) return FP4IDX_ENOMEM;
   s->pages = p;
   s->cap_pages = cap;
@@ -142,7 +150,7 @@ static int fp4idx__cache_get_or_create(fp4idx_cache_t *c, uint64_t id,
     if (rc) return rc;
     i = fp4idx__cache_probe(c, id);
   }
-  fp4idx_cache_seq_t *s = calloc(1, sizeof *s);
+  fp4idx_cache_seq_t *s = FP4IDX_CACHE_CALLOC(1, sizeof *s);
   if (!s) return FP4IDX_ENOMEM;
   s->id = id;
   c->table[i] = s;

@@ -3,6 +3,8 @@
 # wire codec.
 fp4idx_add_test(test_daemon_cache SOURCES test_daemon_cache.c
   LIBS fp4idxd_cache LABELS unit)
+fp4idx_add_test(test_daemon_cache_oom SOURCES test_daemon_cache_oom.c
+  LIBS fp4idx_format LABELS unit)
 fp4idx_add_test(test_daemon_config SOURCES test_daemon_config.c
   LIBS fp4idxd_core LABELS unit)
 fp4idx_add_test(test_daemon_worker SOURCES test_daemon_worker.c
