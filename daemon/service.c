@@ -19,6 +19,8 @@
 
 #define SNAPSHOT_NAME "snapshot.fp4s"
 #define LOG_NAME "appendonly.fp4log"
+/* Auto-save when the log is above this and twice the live keys' bytes. */
+#define AUTOSAVE_MIN_BYTES (64ll << 20)
 
 static double fp4idx__service_now(void) {
   struct timespec ts;
@@ -117,6 +119,7 @@ static int fp4idx__service_save(fp4idx_service_t *svc, char *msg, size_t cap) {
     return FP4IDX_EIO;
   }
   svc->broken = 0;
+  svc->autosave_asked = 0; /* (a failed save is not retried by itself) */
   fp4idx__log_info("snapshot saved: %" PRId64 " sequences, %" PRId64 " keys, %.1f MB in "
                    "%.3f s (%.2f GB/s) to %s",
                    info.n_seqs, info.n_keys, (double)info.file_bytes / 1e6, dt,
@@ -125,6 +128,8 @@ static int fp4idx__service_save(fp4idx_service_t *svc, char *msg, size_t cap) {
                        info.n_keys);
   return FP4IDX_OK;
 }
+
+static void fp4idx__service_autosave_cb(uv_async_t *h);
 
 /* ---- startup: load + replay ------------------------------------------------- */
 
@@ -229,6 +234,10 @@ static int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
     fp4idx__cache_clear(&d->cache);
     return rc;
   }
+  if (uv_async_init(&d->loop, &svc->autosave, fp4idx__service_autosave_cb) == 0) {
+    svc->autosave.data = svc;
+    svc->autosave_on = 1;
+  }
   fp4idx__log_info("persistence: %s (fsync %s), %" PRIu64 " sequences, %" PRId64 " keys",
                    d->cfg.data_dir, fp4idx_fsync_name((fp4idx_fsync_t)d->cfg.fsync_policy),
                    d->cache.n_seqs, d->cache.n_keys);
@@ -240,7 +249,6 @@ static int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
 static int fp4idx__service_mutation(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op,
                                     uint64_t seq, int64_t pos, int64_t count,
                                     const uint8_t *slots) {
-  (void)d;
   fp4idx_service_t *svc = arg;
   int rc;
   if (!svc->aof) return FP4IDX_OK;
@@ -251,8 +259,19 @@ static int fp4idx__service_mutation(fp4idx_daemon_t *d, void *arg, fp4idx_mutati
     case FP4IDX_MUT_DROP: rc = fp4idx_aof_drop(svc->aof, seq); break;
     default: rc = FP4IDX_EINVAL; break;
   }
-  if (rc) fp4idx__log_error("append log %s: write failed: %s", svc->log_path, strerror(errno));
-  return rc;
+  if (rc) {
+    fp4idx__log_error("append log %s: write failed: %s", svc->log_path, strerror(errno));
+    return rc;
+  }
+  int64_t size = fp4idx_aof_size(svc->aof);
+  if (svc->autosave_on && !svc->autosave_asked && size > AUTOSAVE_MIN_BYTES &&
+      size > 2 * (d->cache.n_keys * 68 + (1 << 20))) {
+    svc->autosave_asked = 1;
+    fp4idx__log_info("append log is %.1f MB for %.1f MB of keys: saving a snapshot",
+                     (double)size / 1e6, (double)d->cache.n_keys * 68 / 1e6);
+    uv_async_send(&svc->autosave);
+  }
+  return FP4IDX_OK;
 }
 
 static int fp4idx__service_save_hook(fp4idx_daemon_t *d, void *arg, char *msg, size_t cap) {
@@ -277,6 +296,17 @@ static void fp4idx__service_sighup_done(fp4idx_job_t *job) {
   svc->save_pending = 0;
 }
 
+/* Queues one save job (loop thread); a second request while one is queued
+ * is folded into it. */
+static void fp4idx__service_request_save(fp4idx_service_t *svc) {
+  if (svc->save_pending || svc->d->stopping) return;
+  svc->save_pending = 1;
+  svc->save_job.work = fp4idx__service_sighup_work;
+  svc->save_job.done = fp4idx__service_sighup_done;
+  svc->save_job.data = svc;
+  fp4idx__daemon_submit(svc->d, &svc->save_job);
+}
+
 static void fp4idx__service_sighup_cb(uv_signal_t *h, int signum) {
   (void)signum;
   fp4idx_service_t *svc = h->data;
@@ -284,13 +314,12 @@ static void fp4idx__service_sighup_cb(uv_signal_t *h, int signum) {
     fp4idx__log_info("SIGHUP: no --data-dir, nothing to save");
     return;
   }
-  if (svc->save_pending || svc->d->stopping) return;
   fp4idx__log_info("SIGHUP: saving a snapshot");
-  svc->save_pending = 1;
-  svc->save_job.work = fp4idx__service_sighup_work;
-  svc->save_job.done = fp4idx__service_sighup_done;
-  svc->save_job.data = svc;
-  fp4idx__daemon_submit(svc->d, &svc->save_job);
+  fp4idx__service_request_save(svc);
+}
+
+static void fp4idx__service_autosave_cb(uv_async_t *h) {
+  fp4idx__service_request_save(h->data);
 }
 
 /* The watchdog ping comes from a loop timer: it proves the event loop turns.
@@ -337,6 +366,9 @@ static void fp4idx__service_stopping(fp4idx_daemon_t *d, void *arg) {
 
 static void fp4idx__service_shutdown(fp4idx_daemon_t *d, void *arg) {
   fp4idx_service_t *svc = arg;
+  /* The worker has stopped, so nothing sends on the async handle any more. */
+  if (svc->autosave_on) uv_close((uv_handle_t *)&svc->autosave, NULL);
+  svc->autosave_on = 0;
   if (!svc->aof) return;
   char msg[512];
   if (fp4idx__service_save(svc, msg, sizeof msg) != FP4IDX_OK) {

@@ -14,7 +14,10 @@
  *             files are left untouched.
  *   ready     READY=1 + STATUS, the watchdog timer, the SIGHUP handler.
  *   stopping  STOPPING=1; timer and SIGHUP handler closed.
- *   mutation  logs appends (packed slots), truncates, drops before the reply.
+ *   mutation  logs appends (packed slots), truncates, drops before the reply;
+ *             when the log outgrows the data (above 64 MiB and twice the
+ *             live keys' bytes: speculative decoding truncates a lot), asks
+ *             the loop for a save, which compacts it (Redis' auto rewrite).
  *   save      the "save" op and SIGHUP: snapshot, then a fresh log.
  *   shutdown  final snapshot (worker stopped, cache and engine alive).
  */
@@ -36,8 +39,11 @@ typedef struct fp4idx_service_s {
   uv_timer_t watchdog;     /* loop thread */
   uv_signal_t sighup;
   int watchdog_on, sighup_on;
-  fp4idx_job_t save_job;   /* SIGHUP -> worker */
+  fp4idx_job_t save_job;   /* SIGHUP or auto-save -> worker */
   int save_pending;        /* loop thread */
+  uv_async_t autosave;     /* worker -> loop: the log has grown, save */
+  int autosave_on;         /* loop thread */
+  int autosave_asked;      /* worker thread: asked, not yet saved */
 } fp4idx_service_t;
 
 /* Socket activation: 1 and *fd when systemd passed one listening socket, 0

@@ -490,3 +490,40 @@ Test(service_daemon, socket_activation_and_notify) {
   close(nfd);
   tmpdir_rm(dir);
 }
+
+/* Speculative decoding appends and truncates all the time: the log must not
+ * grow without bound. Past 64 MiB and twice the live data it is compacted by
+ * a snapshot the daemon takes by itself. */
+Test(service_daemon, log_growth_triggers_a_snapshot) {
+  char data[64], snap[128], logf[128];
+  tmpdir_make(data, sizeof data);
+  snprintf(snap, sizeof snap, "%s/snapshot.fp4s", data);
+  snprintf(logf, sizeof logf, "%s/appendonly.fp4log", data);
+  fp4idx_test_daemon_t d;
+  start(&d, data, "no", NULL, NULL);
+  int fd = connect_to(&d);
+  enum { N = 100000 };
+  unsigned char *keys = malloc((size_t)N * 68);
+  fill_random(keys, (size_t)N * 68, 31);
+  uint64_t first, len;
+  int rounds = 0;
+  while (access(snap, F_OK) != 0 && rounds < 20) {
+    cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, N, keys, &first, &len), 0);
+    cr_assert_eq(fp4idx_test_truncate(fd, 1, 1000), 0);
+    rounds++;
+    for (int i = 0; i < 20 && rounds >= 10 && access(snap, F_OK) != 0; i++) sleep_ms(10);
+  }
+  /* 100000 * 68 bytes a round: the 10th round passes 64 MiB. */
+  cr_assert_eq(access(snap, F_OK), 0, "no snapshot after %d rounds", rounds);
+  cr_assert_geq(rounds, 10);
+  cr_assert_lt(file_size(logf), 64 << 20);
+  /* The state is intact: 1000 keys (the truncated prefix of the last round). */
+  unsigned char *back = malloc(1000 * 68);
+  cr_assert_eq(fp4idx_test_read(fd, 1, 0, 1000, back, &len), 0);
+  cr_assert_eq(memcmp(back, keys, 1000 * 68), 0);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  free(back);
+  free(keys);
+  tmpdir_rm(data);
+}
