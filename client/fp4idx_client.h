@@ -204,7 +204,7 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
 
 /* Asks the daemon to write its snapshot now (and start a fresh append log).
- * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EINVAL (daemon
+ * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_ETYPE (daemon
  *   runs without --data-dir); FP4IDX_EIO (disk); connection errors. */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
 
