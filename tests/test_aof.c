@@ -356,3 +356,52 @@ Test(aof, bad_arguments) {
                FP4IDX_ECORRUPT);
   tmpdir_rm(dir);
 }
+
+/* A write that fails (here: the file size limit, EFBIG) returns EIO and cuts
+ * the partial record off, so the log stays replayable and later records
+ * land after the last good one. Run in a child: it lowers RLIMIT_FSIZE. */
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+Test(aof, failed_write_leaves_a_replayable_log) {
+  char dir[64], path[128];
+  with_log(dir, sizeof dir, path, sizeof path);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    fp4idx_aof_t *a = NULL;
+    unsigned char small[2 * 68], big[1000 * 68];
+    fill_random(small, sizeof small, 4);
+    fill_random(big, sizeof big, 5);
+    if (fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, 0, NULL, 0)) _exit(10);
+    if (fp4idx_aof_append(a, 1, 0, 2, small)) _exit(11);
+    struct rlimit rl = {.rlim_cur = 20000, .rlim_max = RLIM_INFINITY};
+    if (setrlimit(RLIMIT_FSIZE, &rl)) _exit(12);
+    int64_t before = fp4idx_aof_size(a);
+    /* 68 KB do not fit under 20000 bytes: a partial write, then EFBIG. */
+    if (fp4idx_aof_append(a, 1, 2, 1000, big) != FP4IDX_EIO) _exit(13);
+    if (fp4idx_aof_size(a) != before) _exit(14);
+    struct stat st;
+    if (stat(path, &st) || st.st_size != before) _exit(15);
+    if (fp4idx_aof_append(a, 1, 2, 2, small)) _exit(16);
+    fp4idx_aof_close(a);
+    _exit(0);
+  }
+  int st = 0;
+  cr_assert_eq(waitpid(pid, &st, 0), pid);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child step %d failed",
+            WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  sink_t s = {0};
+  fp4idx_aof_replay_t res;
+  char err[256] = "";
+  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
+               FP4IDX_OK, "%s", err);
+  cr_assert_eq(s.n, 2);
+  cr_assert(s.recs[0].pos == 0 && s.recs[0].count == 2);
+  cr_assert(s.recs[1].pos == 2 && s.recs[1].count == 2);
+  cr_assert_eq(res.warning[0], 0);
+  sink_free(&s);
+  tmpdir_rm(dir);
+}

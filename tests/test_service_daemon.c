@@ -527,3 +527,53 @@ Test(service_daemon, log_growth_triggers_a_snapshot) {
   free(keys);
   tmpdir_rm(data);
 }
+
+/* When the log cannot be written (file size limit: EFBIG), the append fails
+ * with EIO and changes nothing; the daemon goes on, and a restart has every
+ * acknowledged key. The limit is inherited by the spawned daemon. */
+#include <sys/resource.h>
+
+Test(service_daemon, log_write_failure_fails_the_request_cleanly) {
+  char data[64];
+  tmpdir_make(data, sizeof data);
+  signal(SIGXFSZ, SIG_IGN); /* inherited: the daemon gets EFBIG, not a signal */
+  struct rlimit rl = {.rlim_cur = 300000, .rlim_max = RLIM_INFINITY};
+  cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+  fp4idx_test_daemon_t d;
+  start(&d, data, "always", "--log-level", "info");
+  int fd = connect_to(&d);
+  unsigned char *keys = malloc(5000 * 68);
+  fill_random(keys, 5000 * 68, 17);
+  uint64_t first, len;
+  cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, 100, keys, &first, &len), 0);
+  fp4idx_info_t before, after;
+  cr_assert_eq(fp4idx_test_info(fd, &before), 0);
+  /* 5000 keys = 340 KB of log: above the limit. */
+  cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, 5000, keys, &first, &len),
+               FP4IDX_EIO);
+  cr_assert_eq(fp4idx_test_append(fd, 2, FP4IDX_WIRE_U8, 5000, keys, &first, &len),
+               FP4IDX_EIO);
+  cr_assert_eq(fp4idx_test_info(fd, &after), 0);
+  cr_assert_eq(after.pages_free, before.pages_free, "nothing stored");
+  cr_assert_eq(after.sequences, 1, "the failed append did not create sequence 2");
+  cr_assert_eq(fp4idx_test_read(fd, 1, 100, 1, NULL, &len), FP4IDX_ERANGE);
+  cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, 100, keys + 100 * 68, &first,
+                                  &len),
+               0);
+  cr_assert_eq(first, 100);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGKILL), 0); /* the log alone */
+  cr_assert_eq(fp4idx_test_daemon_wait(&d, 5000), 128 + SIGKILL);
+  fp4idx_test_daemon_stop(&d);
+  start(&d, data, "always", "--log-level", "info");
+  fd = connect_to(&d);
+  unsigned char *back = malloc(200 * 68);
+  cr_assert_eq(fp4idx_test_read(fd, 1, 0, 200, back, &len), 0);
+  cr_assert_eq(memcmp(back, keys, 200 * 68), 0);
+  cr_assert_eq(fp4idx_test_read(fd, 1, 200, 1, NULL, &len), FP4IDX_ERANGE);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  free(back);
+  free(keys);
+  tmpdir_rm(data);
+}
