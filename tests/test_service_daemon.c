@@ -577,3 +577,58 @@ Test(service_daemon, log_write_failure_fails_the_request_cleanly) {
   free(keys);
   tmpdir_rm(data);
 }
+
+/* A snapshot that cannot be written (file size limit) fails `save` with EIO
+ * and the final save on SIGTERM with exit status 1; the append log keeps
+ * every key, so the next start has them all. */
+Test(service_daemon, failed_snapshot_keeps_the_log) {
+  char data[64], snap[128];
+  tmpdir_make(data, sizeof data);
+  snprintf(snap, sizeof snap, "%s/snapshot.fp4s", data);
+  signal(SIGXFSZ, SIG_IGN);
+  /* 60 one-key sequences: 60 * 108 B of log, but 60 pages = 261 KB of
+   * snapshot, above the 100 KB limit. */
+  struct rlimit rl = {.rlim_cur = 100000, .rlim_max = RLIM_INFINITY};
+  cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+  fp4idx_test_daemon_t d;
+  start(&d, data, "always", "--log-level", "info");
+  int fd = connect_to(&d);
+  unsigned char keys[60 * 68];
+  fill_random(keys, sizeof keys, 23);
+  uint64_t first, len;
+  for (int i = 0; i < 60; i++)
+    cr_assert_eq(fp4idx_test_append(fd, 100 + i, FP4IDX_WIRE_U8, 1, keys + i * 68, &first,
+                                    &len),
+                 0);
+  fp4idx_request_t req = {.op = FP4IDX_OP_SAVE, .id = 77};
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
+  cr_assert_eq(resp.status, FP4IDX_EIO);
+  fp4idx_response_clear(&resp);
+  free(body);
+  cr_assert_neq(access(snap, F_OK), 0);
+  /* Still serving and still logging. */
+  cr_assert_eq(fp4idx_test_append(fd, 100, FP4IDX_WIRE_U8, 1, keys, &first, &len), 0);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGTERM), 0);
+  cr_assert_eq(fp4idx_test_daemon_wait(&d, 10000), 1, "final save failed: exit 1");
+  fp4idx_test_daemon_stop(&d);
+
+  start(&d, data, "always", "--log-level", "info");
+  fd = connect_to(&d);
+  unsigned char k[2 * 68];
+  for (int i = 0; i < 60; i++) {
+    uint64_t n = i == 0 ? 2 : 1;
+    cr_assert_eq(fp4idx_test_read(fd, 100 + i, 0, n, k, &len), 0, "seq %d", 100 + i);
+    cr_assert_eq(memcmp(k, keys + i * 68, 68), 0);
+  }
+  /* The append logged after the failed save is there too. */
+  cr_assert_eq(fp4idx_test_read(fd, 100, 0, 2, k, &len), 0);
+  cr_assert_eq(memcmp(k + 68, keys, 68), 0);
+  close(fd);
+  fp4idx_test_daemon_kill(&d, SIGKILL);
+  fp4idx_test_daemon_wait(&d, 5000);
+  fp4idx_test_daemon_stop(&d);
+  tmpdir_rm(data);
+}
