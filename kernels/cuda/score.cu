@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint32_t *w_s = reinterpret_cast<uint32_t *>(smem + prm.ntp * 8 * 256);  // [ntp*4] bf16x2
   int32_t *lens_s = reinterpret_cast<int32_t *>(smem + prm.ntp * 8 * 256 + prm.ntp * 16);
   __shared__ int32_t maxlen_s;
+  __shared__ uint8_t row_of_v[kMaxQ];  // v / hp (integer division is ~20 instructions)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -159,6 +160,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int nt_per_row = prm.hp >> 3;
 
     __syncthreads();  // the previous segment is done with shared memory
+    for (int v = threadIdx.x; v < kMaxQ; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
+    __syncthreads();
     // Stage Q (permuted, swizzled, zero-padded), w and the lengths.
     const int nvec = prm.ntp * 8;
     // 8 loads in flight per thread before the first use (L2 latency, not
@@ -167,8 +170,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       uint4 in[8];
 #pragma unroll
       for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
-        const int r = v / prm.hp, h = v - r * prm.hp;
+        const int i = i0 + u * kThreads, v = (i >> 4) & (kMaxQ - 1), c = i & 15;
+        const int r = row_of_v[v], h = v - r * prm.hp;
         in[u] = make_uint4(0, 0, 0, 0);
         if (i < nvec * 16 && r < nrows && h < prm.heads)
           in[u] = __ldg(reinterpret_cast<const uint4 *>(
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       uint32_t pair = 0;
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const int v = 2 * i + e, r = v / prm.hp, h = v - r * prm.hp;
+        const int v = 2 * i + e, r = row_of_v[v], h = v - r * prm.hp;
         uint32_t x = 0;
         if (r < nrows && h < prm.heads) x = sq.w[(int64_t)(wk.row0 + r) * prm.heads + h];
         pair |= x << (16 * e);

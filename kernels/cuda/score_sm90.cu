@@ -31,6 +31,8 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kTileKeys = 64;
 constexpr int kN = 128;  // query vectors per wgmma
+constexpr int kRowsMax = 32;  // rows per work (256 query vectors / 8)
+constexpr int kSumBytes = 4 * kRowsMax * 128;  // head-sum matrix, K = 256
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FP4IDX_SM90 1
@@ -53,10 +55,24 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
 }
 
-__device__ __forceinline__ void fence_acc(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+// D[64x32] (+)= A[64x16] (registers) * B[16x32] (shared, K-major, SW128).
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint64_t desc,
+                                                int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %21, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
 }
+
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
 
 // Descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
 __device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
@@ -80,8 +96,6 @@ __device__ __forceinline__ uint32_t relu_mul_bf16x2(uint32_t d, uint32_t w) {
   asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(d), "r"(z));
   return fp4idx__hmul2_bits(r, w);
 }
-__device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
 
 struct Keys2 {
   uint4 p[2];
@@ -120,10 +134,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   uint8_t *smem = smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
   const int nq = prm.ntp * 8;                                      // query rows in smem
   uint8_t *q_s = smem;                                             // [2 kc][nq][128 B]
-  uint32_t *w_s = reinterpret_cast<uint32_t *>(smem + nq * 256);   // [nq/2] bf16x2
+  uint8_t *s_s = smem + nq * 256;                                  // [4 kc][32 rows][128 B]
+  uint32_t *w_s = reinterpret_cast<uint32_t *>(s_s + kSumBytes);   // [nq/2] bf16x2
   int32_t *lens_s = reinterpret_cast<int32_t *>(w_s + nq / 2);     // [32]
   int32_t *maxlen_s = lens_s + 32;
+  uint8_t *row_of_v = reinterpret_cast<uint8_t *>(maxlen_s + 1);  // [256] v / hp
   const uint32_t q_addr = (uint32_t)__cvta_generic_to_shared(q_s);
+  const uint32_t s_addr = (uint32_t)__cvta_generic_to_shared(s_s);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -145,8 +162,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int nrows = wk.nrows;
     const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
     const int nchunks = (nt_valid * 8 + kN - 1) / kN;
-    const int nt_per_row = prm.hp >> 3;
 
+    __syncthreads();
+    // Integer division is ~20 instructions: one per thread, into a table.
+    for (int v = threadIdx.x; v < 256; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
     __syncthreads();
     // Stage the queries: input chunk (v, c) = dims 8c..8c+7 of vector v;
     // with c = 4t'+w', its word pairs (d0,d4) (d1,d5) (d2,d6) (d3,d7) sit at
@@ -156,8 +175,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       uint4 in[8];
 #pragma unroll
       for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
-        const int r = v / prm.hp, h = v - r * prm.hp;
+        const int i = i0 + u * kThreads, v = (i >> 4) & 255, c = i & 15;
+        const int r = row_of_v[v], h = v - r * prm.hp;
         in[u] = make_uint4(0, 0, 0, 0);
         if (i < nq * 16 && r < nrows && h < prm.heads)
           in[u] = __ldg(reinterpret_cast<const uint4 *>(
@@ -179,11 +198,31 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
     }
+    // Head-sum matrix S^T [32 rows r][256 vectors v], 1.0 where v belongs to
+    // row r: the tensor core then sums each row's H products p[h] (exact
+    // bf16 inputs, f32 accumulation) -- B operand of the second wgmma.
+    for (int i = threadIdx.x; i < kRowsMax * 32; i += kThreads) {
+      const int r = i >> 5, unit = i & 31;  // unit: 8 consecutive v
+      uint32_t wd[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        uint32_t x = 0;
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+          const int v = unit * 8 + 2 * e + h2;
+          if (r < nrows && v < nq && row_of_v[v] == r) x |= 0x3F80u << (16 * h2);
+        }
+        wd[e] = x;
+      }
+      const int kc = unit >> 3, uu = unit & 7;
+      *reinterpret_cast<uint4 *>(s_s + kc * (kRowsMax * 128) + r * 128 + ((uu ^ (r & 7)) << 4)) =
+          make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    }
     for (int i = threadIdx.x; i < nq / 2; i += kThreads) {
       uint32_t pair = 0;
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        const int v = 2 * i + e, r = v / prm.hp, h = v - r * prm.hp;
+        const int v = 2 * i + e, r = row_of_v[v & 255], h = v - r * prm.hp;
         uint32_t x = 0;
         if (r < nrows && h < prm.heads) x = sq.w[(int64_t)(wk.row0 + r) * prm.heads + h];
         pair |= x << (16 * e);
@@ -225,8 +264,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       fp4idx__decode_block(kr.p[1], kr.s[1], a[1]);
       issue(kr, tile + 2);
 
-      float rs0 = 0.f, rs1 = 0.f;  // head sums of keys g, g+8 (current row)
-      int row_r = 0, row_left = nt_per_row;
+      float acc[16];  // [64 keys x 32 rows]: head sums
+      fence_acc(acc);
       for (int ch = 0; ch < nchunks; ch++) {
         float d[64];
         fence_acc(d);
@@ -241,40 +280,44 @@ __global__ void __launch_bounds__(kThreads, 3)
         wgmma_commit();
         wgmma_wait0();
         fence_acc(d);
+        // p = bf16(relu(bf16(d)) * w) in bf16x2; the accumulator layout of
+        // n8 blocks 2k, 2k+1 is the A-register layout of k-step k, so p feeds
+        // the head-sum wgmma straight from registers.
+        uint32_t pr[32];
 #pragma unroll
         for (int jj = 0; jj < kN / 8; jj++) {
-          const int j = ch * (kN / 8) + jj;
-          if (j < nt_valid) {
-            const uint32_t w2 = w_s[j * 4 + t];
-            const uint32_t pa = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
-            const uint32_t pb = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
-            rs0 += bf16_lo(pa);
-            rs0 += bf16_hi(pa);
-            rs1 += bf16_lo(pb);
-            rs1 += bf16_hi(pb);
-            if (--row_left == 0) {
-              // Quad sum: odd lanes keep key g+8, even lanes key g.
-              const bool odd = (t & 1) != 0;
-              float keep = odd ? rs1 : rs0;
-              keep += __shfl_xor_sync(0xffffffffu, odd ? rs0 : rs1, 1);
-              keep += __shfl_xor_sync(0xffffffffu, keep, 2);
-              const int r = row_r++;
-              row_left = nt_per_row;
-              if (t < 2) {
-                const int64_t l = l0 + 16 * warp + g + 8 * t;
-                if (l < sq.width) {
-                  const int64_t row = wk.row0 + r;
-                  bool vis = l < lens_s[r];
-                  if (vis && sq.mask) vis = sq.mask[row * sq.width + l] != 0;
-                  sq.out[row * sq.width + l] =
-                      vis ? __bfloat162float(__float2bfloat16_rn(keep)) : -INFINITY;
-                }
-              }
-              rs0 = rs1 = 0.f;
-            }
+          const uint32_t w2 = w_s[(ch * (kN / 8) + jj) * 4 + t];
+          pr[2 * jj] = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+          pr[2 * jj + 1] = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int k2 = 0; k2 < 8; k2++) {
+          const int kv = ch * 8 + k2;  // 16-vector step over K = 256
+          const uint32_t saddr = s_addr + (kv >> 2) * (kRowsMax * 128) + (kv & 3) * 32;
+          wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
+                          make_desc(saddr), ch | k2);
+        }
+        wgmma_commit();
+        if (ch + 1 < nchunks) wgmma_wait0();  // pr and d are reused
+      }
+      wgmma_wait0();
+      fence_acc(acc);
+      // acc[4jr + e]: key g (e < 2) or g+8, row 8jr + 2t + (e & 1).
+#pragma unroll
+      for (int jr = 0; jr < 4; jr++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = 8 * jr + 2 * t + (e & 1);
+          const int64_t l = l0 + 16 * warp + g + 8 * (e >> 1);
+          if (r < nrows && l < sq.width) {
+            const int64_t row = wk.row0 + r;
+            bool vis = l < lens_s[r];
+            if (vis && sq.mask) vis = sq.mask[row * sq.width + l] != 0;
+            sq.out[row * sq.width + l] =
+                vis ? __bfloat162float(__float2bfloat16_rn(acc[4 * jr + e])) : -INFINITY;
           }
         }
-      }
     };
     Keys2 ka, kb;
     issue(ka, cur);
@@ -289,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 }
 
 extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
-  return (size_t)ntp * 8 * 256 + (size_t)ntp * 4 * 4 + 33 * 4 + 1024;
+  return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)ntp * 4 * 4 + 33 * 4 + 256 + 1024;
 }
 
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
