@@ -383,6 +383,9 @@ static void fp4idx__service_shutdown(fp4idx_daemon_t *d, void *arg) {
 
 void fp4idx__service_attach(fp4idx_service_t *svc, fp4idx_daemon_t *d) {
   memset(svc, 0, sizeof *svc);
+  /* SIGHUP (systemctl reload) before the handler exists -- e.g. while a
+   * large snapshot loads -- must not kill the daemon. */
+  signal(SIGHUP, SIG_IGN);
   svc->d = d;
   if (d->cfg.data_dir[0]) {
     svc->persist = 1;
