@@ -7,7 +7,11 @@
  *
  *   fp4idx-bench [--backend cpu|cuda] [--threads N] [--device I]
  *                [--case NAME]... [--all] [--reps N] [--warmup N]
- *                [--calls N] [--topk K] [--check] [--ghz X] [--fma-units N]
+ *                [--calls N] [--topk K] [--check] [--inputs dyadic|gauss]
+ *                [--ghz X] [--fma-units N]
+ *
+ * --inputs gauss: Gaussian bf16 keys, queries and weights (realistic data;
+ * the CPU scorer then mostly needs its float64 kernel) instead of dyadic.
  *
  * --check scores every case once more on a fresh CPU backend (the oracle)
  * and compares all logits bit for bit (for --backend cuda this validates the
@@ -36,6 +40,7 @@ enum { FP4IDX__NCASES = sizeof fp4idx__cases / sizeof fp4idx__cases[0], PAGE = 6
 typedef struct {
   const char *backend;
   int threads, device, reps, warmup, calls, topk, check, all;
+  int gauss; /* --inputs gauss: Gaussian bf16 inputs instead of dyadic */
   double ghz;
   int fma_units;
   const char *only[16];
@@ -49,8 +54,15 @@ static uint64_t fp4idx__next(void) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-/* k/8 for k uniform in [-lim, lim], as bf16 bits (exact) */
-static uint16_t fp4idx__eighths(int lim) {
+/* standard normal (Box-Muller) */
+static double fp4idx__normal(void) {
+  double u1 = ((fp4idx__next() >> 11) + 1) * 0x1p-53, u2 = (fp4idx__next() >> 11) * 0x1p-53;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+static int fp4idx__gauss_inputs;
+/* an input value as bf16 bits: k/8 (|k| <= lim), or N(0, 1) * lim / 16 */
+static uint16_t fp4idx__value(int lim) {
+  if (fp4idx__gauss_inputs) return fp4idx_f32_to_bf16((float)(fp4idx__normal() * lim / 16.0));
   int k = (int)(fp4idx__next() % (uint64_t)(2 * lim + 1)) - lim;
   return fp4idx_f32_to_bf16((float)k / 8.0f);
 }
@@ -183,13 +195,13 @@ static int fp4idx__data_make(fp4idx__data_t *d, const fp4idx_bench_case_t *c, in
     const int32_t *pg = d->pages + s * pps;
     for (int64_t l = 0; l < c->context; l++) {
       int64_t i = s * c->context + l;
-      for (int e = 0; e < 128; e++) key[e] = fp4idx__eighths(48);
+      for (int e = 0; e < 128; e++) key[e] = fp4idx__value(48);
       fp4idx_quantize_key(key, FP4IDX_DTYPE_BF16, FP4IDX_ROUND_RNE, d->packed + i * 68,
                           d->packed + i * 68 + 64);
       d->slots[i] = (int64_t)pg[l / PAGE] * PAGE + l % PAGE;
     }
-    for (int64_t i = 0; i < rh * 128; i++) d->q[s * rh * 128 + i] = fp4idx__eighths(16);
-    for (int64_t i = 0; i < rh; i++) d->w[s * rh + i] = fp4idx__eighths(16);
+    for (int64_t i = 0; i < rh * 128; i++) d->q[s * rh * 128 + i] = fp4idx__value(16);
+    for (int64_t i = 0; i < rh; i++) d->w[s * rh + i] = fp4idx__value(16);
     for (int r = 0; r < c->rows; r++) {
       int64_t len = c->context - r;
       d->lens[s * c->rows + r] = (int32_t)(len > 0 ? len : 0);
@@ -330,7 +342,8 @@ static void fp4idx__usage(FILE *f) {
   fprintf(f,
           "usage: fp4idx-bench [--backend cpu|cuda] [--threads N] [--device I]\n"
           "                    [--case NAME]... [--all] [--reps N] [--warmup N] [--calls N]\n"
-          "                    [--topk K] [--check] [--ghz X] [--fma-units N]\n"
+          "                    [--topk K] [--check] [--inputs dyadic|gauss] [--ghz X]\n"
+          "                    [--fma-units N]\n"
           "cases:");
   for (int i = 0; i < FP4IDX__NCASES; i++)
     fprintf(f, " %s%s", fp4idx__cases[i].name, fp4idx__cases[i].cpu_default ? "*" : "");
@@ -356,6 +369,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--ghz")) { NEEDV o.ghz = atof(v); }
     else if (!strcmp(a, "--fma-units")) { NEEDV o.fma_units = atoi(v); }
     else if (!strcmp(a, "--case")) { NEEDV if (o.n_only < 16) o.only[o.n_only++] = v; }
+    else if (!strcmp(a, "--inputs")) {
+      NEEDV
+      if (!strcmp(v, "gauss")) o.gauss = 1;
+      else if (strcmp(v, "dyadic")) { fp4idx__usage(stderr); return 2; }
+    }
     else if (!strcmp(a, "--all")) o.all = 1;
     else if (!strcmp(a, "--check")) o.check = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { fp4idx__usage(stdout); return 0; }
@@ -369,6 +387,7 @@ int main(int argc, char **argv) {
     fp4idx__usage(stderr);
     return 2;
   }
+  fp4idx__gauss_inputs = o.gauss;
   fp4idx__machine_t m;
   fp4idx__machine(&m, &o);
   if (is_cpu) {
@@ -379,9 +398,9 @@ int main(int argc, char **argv) {
            m.model, m.cpus, t, m.ghz, m.isa, m.fma_units, m.lanes,
            fp4idx__peak_gflops(&m, o.threads));
   }
-  printf("# reps %d (median), warm-up %d, calls per rep %d; dyadic inputs, shuffled %d-key pages,\n"
+  printf("# reps %d (median), warm-up %d, calls per rep %d; %s inputs, shuffled %d-key pages,\n"
          "# row r sees context - r keys; FLOP = 2*R*H*128 per key\n",
-         o.reps, o.warmup, o.calls, PAGE);
+         o.reps, o.warmup, o.calls, o.gauss ? "Gaussian bf16" : "dyadic", PAGE);
   int failed = 0, ran = 0;
   for (int i = 0; i < FP4IDX__NCASES; i++) {
     const fp4idx_bench_case_t *c = &fp4idx__cases[i];

@@ -154,6 +154,62 @@ static void wide(int iters, uint64_t seed) {
 
 Test(cpu_random, wide_exponents) { wide(6, 4242); }
 
+/* Extreme ranges: key scales near both ends (2^-126.., ..2^127), q and w
+ * over +-2^60 / +-2^40: d and p land in the bf16 subnormal range, overflow
+ * to inf, and inf - inf gives NaN; every such lane takes the scalar
+ * rounding, and the result must still equal the reference. */
+Test(cpu_random, extreme_ranges) {
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 31337);
+  /* per iteration: scale bytes [lo, hi], q exponents [qlo, qhi], w [wlo, whi] */
+  static const int rg[4][6] = {{1, 20, -30, 0, -20, 0},     /* bf16 subnormal d, p */
+                               {230, 254, 0, 20, 0, 20},    /* overflow to inf */
+                               {1, 254, -20, 20, -10, 10},  /* everything */
+                               {90, 160, -60, 60, -40, 40}};
+  for (int it = 0; it < 4; it++) {
+    int heads = 16 + 16 * it, rows = 2;
+    int64_t n = 257;
+    fp4idx_test_case_t c;
+    cr_assert_eq(fp4idx_test_case_dyadic(&c, &rng, heads, rows, n, 16, 0, NULL, 0), 0);
+    for (int64_t i = 0; i < n * 68; i++) {
+      if ((i % 68) < 64) {
+        c.packed[i] = (uint8_t)fp4idx_test_rng_next(&rng);
+      } else {
+        c.packed[i] = (uint8_t)fp4idx_test_rng_range(&rng, rg[it][0], rg[it][1]);
+      }
+    }
+    for (int64_t i = 0; i < (int64_t)rows * heads * 128; i++) {
+      double v = ldexp(1.0 + (double)fp4idx_test_rng_below(&rng, 128) / 128.0,
+                       (int)fp4idx_test_rng_range(&rng, rg[it][2], rg[it][3]));
+      c.q[i] = fp4idx_test_f64_to_bf16(fp4idx_test_rng_below(&rng, 2) ? v : -v);
+    }
+    for (int64_t i = 0; i < (int64_t)rows * heads; i++)
+      c.w[i] = fp4idx_test_f64_to_bf16(ldexp(fp4idx_test_rng_below(&rng, 4) ? 1.0 : -1.5,
+                                             (int)fp4idx_test_rng_range(&rng, rg[it][4], rg[it][5])));
+    fp4idx_backend_t *b = NULL;
+    cr_assert_eq(fp4idx_backend_cpu_create(&b, 2), 0);
+    cr_assert_eq(b->ops->pool_create(b, c.n_pages, c.page_size), 0);
+    cr_assert_eq(b->ops->store(b, c.packed, FP4IDX_DTYPE_FP4, n, c.slots, 0), 0);
+    float *out = malloc(sizeof(float) * rows * c.width);
+    float *ref = malloc(sizeof(float) * rows * c.width);
+    fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = n, .rows = rows, .width = c.width,
+                             .q = c.q, .w = c.w, .lens = c.lens};
+    fp4idx_score_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
+    cr_assert_eq(b->ops->score(b, &bt), 0);
+    cr_assert_eq(fp4idx_test_ref_score(c.packed, n, heads, rows, c.q, c.w, c.lens, NULL, c.width,
+                                       ref), 0);
+    int64_t special = 0;
+    for (int64_t i = 0; i < rows * c.width; i++)
+      special += isnan(ref[i]) || isinf(ref[i]) || (ref[i] != 0 && fabsf(ref[i]) < 0x1p-126f);
+    cr_log_info("iteration %d: %lld special logits", it, (long long)special);
+    cr_assert_eq(fp4idx_test_count_diff(out, ref, rows * c.width), 0, "iteration %d", it);
+    free(out);
+    free(ref);
+    fp4idx_backend_destroy(b);
+    fp4idx_test_case_free(&c);
+  }
+}
+
 /* Every compiled tile kernel (generic, AVX2, AVX-512) on this machine:
  * FP4IDX_CPU_ISA lowers the backend's choice (to what the CPU supports). */
 static void isa_suite(const char *isa) {

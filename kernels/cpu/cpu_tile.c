@@ -39,6 +39,22 @@ typedef float fp4idx__vf __attribute__((vector_size(4 * FP4IDX__VL)));
 typedef uint32_t fp4idx__vu __attribute__((vector_size(4 * FP4IDX__VL)));
 typedef int32_t fp4idx__vi __attribute__((vector_size(4 * FP4IDX__VL)));
 typedef double fp4idx__vd __attribute__((vector_size(4 * FP4IDX__VL)));
+typedef uint64_t fp4idx__vu64 __attribute__((vector_size(4 * FP4IDX__VL)));
+typedef int64_t fp4idx__vi64 __attribute__((vector_size(4 * FP4IDX__VL)));
+
+/* RNE double -> bf16 on VLD lanes, kept as double, in place (drops 45 of the
+ * 52 mantissa bits). Lanes this cannot round (|x| < 2^-126: bf16
+ * subnormals; |x| >= 2^127: possible overflow, inf, NaN) are flagged in
+ * `bad` for the scalar path. */
+#define FP4IDX__ROUND_BF16_D(x, bad)                                           \
+  do {                                                                         \
+    fp4idx__vu64 u_ = (fp4idx__vu64)(x);                                       \
+    fp4idx__vu64 a_ = u_ & 0x7fffffffffffffffull;                              \
+    (bad) |= (fp4idx__vu64)(((a_ != 0) & (a_ < 0x3810000000000000ull)) |       \
+                            (a_ >= 0x47e0000000000000ull));                    \
+    u_ = (u_ + ((1ull << 44) - 1) + ((u_ >> 45) & 1)) & ~((1ull << 45) - 1);   \
+    (x) = (fp4idx__vd)u_;                                                      \
+  } while (0)
 
 /* ---- kernels ------------------------------------------------------------ */
 
@@ -295,10 +311,28 @@ void FP4IDX__TILE_NAME(fp4idx__ctx_t *c, fp4idx__scratch_t *s,
         fp4idx__kern_f64(q, s->ktd, s->d64);
         for (int h = 0; h < ng; h++) {
           double wv = w[h];
-          for (int j = 0; j < nd; j++) {
-            double db = fp4idx__f64_to_bf16f_inl(s->d64[h * FP4IDX__TK + j]);
-            double dm = (db > 0.0 || db != db) ? db : 0.0;
-            sums[j] += fp4idx__f64_to_bf16f_inl(dm * wv);
+          for (int cc = 0; cc < nd; cc += FP4IDX__VLD) {
+            const double *dp = s->d64 + h * FP4IDX__TK + cc;
+            fp4idx__vd dv = *(const fp4idx__vd *)dp;
+            fp4idx__vu64 bad = {0};
+            FP4IDX__ROUND_BF16_D(dv, bad);
+            fp4idx__vi64 pos = dv > 0.0;
+            dv = (fp4idx__vd)((fp4idx__vu64)dv & (fp4idx__vu64)pos); /* max(d, 0) */
+            fp4idx__vd p = dv * wv;                                  /* exact */
+            FP4IDX__ROUND_BF16_D(p, bad);
+            uint64_t flagged = 0;
+            for (int l = 0; l < FP4IDX__VLD; l++) flagged |= bad[l];
+            if (!flagged) {
+              *(fp4idx__vd *)(sums + cc) += p;
+              continue;
+            }
+            /* a lane near the bf16 subnormal range, >= 2^127, inf or NaN:
+             * the scalar roundings handle every case */
+            for (int l = 0; l < FP4IDX__VLD && cc + l < nd; l++) {
+              double db = fp4idx__f64_to_bf16f_inl(dp[l]);
+              double dm = (db > 0.0 || db != db) ? db : 0.0;
+              sums[cc + l] += fp4idx__f64_to_bf16f_inl(dm * wv);
+            }
           }
         }
       }
