@@ -60,6 +60,7 @@ extern "C" {
 #define FP4IDX_FRAME_HEADER 4u                     /* bytes of the BE length */
 #define FP4IDX_MAX_FRAME_DEFAULT (64u << 20)       /* default request cap */
 #define FP4IDX_MAX_FRAME_LIMIT 0xFFFFFFFFu         /* header can't say more */
+#define FP4IDX_FRAME_GROW_MIN 4096u  /* smallest body buffer of the reader */
 #define FP4IDX_PROTO_MAX_HEADS 128u                /* "heads" is 1..128 */
 #define FP4IDX_PROTO_HEAD_DIM 128u                 /* elements per key / q row */
 #define FP4IDX_PROTO_SLOT_BYTES 68u                /* packed FP4 key */
@@ -169,16 +170,23 @@ void fp4idx_frame_header_put(unsigned char out[4], uint32_t n);
 uint32_t fp4idx_frame_header_get(const unsigned char in[4]);
 
 /* Incremental frame reader: one per connection. Feed it whatever the socket
- * gave; it assembles one frame body at a time in a buffer of exactly N bytes
- * that the caller then takes over (so a body can outlive the next reads, e.g.
- * while a worker thread scores from views into it). Fields are private. */
+ * gave; it assembles one frame body at a time in a buffer that the caller
+ * then takes over as exactly N bytes (so a body can outlive the next reads,
+ * e.g. while a worker thread scores from views into it). Fields are private.
+ *
+ * Memory follows the bytes that arrived, not the announced N: the buffer
+ * starts at the body bytes in hand (at least FP4IDX_FRAME_GROW_MIN, at most
+ * N) and grows geometrically (x2, capped at N) as more arrive, so it stays
+ * within max(2 x bytes received, FP4IDX_FRAME_GROW_MIN). A peer announcing
+ * max_frame and sending nothing costs 4 KiB, not max_frame. */
 typedef struct fp4idx_frame_reader_s {
   uint32_t max_frame;      /* cap on N; a larger header is E2BIG */
   unsigned char hdr[4];
   uint32_t hdr_have;       /* header bytes seen, 0..4 */
   uint32_t body_len;       /* N, valid once hdr_have == 4 */
   uint32_t body_have;      /* body bytes seen */
-  unsigned char *body;     /* malloc(N or 1), owned until taken */
+  uint32_t body_cap;       /* bytes allocated at body, <= N (grows) */
+  unsigned char *body;     /* body buffer (1 byte if N == 0), owned until taken */
   int error;               /* sticky error (E2BIG/ENOMEM) once hit */
 } fp4idx_frame_reader_t;
 
@@ -196,19 +204,24 @@ void fp4idx_frame_reader_free(fp4idx_frame_reader_t *r);
  *   0             all `len` bytes consumed, more are needed (normal);
  *   FP4IDX_E2BIG  the header announces N > max_frame (the connection is
  *                 unusable: reply with an error, id 0, and close);
- *   FP4IDX_ENOMEM the body buffer could not be allocated;
+ *   FP4IDX_ENOMEM the body buffer could not be allocated or grown;
  *   FP4IDX_EINVAL bad arguments.
  * While a completed frame has not been taken, feed consumes nothing and
  * returns 1 again. After E2BIG/ENOMEM every later call returns that error.
- * The body buffer of N bytes is allocated when the header arrives (capped by
- * max_frame; Linux commits its pages only as bytes arrive). */
+ * The body buffer is allocated when the header arrives, sized for the body
+ * bytes given in the same call (see above), and grows as bytes arrive. */
 int fp4idx_frame_reader_feed(fp4idx_frame_reader_t *r, const void *data,
                              size_t len, size_t *consumed);
 
 /* Zero-copy alternative to feed, for read(2)/libuv alloc callbacks: when the
- * reader is inside a body, sets *buf and *len to the free rest of the body buffer
- * (read straight into it, then call fp4idx_frame_reader_commit); otherwise
- * sets *buf = NULL, *len = 0 (use feed with your own buffer). Returns 0. */
+ * reader is inside a body, sets *buf and *len to the free room of the body
+ * buffer (read straight into it, then call fp4idx_frame_reader_commit). The
+ * room is never past the end of the body, but may be less than the rest of
+ * it: when the buffer is full, this call grows it (x2, capped at N), so call
+ * it again before each read. Otherwise sets *buf = NULL, *len = 0 (use feed
+ * with your own buffer). Returns 0, FP4IDX_EINVAL (an argument NULL) or
+ * FP4IDX_ENOMEM (the buffer could not grow: *buf = NULL, and the error is
+ * sticky, so a later feed returns it as well). */
 int fp4idx_frame_reader_space(fp4idx_frame_reader_t *r, void **buf,
                               size_t *len);
 
@@ -216,6 +229,11 @@ int fp4idx_frame_reader_space(fp4idx_frame_reader_t *r, void **buf,
  * fp4idx_frame_reader_space call. Returns 1 when the frame is complete, 0 if
  * more is needed, FP4IDX_EINVAL if n exceeds that space. */
 int fp4idx_frame_reader_commit(fp4idx_frame_reader_t *r, size_t n);
+
+/* Sets *cap to the bytes currently allocated for the body in progress (0
+ * between frames). For tests and memory accounting. Returns 0 or
+ * FP4IDX_EINVAL (an argument NULL). */
+int fp4idx_frame_reader_capacity(const fp4idx_frame_reader_t *r, size_t *cap);
 
 /* Hands the completed frame body to the caller: *body (free() it) and *len
  * (N, may be 0; *body is then a valid 1-byte allocation). Resets the reader

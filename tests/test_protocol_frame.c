@@ -1,5 +1,6 @@
 /* test_protocol_frame.c -- the 4-byte header and the incremental reader. */
 #include <criterion/criterion.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,4 +165,109 @@ Test(frame, bad_arguments) {
   cr_assert_eq(fp4idx_frame_reader_feed(&r, s, 6, &used), 0);
   fp4idx_frame_reader_free(&r);
   fp4idx_frame_reader_free(&r); /* twice is fine */
+}
+
+/* Regression: the reader used to malloc the whole announced body as soon as
+ * the header arrived, so 1024 connections each announcing 64 MiB and sending
+ * nothing made the daemon allocate 64 GiB. Now the buffer follows the bytes
+ * that arrived. Checked twice: the reader's own accounting and what malloc
+ * actually handed out (malloc_usable_size, glibc and ASan both answer). */
+Test(frame, announced_length_is_not_allocated_up_front) {
+  fp4idx_frame_reader_t r;
+  unsigned char s[14] = {0};
+  size_t used, cap;
+  fp4idx_frame_reader_init(&r, 0);
+  fp4idx_frame_header_put(s, FP4IDX_MAX_FRAME_DEFAULT); /* 64 MiB */
+  memcpy(s + 4, "0123456789", 10);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s, sizeof s, &used), 0);
+  cr_assert_eq(used, sizeof s);
+  cr_assert_eq(fp4idx_frame_reader_capacity(&r, &cap), 0);
+  cr_assert_leq(cap, FP4IDX_FRAME_GROW_MIN, "64 MiB announced, 10 B sent: %zu B", cap);
+  cr_assert_geq(cap, 10u);
+  cr_assert_lt(malloc_usable_size(r.body), (size_t)64 << 10,
+               "malloc gave %zu B", malloc_usable_size(r.body));
+  fp4idx_frame_reader_free(&r);
+  cr_assert_eq(fp4idx_frame_reader_capacity(&r, &cap), 0);
+  cr_assert_eq(cap, 0u);
+
+  /* the header alone: the floor, not the announced length */
+  fp4idx_frame_reader_init(&r, 0);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s, 4, &used), 0);
+  fp4idx_frame_reader_capacity(&r, &cap);
+  cr_assert_leq(cap, FP4IDX_FRAME_GROW_MIN);
+  fp4idx_frame_reader_free(&r);
+  cr_assert_eq(fp4idx_frame_reader_capacity(NULL, &cap), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_frame_reader_capacity(&r, NULL), FP4IDX_EINVAL);
+}
+
+/* A 1 MiB body through space/commit in reads of at most 3000 bytes (the
+ * daemon's path): each space stays within the body, the buffer within twice
+ * the bytes received (or the floor), growth is geometric (few reallocs), and
+ * the body comes out exactly N bytes with the right contents. */
+Test(frame, space_grows_geometrically_to_exactly_n) {
+  const uint32_t n = 1u << 20;
+  fp4idx_frame_reader_t r;
+  unsigned char h[4];
+  size_t used, cap, prev_cap = 0;
+  int grows = 0, rc = 0;
+  fp4idx_frame_reader_init(&r, 0);
+  fp4idx_frame_header_put(h, n);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, h, 4, &used), 0);
+  for (uint32_t have = 0; have < n;) {
+    void *space;
+    size_t slen;
+    cr_assert_eq(fp4idx_frame_reader_space(&r, &space, &slen), 0);
+    cr_assert_not_null(space);
+    cr_assert_gt(slen, 0u);
+    cr_assert_leq(have + slen, n, "space past the body end");
+    fp4idx_frame_reader_capacity(&r, &cap);
+    cr_assert_leq(cap, 2 * (size_t)have > FP4IDX_FRAME_GROW_MIN ? 2 * (size_t)have
+                                                                : FP4IDX_FRAME_GROW_MIN,
+                  "cap %zu for %u bytes received", cap, have);
+    if (cap != prev_cap) grows++, prev_cap = cap;
+    size_t k = slen < 3000 ? slen : 3000;
+    for (size_t i = 0; i < k; i++) ((unsigned char *)space)[i] = (unsigned char)((have + i) * 7);
+    rc = fp4idx_frame_reader_commit(&r, k);
+    have += (uint32_t)k;
+    cr_assert_eq(rc, have == n ? 1 : 0);
+  }
+  cr_assert_leq(grows, 10, "%d growth steps for 1 MiB from 4 KiB", grows);
+  unsigned char *body;
+  size_t blen;
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+  cr_assert_eq(blen, n);
+  cr_assert_geq(malloc_usable_size(body), (size_t)n);
+  for (uint32_t i = 0; i < n; i++)
+    if (body[i] != (unsigned char)(i * 7)) cr_assert_fail("byte %u differs", i);
+  free(body);
+  fp4idx_frame_reader_free(&r);
+}
+
+/* feed in 1-byte pieces of a 100 KB body: amortized growth, exact result,
+ * and the buffer never more than twice what arrived (or the floor). */
+Test(frame, feed_small_pieces_bounded_buffer) {
+  const uint32_t n = 100000;
+  unsigned char *s = malloc(4 + n);
+  fp4idx_frame_reader_t r;
+  size_t used, cap;
+  cr_assert_not_null(s);
+  fp4idx_frame_header_put(s, n);
+  for (uint32_t i = 0; i < n; i++) s[4 + i] = (unsigned char)(i ^ (i >> 8));
+  fp4idx_frame_reader_init(&r, 0);
+  int rc = 0;
+  for (size_t off = 0; off < 4 + (size_t)n; off++) {
+    rc = fp4idx_frame_reader_feed(&r, s + off, 1, &used);
+    cr_assert_eq(used, 1u);
+    fp4idx_frame_reader_capacity(&r, &cap);
+    size_t got = off >= 4 ? off - 3 : 0;
+    cr_assert_leq(cap, 2 * got > FP4IDX_FRAME_GROW_MIN ? 2 * got : FP4IDX_FRAME_GROW_MIN);
+  }
+  cr_assert_eq(rc, 1);
+  unsigned char *body;
+  size_t blen;
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+  cr_assert(blen == n && memcmp(body, s + 4, n) == 0);
+  free(body);
+  free(s);
+  fp4idx_frame_reader_free(&r);
 }

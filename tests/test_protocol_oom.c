@@ -187,3 +187,41 @@ Test(oom, frame_reader) {
   free(b);
   fp4idx_frame_reader_free(&fr);
 }
+
+/* The reader grows its body buffer as bytes arrive (frame.c): a failed
+ * growth, through feed or through space, is a sticky ENOMEM that keeps the
+ * old buffer owned (freed by fp4idx_frame_reader_free: ASan checks). */
+Test(oom, frame_reader_growth) {
+  const uint32_t n = 3 * FP4IDX_FRAME_GROW_MIN;
+  unsigned char *s = malloc(4 + n);
+  fp4idx_frame_reader_t fr;
+  size_t used;
+  cr_assert_not_null(s);
+  fp4idx_frame_header_put(s, n);
+  memset(s + 4, 'x', n);
+
+  /* feed: header + 10 bytes fit the first buffer, the next piece does not */
+  fp4idx_frame_reader_init(&fr, 0);
+  cr_assert_eq(fp4idx_frame_reader_feed(&fr, s, 14, &used), 0);
+  arm(0);
+  int rc = fp4idx_frame_reader_feed(&fr, s + 14, n - 10, &used);
+  disarm();
+  cr_assert_eq(rc, FP4IDX_ENOMEM);
+  cr_assert_eq(used, 0u);
+  cr_assert_eq(fp4idx_frame_reader_feed(&fr, s + 14, 1, &used), FP4IDX_ENOMEM, "sticky");
+  fp4idx_frame_reader_free(&fr);
+
+  /* space: the first buffer is full, growing it fails */
+  void *space;
+  size_t slen;
+  fp4idx_frame_reader_init(&fr, 0);
+  cr_assert_eq(fp4idx_frame_reader_feed(&fr, s, 4 + FP4IDX_FRAME_GROW_MIN, &used), 0);
+  arm(0);
+  rc = fp4idx_frame_reader_space(&fr, &space, &slen);
+  disarm();
+  cr_assert_eq(rc, FP4IDX_ENOMEM);
+  cr_assert(space == NULL && slen == 0);
+  cr_assert_eq(fp4idx_frame_reader_feed(&fr, s + 4, 1, &used), FP4IDX_ENOMEM, "sticky");
+  fp4idx_frame_reader_free(&fr);
+  free(s);
+}
