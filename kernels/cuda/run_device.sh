@@ -37,6 +37,10 @@ for what in "$@"; do
       echo "ncu case $c rc=$?"
       grep -E "Duration|Elapsed Cycles|Issue Slots Busy|Executed Ipc A|Theoretical Occ|Achieved Occ|Registers Per|Stall|stall|Tensor|pipe|Pipe" $OUT/ncufull_$c.log | head -40
     done ;;
+  stalls)
+    timeout 200 ncu --clock-control none --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum" \
+      -k regex:score -c 1 $B/bench/fp4idx-bench-cuda --case 2 > $OUT/stalls.log 2>&1
+    echo "ncu rc=$?"; grep -E "ratio|sum|pct" $OUT/stalls.log | awk '$NF+0 > 0.05 || /sum|pct/' | head -40 ;;
   sanitize)
     for tool in memcheck racecheck; do
       timeout 250 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda -j1 \

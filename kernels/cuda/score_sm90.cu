@@ -104,15 +104,16 @@ struct Keys2 {
 
 __device__ __forceinline__ void load_keys2(Keys2 &kr, const uint8_t *__restrict__ pool,
                                            const int32_t *__restrict__ pages, int32_t log2p,
-                                           int64_t width, int64_t lbase, int t) {
-  const int64_t psize = int64_t(1) << log2p;
+                                           int32_t width, int32_t lbase, int t) {
+  const uint32_t pmask = (1u << log2p) - 1u;
+  const uint64_t page_bytes = (uint64_t)FP4IDX_SLOT_BYTES << log2p;
 #pragma unroll
   for (int m = 0; m < 2; m++) {
-    int64_t l = lbase + 8 * m;
+    int32_t l = lbase + 8 * m;
     if (l > width - 1) l = width - 1;
-    const int64_t page = __ldg(pages + (l >> log2p));
-    const int64_t o = l & (psize - 1);
-    const uint8_t *base = pool + page * (psize * FP4IDX_SLOT_BYTES);
+    const uint32_t page = (uint32_t)__ldg(pages + (l >> log2p));
+    const uint32_t o = (uint32_t)l & pmask;
+    const uint8_t *base = pool + page * page_bytes;
     const uint8_t *src = base + o * 64 + t * 16;
     if (log2p >= 2) {
       kr.p[m] = __ldg(reinterpret_cast<const uint4 *>(src));
@@ -120,7 +121,7 @@ __device__ __forceinline__ void load_keys2(Keys2 &kr, const uint8_t *__restrict_
       const uint32_t *s4 = reinterpret_cast<const uint32_t *>(src);
       kr.p[m] = make_uint4(__ldg(s4), __ldg(s4 + 1), __ldg(s4 + 2), __ldg(s4 + 3));
     }
-    kr.s[m] = __ldg(base + psize * 64 + o * 4 + t);
+    kr.s[m] = __ldg(base + (64u << log2p) + o * 4 + t);
   }
 }
 
@@ -244,25 +245,30 @@ __global__ void __launch_bounds__(kThreads, 3)
 
     // Tile loop, keys prefetched two tiles ahead (the page-id -> payload
     // chain is two dependent memory round trips).
+    const int32_t width = (int32_t)sq.width;
     auto issue = [&](Keys2 &kr, int64_t tile) {
-      const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
+      const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
       if (tile < seg_end && l0 < maxlen)
-        load_keys2(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0 + 16 * warp + g, t);
+        load_keys2(kr, prm.pool, sq.pages, prm.log2_page, width, l0 + 16 * warp + g, t);
     };
-    auto process = [&](Keys2 &kr, int64_t tile) {
-      const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
+    Keys2 ka, kb;
+    issue(ka, cur);
+    issue(kb, cur + 1);
+    for (int64_t tile = cur; tile < seg_end; tile++) {
+      const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
       if (l0 >= maxlen) {
         // Past every row's visible count: -inf only.
-        const int64_t l = l0 + (threadIdx.x & 63);
-        if (l < sq.width)
+        const int32_t l = l0 + (threadIdx.x & 63);
+        if (l < width)
           for (int r = threadIdx.x >> 6; r < nrows; r += 2)
-            sq.out[(int64_t)(wk.row0 + r) * sq.width + l] = -INFINITY;
-        return;
+            sq.out[(int64_t)(wk.row0 + r) * width + l] = -INFINITY;
+        continue;
       }
       uint32_t a[2][16];
-      fp4idx__decode_block(kr.p[0], kr.s[0], a[0]);
-      fp4idx__decode_block(kr.p[1], kr.s[1], a[1]);
-      issue(kr, tile + 2);
+      fp4idx__decode_block(ka.p[0], ka.s[0], a[0]);
+      fp4idx__decode_block(ka.p[1], ka.s[1], a[1]);
+      ka = kb;  // two tiles of prefetch, one copy of the code
+      issue(kb, tile + 2);
 
       float acc[16];  // [64 keys x 32 rows]: head sums
       fence_acc(acc);
@@ -304,27 +310,29 @@ __global__ void __launch_bounds__(kThreads, 3)
       wgmma_wait0();
       fence_acc(acc);
       // acc[4jr + e]: key g (e < 2) or g+8, row 8jr + 2t + (e & 1).
+      const int32_t lk = l0 + 16 * warp + g;
 #pragma unroll
-      for (int jr = 0; jr < 4; jr++)
+      for (int jr = 0; jr < 4; jr++) {
+        if (8 * jr >= nrows) break;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int r = 8 * jr + 2 * t + (e & 1);
-          const int64_t l = l0 + 16 * warp + g + 8 * (e >> 1);
-          if (r < nrows && l < sq.width) {
-            const int64_t row = wk.row0 + r;
-            bool vis = l < lens_s[r];
-            if (vis && sq.mask) vis = sq.mask[row * sq.width + l] != 0;
-            sq.out[row * sq.width + l] =
-                vis ? __bfloat162float(__float2bfloat16_rn(acc[4 * jr + e])) : -INFINITY;
+        for (int e1 = 0; e1 < 2; e1++) {
+          const int r = 8 * jr + 2 * t + e1;
+          if (r >= nrows) continue;
+          const int64_t row = wk.row0 + r;
+          float *orow = sq.out + row * width;
+          const uint8_t *mrow = sq.mask ? sq.mask + row * width : nullptr;
+          const int32_t len = lens_s[r];
+#pragma unroll
+          for (int e2 = 0; e2 < 2; e2++) {
+            const int32_t l = lk + 8 * e2;
+            if (l < width) {
+              bool vis = l < len;
+              if (vis && mrow) vis = mrow[l] != 0;
+              orow[l] = vis ? __bfloat162float(__float2bfloat16_rn(acc[4 * jr + 2 * e2 + e1])) : -INFINITY;
+            }
           }
         }
-    };
-    Keys2 ka, kb;
-    issue(ka, cur);
-    issue(kb, cur + 1);
-    for (int64_t tile = cur; tile < seg_end; tile += 2) {
-      process(ka, tile);
-      if (tile + 1 < seg_end) process(kb, tile + 1);
+      }
     }
     cur = seg_end;
   }
