@@ -3,13 +3,16 @@
 #include "service.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "fp4idx_status.h"
@@ -19,6 +22,7 @@
 
 #define SNAPSHOT_NAME "snapshot.fp4s"
 #define LOG_NAME "appendonly.fp4log"
+#define LOCK_NAME "fp4idxd.lock"
 /* Auto-save when the log is above this and twice the live keys' bytes. */
 #define AUTOSAVE_MIN_BYTES (64ll << 20)
 
@@ -168,6 +172,30 @@ static int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
     fp4idx__log_error("--data-dir %s: %s", d->cfg.data_dir, strerror(errno));
     return FP4IDX_EIO;
   }
+  /* Two daemons appending to one log would corrupt it: one owner at a time
+   * (the kernel drops the lock when the process dies, kill -9 included). */
+  char lock_path[4200];
+  snprintf(lock_path, sizeof lock_path, "%s/%s", d->cfg.data_dir, LOCK_NAME);
+  svc->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  if (svc->lock_fd < 0) {
+    fp4idx__log_error("%s: %s", lock_path, strerror(errno));
+    return FP4IDX_EIO;
+  }
+  if (flock(svc->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = "";
+    ssize_t n = pread(svc->lock_fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = 0;
+    pid[strcspn(pid, "\n")] = 0;
+    fp4idx__log_error("--data-dir %s is in use by another fp4idxd (pid %s)", d->cfg.data_dir,
+                      pid[0] ? pid : "?");
+    close(svc->lock_fd);
+    svc->lock_fd = -1;
+    return FP4IDX_EEXIST;
+  }
+  char pid[32];
+  int pn = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(svc->lock_fd, 0) == 0 && pwrite(svc->lock_fd, pid, (size_t)pn, 0) < 0)
+    fp4idx__log_warn("%s: cannot write the pid", lock_path);
 
   /* 1. The snapshot, into the still empty pool. */
   fp4idx_snap_seq_t *seqs = NULL;
@@ -383,6 +411,7 @@ static void fp4idx__service_shutdown(fp4idx_daemon_t *d, void *arg) {
 
 void fp4idx__service_attach(fp4idx_service_t *svc, fp4idx_daemon_t *d) {
   memset(svc, 0, sizeof *svc);
+  svc->lock_fd = -1;
   /* SIGHUP (systemctl reload) before the handler exists -- e.g. while a
    * large snapshot loads -- must not kill the daemon. */
   signal(SIGHUP, SIG_IGN);
@@ -408,4 +437,6 @@ void fp4idx__service_detach(fp4idx_service_t *svc) {
   if (!svc) return;
   fp4idx_aof_close(svc->aof);
   svc->aof = NULL;
+  if (svc->lock_fd >= 0) close(svc->lock_fd); /* releases the flock */
+  svc->lock_fd = -1;
 }

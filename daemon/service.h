@@ -34,6 +34,7 @@ typedef struct fp4idx_service_s {
   fp4idx_daemon_t *d;
   char snap_path[4200], log_path[4200];
   int persist;             /* --data-dir given */
+  int lock_fd;             /* DIR/fp4idxd.lock, flock'ed while we run; -1 */
   fp4idx_aof_t *aof;       /* open while persisting */
   int broken;              /* the log could not be restarted: refuse writes */
   uv_timer_t watchdog;     /* loop thread */

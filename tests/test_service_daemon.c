@@ -632,3 +632,25 @@ Test(service_daemon, failed_snapshot_keeps_the_log) {
   fp4idx_test_daemon_stop(&d);
   tmpdir_rm(data);
 }
+
+/* One data dir, one daemon: a second one on the same folder refuses to
+ * start (it would interleave its log records with the first one's). */
+Test(service_daemon, data_dir_is_locked) {
+  char data[64], log[16384];
+  tmpdir_make(data, sizeof data);
+  fp4idx_test_daemon_t d;
+  start(&d, data, "everysec", NULL, NULL);
+  cr_assert_eq(spawn_and_wait(data, log, sizeof log), 1);
+  char want[64];
+  snprintf(want, sizeof want, "in use by another fp4idxd (pid %d)", (int)d.pid);
+  cr_assert_not_null(strstr(log, want), "%s", log);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  /* Free again once the first one has stopped (or died). */
+  start(&d, data, "everysec", NULL, NULL);
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGKILL), 0);
+  fp4idx_test_daemon_wait(&d, 5000);
+  fp4idx_test_daemon_stop(&d);
+  start(&d, data, "everysec", NULL, NULL);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  tmpdir_rm(data);
+}
