@@ -333,3 +333,61 @@ Test(cpu_score, nonfinite_query_keeps_invisible_minus_inf) {
   fp4idx_test_case_free(&c);
   fp4idx_backend_destroy(b);
 }
+
+/* Many calls on one backend (the pool's workers are reused every call),
+ * alternating logits and top-k, sizes from one tile to many: every result
+ * equals the first one of its kind. Run under TSan/ASan in CI. */
+Test(cpu_score, repeated_calls_reuse_the_pool) {
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 2024);
+  fp4idx_test_case_t c;
+  cr_assert_eq(fp4idx_test_case_dyadic(&c, &rng, 8, 3, 700, 16, 0, NULL, 0), 0);
+  fp4idx_backend_t *b = mk(2, c.n_pages, 16);
+  cr_assert_eq(b->ops->store(b, c.keys, FP4IDX_DTYPE_BF16, c.n_keys, c.slots, 0), 0);
+  float *first = malloc(sizeof(float) * 3 * 700), *out = malloc(sizeof(float) * 3 * 700);
+  float *ref = malloc(sizeof(float) * 3 * 700);
+  int32_t pos[3 * 9], cnt[3];
+  float val[3 * 9];
+  for (int it = 0; it < 200; it++) {
+    int32_t lens[3];
+    int64_t width = 1 + (int64_t)fp4idx_test_rng_below(&rng, 700);
+    if (it < 2) width = 700;
+    for (int r = 0; r < 3; r++) lens[r] = (int32_t)(width - r > 0 ? width - r : 0);
+    fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = 700, .rows = 3, .width = width,
+                             .q = c.q, .w = c.w, .lens = lens};
+    if (it % 2 == 0) {
+      fp4idx_score_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .logits = out};
+      cr_assert_eq(b->ops->score(b, &bt), 0);
+      if (it == 0) {
+        memcpy(first, out, sizeof(float) * 3 * 700);
+        cr_assert_eq(fp4idx_test_ref_score(c.packed, 700, 8, 3, c.q, c.w, lens, NULL, 700, ref), 0);
+        cr_assert_eq(fp4idx_test_count_diff(first, ref, 3 * 700), 0);
+      }
+      /* a narrower call sees a prefix of the keys: same logits there */
+      for (int r = 0; r < 3; r++)
+        for (int64_t l = 0; l < lens[r]; l++)
+          cr_assert_eq(memcmp(&out[r * width + l], &first[r * 700 + l], 4), 0, "it %d", it);
+    } else {
+      fp4idx_score_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .topk = 9,
+                                 .topk_pos = pos, .topk_val = val, .topk_count = cnt};
+      cr_assert_eq(b->ops->score(b, &bt), 0);
+      {
+        int32_t rpos[3 * 9], rcnt[3];
+        float rval[3 * 9];
+        /* reference top-k of the first full logits restricted to width */
+        float *sub = malloc(sizeof(float) * 3 * (size_t)width);
+        for (int r = 0; r < 3; r++)
+          for (int64_t l = 0; l < width; l++)
+            sub[r * width + l] = l < lens[r] ? first[r * 700 + l] : -INFINITY;
+        cr_assert_eq(fp4idx_test_ref_topk(sub, 3, width, 9, rpos, rval, rcnt), 0);
+        cr_assert_eq(memcmp(pos, rpos, sizeof pos), 0, "it %d", it);
+        cr_assert_eq(memcmp(cnt, rcnt, sizeof cnt), 0, "it %d", it);
+        cr_assert_eq(fp4idx_test_count_diff(val, rval, 3 * 9), 0, "it %d", it);
+        free(sub);
+      }
+    }
+  }
+  free(first), free(out), free(ref);
+  fp4idx_test_case_free(&c);
+  fp4idx_backend_destroy(b);
+}

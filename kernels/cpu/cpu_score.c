@@ -299,12 +299,20 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt
   c.scr = scr;
   c.lut = fp4idx__e2m1_lut;
   c.tile = fp4idx__tile_for(cpu->isa);
-  if (c.ntiles > 0) fp4idx__threads_run(cpu->threads, fp4idx__worker, &c);
+  /* A call of one or two tiles runs on the calling thread: waking the pool
+   * would cost more than the work. */
+  int inline_only = c.ntiles <= 2;
+  if (inline_only) {
+    if (c.ntiles > 0) fp4idx__worker(&c, 0);
+  } else {
+    fp4idx__threads_run(cpu->threads, fp4idx__worker, &c);
+  }
 
   if (topk > 0) {
     /* Each thread sorts its own heaps (in parallel), then the T sorted
      * lists of a row are merged: O(T * k) here instead of a full sort. */
-    if (c.ntiles > 0) fp4idx__threads_run(cpu->threads, fp4idx__sort_worker, &c);
+    if (inline_only) fp4idx__sort_worker(&c, 0); /* the other heaps are empty */
+    else fp4idx__threads_run(cpu->threads, fp4idx__sort_worker, &c);
     for (int r = 0; r < R; r++) {
       int64_t at[256] = {0}; /* read position in each thread's list */
       int32_t *pos = bt->topk_pos + (row0 + r) * topk;
