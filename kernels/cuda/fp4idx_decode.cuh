@@ -66,4 +66,37 @@ __device__ __forceinline__ void fp4idx__decode_block(const uint4 &p, uint32_t s,
   }
 }
 
+/* Fast path for 1 <= s <= 128 (every scale of keys with amax <= 12): the
+ * two multiplies by 2^126 and 2^(s-127) fold into one by 2^(s-1), which is
+ * a normal bf16 exactly then (exponent field s + 126 <= 254). */
+template <int N>
+__device__ __forceinline__ uint32_t fp4idx__decode_pair_fast(uint32_t x, uint32_t scale2) {
+  uint32_t mag = (N < 2 ? (x << (6 - 4 * N)) : (x >> (4 * N - 6))) & 0x01C001C0u;
+  uint32_t bits = ((x << (12 - 4 * N)) & 0x80008000u) | mag;
+  return fp4idx__hmul2_bits(bits, scale2);
+}
+
+__device__ __forceinline__ bool fp4idx__scale_fast(uint32_t s) { return s - 1u < 128u; }
+
+__device__ __forceinline__ void fp4idx__decode_block_fast(const uint4 &p, uint32_t s,
+                                                          uint32_t out[16]) {
+  const uint32_t e = s + 126u;  /* 2^(s-1) */
+  const uint32_t sc = (e << 7) | (e << 23);
+  const uint32_t x[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+  for (int w = 0; w < 4; w++) {
+    out[4 * w + 0] = fp4idx__decode_pair_fast<0>(x[w], sc);
+    out[4 * w + 1] = fp4idx__decode_pair_fast<1>(x[w], sc);
+    out[4 * w + 2] = fp4idx__decode_pair_fast<2>(x[w], sc);
+    out[4 * w + 3] = fp4idx__decode_pair_fast<3>(x[w], sc);
+  }
+}
+
+/* Either path by this thread's scale (the exhaustive test goes through here). */
+__device__ __forceinline__ void fp4idx__decode_block_auto(const uint4 &p, uint32_t s,
+                                                          uint32_t out[16]) {
+  if (fp4idx__scale_fast(s)) fp4idx__decode_block_fast(p, s, out);
+  else fp4idx__decode_block(p, s, out);
+}
+
 #endif /* FP4IDX_DECODE_CUH */

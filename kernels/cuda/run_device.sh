@@ -42,10 +42,12 @@ for what in "$@"; do
       -k regex:score -c 1 $B/bench/fp4idx-bench-cuda --case 2 > $OUT/stalls.log 2>&1
     echo "ncu rc=$?"; grep -E "ratio|sum|pct" $OUT/stalls.log | awk '$NF+0 > 0.05 || /sum|pct/' | head -40 ;;
   sanitize)
-    for tool in memcheck racecheck; do
+    for spec in "memcheck:cuda_*/g*" "memcheck:cuda_random/dyadic_h32" "racecheck:cuda_*/g*"; do
+      tool=${spec%%:*}; filt=${spec#*:}; tag=$tool_$(echo "$filt" | tr -c 'a-z0-9\n' '_')
       timeout 250 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_cuda -j1 \
-        --filter='cuda_golden/gauss_h64' > $OUT/sanitize_$tool.log 2>&1
-      echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|Synthesis" $OUT/sanitize_$tool.log
+        --filter="$filt" > "$OUT/san_${tool}_$(echo "$filt" | tr -c 'a-z0-9' '_').log" 2>&1
+      echo "sanitizer $tool [$filt] rc=$?"
+      grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|Synthesis" "$OUT/san_${tool}_$(echo "$filt" | tr -c 'a-z0-9' '_').log"
     done ;;
   esac
 done

@@ -91,10 +91,13 @@ __device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
-__device__ __forceinline__ uint32_t relu_mul_bf16x2(uint32_t d, uint32_t w) {
-  uint32_t r, z = 0;
-  asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(d), "r"(z));
-  return fp4idx__hmul2_bits(r, w);
+// bf16(relu(d) * |w|) as relu(bf16(d * |w| + -0)): one fma.relu (rounding
+// is monotone and odd, so relu and rounding commute); w's sign is applied by
+// the head-sum matrix S (entries +-1), exactly.
+__device__ __forceinline__ uint32_t relu_mul_abs_bf16x2(uint32_t d, uint32_t wabs) {
+  uint32_t r;
+  asm("fma.rn.relu.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(d), "r"(wabs), "r"(0x80008000u));
+  return r;
 }
 
 struct Keys2 {
@@ -211,7 +214,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++) {
           const int v = unit * 8 + 2 * e + h2;
-          if (r < nrows && v < nq && row_of_v[v] == r) x |= 0x3F80u << (16 * h2);
+          if (r < nrows && v < nq && row_of_v[v] == r) {
+            const int h = v - r * prm.hp;
+            const uint32_t wv = h < prm.heads ? sq.w[(int64_t)(wk.row0 + r) * prm.heads + h] : 0u;
+            x |= ((wv & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
+          }
         }
         wd[e] = x;
       }
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       for (int e = 0; e < 2; e++) {
         const int v = 2 * i + e, r = row_of_v[v & 255], h = v - r * prm.hp;
         uint32_t x = 0;
-        if (r < nrows && h < prm.heads) x = sq.w[(int64_t)(wk.row0 + r) * prm.heads + h];
+        if (r < nrows && h < prm.heads) x = sq.w[(int64_t)(wk.row0 + r) * prm.heads + h] & 0x7fffu;
         pair |= x << (16 * e);
       }
       w_s[i] = pair;
@@ -251,9 +258,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       if (tile < seg_end && l0 < maxlen)
         load_keys2(kr, prm.pool, sq.pages, prm.log2_page, width, l0 + 16 * warp + g, t);
     };
-    Keys2 ka, kb;
+    Keys2 ka;
     issue(ka, cur);
-    issue(kb, cur + 1);
     for (int64_t tile = cur; tile < seg_end; tile++) {
       const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
       if (l0 >= maxlen) {
@@ -265,10 +271,14 @@ __global__ void __launch_bounds__(kThreads, 3)
         continue;
       }
       uint32_t a[2][16];
-      fp4idx__decode_block(ka.p[0], ka.s[0], a[0]);
-      fp4idx__decode_block(ka.p[1], ka.s[1], a[1]);
-      ka = kb;  // two tiles of prefetch, one copy of the code
-      issue(kb, tile + 2);
+      if (__all_sync(0xffffffffu, fp4idx__scale_fast(ka.s[0]) && fp4idx__scale_fast(ka.s[1]))) {
+        fp4idx__decode_block_fast(ka.p[0], ka.s[0], a[0]);
+        fp4idx__decode_block_fast(ka.p[1], ka.s[1], a[1]);
+      } else {
+        fp4idx__decode_block(ka.p[0], ka.s[0], a[0]);
+        fp4idx__decode_block(ka.p[1], ka.s[1], a[1]);
+      }
+      issue(ka, tile + 1);  // next tile's keys load under this tile's MMAs
 
       float acc[16];  // [64 keys x 32 rows]: head sums
       fence_acc(acc);
@@ -293,8 +303,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
         for (int jj = 0; jj < kN / 8; jj++) {
           const uint32_t w2 = w_s[(ch * (kN / 8) + jj) * 4 + t];
-          pr[2 * jj] = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
-          pr[2 * jj + 1] = relu_mul_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+          pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+          pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
         }
         wgmma_fence();
 #pragma unroll

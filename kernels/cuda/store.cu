@@ -119,7 +119,7 @@ __global__ void decode_table_kernel(uint16_t *out) {
   for (int i = 0; i < 8; i++) x |= (uint32_t)c << (4 * i);
   uint4 p = make_uint4(x, x, x, x);
   uint32_t d[16];
-  fp4idx__decode_block(p, (uint32_t)s, d);
+  fp4idx__decode_block_auto(p, (uint32_t)s, d);
   uint16_t v = (uint16_t)(d[0] & 0xffffu);
   for (int i = 0; i < 16; i++)
     if ((uint16_t)(d[i] & 0xffffu) != v || (uint16_t)(d[i] >> 16) != v) v = 0x7fff;  // NaN marker
