@@ -19,21 +19,9 @@ FP4IDX_CUDA=${FP4IDX_CUDA:-AUTO}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 # ---- dependencies ------------------------------------------------------------
-PKGS=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev)
-if [[ "${NO_INSTALL:-0}" != 1 ]] && command -v dpkg-query >/dev/null 2>&1; then
-  missing=()
-  for p in "${PKGS[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-      missing+=("$p")
-    fi
-  done
-  if ((${#missing[@]})); then
-    echo "tests/run.sh: installing ${missing[*]}"
-    SUDO=
-    if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
-    $SUDO apt-get update
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
-  fi
+# The package list lives in deploy/install-deps.sh (shared with quickstart).
+if [[ "${NO_INSTALL:-0}" != 1 ]]; then
+  bash deploy/install-deps.sh
 fi
 
 # ---- configure, build ------------------------------------------------------------
