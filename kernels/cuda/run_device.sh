@@ -41,6 +41,9 @@ for what in "$@"; do
     timeout 200 ncu --clock-control none --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum" \
       -k regex:score -c 1 $B/bench/fp4idx-bench-cuda --case 2 > $OUT/stalls.log 2>&1
     echo "ncu rc=$?"; grep -E "ratio|sum|pct" $OUT/stalls.log | awk '$NF+0 > 0.05 || /sum|pct/' | head -40 ;;
+  race)
+    timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/test_cuda -j1 --filter='cuda_*/g*' > $OUT/san_race.log 2>&1
+    echo "racecheck rc=$?"; grep -hE "RACECHECK SUMMARY|Synthesis" $OUT/san_race.log ;;
   sanitize)
     for spec in "memcheck:cuda_*/g*" "memcheck:cuda_random/dyadic_h32" "racecheck:cuda_*/g*"; do
       tool=${spec%%:*}; filt=${spec#*:}; tag=$tool_$(echo "$filt" | tr -c 'a-z0-9\n' '_')

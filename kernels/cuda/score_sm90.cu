@@ -202,9 +202,17 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
     }
-    // Head-sum matrix S^T [32 rows r][256 vectors v], 1.0 where v belongs to
-    // row r: the tensor core then sums each row's H products p[h] (exact
-    // bf16 inputs, f32 accumulation) -- B operand of the second wgmma.
+    // Raw weights per query vector (one global load each), then |w| pairs
+    // for the epilogue and the head-sum matrix S^T [32 rows r][256 vectors v]
+    // = sign(w_v) where v belongs to row r: the tensor core sums each row's
+    // H products (exact bf16 inputs, f32 accumulation) -- B of the 2nd wgmma.
+    uint16_t *wraw = reinterpret_cast<uint16_t *>(row_of_v + 256);  // [256]
+    for (int v = threadIdx.x; v < 256; v += kThreads) {
+      const int r = row_of_v[v], h = v - r * prm.hp;
+      wraw[v] = (v < nq && r < nrows && h < prm.heads)
+                    ? sq.w[(int64_t)(wk.row0 + r) * prm.heads + h] : (uint16_t)0;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < kRowsMax * 32; i += kThreads) {
       const int r = i >> 5, unit = i & 31;  // unit: 8 consecutive v
       uint32_t wd[4];
@@ -214,11 +222,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++) {
           const int v = unit * 8 + 2 * e + h2;
-          if (r < nrows && v < nq && row_of_v[v] == r) {
-            const int h = v - r * prm.hp;
-            const uint32_t wv = h < prm.heads ? sq.w[(int64_t)(wk.row0 + r) * prm.heads + h] : 0u;
-            x |= ((wv & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
-          }
+          if (r < nrows && v < nq && row_of_v[v] == r)
+            x |= ((wraw[v] & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
         }
         wd[e] = x;
       }
@@ -226,17 +231,8 @@ __global__ void __launch_bounds__(kThreads, 3)
       *reinterpret_cast<uint4 *>(s_s + kc * (kRowsMax * 128) + r * 128 + ((uu ^ (r & 7)) << 4)) =
           make_uint4(wd[0], wd[1], wd[2], wd[3]);
     }
-    for (int i = threadIdx.x; i < nq / 2; i += kThreads) {
-      uint32_t pair = 0;
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int v = 2 * i + e, r = row_of_v[v & 255], h = v - r * prm.hp;
-        uint32_t x = 0;
-        if (r < nrows && h < prm.heads) x = sq.w[(int64_t)(wk.row0 + r) * prm.heads + h] & 0x7fffu;
-        pair |= x << (16 * e);
-      }
-      w_s[i] = pair;
-    }
+    for (int i = threadIdx.x; i < nq / 2; i += kThreads)
+      w_s[i] = ((uint32_t)wraw[2 * i] | ((uint32_t)wraw[2 * i + 1] << 16)) & 0x7fff7fffu;
     if (threadIdx.x == 0) {
       int32_t mx = 0;
       for (int r = 0; r < nrows; r++) {
@@ -350,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 }
 
 extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
-  return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)ntp * 4 * 4 + 33 * 4 + 256 + 1024;
+  return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)ntp * 4 * 4 + 33 * 4 + 256 + 512 + 1024;
 }
 
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
