@@ -44,6 +44,8 @@ for what in "$@"; do
   race)
     timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/test_cuda -j1 --filter='cuda_*/g*' > $OUT/san_race.log 2>&1
     echo "racecheck rc=$?"; grep -hE "RACECHECK SUMMARY|Synthesis" $OUT/san_race.log ;;
+  e2e)
+    B=$B OUT=$OUT/e2e bash kernels/cuda/e2e_daemon.sh cpu cuda 2>&1 | tee $OUT/e2e.log ;;
   sanitize)
     for spec in "memcheck:cuda_*/g*" "memcheck:cuda_random/dyadic_h32" "racecheck:cuda_*/g*"; do
       tool=${spec%%:*}; filt=${spec#*:}; tag=$tool_$(echo "$filt" | tr -c 'a-z0-9\n' '_')
