@@ -8,7 +8,9 @@
 # framework). Does nothing when everything is present; never upgrades.
 set -euo pipefail
 
-build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev)
+# systemd: systemd-analyze, systemd-socket-activate, systemd-sysusers and
+# systemd-tmpfiles for the service tests (they skip without it).
+build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev systemd)
 runtime_pkgs=(libuv1 libmsgpackc2)
 pkgs=("${build_pkgs[@]}")
 [ "${1:-}" = "--runtime" ] && pkgs=("${runtime_pkgs[@]}")
