@@ -110,8 +110,34 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
     if (st) goto fail;
     ps = in.page_size;
   }
-  st = fp4idx_client_read(c, seq, 0, UINT64_MAX, 0, &keys, &n);
-  if (st) goto fail;
+  /* Read in pieces of at most 1M keys (68 MB responses); a piece past the
+   * end (ERANGE) is read again as "to the end". */
+  const uint64_t piece = 1u << 20;
+  for (;;) {
+    void *part = NULL;
+    size_t got = 0;
+    st = fp4idx_client_read(c, seq, n, piece, 0, &part, &got);
+    if (st == FP4IDX_ERANGE) st = fp4idx_client_read(c, seq, n, UINT64_MAX, 0, &part, &got);
+    if (st) {
+      free(keys);
+      goto fail;
+    }
+    if (got) {
+      void *grown = realloc(keys, (n + got) * 68);
+      if (!grown) {
+        fp4idx_client_free(part);
+        free(keys);
+        fp4idx_client_close(c);
+        return fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory for %zu keys",
+                                n + got);
+      }
+      keys = grown;
+      memcpy((uint8_t *)keys + n * 68, part, got * 68);
+      n += got;
+    }
+    fp4idx_client_free(part);
+    if (got < piece) break;
+  }
   char err[512] = "";
   st = fp4idx_export_write(path, seq, keys, (int64_t)n, (int32_t)ps,
                            raw ? FP4IDX_EXPORT_RAW : 0, err, sizeof err);
@@ -120,7 +146,7 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
     printf("seq %llu: exported %zu keys as %lld pages of %llu to %s\n",
            (unsigned long long)seq, n,
            (long long)((n + ps - 1) / ps), (unsigned long long)ps, path);
-  fp4idx_client_free(keys);
+  free(keys);
   fp4idx_client_close(c);
   return st;
 fail:
