@@ -201,6 +201,36 @@ static double op_mean_since(fp4idx_client_t *c, const char *op, uint64_t *count,
   return (*sum_us - s0) / (double)(*count - n0);
 }
 
+/* A CPU backend in this process holding keys[n] (bf16) at slots 0..n-1 in
+ * pages of 64, as the daemon stores them: *pages [ceil(n/64)] for the score
+ * calls (free() it; fp4idx_backend_destroy(*b)). 0 or -1. */
+static int local_backend(const uint16_t *keys, int64_t n, fp4idx_backend_t **b,
+                         int32_t **pages) {
+  const int32_t P = 64;
+  const int64_t npages = (n + P - 1) / P;
+  int64_t *slots = malloc((size_t)n * sizeof *slots);
+  int rc = -1;
+  *b = NULL;
+  *pages = malloc((size_t)npages * sizeof **pages);
+  if (!slots || !*pages) goto out;
+  for (int64_t i = 0; i < n; i++) slots[i] = i;
+  for (int64_t i = 0; i < npages; i++) (*pages)[i] = (int32_t)i;
+  if (fp4idx_backend_cpu_create(b, 0) || (*b)->ops->pool_create(*b, npages, P) ||
+      (*b)->ops->store(*b, keys, FP4IDX_DTYPE_BF16, n, slots, FP4IDX_ROUND_RNE))
+    goto out;
+  rc = 0;
+out:
+  if (rc) {
+    fprintf(stderr, "local CPU backend failed\n");
+    fp4idx_backend_destroy(*b);
+    *b = NULL;
+    free(*pages);
+    *pages = NULL;
+  }
+  free(slots);
+  return rc;
+}
+
 /* ---- (a) latency ----------------------------------------------------------- */
 
 enum { LAT_SCORE, LAT_TOPK, LAT_INFO, LAT_N };
@@ -231,7 +261,7 @@ static int hbin(double us) {
   return b >= HBINS ? HBINS - 1 : b;
 }
 
-static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][5],
+static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][6],
                          uint64_t hist[LAT_N][HBINS]) {
   const uint64_t seq = 1;
   uint16_t *keys = malloc((size_t)SMALL_KEYS * 128 * 2);
@@ -239,7 +269,9 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
   float logits[ROWS * SMALL_KEYS];
   int32_t pos[ROWS * TOPK], counts[ROWS];
   double *s = malloc((size_t)o->iters * sizeof *s);
-  double per[LAT_N][5][16];
+  double per[LAT_N][6][16];
+  fp4idx_backend_t *b = NULL;
+  int32_t *pages = NULL;
   uint64_t dn;
   double dsum;
   int rc = -1;
@@ -249,6 +281,16 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
   fill_bf16(w, sizeof w / 2);
   fp4idx_client_drop(c, seq); /* a leftover from an earlier run on -s */
   CHECK(fp4idx_client_append_bf16(c, seq, keys, SMALL_KEYS, FP4IDX_ROUNDING_RNE, NULL, NULL));
+  if (local_backend(keys, SMALL_KEYS, &b, &pages)) goto fail;
+  int32_t lens[ROWS];
+  for (int r = 0; r < ROWS; r++) lens[r] = SMALL_KEYS;
+  fp4idx_score_seq_t ss = {.pages = pages, .n_keys = SMALL_KEYS, .rows = ROWS,
+                           .width = SMALL_KEYS, .q = q, .w = w, .lens = lens};
+  float tval[ROWS * TOPK];
+  fp4idx_score_batch_t lb[2] = {
+      {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .logits = logits},
+      {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .topk = TOPK, .topk_pos = pos,
+       .topk_val = tval, .topk_count = counts}};
   for (int rep = 0; rep < o->reps; rep++) {
     for (int k = 0; k < LAT_N; k++) {
       const char *op = k == LAT_INFO ? "info" : "score";
@@ -268,13 +310,27 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
       per[k][2][rep] = pct(s, (size_t)o->iters, 99);
       per[k][3][rep] = s[o->iters - 1];
       per[k][4][rep] = op_mean_since(c, op, &dn, &dsum);
+      /* The same score in this process's CPU backend: what compute costs. */
+      per[k][5][rep] = NAN;
+      if (k != LAT_INFO) {
+        for (int i = 0; i < o->warmup; i++) CHECK(b->ops->score(b, &lb[k]));
+        for (int i = 0; i < o->iters; i++) {
+          double t0 = now_us();
+          CHECK(b->ops->score(b, &lb[k]));
+          s[i] = now_us() - t0;
+        }
+        qsort(s, (size_t)o->iters, sizeof *s, cmp_double);
+        per[k][5][rep] = pct(s, (size_t)o->iters, 50);
+      }
     }
   }
   for (int k = 0; k < LAT_N; k++)
-    for (int j = 0; j < 5; j++) res[k][j] = median3(per[k][j], o->reps);
+    for (int j = 0; j < 6; j++) res[k][j] = median3(per[k][j], o->reps);
   CHECK(fp4idx_client_drop(c, seq));
   rc = 0;
 fail:
+  fp4idx_backend_destroy(b);
+  free(pages);
   free(keys);
   free(s);
   return rc;
@@ -355,7 +411,6 @@ static int bench_big(fp4idx_client_t *c, const opts_t *o, double res[8]) {
   double *s = malloc(8 * (size_t)o->big_iters * sizeof *s);
   double per[8][16];
   fp4idx_backend_t *b = NULL;
-  int64_t *slots = NULL;
   int32_t *pages = NULL;
   int rc = -1;
   if (!keys || !logits || !s) goto fail;
@@ -369,17 +424,7 @@ static int bench_big(fp4idx_client_t *c, const opts_t *o, double res[8]) {
                                     NULL));
   }
   /* The same keys in a local CPU backend (page size 64, like the daemon). */
-  const int32_t P = 64, npages = (BIG_CTX + P - 1) / P;
-  slots = malloc((size_t)BIG_CTX * sizeof *slots);
-  pages = malloc((size_t)npages * sizeof *pages);
-  if (!slots || !pages) goto fail;
-  for (int64_t i = 0; i < BIG_CTX; i++) slots[i] = i;
-  for (int32_t i = 0; i < npages; i++) pages[i] = i;
-  if (fp4idx_backend_cpu_create(&b, 0) || b->ops->pool_create(b, npages, P) ||
-      b->ops->store(b, keys, FP4IDX_DTYPE_BF16, BIG_CTX, slots, FP4IDX_ROUND_RNE)) {
-    fprintf(stderr, "local CPU backend failed\n");
-    goto fail;
-  }
+  if (local_backend(keys, BIG_CTX, &b, &pages)) goto fail;
   int32_t lens[ROWS];
   for (int r = 0; r < ROWS; r++) lens[r] = BIG_CTX;
   fp4idx_score_seq_t ss = {.pages = pages, .n_keys = BIG_CTX, .rows = ROWS,
@@ -436,7 +481,6 @@ static int bench_big(fp4idx_client_t *c, const opts_t *o, double res[8]) {
   rc = 0;
 fail:
   fp4idx_backend_destroy(b);
-  free(slots);
   free(pages);
   free(keys);
   free(logits);
@@ -493,7 +537,7 @@ int main(int argc, char **argv) {
   fp4idx_client_t *c = NULL;
   int rc = 1;
   static uint64_t hist[LAT_N][HBINS];
-  double lat[LAT_N][5], app[3], mbs[3], big[8];
+  double lat[LAT_N][6], app[3], mbs[3], big[8];
   fp4idx_client_info_t info;
 
   if (o.csv) {
@@ -523,12 +567,17 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   if (bench_latency(c, &o, lat, hist)) goto fail;
-  printf("(a) round trip, 1 seq x 64 keys, R=%d H=%d   p50 us   p90 us   p99 us   max us"
-         "   in daemon (mean us)\n",
+  printf("(a) round trip, 64 keys, R=%d H=%d   p50 us   p90 us   p99 us   max us"
+         "  daemon us  compute us\n",
          ROWS, HEADS);
-  for (int k = 0; k < LAT_N; k++)
-    printf("    %-40s %8.1f %8.1f %8.1f %8.1f %8.1f\n", lat_name[k], lat[k][0], lat[k][1],
-           lat[k][2], lat[k][3], lat[k][4]);
+  for (int k = 0; k < LAT_N; k++) {
+    char comp[32] = "-";
+    if (!isnan(lat[k][5])) snprintf(comp, sizeof comp, "%.1f", lat[k][5]);
+    printf("    %-33s %8.1f %8.1f %8.1f %8.1f %10.1f %11s\n", lat_name[k], lat[k][0],
+           lat[k][1], lat[k][2], lat[k][3], lat[k][4], comp);
+  }
+  printf("    (daemon: mean time inside the daemon, frame read to response encoded;\n"
+         "     compute: the same score in this process's CPU backend, p50)\n");
   fflush(stdout);
 
   if (bench_append(c, &o, app, mbs)) goto fail;
