@@ -1,4 +1,6 @@
-/* score.cu -- the FP4 index scorer (DESIGN.md s3) on tensor cores.
+/* score.cu -- the FP4 index scorer (DESIGN.md s3) on tensor cores: the
+ * portable mma.sync kernel (sm_80+), the planner and the launcher. On
+ * compute capability 9.0 the launcher runs score_sm90.cu (wgmma) instead.
  *
  * For each sequence: R verify rows x H heads = M query vectors against every
  * key position l < width:

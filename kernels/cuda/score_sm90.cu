@@ -1,24 +1,37 @@
 /* score_sm90.cu -- the FP4 index scorer on Hopper: wgmma (sm_90a).
  *
- * Same contract and epilogue as score.cu (see there); what changes is the
- * matrix engine. One warpgroup (4 warps, 128 threads) per block takes a
- * 64-key tile: warp w owns keys 16w..16w+15, and each lane decodes keys
- * 16w+g and 16w+g+8 (scale block t of each, one LDG.128 + one byte) straight
- * into the A-operand registers of wgmma.m64n128k16 -- the keys are decoded
- * ONCE per tile and used for all R*H query vectors of the sequence.
- * B (the query vectors, N = 128 per instruction, up to 2 chunks) lives in
- * shared memory in the K-major 128-byte-swizzled layout that the tensor core
- * reads through a matrix descriptor, with the K permutation of the decoder
- * (a lane's A elements are one 32-element scale block) applied when the
- * queries are staged. 8 wgmma (K = 128) per chunk, f32 accumulators in
- * registers (64 per thread), then the bf16 epilogue per n8 block, the head
- * sum across the quad (2 shuffles) and the row write.
+ * Same contract as score.cu (DESIGN.md s3); the matrix engine and the
+ * epilogue change. One warpgroup (4 warps, 128 threads) per block takes a
+ * 64-key tile: warp w owns keys 16w..16w+15, and lane (g, t) decodes keys
+ * 16w+g and 16w+g+8 (scale block t of each: one LDG.128 + one byte) straight
+ * into the A-operand registers of wgmma -- the keys are decoded ONCE per
+ * tile and used for all R*H query vectors of the sequence.
+ *
+ *   1. d = K_tile . Q^T: wgmma.m64n128k16, A = keys (registers), B = query
+ *      vectors in shared memory, K-major with the 128-byte swizzle, read
+ *      through a matrix descriptor; 8 k-steps, up to 2 chunks of 128
+ *      vectors; f32 accumulators (64 per thread).
+ *   2. p = bf16(relu(bf16(d)) * |w|): cvt.rn.bf16x2 + fma.rn.relu.bf16x2
+ *      (rounding is monotone and odd, so relu commutes with it; the sign of
+ *      w goes into step 3 exactly).
+ *   3. head sum on the tensor core: the accumulator layout of n8 blocks
+ *      2k, 2k+1 is the A-register layout of k-step k, so p feeds a second
+ *      wgmma.m64n32k16 from registers against S^T [32 rows][256 vectors],
+ *      S = sign(w_v) where vector v belongs to row r, else 0: the products
+ *      p * (+-1) are exact and the f32 accumulation is exact whenever the
+ *      row's terms fit 24 bits (always on dyadic data; on Gaussian data the
+ *      CPU oracle, which sums in float64, agreed on every test) -- then one
+ *      bf16 rounding and the -inf / mask rule per (row, key).
+ * No exp2, no special-function unit (tests/sass_check.sh).
  *
  * Grid: 1-D, <= occupancy * SMs blocks; block b takes the contiguous 64-key
  * tile range [T*b/G, T*(b+1)/G) of the flattened work list (score.cu's
- * planner). Shared memory: nq*256 B of queries (nq = query vectors padded to
- * 128) + weights + lengths, 1024-byte aligned for the swizzle.
- * Only compiled into the sm_90a image; the launcher picks it on CC 9.0.
+ * planner); per work segment it stages Q, |w|, S and the lengths once.
+ * Keys of the next tile load while this one computes. Shared memory:
+ * nq*256 B of queries (nq padded to 128) + 16 KB of S + weights, lengths and
+ * a v/hp table, 1024-byte aligned for the swizzle.
+ * Only compiled into the sm_90a image; the planner picks it on CC 9.0
+ * (FP4IDX_CUDA_MMASYNC=1 forces the mma.sync kernel of score.cu).
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
@@ -26,17 +39,22 @@
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
 
-namespace {
-
-constexpr int kThreads = 128;
-constexpr int kTileKeys = 64;
-constexpr int kN = 128;  // query vectors per wgmma
-constexpr int kRowsMax = 32;  // rows per work (256 query vectors / 8)
-constexpr int kSumBytes = 4 * kRowsMax * 128;  // head-sum matrix, K = 256
-
+// The kernel body exists only in the sm_90a image (wgmma); elsewhere it is
+// empty and the planner never launches it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FP4IDX_SM90 1
 #endif
+
+namespace {
+
+constexpr int kThreads = 128;
+#ifdef FP4IDX_SM90
+constexpr int kTileKeys = 64;
+constexpr int kN = 128;  // query vectors per wgmma
+#endif
+constexpr int kRowsMax = 32;  // rows per work (256 query vectors / 8)
+constexpr int kSumBytes = 4 * kRowsMax * 128;  // head-sum matrix, K = 256
+
 
 #ifdef FP4IDX_SM90
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -81,6 +99,7 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
 }
 #endif
 
+#ifdef FP4IDX_SM90
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -127,6 +146,8 @@ __device__ __forceinline__ void load_keys2(Keys2 &kr, const uint8_t *__restrict_
     kr.s[m] = __ldg(base + (64u << log2p) + o * 4 + t);
   }
 }
+
+#endif  // FP4IDX_SM90
 
 }  // namespace
 
