@@ -1,6 +1,8 @@
 /* aof.c -- the append log; see aof.h for the format and the guarantees. */
 #define _GNU_SOURCE
 #include "aof.h"
+#include "bytes.h"
+#include "fp4idx_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +21,6 @@
 #include "crc32c.h"
 #include "snapshot.h" /* fp4idx__fsync_parent */
 
-#define SLOT_BYTES 68
 #define MAGIC "FP4IDXLG"
 #define REC_MAGIC 0x52344650u
 #define REC_HEAD 36
@@ -38,32 +39,6 @@ struct fp4idx_aof_s {
   int dirty;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
-static void put32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void put64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 int fp4idx_fsync_parse(const char *s, fp4idx_fsync_t *out) {
   if (!s || !out) return FP4IDX_EINVAL;
@@ -103,7 +78,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return FP4IDX_OK;
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }
   res->exists = 1;
@@ -112,7 +87,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
   size = (size_t)st.st_size;
   res->file_bytes = (int64_t)size;
   if (size < FP4IDX_AOF_HEADER_BYTES) {
-    seterr(err, errlen, "%s: append log is truncated inside its header", path);
+    fp4idx__seterr(err, errlen, "%s: append log is truncated inside its header", path);
     rc = FP4IDX_ECORRUPT;
     goto out;
   }
@@ -122,26 +97,26 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
     goto ioerr;
   }
   madvise(map, size, MADV_SEQUENTIAL);
-  if (memcmp(map, MAGIC, 8) != 0 || get32(map + 28) != fp4idx_crc32c(0, map, 28) ||
-      get32(map + 12) != FP4IDX_AOF_HEADER_BYTES) {
-    seterr(err, errlen, "%s: not an fp4idx append log or corrupt header", path);
+  if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx_crc32c(0, map, 28) ||
+      fp4idx__get32(map + 12) != FP4IDX_AOF_HEADER_BYTES) {
+    fp4idx__seterr(err, errlen, "%s: not an fp4idx append log or corrupt header", path);
     rc = FP4IDX_ECORRUPT;
     goto out;
   }
-  if (get32(map + 8) != 1) {
-    seterr(err, errlen, "%s: append log version %u, this build reads 1", path,
-           get32(map + 8));
+  if (fp4idx__get32(map + 8) != 1) {
+    fp4idx__seterr(err, errlen, "%s: append log version %u, this build reads 1", path,
+           fp4idx__get32(map + 8));
     rc = FP4IDX_EVERSION;
     goto out;
   }
-  res->gen = get64(map + 16);
+  res->gen = fp4idx__get64(map + 16);
   res->valid_bytes = FP4IDX_AOF_HEADER_BYTES;
   if (res->gen < expect_gen) {
     res->stale = 1; /* contained in the snapshot already */
     goto out;
   }
   if (res->gen > expect_gen) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "%s: append log generation %llu is newer than the snapshot's (%llu): "
            "the snapshot it continues is missing; refusing to replay",
            path, (unsigned long long)res->gen, (unsigned long long)expect_gen);
@@ -160,30 +135,30 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                path, off, rem);
       break;
     }
-    if (get32(r + 32) != fp4idx_crc32c(0, r, 32)) {
+    if (fp4idx__get32(r + 32) != fp4idx_crc32c(0, r, 32)) {
       if (all_zero(r, rem)) {
         snprintf(res->warning, sizeof res->warning,
                  "append log %s: dropped %zu zero bytes at the tail (offset %zu)",
                  path, rem, off);
         break;
       }
-      seterr(err, errlen,
+      fp4idx__seterr(err, errlen,
              "%s: corrupt append log record header at offset %zu (of %zu bytes)",
              path, off, size);
       rc = FP4IDX_ECORRUPT;
       goto out;
     }
-    uint32_t magic = get32(r), op = get32(r + 4);
-    uint64_t count = get64(r + 24);
+    uint32_t magic = fp4idx__get32(r), op = fp4idx__get32(r + 4);
+    uint64_t count = fp4idx__get64(r + 24);
     if (magic != REC_MAGIC || op < FP4IDX_AOF_APPEND || op > FP4IDX_AOF_DROP ||
         (op == FP4IDX_AOF_APPEND ? (count < 1 || count > (uint64_t)INT64_MAX / 128)
                                  : count != 0) ||
-        get64(r + 16) > (uint64_t)INT64_MAX) {
-      seterr(err, errlen, "%s: invalid append log record at offset %zu", path, off);
+        fp4idx__get64(r + 16) > (uint64_t)INT64_MAX) {
+      fp4idx__seterr(err, errlen, "%s: invalid append log record at offset %zu", path, off);
       rc = FP4IDX_ECORRUPT;
       goto out;
     }
-    uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD + count * SLOT_BYTES;
+    uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD + count * FP4IDX_SLOT_BYTES;
     if (rlen > rem) {
       snprintf(res->warning, sizeof res->warning,
                "append log %s: dropped an incomplete last record at offset %zu "
@@ -191,7 +166,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                path, off, rem, (unsigned long long)rlen);
       break;
     }
-    if (get32(r + rlen - 4) != fp4idx_crc32c(0, r, rlen - 4)) {
+    if (fp4idx__get32(r + rlen - 4) != fp4idx_crc32c(0, r, rlen - 4)) {
       if (off + rlen == size) {
         snprintf(res->warning, sizeof res->warning,
                  "append log %s: dropped the last record at offset %zu: "
@@ -199,7 +174,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                  path, off);
         break;
       }
-      seterr(err, errlen,
+      fp4idx__seterr(err, errlen,
              "%s: corrupt append log record at offset %zu (checksum mismatch, "
              "%zu bytes follow it)",
              path, off, (size_t)(size - off - rlen));
@@ -208,15 +183,15 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
     }
     fp4idx_aof_record_t rec = {
         .op = (fp4idx_aof_op_t)op,
-        .seq = get64(r + 8),
-        .pos = (int64_t)get64(r + 16),
+        .seq = fp4idx__get64(r + 8),
+        .pos = (int64_t)fp4idx__get64(r + 16),
         .count = (int64_t)count,
         .slots = op == FP4IDX_AOF_APPEND ? r + REC_HEAD : NULL,
         .offset = (int64_t)off,
     };
     rc = apply(ctx, &rec);
     if (rc != FP4IDX_OK) {
-      seterr(err, errlen,
+      fp4idx__seterr(err, errlen,
              "%s: record at offset %zu (op %u, seq %llu, pos %lld) does not "
              "apply: %s",
              path, off, op, (unsigned long long)rec.seq, (long long)rec.pos,
@@ -238,7 +213,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
   goto out;
 
 ioerr:
-  seterr(err, errlen, "%s: %s", path, strerror(errno));
+  fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
   rc = FP4IDX_EIO;
 out:
   if (map) munmap(map, size);
@@ -259,10 +234,10 @@ static int create_fresh(const char *path, uint64_t gen) {
   }
   memset(h, 0, sizeof h);
   memcpy(h, MAGIC, 8);
-  put32(h + 8, 1);
-  put32(h + 12, FP4IDX_AOF_HEADER_BYTES);
-  put64(h + 16, gen);
-  put32(h + 28, fp4idx_crc32c(0, h, 28));
+  fp4idx__put32(h + 8, 1);
+  fp4idx__put32(h + 12, FP4IDX_AOF_HEADER_BYTES);
+  fp4idx__put64(h + 16, gen);
+  fp4idx__put32(h + 28, fp4idx_crc32c(0, h, 28));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640);
   if (fd < 0) return -1;
   if (write(fd, h, sizeof h) != (ssize_t)sizeof h || fsync(fd) ||
@@ -300,14 +275,14 @@ int fp4idx_aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
   if (!out || !path || keep_bytes < 0 ||
       (keep_bytes > 0 && keep_bytes < FP4IDX_AOF_HEADER_BYTES) ||
       policy > FP4IDX_FSYNC_NO) {
-    seterr(err, errlen, "append log open: invalid arguments");
+    fp4idx__seterr(err, errlen, "append log open: invalid arguments");
     return FP4IDX_EINVAL;
   }
   *out = NULL;
   fp4idx_aof_t *a = calloc(1, sizeof *a);
   if (!a || !(a->path = strdup(path))) {
     free(a);
-    seterr(err, errlen, "append log open: out of memory");
+    fp4idx__seterr(err, errlen, "append log open: out of memory");
     return FP4IDX_ENOMEM;
   }
   a->gen = gen;
@@ -338,7 +313,7 @@ ioerr_sync:
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
 ioerr:
-  seterr(err, errlen, "append log %s: %s", path, strerror(errno));
+  fp4idx__seterr(err, errlen, "append log %s: %s", path, strerror(errno));
   if (a->fd >= 0) close(a->fd);
   free(a->path);
   free(a);
@@ -349,16 +324,16 @@ ioerr:
 static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
                       uint64_t count, const uint8_t *slots) {
   unsigned char head[REC_HEAD], tail[4];
-  put32(head, REC_MAGIC);
-  put32(head + 4, op);
-  put64(head + 8, seq);
-  put64(head + 16, pos);
-  put64(head + 24, count);
-  put32(head + 32, fp4idx_crc32c(0, head, 32));
-  size_t plen = (size_t)count * SLOT_BYTES;
+  fp4idx__put32(head, REC_MAGIC);
+  fp4idx__put32(head + 4, op);
+  fp4idx__put64(head + 8, seq);
+  fp4idx__put64(head + 16, pos);
+  fp4idx__put64(head + 24, count);
+  fp4idx__put32(head + 32, fp4idx_crc32c(0, head, 32));
+  size_t plen = (size_t)count * FP4IDX_SLOT_BYTES;
   uint32_t crc = fp4idx_crc32c(0, head, REC_HEAD);
   if (op == FP4IDX_AOF_APPEND) crc = fp4idx_crc32c(crc, slots, plen);
-  put32(tail, crc);
+  fp4idx__put32(tail, crc);
 
   struct iovec iov[3] = {{head, REC_HEAD}, {(void *)slots, plen}, {tail, 4}};
   struct iovec *v = iov;

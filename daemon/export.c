@@ -1,6 +1,8 @@
 /* export.c -- SGLang page layout export/import; see export.h. */
 #define _GNU_SOURCE
 #include "export.h"
+#include "bytes.h"
+#include "fp4idx_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,45 +17,15 @@
 #include "crc32c.h"
 #include "snapshot.h" /* fp4idx__fsync_parent */
 
-#define SLOT_BYTES 68
-#define PAYLOAD 64
-#define SCALES 4
 #define MAGIC "FP4IDXEX"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
-static void put32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void put64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-
-static int psize_ok(int32_t p) {
-  return p >= 1 && p <= (1 << 16) && (p & (p - 1)) == 0;
-}
+/* Page sizes follow the key format's rule (a power of two up to 2^16). */
+static int psize_ok(int32_t p) { return fp4idx_page_size_valid(p); }
 
 int64_t fp4idx_export_pages_bytes(int64_t n, int32_t page_size) {
   if (n < 0 || !psize_ok(page_size)) return -1;
-  return (n + page_size - 1) / page_size * page_size * SLOT_BYTES;
+  return (n + page_size - 1) / page_size * page_size * FP4IDX_SLOT_BYTES;
 }
 
 int fp4idx_export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
@@ -62,12 +34,13 @@ int fp4idx_export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
     return FP4IDX_EINVAL;
   int64_t bytes = fp4idx_export_pages_bytes(n, page_size);
   memset(pages, 0, (size_t)bytes);
+  /* Position i sits at slot i of the exported pages (pages in order). */
   for (int64_t i = 0; i < n; i++) {
-    uint8_t *page = pages + i / page_size * page_size * SLOT_BYTES;
-    int64_t o = i % page_size;
-    memcpy(page + o * PAYLOAD, slots + i * SLOT_BYTES, PAYLOAD);
-    memcpy(page + page_size * PAYLOAD + o * SCALES, slots + i * SLOT_BYTES + PAYLOAD,
-           SCALES);
+    const uint8_t *slot = slots + i * FP4IDX_SLOT_BYTES;
+    memcpy(pages + fp4idx_payload_offset(i, page_size), slot,
+           FP4IDX_PAYLOAD_BYTES);
+    memcpy(pages + fp4idx_scale_offset(i, page_size),
+           slot + FP4IDX_PAYLOAD_BYTES, FP4IDX_SCALE_BYTES);
   }
   return FP4IDX_OK;
 }
@@ -77,11 +50,11 @@ int fp4idx_export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
   if (n < 0 || !psize_ok(page_size) || (n > 0 && (!slots || !pages)))
     return FP4IDX_EINVAL;
   for (int64_t i = 0; i < n; i++) {
-    const uint8_t *page = pages + i / page_size * page_size * SLOT_BYTES;
-    int64_t o = i % page_size;
-    memcpy(slots + i * SLOT_BYTES, page + o * PAYLOAD, PAYLOAD);
-    memcpy(slots + i * SLOT_BYTES + PAYLOAD, page + page_size * PAYLOAD + o * SCALES,
-           SCALES);
+    uint8_t *slot = slots + i * FP4IDX_SLOT_BYTES;
+    memcpy(slot, pages + fp4idx_payload_offset(i, page_size),
+           FP4IDX_PAYLOAD_BYTES);
+    memcpy(slot + FP4IDX_PAYLOAD_BYTES, pages + fp4idx_scale_offset(i, page_size),
+           FP4IDX_SCALE_BYTES);
   }
   return FP4IDX_OK;
 }
@@ -95,13 +68,13 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
   if (!path || n < 0 || !psize_ok(page_size) || (n > 0 && !slots) ||
       (flags & ~FP4IDX_EXPORT_RAW) ||
       snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-    seterr(err, errlen, "export: invalid arguments");
+    fp4idx__seterr(err, errlen, "export: invalid arguments");
     return FP4IDX_EINVAL;
   }
   int64_t bytes = fp4idx_export_pages_bytes(n, page_size);
   pages = malloc(bytes ? (size_t)bytes : 1);
   if (!pages) {
-    seterr(err, errlen, "export: out of memory");
+    fp4idx__seterr(err, errlen, "export: out of memory");
     return FP4IDX_ENOMEM;
   }
   fp4idx_export_pack(slots, n, page_size, pages);
@@ -111,15 +84,15 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
     unsigned char h[FP4IDX_EXPORT_HEADER_BYTES];
     memset(h, 0, sizeof h);
     memcpy(h, MAGIC, 8);
-    put32(h + 8, 1);
-    put32(h + 12, FP4IDX_EXPORT_HEADER_BYTES);
-    put32(h + 16, (uint32_t)page_size);
-    put32(h + 20, SLOT_BYTES);
-    put64(h + 24, seq);
-    put64(h + 32, (uint64_t)n);
-    put64(h + 40, (uint64_t)(bytes / ((int64_t)page_size * SLOT_BYTES)));
-    put32(h + 48, fp4idx_crc32c(0, pages, (size_t)bytes));
-    put32(h + 60, fp4idx_crc32c(0, h, 60));
+    fp4idx__put32(h + 8, 1);
+    fp4idx__put32(h + 12, FP4IDX_EXPORT_HEADER_BYTES);
+    fp4idx__put32(h + 16, (uint32_t)page_size);
+    fp4idx__put32(h + 20, FP4IDX_SLOT_BYTES);
+    fp4idx__put64(h + 24, seq);
+    fp4idx__put64(h + 32, (uint64_t)n);
+    fp4idx__put64(h + 40, (uint64_t)(bytes / ((int64_t)page_size * FP4IDX_SLOT_BYTES)));
+    fp4idx__put32(h + 48, fp4idx_crc32c(0, pages, (size_t)bytes));
+    fp4idx__put32(h + 60, fp4idx_crc32c(0, h, 60));
     if (write(fd, h, sizeof h) != (ssize_t)sizeof h) goto ioerr;
   }
   for (int64_t off = 0; off < bytes;) {
@@ -137,7 +110,7 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
   (void)fp4idx__fsync_parent(path);
   goto out;
 ioerr:
-  seterr(err, errlen, "export: %s: %s", tmp, strerror(errno));
+  fp4idx__seterr(err, errlen, "export: %s: %s", tmp, strerror(errno));
   rc = FP4IDX_EIO;
   unlink(tmp);
 out:
@@ -151,7 +124,7 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
   int rc = FP4IDX_OK, fd = -1;
   uint8_t *pages = NULL, *slots = NULL;
   if (!path || !info || !slots_out || (flags & ~FP4IDX_EXPORT_RAW)) {
-    seterr(err, errlen, "import: invalid arguments");
+    fp4idx__seterr(err, errlen, "import: invalid arguments");
     return FP4IDX_EINVAL;
   }
   *slots_out = NULL;
@@ -166,33 +139,33 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
     ssize_t got = pread(fd, h, sizeof h, 0);
     if (got < 0) goto ioerr;
     if (got < (ssize_t)sizeof h || memcmp(h, MAGIC, 8) ||
-        get32(h + 60) != fp4idx_crc32c(0, h, 60)) {
-      seterr(err, errlen, "%s: not an fp4idx export file or corrupt header", path);
+        fp4idx__get32(h + 60) != fp4idx_crc32c(0, h, 60)) {
+      fp4idx__seterr(err, errlen, "%s: not an fp4idx export file or corrupt header", path);
       rc = FP4IDX_ECORRUPT;
       goto out;
     }
-    if (get32(h + 8) != 1) {
-      seterr(err, errlen, "%s: export format version %u, this build reads 1",
-             path, get32(h + 8));
+    if (fp4idx__get32(h + 8) != 1) {
+      fp4idx__seterr(err, errlen, "%s: export format version %u, this build reads 1",
+             path, fp4idx__get32(h + 8));
       rc = FP4IDX_EVERSION;
       goto out;
     }
-    in.page_size = (int32_t)get32(h + 16);
-    in.seq = get64(h + 24);
-    in.n_keys = (int64_t)get64(h + 32);
-    in.n_pages = (int64_t)get64(h + 40);
-    crc = get32(h + 48);
+    in.page_size = (int32_t)fp4idx__get32(h + 16);
+    in.seq = fp4idx__get64(h + 24);
+    in.n_keys = (int64_t)fp4idx__get64(h + 32);
+    in.n_pages = (int64_t)fp4idx__get64(h + 40);
+    crc = fp4idx__get32(h + 48);
     hbytes = FP4IDX_EXPORT_HEADER_BYTES;
-    if (!psize_ok(in.page_size) || get32(h + 20) != SLOT_BYTES ||
+    if (!psize_ok(in.page_size) || fp4idx__get32(h + 20) != FP4IDX_SLOT_BYTES ||
         in.n_keys < 0 || in.n_keys > (INT64_MAX >> 8) ||
         in.n_pages != (in.n_keys + in.page_size - 1) / in.page_size) {
-      seterr(err, errlen, "%s: inconsistent export header", path);
+      fp4idx__seterr(err, errlen, "%s: inconsistent export header", path);
       rc = FP4IDX_ECORRUPT;
       goto out;
     }
   } else {
     if (!psize_ok(in.page_size) || in.n_keys < 0 || in.n_keys > (INT64_MAX >> 8)) {
-      seterr(err, errlen, "import: raw file needs a key count and a page size");
+      fp4idx__seterr(err, errlen, "import: raw file needs a key count and a page size");
       rc = FP4IDX_EINVAL;
       goto out;
     }
@@ -200,7 +173,7 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
   }
   int64_t bytes = fp4idx_export_pages_bytes(in.n_keys, in.page_size);
   if (size != hbytes + (uint64_t)bytes) {
-    seterr(err, errlen, "%s: %s: expected %llu bytes, file has %llu", path,
+    fp4idx__seterr(err, errlen, "%s: %s: expected %llu bytes, file has %llu", path,
            size < hbytes + (uint64_t)bytes ? "truncated" : "wrong size",
            (unsigned long long)(hbytes + (uint64_t)bytes),
            (unsigned long long)size);
@@ -208,9 +181,9 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
     goto out;
   }
   pages = malloc(bytes ? (size_t)bytes : 1);
-  slots = malloc(in.n_keys ? (size_t)in.n_keys * SLOT_BYTES : 1);
+  slots = malloc(in.n_keys ? (size_t)in.n_keys * FP4IDX_SLOT_BYTES : 1);
   if (!pages || !slots) {
-    seterr(err, errlen, "import: out of memory");
+    fp4idx__seterr(err, errlen, "import: out of memory");
     rc = FP4IDX_ENOMEM;
     goto out;
   }
@@ -224,7 +197,7 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
     off += r;
   }
   if (!(flags & FP4IDX_EXPORT_RAW) && fp4idx_crc32c(0, pages, (size_t)bytes) != crc) {
-    seterr(err, errlen, "%s: page checksum mismatch (corrupt)", path);
+    fp4idx__seterr(err, errlen, "%s: page checksum mismatch (corrupt)", path);
     rc = FP4IDX_ECORRUPT;
     goto out;
   }
@@ -234,7 +207,7 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
   slots = NULL;
   goto out;
 ioerr:
-  seterr(err, errlen, "import: %s: %s", path, strerror(errno));
+  fp4idx__seterr(err, errlen, "import: %s: %s", path, strerror(errno));
   rc = FP4IDX_EIO;
 out:
   if (fd >= 0) close(fd);

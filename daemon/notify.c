@@ -3,6 +3,7 @@
  * sd_notify(3) and sd_listen_fds(3)). */
 #define _GNU_SOURCE
 #include "notify.h"
+#include "bytes.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,16 +23,6 @@
 #endif
 
 #define LISTEN_FDS_START 3
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* ---- sending -------------------------------------------------------------- */
 
@@ -124,7 +115,7 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
 #ifdef FP4IDX_HAVE_SYSTEMD
   n = sd_listen_fds(1); /* 1: unset LISTEN_* so children don't see them */
   if (n < 0) {
-    seterr(err, errlen, "LISTEN_FDS: %s", strerror(-n));
+    fp4idx__seterr(err, errlen, "LISTEN_FDS: %s", strerror(-n));
     return FP4IDX_EINVAL;
   }
 #else
@@ -139,7 +130,7 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
 #endif
   if (n == 0) return 0;
   if (n != 1) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "socket activation passed %d file descriptors; fp4idxd takes exactly "
            "one listening Unix stream socket",
            n);
@@ -157,7 +148,7 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
   ok = ok && getsockname(f, (struct sockaddr *)&ss, &sl) == 0 &&
        ss.ss_family == AF_UNIX;
   if (!ok) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "socket activation: fd 3 is not a listening Unix stream socket "
            "(use ListenStream=/path in the .socket unit)");
     return FP4IDX_EINVAL;

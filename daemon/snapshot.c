@@ -1,6 +1,8 @@
 /* snapshot.c -- see snapshot.h for the file layout and the guarantees. */
 #define _GNU_SOURCE
 #include "snapshot.h"
+#include "bytes.h"
+#include "fp4idx_format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +18,6 @@
 
 #include "crc32c.h"
 
-#define SLOT_BYTES 68
 #define MAGIC "FP4IDXSN"
 /* Pages are moved in batches of about this many bytes: large enough that a
  * device copy runs at full speed, small enough to stay cheap in host RAM. */
@@ -24,32 +25,6 @@
 
 /* ---- little helpers ----------------------------------------------------- */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
-static void put32(unsigned char *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static void put64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint32_t get32(const unsigned char *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 static int64_t pages_of(int64_t n_keys, int32_t page_size) {
   return (n_keys + page_size - 1) / page_size;
@@ -263,20 +238,20 @@ typedef struct header_s {
 static void header_encode(unsigned char *h, const header_t *hd) {
   memset(h, 0, FP4IDX_SNAPSHOT_HEADER_BYTES);
   memcpy(h, MAGIC, 8);
-  put32(h + 8, FP4IDX_SNAPSHOT_VERSION);
-  put32(h + 12, FP4IDX_SNAPSHOT_HEADER_BYTES);
-  put32(h + 16, (uint32_t)hd->info.page_size);
-  put32(h + 20, SLOT_BYTES);
-  put64(h + 24, (uint64_t)hd->info.n_seqs);
-  put64(h + 32, (uint64_t)hd->info.n_pages);
-  put64(h + 40, hd->table_bytes);
-  put64(h + 48, hd->pool_bytes);
-  put64(h + 56, (uint64_t)hd->info.n_keys);
-  put64(h + 64, hd->info.log_gen);
-  put64(h + 72, hd->info.created_ns);
-  put32(h + 80, hd->table_crc);
-  put32(h + 84, hd->pool_crc);
-  put32(h + 124, fp4idx_crc32c(0, h, 124));
+  fp4idx__put32(h + 8, FP4IDX_SNAPSHOT_VERSION);
+  fp4idx__put32(h + 12, FP4IDX_SNAPSHOT_HEADER_BYTES);
+  fp4idx__put32(h + 16, (uint32_t)hd->info.page_size);
+  fp4idx__put32(h + 20, FP4IDX_SLOT_BYTES);
+  fp4idx__put64(h + 24, (uint64_t)hd->info.n_seqs);
+  fp4idx__put64(h + 32, (uint64_t)hd->info.n_pages);
+  fp4idx__put64(h + 40, hd->table_bytes);
+  fp4idx__put64(h + 48, hd->pool_bytes);
+  fp4idx__put64(h + 56, (uint64_t)hd->info.n_keys);
+  fp4idx__put64(h + 64, hd->info.log_gen);
+  fp4idx__put64(h + 72, hd->info.created_ns);
+  fp4idx__put32(h + 80, hd->table_crc);
+  fp4idx__put32(h + 84, hd->pool_crc);
+  fp4idx__put32(h + 124, fp4idx_crc32c(0, h, 124));
 }
 
 /* Decodes and checks a header against the file size. */
@@ -284,45 +259,45 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
                          const char *path, header_t *hd, char *err,
                          size_t errlen) {
   if (memcmp(h, MAGIC, 8) != 0) {
-    seterr(err, errlen, "%s: not an fp4idx snapshot (bad magic)", path);
+    fp4idx__seterr(err, errlen, "%s: not an fp4idx snapshot (bad magic)", path);
     return FP4IDX_ECORRUPT;
   }
-  if (get32(h + 124) != fp4idx_crc32c(0, h, 124)) {
-    seterr(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
+  if (fp4idx__get32(h + 124) != fp4idx_crc32c(0, h, 124)) {
+    fp4idx__seterr(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
     return FP4IDX_ECORRUPT;
   }
   memset(hd, 0, sizeof *hd);
-  hd->info.version = get32(h + 8);
+  hd->info.version = fp4idx__get32(h + 8);
   if (hd->info.version != FP4IDX_SNAPSHOT_VERSION) {
-    seterr(err, errlen, "%s: snapshot format version %u, this build reads %d",
+    fp4idx__seterr(err, errlen, "%s: snapshot format version %u, this build reads %d",
            path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
     return FP4IDX_EVERSION;
   }
-  uint32_t hbytes = get32(h + 12), psize = get32(h + 16), slot = get32(h + 20);
-  hd->info.n_seqs = (int64_t)get64(h + 24);
-  hd->info.n_pages = (int64_t)get64(h + 32);
-  hd->table_bytes = get64(h + 40);
-  hd->pool_bytes = get64(h + 48);
-  hd->info.n_keys = (int64_t)get64(h + 56);
-  hd->info.log_gen = get64(h + 64);
-  hd->info.created_ns = get64(h + 72);
-  hd->table_crc = get32(h + 80);
-  hd->pool_crc = get32(h + 84);
+  uint32_t hbytes = fp4idx__get32(h + 12), psize = fp4idx__get32(h + 16), slot = fp4idx__get32(h + 20);
+  hd->info.n_seqs = (int64_t)fp4idx__get64(h + 24);
+  hd->info.n_pages = (int64_t)fp4idx__get64(h + 32);
+  hd->table_bytes = fp4idx__get64(h + 40);
+  hd->pool_bytes = fp4idx__get64(h + 48);
+  hd->info.n_keys = (int64_t)fp4idx__get64(h + 56);
+  hd->info.log_gen = fp4idx__get64(h + 64);
+  hd->info.created_ns = fp4idx__get64(h + 72);
+  hd->table_crc = fp4idx__get32(h + 80);
+  hd->pool_crc = fp4idx__get32(h + 84);
   hd->info.page_size = (int32_t)psize;
   hd->info.file_bytes = file_bytes;
-  if (hbytes != FP4IDX_SNAPSHOT_HEADER_BYTES || slot != SLOT_BYTES ||
+  if (hbytes != FP4IDX_SNAPSHOT_HEADER_BYTES || slot != FP4IDX_SLOT_BYTES ||
       psize < 1 || psize > (1u << 16) || (psize & (psize - 1)) ||
       hd->info.n_seqs < 0 || hd->info.n_pages < 0 || hd->info.n_keys < 0 ||
       hd->info.n_pages > (int64_t)INT32_MAX ||
-      hd->pool_bytes != (uint64_t)hd->info.n_pages * psize * SLOT_BYTES ||
+      hd->pool_bytes != (uint64_t)hd->info.n_pages * psize * FP4IDX_SLOT_BYTES ||
       hd->table_bytes < (uint64_t)hd->info.n_seqs * 16 ||
       hd->table_bytes > (UINT64_MAX >> 2)) {
-    seterr(err, errlen, "%s: inconsistent snapshot header", path);
+    fp4idx__seterr(err, errlen, "%s: inconsistent snapshot header", path);
     return FP4IDX_ECORRUPT;
   }
   uint64_t want = FP4IDX_SNAPSHOT_HEADER_BYTES + hd->table_bytes + hd->pool_bytes;
   if (want != file_bytes) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "%s: snapshot is %s: header says %llu bytes, file has %llu", path,
            file_bytes < want ? "truncated" : "longer than its header says",
            (unsigned long long)want, (unsigned long long)file_bytes);
@@ -347,15 +322,15 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   if (!path || !read_fn || page_size < 1 || page_size > (1 << 16) ||
       (page_size & (page_size - 1)) || pool_pages < 0 ||
       pool_pages > INT32_MAX || n_seqs < 0 || (n_seqs && !seqs)) {
-    seterr(err, errlen, "snapshot save: invalid arguments");
+    fp4idx__seterr(err, errlen, "snapshot save: invalid arguments");
     return FP4IDX_EINVAL;
   }
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-    seterr(err, errlen, "snapshot save: path too long");
+    fp4idx__seterr(err, errlen, "snapshot save: path too long");
     return FP4IDX_EINVAL;
   }
   memset(&hd, 0, sizeof hd);
-  const size_t page_bytes = (size_t)page_size * SLOT_BYTES;
+  const size_t page_bytes = (size_t)page_size * FP4IDX_SLOT_BYTES;
 
   /* Mark used pages (and catch ids out of range or used twice), then number
    * them in ascending page order: the order in which they are copied out. */
@@ -365,7 +340,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   for (int64_t s = 0; s < n_seqs; s++) {
     int64_t np = pages_of(seqs[s].n_keys, page_size);
     if (seqs[s].n_keys < 0 || (np && !seqs[s].pages)) {
-      seterr(err, errlen, "snapshot save: sequence %llu: bad key count",
+      fp4idx__seterr(err, errlen, "snapshot save: sequence %llu: bad key count",
              (unsigned long long)seqs[s].id);
       rc = FP4IDX_EINVAL;
       goto out;
@@ -373,7 +348,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
     for (int64_t i = 0; i < np; i++) {
       int32_t p = seqs[s].pages[i];
       if (p < 0 || p >= pool_pages || file_index[p] != -1) {
-        seterr(err, errlen,
+        fp4idx__seterr(err, errlen,
                "snapshot save: sequence %llu: page %d out of range or shared",
                (unsigned long long)seqs[s].id, (int)p);
         rc = FP4IDX_EINVAL;
@@ -418,8 +393,8 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
       if (write_all(fd, tbuf, tlen)) goto ioerr;
       tlen = 0;
     }
-    put64(tbuf + tlen, seqs[s].id);
-    put64(tbuf + tlen + 8, (uint64_t)seqs[s].n_keys);
+    fp4idx__put64(tbuf + tlen, seqs[s].id);
+    fp4idx__put64(tbuf + tlen + 8, (uint64_t)seqs[s].n_keys);
     tlen += 16;
     for (int64_t i = 0; i < np; i++) {
       if (tlen + 4 > (1u << 20)) {
@@ -427,7 +402,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
         if (write_all(fd, tbuf, tlen)) goto ioerr;
         tlen = 0;
       }
-      put32(tbuf + tlen, (uint32_t)file_index[seqs[s].pages[i]]);
+      fp4idx__put32(tbuf + tlen, (uint32_t)file_index[seqs[s].pages[i]]);
       tlen += 4;
     }
   }
@@ -451,7 +426,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
       n++;
     rc = read_fn(ctx, p, n, out + fill * page_bytes);
     if (rc != FP4IDX_OK) {
-      seterr(err, errlen, "snapshot save: reading pages %lld..%lld: %s",
+      fp4idx__seterr(err, errlen, "snapshot save: reading pages %lld..%lld: %s",
              (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       iopipe_finish(&pipe, 0);
       goto out;
@@ -488,11 +463,11 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   goto out;
 
 nomem:
-  seterr(err, errlen, "snapshot save: out of memory");
+  fp4idx__seterr(err, errlen, "snapshot save: out of memory");
   rc = FP4IDX_ENOMEM;
   goto out;
 ioerr:
-  seterr(err, errlen, "snapshot save: %s: %s", tmp, strerror(errno));
+  fp4idx__seterr(err, errlen, "snapshot save: %s: %s", tmp, strerror(errno));
   rc = FP4IDX_EIO;
 out:
   if (fd >= 0) close(fd);
@@ -514,24 +489,24 @@ static int open_and_header(const char *path, int *fd_out, header_t *hd,
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return FP4IDX_SNAPSHOT_NONE;
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }
   struct stat st;
   unsigned char h[FP4IDX_SNAPSHOT_HEADER_BYTES];
   if (fstat(fd, &st)) {
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
     close(fd);
     return FP4IDX_EIO;
   }
   ssize_t got = read_full(fd, h, sizeof h);
   if (got < 0) {
-    seterr(err, errlen, "%s: %s", path, strerror(errno));
+    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
     close(fd);
     return FP4IDX_EIO;
   }
   if (got < (ssize_t)sizeof h) {
-    seterr(err, errlen, "%s: snapshot is truncated (%lld bytes, header needs %d)",
+    fp4idx__seterr(err, errlen, "%s: snapshot is truncated (%lld bytes, header needs %d)",
            path, (long long)got, FP4IDX_SNAPSHOT_HEADER_BYTES);
     close(fd);
     return FP4IDX_ECORRUPT;
@@ -568,7 +543,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   fp4idx_snap_seq_t *seqs = NULL;
 
   if (!path || !write_fn || !seqs_out || !n_seqs_out || pool_pages < 0) {
-    seterr(err, errlen, "snapshot load: invalid arguments");
+    fp4idx__seterr(err, errlen, "snapshot load: invalid arguments");
     return FP4IDX_EINVAL;
   }
   *seqs_out = NULL;
@@ -576,7 +551,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   rc = open_and_header(path, &fd, &hd, err, errlen);
   if (rc != FP4IDX_OK) return rc;
   if (hd.info.page_size != page_size) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "%s: snapshot page size is %d, the daemon runs with %d "
            "(start with --page-size %d to load it)",
            path, (int)hd.info.page_size, (int)page_size, (int)hd.info.page_size);
@@ -584,7 +559,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
     goto out;
   }
   if (hd.info.n_pages > pool_pages) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "%s: snapshot holds %lld pages, the pool has only %lld "
            "(raise --cache-bytes)",
            path, (long long)hd.info.n_pages, (long long)pool_pages);
@@ -601,7 +576,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   if (got < 0) goto ioerr;
   if ((uint64_t)got != hd.table_bytes ||
       fp4idx_crc32c(0, table, hd.table_bytes) != hd.table_crc) {
-    seterr(err, errlen, "%s: sequence table checksum mismatch (corrupt)", path);
+    fp4idx__seterr(err, errlen, "%s: sequence table checksum mismatch (corrupt)", path);
     rc = FP4IDX_ECORRUPT;
     goto out;
   }
@@ -614,8 +589,8 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   uint64_t off = 0, keys = 0, used = 0;
   for (int64_t s = 0; s < hd.info.n_seqs; s++) {
     if (off + 16 > hd.table_bytes) goto badtable;
-    seqs[s].id = get64(table + off);
-    uint64_t nk = get64(table + off + 8);
+    seqs[s].id = fp4idx__get64(table + off);
+    uint64_t nk = fp4idx__get64(table + off + 8);
     off += 16;
     if (nk > (uint64_t)INT64_MAX / 2) goto badtable;
     int64_t np = pages_of((int64_t)nk, page_size);
@@ -623,7 +598,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
     seqs[s].n_keys = (int64_t)nk;
     seqs[s].pages = idx;
     for (int64_t i = 0; i < np; i++) {
-      uint32_t p = get32(table + off);
+      uint32_t p = fp4idx__get32(table + off);
       off += 4;
       if ((int64_t)p >= hd.info.n_pages || (seen[p / 8] & (1u << (p % 8))))
         goto badtable;
@@ -650,7 +625,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
 
   /* Pool section: the I/O thread reads ahead into one buffer while the pages
    * of the other are checksummed and written into pool pages 0.. */
-  const size_t page_bytes = (size_t)page_size * SLOT_BYTES;
+  const size_t page_bytes = (size_t)page_size * FP4IDX_SLOT_BYTES;
   size_t chunk_pages = CHUNK_BYTES / page_bytes;
   if (chunk_pages < 1) chunk_pages = 1;
 #ifdef POSIX_FADV_SEQUENTIAL
@@ -665,7 +640,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
       int e = errno;
       iopipe_finish(&pipe, 0);
       if (e == EPIPE) {
-        seterr(err, errlen, "%s: snapshot is truncated in its pool section", path);
+        fp4idx__seterr(err, errlen, "%s: snapshot is truncated in its pool section", path);
         rc = FP4IDX_ECORRUPT;
         goto out;
       }
@@ -677,7 +652,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
     rc = write_fn(ctx, p, n, in);
     if (rc != FP4IDX_OK) {
       iopipe_finish(&pipe, 0);
-      seterr(err, errlen, "%s: writing pages %lld..%lld into the pool: %s",
+      fp4idx__seterr(err, errlen, "%s: writing pages %lld..%lld into the pool: %s",
              path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       goto out;
     }
@@ -686,7 +661,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   }
   iopipe_finish(&pipe, 0);
   if (crc != hd.pool_crc) {
-    seterr(err, errlen,
+    fp4idx__seterr(err, errlen,
            "%s: pool checksum mismatch (corrupt page data); nothing loaded",
            path);
     rc = FP4IDX_ECORRUPT;
@@ -700,15 +675,15 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   goto out;
 
 badtable:
-  seterr(err, errlen, "%s: inconsistent sequence table (corrupt)", path);
+  fp4idx__seterr(err, errlen, "%s: inconsistent sequence table (corrupt)", path);
   rc = FP4IDX_ECORRUPT;
   goto out;
 nomem:
-  seterr(err, errlen, "snapshot load: out of memory");
+  fp4idx__seterr(err, errlen, "snapshot load: out of memory");
   rc = FP4IDX_ENOMEM;
   goto out;
 ioerr:
-  seterr(err, errlen, "%s: %s", path, strerror(errno));
+  fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
   rc = FP4IDX_EIO;
 out:
   if (fd >= 0) close(fd);
