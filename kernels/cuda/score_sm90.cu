@@ -188,6 +188,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
     const int nchunks = (nt_valid * 8 + kN - 1) / kN;
 
+    // The first tile's keys load under the staging below (maxlen is not known
+    // yet; a tile past it just ignores them).
+    const int32_t width = (int32_t)sq.width;
+    Keys2 ka;
+    load_keys2(ka, prm.pool, sq.pages, prm.log2_page, width,
+               (int32_t)(cur - wk.tile_begin) * kTileKeys + 16 * warp + g, t);
     __syncthreads();
     // Integer division is ~20 instructions: one per thread, into a table.
     for (int v = threadIdx.x; v < 256; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
@@ -269,14 +275,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 
     // Tile loop, keys prefetched two tiles ahead (the page-id -> payload
     // chain is two dependent memory round trips).
-    const int32_t width = (int32_t)sq.width;
     auto issue = [&](Keys2 &kr, int64_t tile) {
       const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
       if (tile < seg_end && l0 < maxlen)
         load_keys2(kr, prm.pool, sq.pages, prm.log2_page, width, l0 + 16 * warp + g, t);
     };
-    Keys2 ka;
-    issue(ka, cur);
     for (int64_t tile = cur; tile < seg_end; tile++) {
       const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
       if (l0 >= maxlen) {
