@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """plot_socket.py -- draw fp4idx-bench-socket's latency samples.
 
-Usage: bench/plot_socket.py SAMPLES.csv [OUT.png]
+Usage: bench/plot_socket.py [-o OUT.png] SAMPLES.csv [MORE.csv ...]
 
-SAMPLES.csv is the --csv output of fp4idx-bench-socket (case,run,index,us).
-Draws, for the small round trips of part (a) (score_logits, score_topk16,
-info), a histogram on log-spaced bins (left) and the CDF (right), all runs
-pooled; dashed lines mark p50 and p99. Writes OUT.png (default
-bench/socket_latency.png). Needs matplotlib.
+SAMPLES.csv is the --csv output of fp4idx-bench-socket (case,run,index,us);
+several files (separate invocations) are pooled. Draws, for the small round
+trips of part (a) (score_logits, score_topk16, info), a histogram on
+log-spaced bins (left) and the CDF (right), all runs pooled; dashed lines
+mark p50 and p99. Writes OUT.png (default bench/socket_latency.png). Needs
+matplotlib.
 """
 import csv
 import math
@@ -30,18 +31,22 @@ def pct(sorted_v, p):
 
 
 def main():
-    if len(sys.argv) not in (2, 3):
+    args = sys.argv[1:]
+    out = "bench/socket_latency.png"
+    if len(args) >= 2 and args[0] == "-o":
+        out, args = args[1], args[2:]
+    if not args or any(a.startswith("-") for a in args):
         sys.exit(__doc__)
-    out = sys.argv[2] if len(sys.argv) == 3 else "bench/socket_latency.png"
     samples = {name: [] for name, _ in CASES}
     runs = set()
-    with open(sys.argv[1], newline="") as f:
-        for row in csv.DictReader(f):
-            if row["case"] in samples:
-                samples[row["case"]].append(float(row["us"]))
-                runs.add(row["run"])
+    for fi, path in enumerate(args):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["case"] in samples:
+                    samples[row["case"]].append(float(row["us"]))
+                    runs.add((fi, row["run"]))
     if not any(samples.values()):
-        sys.exit("no latency samples in " + sys.argv[1])
+        sys.exit("no latency samples in " + " ".join(args))
 
     lo = min(min(v) for v in samples.values() if v)
     hi = max(max(v) for v in samples.values() if v)
@@ -73,7 +78,7 @@ def main():
     ax_c.legend(loc="lower right", fontsize=8)
     n = len(samples[CASES[0][0]])
     fig.suptitle(f"fp4idx-bench-socket: fp4idxd (CPU backend) via libfp4idx-client, "
-                 f"{n} calls per case over {len(runs)} runs, 2-core shared box")
+                 f"{n} calls per case over {len(runs)} runs, 2-core shared VM")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print("wrote", out)
