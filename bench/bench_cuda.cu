@@ -9,7 +9,7 @@
 #include "fp4idx_bench.h"
 #include "fp4idx_cuda.h"
 
-extern "C" int fp4idx_bench_cuda_time(fp4idx_backend_t *b, const fp4idx_score_batch_t *batch,
+extern "C" int fp4idx_bench_cuda_time(fp4idx_backend_t *b, const fp4idx_backend_batch_t *batch,
                                       int calls, int warmup, int reps, double *us) {
   if (!b || !batch || calls < 1 || warmup < 0 || reps < 1 || !us) return FP4IDX_EINVAL;
   if (batch->topk) return FP4IDX_ENODEV;  // top-k: the driver's host timer

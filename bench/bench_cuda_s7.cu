@@ -256,12 +256,12 @@ int main(int argc, char **argv) {
       if (!rc) rc = cpu->ops->pool_create(cpu, n_pages, kPage);
       if (!rc) rc = cpu->ops->store(cpu, packed.data(), FP4IDX_DTYPE_FP4, n * S, slots.data(),
                                     FP4IDX_ROUND_RNE);
-      std::vector<fp4idx_score_seq_t> sq(S);
+      std::vector<fp4idx_backend_seq_t> sq(S);
       for (int s = 0; s < S; s++)
-        sq[s] = fp4idx_score_seq_t{perm.data() + s * pages_per_seq, n, R, n,
+        sq[s] = fp4idx_backend_seq_t{perm.data() + s * pages_per_seq, n, R, n,
                                    q.data() + (size_t)s * R * H * 128, w.data() + (size_t)s * R * H,
                                    lens.data() + s * R, nullptr};
-      fp4idx_score_batch_t bt{};
+      fp4idx_backend_batch_t bt{};
       bt.heads = H;
       bt.n_seqs = S;
       bt.seqs = sq.data();

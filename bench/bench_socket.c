@@ -284,10 +284,10 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
   if (local_backend(keys, SMALL_KEYS, &b, &pages)) goto fail;
   int32_t lens[ROWS];
   for (int r = 0; r < ROWS; r++) lens[r] = SMALL_KEYS;
-  fp4idx_score_seq_t ss = {.pages = pages, .n_keys = SMALL_KEYS, .rows = ROWS,
+  fp4idx_backend_seq_t ss = {.pages = pages, .n_keys = SMALL_KEYS, .rows = ROWS,
                            .width = SMALL_KEYS, .q = q, .w = w, .lens = lens};
   float tval[ROWS * TOPK];
-  fp4idx_score_batch_t lb[2] = {
+  fp4idx_backend_batch_t lb[2] = {
       {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .logits = logits},
       {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .topk = TOPK, .topk_pos = pos,
        .topk_val = tval, .topk_count = counts}};
@@ -427,10 +427,10 @@ static int bench_big(fp4idx_client_t *c, const opts_t *o, double res[8]) {
   if (local_backend(keys, BIG_CTX, &b, &pages)) goto fail;
   int32_t lens[ROWS];
   for (int r = 0; r < ROWS; r++) lens[r] = BIG_CTX;
-  fp4idx_score_seq_t ss = {.pages = pages, .n_keys = BIG_CTX, .rows = ROWS,
+  fp4idx_backend_seq_t ss = {.pages = pages, .n_keys = BIG_CTX, .rows = ROWS,
                            .width = BIG_CTX, .q = q, .w = w, .lens = lens};
-  fp4idx_score_batch_t full = {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .logits = logits};
-  fp4idx_score_batch_t topk = {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .topk = TOPK,
+  fp4idx_backend_batch_t full = {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .logits = logits};
+  fp4idx_backend_batch_t topk = {.heads = HEADS, .n_seqs = 1, .seqs = &ss, .topk = TOPK,
                                .topk_pos = pos, .topk_val = tval, .topk_count = counts};
   static const char *const name[8] = {
       "ctx100k_socket_logits", "ctx100k_socket_topk16",    "ctx100k_compute_logits",

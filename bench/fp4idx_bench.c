@@ -148,7 +148,7 @@ typedef struct {
   int32_t *pages;    /* [seqs][pages_per_seq] */
   uint16_t *q, *w;   /* [seqs][R,H,128], [seqs][R,H] */
   int32_t *lens;     /* [seqs][R] */
-  fp4idx_score_seq_t *sq;
+  fp4idx_backend_seq_t *sq;
   float *logits;
   int32_t *tpos, *tcnt;
   float *tval;
@@ -206,7 +206,7 @@ static int fp4idx__data_make(fp4idx__data_t *d, const fp4idx_bench_case_t *c, in
       int64_t len = c->context - r;
       d->lens[s * c->rows + r] = (int32_t)(len > 0 ? len : 0);
     }
-    d->sq[s] = (fp4idx_score_seq_t){.pages = pg, .n_keys = c->context, .rows = c->rows,
+    d->sq[s] = (fp4idx_backend_seq_t){.pages = pg, .n_keys = c->context, .rows = c->rows,
                                     .width = c->context, .q = d->q + s * rh * 128,
                                     .w = d->w + s * rh, .lens = d->lens + s * c->rows};
   }
@@ -246,7 +246,7 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
   if (rc) goto out;
   rc = fp4idx__load(b, &d, c);
   if (rc) goto out;
-  fp4idx_score_batch_t bt = {.heads = c->heads, .n_seqs = c->seqs, .seqs = d.sq,
+  fp4idx_backend_batch_t bt = {.heads = c->heads, .n_seqs = c->seqs, .seqs = d.sq,
                              .topk = o->topk, .logits = d.logits, .topk_pos = d.tpos,
                              .topk_val = d.tval, .topk_count = d.tcnt};
   us = calloc((size_t)o->reps, sizeof *us);
@@ -313,7 +313,7 @@ static int fp4idx__run_case(const fp4idx__opts_t *o, const fp4idx__machine_t *m,
       rc = FP4IDX_ENOMEM;
       goto out;
     }
-    fp4idx_score_batch_t ob = bt;
+    fp4idx_backend_batch_t ob = bt;
     if (o->topk > 0) ob.topk_val = v2, ob.topk_pos = p2, ob.topk_count = c2;
     else ob.logits = v2;
     rc = oracle->ops->score(oracle, &ob);

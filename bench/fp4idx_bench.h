@@ -32,7 +32,7 @@ typedef struct fp4idx_bench_case_s {
  * writes the time PER CALL in microseconds of each replay to us[reps].
  * Returns FP4IDX_OK, or a negative status (the driver then reports the
  * error; FP4IDX_ENODEV makes it fall back to host timing). */
-int fp4idx_bench_cuda_time(fp4idx_backend_t *b, const fp4idx_score_batch_t *batch,
+int fp4idx_bench_cuda_time(fp4idx_backend_t *b, const fp4idx_backend_batch_t *batch,
                            int calls, int warmup, int reps, double *us);
 #endif
 

@@ -67,9 +67,9 @@ static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
 static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
                               fp4idx_response_t *resp, char *msg) {
   const fp4idx_append_req_t *a = &req->u.append;
-  int dtype = a->keys.dtype == FP4IDX_WIRE_BF16  ? FP4IDX_ENGINE_BF16
-              : a->keys.dtype == FP4IDX_WIRE_F32 ? FP4IDX_ENGINE_F32
-                                                 : FP4IDX_ENGINE_FP4;
+  fp4idx_dtype_t dtype = a->keys.dtype == FP4IDX_WIRE_BF16  ? FP4IDX_DTYPE_BF16
+              : a->keys.dtype == FP4IDX_WIRE_F32 ? FP4IDX_DTYPE_F32
+                                                 : FP4IDX_DTYPE_FP4;
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
   void *keys = fp4idx__cmd_aligned(&a->keys);
@@ -126,7 +126,7 @@ out:
 /* Buffers of one score call, freed together. */
 typedef struct fp4idx__score_bufs_s {
   size_t n;
-  fp4idx_engine_seq_t *eng;
+  fp4idx_backend_seq_t *eng;
   void **owned;            /* [4 * n] q, w, lens, mask copies */
   float *logits;
   int32_t *pos, *count;
@@ -184,7 +184,7 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     if (fp4idx_tensor_present(&s->mask)) o[3] = fp4idx__cmd_aligned(&s->mask);
     if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]))
       return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    b->eng[i] = (fp4idx_engine_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
+    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
     rows_total += s->rows;

@@ -118,10 +118,9 @@ void fp4idx__engine_close(fp4idx_engine_t *e) {
   free(e);
 }
 
-int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, int dtype, int64_t n,
-                         const int64_t *slots, int rounding) {
-  return e->b->ops->store(e->b, keys, (fp4idx_dtype_t)dtype, n, slots,
-                          (fp4idx_rounding_t)rounding);
+int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, fp4idx_dtype_t dtype,
+                         int64_t n, const int64_t *slots, fp4idx_rounding_t rounding) {
+  return e->b->ops->store(e->b, keys, dtype, n, slots, rounding);
 }
 
 int fp4idx__engine_read(fp4idx_engine_t *e, const int64_t *slots, int64_t n,
@@ -139,24 +138,10 @@ int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
 }
 
 int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
-                         const fp4idx_engine_seq_t *seqs, int32_t topk, float *logits,
+                         const fp4idx_backend_seq_t *seqs, int32_t topk, float *logits,
                          int32_t *topk_pos, float *topk_val, int32_t *topk_count) {
-  fp4idx_score_seq_t *bs = calloc((size_t)n_seqs, sizeof *bs);
-  if (!bs) return FP4IDX_ENOMEM;
-  for (int32_t i = 0; i < n_seqs; i++) {
-    bs[i].pages = seqs[i].pages;
-    bs[i].n_keys = seqs[i].n_keys;
-    bs[i].rows = seqs[i].rows;
-    bs[i].width = seqs[i].width;
-    bs[i].q = seqs[i].q;
-    bs[i].w = seqs[i].w;
-    bs[i].lens = seqs[i].lens;
-    bs[i].mask = seqs[i].mask;
-  }
-  fp4idx_score_batch_t batch = {
-      .heads = heads, .n_seqs = n_seqs, .seqs = bs, .topk = topk, .logits = logits,
+  fp4idx_backend_batch_t batch = {
+      .heads = heads, .n_seqs = n_seqs, .seqs = seqs, .topk = topk, .logits = logits,
       .topk_pos = topk_pos, .topk_val = topk_val, .topk_count = topk_count};
-  int rc = e->b->ops->score(e->b, &batch);
-  free(bs);
-  return rc;
+  return e->b->ops->score(e->b, &batch);
 }

@@ -1,11 +1,8 @@
 /* engine.h -- the daemon's view of a compute backend.
  *
- * Why a separate file: kernels/fp4idx_backend.h and protocol/fp4idx_codec.h
- * both define `fp4idx_score_seq_t` (different structs), so no translation
- * unit can include both. engine.c is the only daemon file that includes the
- * backend header; everything else talks to the backend through this one.
- * It also holds the backend choice (--backend auto|cuda|cpu) and the default
- * pool size.
+ * It holds the backend choice (--backend auto|cuda|cpu), the default pool
+ * size and the calls the worker makes; the rest of the daemon reaches the
+ * backend only through it.
  *
  * Threading: after fp4idx__engine_open, only the worker thread calls in.
  */
@@ -15,6 +12,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "fp4idx_backend.h"
 
 typedef struct fp4idx_engine_s fp4idx_engine_t;
 
@@ -24,22 +22,6 @@ typedef struct fp4idx_engine_desc_s {
   char device[128];
   uint64_t mem_total, mem_free;
 } fp4idx_engine_desc_t;
-
-/* Key encodings for store (same numbers as fp4idx_dtype_t). */
-enum { FP4IDX_ENGINE_BF16 = 1, FP4IDX_ENGINE_F32 = 2, FP4IDX_ENGINE_FP4 = 3 };
-
-/* One sequence of a score call (see fp4idx_backend.h, fp4idx_score_seq_t):
- * pointers are aligned host buffers. */
-typedef struct fp4idx_engine_seq_s {
-  const int32_t *pages;
-  int64_t n_keys;
-  int32_t rows;
-  int64_t width;
-  const uint16_t *q;
-  const uint16_t *w;
-  const int32_t *lens;
-  const uint8_t *mask;  /* NULL = none */
-} fp4idx_engine_seq_t;
 
 /* Opens the backend `cfg` asks for: cuda (FP4IDX_ENODEV when not built in or
  * no device), cpu, or auto (CUDA when built in and a GPU answers, else the
@@ -56,17 +38,18 @@ void fp4idx__engine_close(fp4idx_engine_t *e);
 int fp4idx__engine_describe(fp4idx_engine_t *e, fp4idx_engine_desc_t *desc);
 
 /* backend->store / read / read_pages / write_pages; see fp4idx_backend.h. */
-int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, int dtype, int64_t n,
-                         const int64_t *slots, int rounding);
+int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, fp4idx_dtype_t dtype,
+                         int64_t n, const int64_t *slots, fp4idx_rounding_t rounding);
 int fp4idx__engine_read(fp4idx_engine_t *e, const int64_t *slots, int64_t n,
                         int dequant, void *out);
 int fp4idx__engine_read_pages(fp4idx_engine_t *e, int64_t first, int64_t count, void *out);
 int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
                                const void *in);
 
-/* backend->score on one batch; outputs as fp4idx_score_batch_t says. */
+/* backend->score on one batch; outputs as fp4idx_backend_batch_t says.
+ * seqs[i] pointers must be aligned host buffers. */
 int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
-                         const fp4idx_engine_seq_t *seqs, int32_t topk, float *logits,
+                         const fp4idx_backend_seq_t *seqs, int32_t topk, float *logits,
                          int32_t *topk_pos, float *topk_val, int32_t *topk_count);
 
 #endif /* FP4IDX_DAEMON_ENGINE_H */

@@ -149,7 +149,8 @@ static int fp4idx__service_apply(void *ctx, const fp4idx_aof_record_t *r) {
       if (!slots) return FP4IDX_ENOMEM;
       int rc = fp4idx__cache_append(&d->cache, r->seq, r->count, &first, slots, &created);
       if (rc == FP4IDX_OK) {
-        rc = fp4idx__engine_store(d->engine, r->slots, FP4IDX_ENGINE_FP4, r->count, slots, 0);
+        rc = fp4idx__engine_store(d->engine, r->slots, FP4IDX_DTYPE_FP4, r->count, slots,
+                                  FP4IDX_ROUND_RNE);
         if (rc) fp4idx__cache_append_undo(&d->cache, r->seq, have, created);
       }
       free(slots);

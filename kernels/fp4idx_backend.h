@@ -40,7 +40,7 @@ typedef struct fp4idx_backend_info_s {
 /* One sequence of a score batch: R verify rows against the first keys of a
  * sequence whose keys live on `pages` (position l is at slot
  * pages[l / P] * P + l % P). */
-typedef struct fp4idx_score_seq_s {
+typedef struct fp4idx_backend_seq_s {
   const int32_t *pages;  /* [ceil(n_keys / P)] page ids in position order */
   int64_t n_keys;        /* keys the sequence holds */
   int32_t rows;          /* R >= 1 */
@@ -49,7 +49,7 @@ typedef struct fp4idx_score_seq_s {
   const uint16_t *w;     /* [R, H] bf16 bits */
   const int32_t *lens;   /* [R] visible counts, 0 <= lens[r] <= width */
   const uint8_t *mask;   /* [R, width] optional; 0 hides a position; NULL = none */
-} fp4idx_score_seq_t;
+} fp4idx_backend_seq_t;
 
 /* A whole score call: one launch on a device backend.
  * Outputs, rows numbered across sequences in order (row_base of sequence s =
@@ -62,16 +62,16 @@ typedef struct fp4idx_score_seq_s {
  *              positions (-inf logits are not visible and never returned):
  *              topk_pos/topk_val [total_rows, topk], topk_count [total_rows];
  *              unused entries are pos -1, logit -inf. */
-typedef struct fp4idx_score_batch_s {
+typedef struct fp4idx_backend_batch_s {
   int32_t heads;                    /* H, 1..128 */
   int32_t n_seqs;
-  const fp4idx_score_seq_t *seqs;   /* [n_seqs] */
+  const fp4idx_backend_seq_t *seqs;   /* [n_seqs] */
   int32_t topk;
   float *logits;
   int32_t *topk_pos;
   float *topk_val;
   int32_t *topk_count;
-} fp4idx_score_batch_t;
+} fp4idx_backend_batch_t;
 
 typedef struct fp4idx_backend_ops_s {
   /* Frees everything the backend holds, pool included. */
@@ -96,9 +96,9 @@ typedef struct fp4idx_backend_ops_s {
   int (*read)(fp4idx_backend_t *b, const int64_t *slots, int64_t n,
               int dequant, void *out);
 
-  /* Scores a batch (see fp4idx_score_batch_t). Inputs are validated by the
+  /* Scores a batch (see fp4idx_backend_batch_t). Inputs are validated by the
    * caller; the backend still returns FP4IDX_EINVAL on inconsistent shapes. */
-  int (*score)(fp4idx_backend_t *b, const fp4idx_score_batch_t *batch);
+  int (*score)(fp4idx_backend_t *b, const fp4idx_backend_batch_t *batch);
 
   /* Raw page bytes, for snapshots: copies pages [first, first+count) of the
    * pool to/from host memory (count * P * 68 bytes). */

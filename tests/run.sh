@@ -24,6 +24,27 @@ if [[ "${NO_INSTALL:-0}" != 1 ]]; then
   bash deploy/install-deps.sh
 fi
 
+# The SASS check (tests/sass_check.sh) reads the scorer's machine code with
+# cuobjdump (which calls nvdisasm); the CUDA toolkit on some machines lacks
+# both. NVIDIA publishes them on PyPI (nvidia-cuda-cuobjdump and
+# nvidia-cuda-nvdisasm, a few MB), so fetch them into the build folder when
+# nvcc is here and cuobjdump is not.
+if [[ "${NO_INSTALL:-0}" != 1 && "$FP4IDX_CUDA" != OFF && -z "${CUOBJDUMP:-}" ]] &&
+   command -v nvcc >/dev/null 2>&1 && ! command -v cuobjdump >/dev/null 2>&1 &&
+   [[ ! -x "$(dirname "$(command -v nvcc)")/cuobjdump" ]]; then
+  tools="$BUILD_DIR/tools"
+  if ! find "$tools" -name cuobjdump -type f 2>/dev/null | grep -q .; then
+    python3 -m pip install -q --disable-pip-version-check --target "$tools" \
+      nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >/dev/null 2>&1 ||
+      echo "tests/run.sh: could not fetch cuobjdump; the SASS check will skip"
+  fi
+  bin=$(find "$tools" -name cuobjdump -type f 2>/dev/null | head -n 1)
+  if [[ -n "$bin" ]]; then
+    bin=$(cd "$(dirname "$bin")" && pwd)
+    export CUOBJDUMP="$bin/cuobjdump" PATH="$bin:$PATH"
+  fi
+fi
+
 # ---- configure, build ------------------------------------------------------------
 cmake -S . -B "$BUILD_DIR" -DFP4IDX_CUDA="$FP4IDX_CUDA" "$@"
 cmake --build "$BUILD_DIR" -j "$JOBS"

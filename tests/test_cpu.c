@@ -20,8 +20,8 @@ static fp4idx_backend_t *mk(int threads, int64_t n_pages, int32_t P) {
 }
 
 /* Scores one sequence into logits [rows, width]. */
-static int score1(fp4idx_backend_t *b, int heads, const fp4idx_score_seq_t *sq, float *out) {
-  fp4idx_score_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = sq, .logits = out};
+static int score1(fp4idx_backend_t *b, int heads, const fp4idx_backend_seq_t *sq, float *out) {
+  fp4idx_backend_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = sq, .logits = out};
   return b->ops->score(b, &bt);
 }
 
@@ -53,7 +53,7 @@ static void golden_case(const char *name, int rows, int heads, int n, int thread
   for (int l = 0; l < n; l++) slots[l] = (int64_t)pages[l / P] * P + l % P;
   cr_assert_eq(b->ops->store(b, keys, FP4IDX_DTYPE_BF16, n, slots, FP4IDX_ROUND_RNE), 0);
   float *out = malloc(sizeof *out * (size_t)rows * n);
-  fp4idx_score_seq_t sq = {.pages = pages, .n_keys = n, .rows = rows, .width = n,
+  fp4idx_backend_seq_t sq = {.pages = pages, .n_keys = n, .rows = rows, .width = n,
                            .q = q, .w = w, .lens = lens};
   cr_assert_eq(score1(b, heads, &sq, out), 0);
   int64_t diff = fp4idx_test_count_diff(out, ref, (int64_t)rows * n);
@@ -259,11 +259,11 @@ Test(cpu_args, score) {
   int32_t pages[2] = {1, 0}, lens[2] = {8, 3}, badpages[2] = {0, 2};
   uint16_t q[2 * 2 * 128] = {0}, w[4] = {0};
   float out[16];
-  fp4idx_score_seq_t sq = {.pages = pages, .n_keys = 8, .rows = 2, .width = 8,
+  fp4idx_backend_seq_t sq = {.pages = pages, .n_keys = 8, .rows = 2, .width = 8,
                            .q = q, .w = w, .lens = lens};
-  fp4idx_score_batch_t bt = {.heads = 2, .n_seqs = 1, .seqs = &sq, .logits = out};
+  fp4idx_backend_batch_t bt = {.heads = 2, .n_seqs = 1, .seqs = &sq, .logits = out};
   cr_assert_eq(b->ops->score(b, &bt), 0);
-  fp4idx_score_batch_t t = bt;
+  fp4idx_backend_batch_t t = bt;
   t.heads = 0;
   cr_assert_eq(b->ops->score(b, &t), FP4IDX_EINVAL);
   t.heads = 129;
@@ -277,7 +277,7 @@ Test(cpu_args, score) {
   t = bt;
   t.topk = -1;
   cr_assert_eq(b->ops->score(b, &t), FP4IDX_EINVAL);
-  fp4idx_score_seq_t s2 = sq;
+  fp4idx_backend_seq_t s2 = sq;
   t = bt;
   t.seqs = &s2;
   s2.width = 9; /* wider than the sequence */
@@ -320,7 +320,7 @@ Test(cpu_score, nonfinite_query_keeps_invisible_minus_inf) {
   c.q[5] = 0x7fc0; /* NaN in row 0 */
   c.q[4 * 128 + 9] = 0x7f80; /* inf in row 1 */
   float *out = malloc(sizeof(float) * 2 * 100);
-  fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = 100, .rows = 2, .width = 100,
+  fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = 100, .rows = 2, .width = 100,
                            .q = c.q, .w = c.w, .lens = c.lens};
   cr_assert_eq(score1(b, 4, &sq, out), 0);
   for (int r = 0; r < 2; r++)
@@ -353,10 +353,10 @@ Test(cpu_score, repeated_calls_reuse_the_pool) {
     int64_t width = 1 + (int64_t)fp4idx_test_rng_below(&rng, 700);
     if (it < 2) width = 700;
     for (int r = 0; r < 3; r++) lens[r] = (int32_t)(width - r > 0 ? width - r : 0);
-    fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = 700, .rows = 3, .width = width,
+    fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = 700, .rows = 3, .width = width,
                              .q = c.q, .w = c.w, .lens = lens};
     if (it % 2 == 0) {
-      fp4idx_score_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .logits = out};
+      fp4idx_backend_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .logits = out};
       cr_assert_eq(b->ops->score(b, &bt), 0);
       if (it == 0) {
         memcpy(first, out, sizeof(float) * 3 * 700);
@@ -368,7 +368,7 @@ Test(cpu_score, repeated_calls_reuse_the_pool) {
         for (int64_t l = 0; l < lens[r]; l++)
           cr_assert_eq(memcmp(&out[r * width + l], &first[r * 700 + l], 4), 0, "it %d", it);
     } else {
-      fp4idx_score_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .topk = 9,
+      fp4idx_backend_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .topk = 9,
                                  .topk_pos = pos, .topk_val = val, .topk_count = cnt};
       cr_assert_eq(b->ops->score(b, &bt), 0);
       {

@@ -25,10 +25,10 @@ static void run_case(const fp4idx_test_case_t *c, int threads, int topk, const c
   int64_t n = (int64_t)c->rows * c->width;
   float *out = malloc(sizeof(float) * (size_t)(n ? n : 1));
   float *ref = malloc(sizeof(float) * (size_t)(n ? n : 1));
-  fp4idx_score_seq_t sq = {.pages = c->pages, .n_keys = c->n_keys, .rows = c->rows,
+  fp4idx_backend_seq_t sq = {.pages = c->pages, .n_keys = c->n_keys, .rows = c->rows,
                            .width = c->width, .q = c->q, .w = c->w, .lens = c->lens,
                            .mask = c->mask};
-  fp4idx_score_batch_t bt = {.heads = c->heads, .n_seqs = 1, .seqs = &sq, .logits = out};
+  fp4idx_backend_batch_t bt = {.heads = c->heads, .n_seqs = 1, .seqs = &sq, .logits = out};
   cr_assert_eq(b->ops->score(b, &bt), 0, "%s", what);
   cr_assert_eq(fp4idx_test_ref_score(c->packed, c->n_keys, c->heads, c->rows, c->q, c->w,
                                      c->lens, c->mask, c->width, ref), 0);
@@ -41,7 +41,7 @@ static void run_case(const fp4idx_test_case_t *c, int threads, int topk, const c
     float *rval = malloc(sizeof(float) * (size_t)c->rows * topk);
     int32_t *cnt = malloc(sizeof(int32_t) * (size_t)c->rows);
     int32_t *rcnt = malloc(sizeof(int32_t) * (size_t)c->rows);
-    fp4idx_score_batch_t tb = {.heads = c->heads, .n_seqs = 1, .seqs = &sq, .topk = topk,
+    fp4idx_backend_batch_t tb = {.heads = c->heads, .n_seqs = 1, .seqs = &sq, .topk = topk,
                                .topk_pos = pos, .topk_val = val, .topk_count = cnt};
     cr_assert_eq(b->ops->score(b, &tb), 0);
     cr_assert_eq(fp4idx_test_ref_topk(ref, c->rows, c->width, topk, rpos, rval, rcnt), 0);
@@ -138,9 +138,9 @@ static void wide(int iters, uint64_t seed) {
     cr_assert_eq(b->ops->store(b, c.packed, FP4IDX_DTYPE_FP4, n, c.slots, 0), 0);
     float *out = malloc(sizeof(float) * rows * c.width);
     float *ref = malloc(sizeof(float) * rows * c.width);
-    fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = n, .rows = rows, .width = c.width,
+    fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = n, .rows = rows, .width = c.width,
                              .q = c.q, .w = c.w, .lens = c.lens};
-    fp4idx_score_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
+    fp4idx_backend_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
     cr_assert_eq(b->ops->score(b, &bt), 0);
     cr_assert_eq(fp4idx_test_ref_score(c.packed, n, heads, rows, c.q, c.w, c.lens, NULL, c.width,
                                        ref), 0);
@@ -192,9 +192,9 @@ Test(cpu_random, extreme_ranges) {
     cr_assert_eq(b->ops->store(b, c.packed, FP4IDX_DTYPE_FP4, n, c.slots, 0), 0);
     float *out = malloc(sizeof(float) * rows * c.width);
     float *ref = malloc(sizeof(float) * rows * c.width);
-    fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = n, .rows = rows, .width = c.width,
+    fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = n, .rows = rows, .width = c.width,
                              .q = c.q, .w = c.w, .lens = c.lens};
-    fp4idx_score_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
+    fp4idx_backend_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
     cr_assert_eq(b->ops->score(b, &bt), 0);
     cr_assert_eq(fp4idx_test_ref_score(c.packed, n, heads, rows, c.q, c.w, c.lens, NULL, c.width,
                                        ref), 0);
@@ -253,9 +253,9 @@ Test(cpu_topk, ties_by_lower_position) {
     enum { K = 50 };
     int32_t pos[2 * K], cnt[2];
     float val[2 * K];
-    fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = c.n_keys, .rows = 2, .width = 200,
+    fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = c.n_keys, .rows = 2, .width = 200,
                              .q = c.q, .w = c.w, .lens = c.lens};
-    fp4idx_score_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .topk = K,
+    fp4idx_backend_batch_t bt = {.heads = 8, .n_seqs = 1, .seqs = &sq, .topk = K,
                                .topk_pos = pos, .topk_val = val, .topk_count = cnt};
     cr_assert_eq(b->ops->score(b, &bt), 0);
     for (int r = 0; r < 2; r++) {
@@ -290,9 +290,9 @@ Test(cpu_topk, fewer_visible_than_k) {
   cr_assert_eq(b->ops->store(b, c.keys, FP4IDX_DTYPE_BF16, c.n_keys, c.slots, 0), 0);
   int32_t pos[4 * 8], cnt[4];
   float val[4 * 8];
-  fp4idx_score_seq_t sq = {.pages = c.pages, .n_keys = 40, .rows = 4, .width = 40,
+  fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = 40, .rows = 4, .width = 40,
                            .q = c.q, .w = c.w, .lens = c.lens};
-  fp4idx_score_batch_t bt = {.heads = 4, .n_seqs = 1, .seqs = &sq, .topk = 8,
+  fp4idx_backend_batch_t bt = {.heads = 4, .n_seqs = 1, .seqs = &sq, .topk = 8,
                              .topk_pos = pos, .topk_val = val, .topk_count = cnt};
   cr_assert_eq(b->ops->score(b, &bt), 0);
   cr_assert_eq(cnt[0], 0);
@@ -325,7 +325,7 @@ Test(cpu_batch, three_sequences) {
   fp4idx_backend_t *b = NULL;
   cr_assert_eq(fp4idx_backend_cpu_create(&b, 2), 0);
   cr_assert_eq(b->ops->pool_create(b, pool_pages, P), 0);
-  fp4idx_score_seq_t sq[S];
+  fp4idx_backend_seq_t sq[S];
   int64_t base = 0, total = 0, trows = 0;
   for (int s = 0; s < S; s++) {
     /* give each sequence its own page range of the pool */
@@ -333,19 +333,19 @@ Test(cpu_batch, three_sequences) {
     for (int64_t l = 0; l < c[s].n_keys; l++) c[s].slots[l] += base * P;
     base += c[s].n_pages;
     cr_assert_eq(b->ops->store(b, c[s].keys, FP4IDX_DTYPE_BF16, c[s].n_keys, c[s].slots, 0), 0);
-    sq[s] = (fp4idx_score_seq_t){.pages = c[s].pages, .n_keys = c[s].n_keys, .rows = rows[s],
+    sq[s] = (fp4idx_backend_seq_t){.pages = c[s].pages, .n_keys = c[s].n_keys, .rows = rows[s],
                                  .width = c[s].width, .q = c[s].q, .w = c[s].w,
                                  .lens = c[s].lens, .mask = c[s].mask};
     total += rows[s] * c[s].width;
     trows += rows[s];
   }
   float *out = malloc(sizeof(float) * total);
-  fp4idx_score_batch_t bt = {.heads = H, .n_seqs = S, .seqs = sq, .logits = out};
+  fp4idx_backend_batch_t bt = {.heads = H, .n_seqs = S, .seqs = sq, .logits = out};
   cr_assert_eq(b->ops->score(b, &bt), 0);
   enum { K = 7 };
   int32_t *pos = malloc(sizeof(int32_t) * trows * K), *cnt = malloc(sizeof(int32_t) * trows);
   float *val = malloc(sizeof(float) * trows * K);
-  fp4idx_score_batch_t tb = {.heads = H, .n_seqs = S, .seqs = sq, .topk = K,
+  fp4idx_backend_batch_t tb = {.heads = H, .n_seqs = S, .seqs = sq, .topk = K,
                              .topk_pos = pos, .topk_val = val, .topk_count = cnt};
   cr_assert_eq(b->ops->score(b, &tb), 0);
   int64_t off = 0, r0 = 0;

@@ -226,9 +226,9 @@ static void golden_score(const char *name, int rows, int heads, int n, int32_t P
   for (int l = 0; l < n; l++) slots[l] = (int64_t)pages[l / P] * P + l % P;
   cr_assert_eq(g->ops->store(g, keys, FP4IDX_DTYPE_BF16, n, slots, FP4IDX_ROUND_RNE), 0);
   float *out = malloc(sizeof *out * rows * n);
-  fp4idx_score_seq_t sq = {.pages = pages, .n_keys = n, .rows = rows, .width = n,
+  fp4idx_backend_seq_t sq = {.pages = pages, .n_keys = n, .rows = rows, .width = n,
                            .q = q, .w = w, .lens = lens};
-  fp4idx_score_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
+  fp4idx_backend_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = out};
   cr_assert_eq(g->ops->score(g, &bt), 0);
   int64_t diff = fp4idx_test_count_diff(out, ref, (int64_t)rows * n);
   cr_assert_eq(diff, 0, "%s: %lld of %d logits differ from the golden reference", name,
@@ -256,11 +256,11 @@ static void random_case(uint64_t seed, int heads, int rows, int64_t n, int32_t P
   cr_assert_eq(g->ops->store(g, tc.keys, FP4IDX_DTYPE_BF16, n, tc.slots, FP4IDX_ROUND_RNE), 0);
   cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, n, tc.slots, FP4IDX_ROUND_RNE), 0);
   const int64_t W = tc.width;
-  fp4idx_score_seq_t sq = {.pages = tc.pages, .n_keys = n, .rows = rows, .width = W,
+  fp4idx_backend_seq_t sq = {.pages = tc.pages, .n_keys = n, .rows = rows, .width = W,
                            .q = tc.q, .w = tc.w, .lens = tc.lens, .mask = tc.mask};
   float *og = malloc(sizeof(float) * (size_t)(rows * W + 1));
   float *oc = malloc(sizeof(float) * (size_t)(rows * W + 1));
-  fp4idx_score_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = og};
+  fp4idx_backend_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = og};
   cr_assert_eq(g->ops->score(g, &bt), 0);
   bt.logits = oc;
   cr_assert_eq(c->ops->score(c, &bt), 0);
@@ -279,7 +279,7 @@ static void random_case(uint64_t seed, int heads, int rows, int64_t n, int32_t P
     int32_t *pg = malloc(sizeof(int32_t) * rows * topk), *pc = malloc(sizeof(int32_t) * rows * topk);
     float *vg = malloc(sizeof(float) * rows * topk), *vc = malloc(sizeof(float) * rows * topk);
     int32_t cg[8], cc[8];
-    fp4idx_score_batch_t tb = {.heads = heads, .n_seqs = 1, .seqs = &sq, .topk = topk,
+    fp4idx_backend_batch_t tb = {.heads = heads, .n_seqs = 1, .seqs = &sq, .topk = topk,
                                .topk_pos = pg, .topk_val = vg, .topk_count = cg};
     cr_assert_eq(g->ops->score(g, &tb), 0);
     tb.topk_pos = pc; tb.topk_val = vc; tb.topk_count = cc;
@@ -342,21 +342,21 @@ Test(cuda_batch, several_sequences, .timeout = 600) {
     total_pages += np;
   }
   fp4idx_backend_t *g = mk_cuda(total_pages, P), *c = mk_cpu(total_pages, P);
-  fp4idx_score_seq_t sq[5];
+  fp4idx_backend_seq_t sq[5];
   int64_t tot = 0, trows = 0;
   for (int s = 0; s < S; s++) {
     for (int64_t i = 0; i < (ns[s] + P - 1) / P; i++) tc[s].pages[i] += (int32_t)base[s];
     for (int64_t l = 0; l < ns[s]; l++) tc[s].slots[l] += base[s] * P;
     cr_assert_eq(g->ops->store(g, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
     cr_assert_eq(c->ops->store(c, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
-    sq[s] = (fp4idx_score_seq_t){.pages = tc[s].pages, .n_keys = ns[s], .rows = tc[s].rows,
+    sq[s] = (fp4idx_backend_seq_t){.pages = tc[s].pages, .n_keys = ns[s], .rows = tc[s].rows,
                                  .width = tc[s].width, .q = tc[s].q, .w = tc[s].w,
                                  .lens = tc[s].lens, .mask = tc[s].mask};
     tot += tc[s].rows * tc[s].width;
     trows += tc[s].rows;
   }
   float *og = malloc(sizeof(float) * tot), *oc = malloc(sizeof(float) * tot);
-  fp4idx_score_batch_t bt = {.heads = H, .n_seqs = S, .seqs = sq, .logits = og};
+  fp4idx_backend_batch_t bt = {.heads = H, .n_seqs = S, .seqs = sq, .logits = og};
   cr_assert_eq(g->ops->score(g, &bt), 0);
   bt.logits = oc;
   cr_assert_eq(c->ops->score(c, &bt), 0);
@@ -364,7 +364,7 @@ Test(cuda_batch, several_sequences, .timeout = 600) {
   const int k = 100;
   int32_t *pg = malloc(4 * trows * k), *pc = malloc(4 * trows * k), cg[64], cc[64];
   float *vg = malloc(4 * trows * k), *vc = malloc(4 * trows * k);
-  fp4idx_score_batch_t tb = {.heads = H, .n_seqs = S, .seqs = sq, .topk = k,
+  fp4idx_backend_batch_t tb = {.heads = H, .n_seqs = S, .seqs = sq, .topk = k,
                              .topk_pos = pg, .topk_val = vg, .topk_count = cg};
   cr_assert_eq(g->ops->score(g, &tb), 0);
   tb.topk_pos = pc; tb.topk_val = vc; tb.topk_count = cc;

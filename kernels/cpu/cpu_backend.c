@@ -197,7 +197,7 @@ static int fp4idx__cpu_write_pages(fp4idx_backend_t *b, int64_t first,
 /* Validates a whole batch (the daemon validates too; this keeps the backend
  * safe on its own) and runs the scorer. */
 static int fp4idx__cpu_score_entry(fp4idx_backend_t *b,
-                                   const fp4idx_score_batch_t *batch) {
+                                   const fp4idx_backend_batch_t *batch) {
   if (!b || !batch || !fp4idx__impl(b)->pool) return FP4IDX_EINVAL;
   if (batch->heads < 1 || batch->heads > FP4IDX_MAX_HEADS) return FP4IDX_EINVAL;
   if (batch->n_seqs < 0 || (batch->n_seqs > 0 && !batch->seqs)) return FP4IDX_EINVAL;
@@ -208,7 +208,7 @@ static int fp4idx__cpu_score_entry(fp4idx_backend_t *b,
     return FP4IDX_EINVAL;
   int64_t P = b->page_size;
   for (int32_t s = 0; s < batch->n_seqs; s++) {
-    const fp4idx_score_seq_t *sq = &batch->seqs[s];
+    const fp4idx_backend_seq_t *sq = &batch->seqs[s];
     if (sq->rows < 1 || sq->n_keys < 0 || sq->width < 0 || sq->width > sq->n_keys)
       return FP4IDX_EINVAL;
     if (!sq->q || !sq->w || !sq->lens) return FP4IDX_EINVAL;

@@ -36,7 +36,7 @@ int fp4idx__cpu_pick_isa(void);
 const char *fp4idx__cpu_isa_name(int isa);
 
 /* The scorer (cpu_score.c); arguments already validated by the caller. */
-int fp4idx__cpu_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *batch);
+int fp4idx__cpu_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *batch);
 
 /* Rounds a double to the nearest bf16 (ties to even), returned as the f32
  * of that bf16 value (exact). Covers bf16 subnormals and overflow to inf. */

@@ -191,7 +191,7 @@ static int fp4idx__bf16_grid(uint16_t h) {
   return e + __builtin_ctz(sig);
 }
 
-static void fp4idx__group_info(const fp4idx_score_seq_t *sq, int H, int r, int g,
+static void fp4idx__group_info(const fp4idx_backend_seq_t *sq, int H, int r, int g,
                                fp4idx__grp_t *gi) {
   memset(gi, 0, sizeof *gi);
   int zero = 1, hi = -100000, lo = 100000, wlo = 100000;
@@ -236,8 +236,8 @@ static void fp4idx__init_lut(void) {
 }
 
 /* Scores one sequence; rows' outputs start at logits/topk row `row0`. */
-static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt,
-                             const fp4idx_score_seq_t *sq, int64_t logit_off,
+static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
+                             const fp4idx_backend_seq_t *sq, int64_t logit_off,
                              int64_t row0) {
   fp4idx__cpu_t *cpu = b->impl;
   int T = fp4idx__threads_count(cpu->threads);
@@ -364,12 +364,12 @@ out:
   return rc;
 }
 
-int fp4idx__cpu_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt) {
+int fp4idx__cpu_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, fp4idx__init_lut);
   int64_t logit_off = 0, row0 = 0;
   for (int32_t s = 0; s < bt->n_seqs; s++) {
-    const fp4idx_score_seq_t *sq = &bt->seqs[s];
+    const fp4idx_backend_seq_t *sq = &bt->seqs[s];
     int rc = fp4idx__score_seq(b, bt, sq, logit_off, row0);
     if (rc != FP4IDX_OK) return rc;
     logit_off += (int64_t)sq->rows * sq->width;

@@ -82,7 +82,7 @@ typedef struct fp4idx__ctx_s {
   const uint8_t *pool;
   int64_t P;
   int pshift;               /* log2(P) */
-  const fp4idx_score_seq_t *sq;
+  const fp4idx_backend_seq_t *sq;
   int H, Hp, ngroups, R;
   const float *qf;          /* [R][Hp][128] */
   const float *wf;          /* [R][Hp] */

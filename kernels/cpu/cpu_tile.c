@@ -139,7 +139,7 @@ FP4IDX__INLINE void fp4idx__kern_f64(const float *restrict q,
 FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int nd,
                                         float *restrict kt, uint32_t *psmin,
                                         uint32_t *psmax) {
-  const fp4idx_score_seq_t *sq = c->sq;
+  const fp4idx_backend_seq_t *sq = c->sq;
   const uint8_t *pay[FP4IDX__TK];
   float scl[FP4IDX__TK][4];
   uint32_t smin = 255, smax = 0;
@@ -216,7 +216,7 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
 FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int nd,
                                         float *restrict kt, uint32_t *psmin,
                                         uint32_t *psmax) {
-  const fp4idx_score_seq_t *sq = c->sq;
+  const fp4idx_backend_seq_t *sq = c->sq;
   uint32_t smin = 255, smax = 0;
   for (int j = 0; j < nd; j++) {
     int64_t l = t0 + j;
@@ -248,7 +248,7 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
 
 void FP4IDX__TILE_NAME(fp4idx__ctx_t *c, fp4idx__scratch_t *s,
                                int64_t t0) {
-  const fp4idx_score_seq_t *sq = c->sq;
+  const fp4idx_backend_seq_t *sq = c->sq;
   int64_t nk = sq->width - t0; /* keys of this tile that exist in the output */
   if (nk > FP4IDX__TK) nk = FP4IDX__TK;
 

@@ -229,7 +229,7 @@ static int fp4idx__host_topk(const float *lg, int64_t width, int32_t k, int32_t 
 
 /* Score, or with stage != NULL only upload the inputs and plan the launch
  * (the benchmark captures the launch itself in a CUDA graph). */
-static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt,
+static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
                                    fp4idx_cuda_score_params_t *stage) {
   if (!b || !bt || bt->heads < 1 || bt->heads > FP4IDX_MAX_HEADS || bt->n_seqs < 0 ||
       (bt->n_seqs && !bt->seqs) || bt->topk < 0)
@@ -254,7 +254,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_score_batch
   o_pages = malloc(sizeof *o_pages * (size_t)ns * 5);
   if (!o_pages) { rc = FP4IDX_ENOMEM; goto out; }
   for (int32_t i = 0; i < ns; i++) {
-    const fp4idx_score_seq_t *s = &bt->seqs[i];
+    const fp4idx_backend_seq_t *s = &bt->seqs[i];
     if (s->rows < 1 || s->width < 0 || s->width > s->n_keys || !s->q || !s->w || !s->lens ||
         (s->width > 0 && !s->pages)) { rc = FP4IDX_EINVAL; goto out; }
     const int64_t np = (s->width + P - 1) / P;
@@ -302,7 +302,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_score_batch
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
   size_t out_at = 0, row_at = 0;
   for (int32_t i = 0; i < ns; i++) {
-    const fp4idx_score_seq_t *s = &bt->seqs[i];
+    const fp4idx_backend_seq_t *s = &bt->seqs[i];
     const int64_t np = (s->width + P - 1) / P;
     if (np) memcpy(h + o_pages[5 * i], s->pages, (size_t)np * 4);
     memcpy(h + o_pages[5 * i + 1], s->q, (size_t)s->rows * H * 256);
@@ -376,11 +376,11 @@ out:
   return rc;
 }
 
-static int fp4idx__cuda_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt) {
+static int fp4idx__cuda_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt) {
   return fp4idx__cuda_score_impl(b, bt, NULL);
 }
 
-int fp4idx_cuda_backend_stage_score(fp4idx_backend_t *b, const fp4idx_score_batch_t *bt,
+int fp4idx_cuda_backend_stage_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
                                     fp4idx_cuda_score_params_t *prm, cudaStream_t *stream) {
   if (!b || !prm || !stream || b->ops->score != fp4idx__cuda_score) return FP4IDX_EINVAL;
   fp4idx__cuda_t *c = b->impl;

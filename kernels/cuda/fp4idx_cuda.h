@@ -124,9 +124,9 @@ int fp4idx_cuda_decode_table_launch(uint16_t *out, cudaStream_t stream);
  * device) and *stream (the backend's). Valid until the backend's next call.
  * FP4IDX_EINVAL if `b` is not a CUDA backend. */
 struct fp4idx_backend_s;
-struct fp4idx_score_batch_s;
+struct fp4idx_backend_batch_s;
 int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
-                                    const struct fp4idx_score_batch_s *batch,
+                                    const struct fp4idx_backend_batch_s *batch,
                                     fp4idx_cuda_score_params_t *prm, cudaStream_t *stream);
 
 /* Logs "fp4idx cuda: <what>: <cuda error string>" to stderr when err != 0
