@@ -170,6 +170,20 @@ typedef struct fp4idx_cli_s {
  * to stdout and returns 0. */
 typedef int (*fp4idx_cli_cmd_fn)(fp4idx_cli_t *cli, int argc, char **argv);
 
+/* Helpers the commands share (commands.c). */
+struct option;
+/* Opens a connection to cli->socket with cli->timeout_ms; on failure records
+ * the client's message in cli->err and returns its status (*out = NULL). */
+int fp4idx__cli_connect(fp4idx_cli_t *cli, fp4idx_client_t **out);
+/* getopt_long with our error reporting: returns the option, -1 at the end,
+ * or '?' after recording a usage error. */
+int fp4idx__cli_next_opt(fp4idx_cli_t *cli, int argc, char **argv, const char *so,
+                         const struct option *lo);
+/* Parses an unsigned integer for option/operand `opt`; a usage error
+ * (FP4IDX_EINVAL) naming it otherwise. */
+int fp4idx__cli_parse_num(fp4idx_cli_t *cli, const char *opt, const char *s,
+                          uint64_t *v);
+
 int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv);

@@ -16,7 +16,7 @@
 
 /* ---- shared helpers -------------------------------------------------------- */
 
-static int connect_cli(fp4idx_cli_t *cli, fp4idx_client_t **out) {
+int fp4idx__cli_connect(fp4idx_cli_t *cli, fp4idx_client_t **out) {
   *out = NULL;
   fp4idx_client_t *c = fp4idx_client_new();
   if (c == NULL)
@@ -44,18 +44,16 @@ static int parse_seq(fp4idx_cli_t *cli, const char *s, uint64_t *seq) {
   return 0;
 }
 
-static int parse_num(fp4idx_cli_t *cli, const char *opt, const char *s,
-                     uint64_t *v) {
+int fp4idx__cli_parse_num(fp4idx_cli_t *cli, const char *opt, const char *s,
+                          uint64_t *v) {
   if (fp4idx__parse_u64(s, v) != 0)
     return fp4idx__cli_usage(&cli->err, "%s: '%s' is not an unsigned integer",
                              opt, s);
   return 0;
 }
 
-/* getopt_long with our error reporting: returns the option, -1 at the end,
- * or '?' after recording a usage error. */
-static int next_opt(fp4idx_cli_t *cli, int argc, char **argv, const char *so,
-                    const struct option *lo) {
+int fp4idx__cli_next_opt(fp4idx_cli_t *cli, int argc, char **argv, const char *so,
+                         const struct option *lo) {
   opterr = 0;
   int ch = getopt_long(argc, argv, so, lo, NULL);
   if (ch == '?' || ch == ':') {
@@ -107,7 +105,7 @@ static int ends_with(const char *s, const char *suffix) {
 int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
-  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     if (ch == 'h') {
       puts("usage: fp4idx-cli [-s SOCKET] info\n"
            "Prints the daemon's version, backend, device and pool.");
@@ -119,7 +117,7 @@ int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv) {
     return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'",
                              argv[optind]);
   fp4idx_client_t *c;
-  int st = connect_cli(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   fp4idx_client_info_t in;
   st = fp4idx_client_info(c, &in);
@@ -179,7 +177,7 @@ int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
                                      {0}};
   int ch, prom = 0;
   const char *out = NULL;
-  while ((ch = next_opt(cli, argc, argv, "hpo:", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "hpo:", lo)) != -1) {
     switch (ch) {
       case 'h':
         puts("usage: fp4idx-cli [-s SOCKET] stats [--prometheus] [--out FILE]\n"
@@ -202,7 +200,7 @@ int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
     return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'",
                              argv[optind]);
   fp4idx_client_t *c;
-  int st = connect_cli(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   fp4idx_client_stats_t *s = NULL;
   fp4idx_client_info_t in;
@@ -287,7 +285,7 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
       {0}};
   int ch, dtype = 0, rounding = FP4IDX_ROUNDING_RNE, have_random = 0;
   uint64_t nrandom = 0, seed = 0, chunk = 8192, seq;
-  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
       case 'h': puts(append_help); return 0;
       case 'd':
@@ -303,16 +301,16 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
                                    optarg);
         break;
       case 'R':
-        if (parse_num(cli, "--random", optarg, &nrandom)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--random", optarg, &nrandom)) return FP4IDX_EINVAL;
         if (nrandom == 0)
           return fp4idx__cli_usage(&cli->err, "--random: N must be >= 1");
         have_random = 1;
         break;
       case 'S':
-        if (parse_num(cli, "--seed", optarg, &seed)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--seed", optarg, &seed)) return FP4IDX_EINVAL;
         break;
       case 'c':
-        if (parse_num(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
         if (chunk == 0 || chunk > (1u << 24))
           return fp4idx__cli_usage(&cli->err, "--chunk: K must be 1..16777216");
         break;
@@ -354,7 +352,7 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
     st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
     goto out;
   }
-  if ((st = connect_cli(cli, &c))) goto out;
+  if ((st = fp4idx__cli_connect(cli, &c))) goto out;
   /* Keep each request under the daemon's frame limit (--max-frame), less
    * room for the map around the keys. */
   fp4idx_client_info_t in;
@@ -435,7 +433,7 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
   int ch, fmt = FP4IDX_FORMAT_TEXT;
   const char *qpath = NULL, *wpath = NULL, *lens_s = NULL, *out = NULL;
   uint64_t heads = 0, topk = 0, seq;
-  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
       case 'h': puts(score_help); return 0;
       case 'q': qpath = optarg; break;
@@ -443,12 +441,12 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
       case 'l': lens_s = optarg; break;
       case 'o': out = optarg; break;
       case 'H':
-        if (parse_num(cli, "--heads", optarg, &heads)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--heads", optarg, &heads)) return FP4IDX_EINVAL;
         if (heads < 1 || heads > 128)
           return fp4idx__cli_usage(&cli->err, "--heads: H must be 1..128");
         break;
       case 'k':
-        if (parse_num(cli, "--topk", optarg, &topk)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--topk", optarg, &topk)) return FP4IDX_EINVAL;
         if (topk < 1 || topk > UINT32_MAX)
           return fp4idx__cli_usage(&cli->err, "--topk: K must be >= 1");
         break;
@@ -508,7 +506,7 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
                            .q = (const uint16_t *)(const void *)qa.data,
                            .w = (const uint16_t *)(const void *)wa.data,
                            .lens = lens};
-  if ((st = connect_cli(cli, &c))) goto out;
+  if ((st = fp4idx__cli_connect(cli, &c))) goto out;
   st = fp4idx_client_score(c, (uint32_t)heads, (uint32_t)topk, &s, 1, &res);
   if (st) {
     client_fail(cli, c, st);
@@ -536,7 +534,7 @@ out:
 int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
-  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     if (ch == 'h') {
       puts("usage: fp4idx-cli [-s SOCKET] truncate SEQ N\n"
            "Keeps the first N keys of SEQ (drops rejected speculative keys);\n"
@@ -549,10 +547,10 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   if (argc - optind != 2)
     return fp4idx__cli_usage(&cli->err, "expected SEQ N");
   if (parse_seq(cli, argv[optind], &seq) ||
-      parse_num(cli, "N", argv[optind + 1], &n))
+      fp4idx__cli_parse_num(cli, "N", argv[optind + 1], &n))
     return FP4IDX_EINVAL;
   fp4idx_client_t *c;
-  int st = connect_cli(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   uint64_t len;
   st = fp4idx_client_truncate(c, seq, n, &len);
@@ -566,7 +564,7 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
 int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
-  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     if (ch == 'h') {
       puts("usage: fp4idx-cli [-s SOCKET] drop SEQ\n"
            "Drops sequence SEQ and frees its pages (ENOSEQ if unknown).");
@@ -578,7 +576,7 @@ int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv) {
   if (argc - optind != 1) return fp4idx__cli_usage(&cli->err, "expected SEQ");
   if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
   fp4idx_client_t *c;
-  int st = connect_cli(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   st = fp4idx_client_drop(c, seq);
   if (st) client_fail(cli, c, st);
@@ -597,7 +595,7 @@ int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv) {
   int ch, dequant = 0;
   uint64_t from = 0, count = UINT64_MAX, seq;
   const char *out = NULL;
-  while ((ch = next_opt(cli, argc, argv, "h", lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
       case 'h':
         puts("usage: fp4idx-cli [-s SOCKET] read SEQ [--from I] [--count N]\n"
@@ -607,10 +605,10 @@ int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv) {
              "f32 [n,128]; raw little-endian, or .npy when FILE ends in .npy.");
         return 0;
       case 'F':
-        if (parse_num(cli, "--from", optarg, &from)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--from", optarg, &from)) return FP4IDX_EINVAL;
         break;
       case 'n':
-        if (parse_num(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
         break;
       case 'd': dequant = 1; break;
       case 'o': out = optarg; break;
@@ -621,7 +619,7 @@ int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv) {
   if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
   if (out == NULL) return fp4idx__cli_usage(&cli->err, "--out FILE is required");
   fp4idx_client_t *c;
-  int st = connect_cli(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   void *keys = NULL;
   size_t n = 0;

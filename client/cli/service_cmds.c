@@ -10,43 +10,12 @@
 #include "cli.h"
 #include "export.h"
 
-static int svc_connect(fp4idx_cli_t *cli, fp4idx_client_t **out) {
-  *out = NULL;
-  fp4idx_client_t *c = fp4idx_client_new();
-  if (c == NULL) return fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
-  fp4idx_client_set_timeout(c, cli->timeout_ms);
-  int st = fp4idx_client_connect(c, cli->socket);
-  if (st != FP4IDX_OK) {
-    fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
-    fp4idx_client_close(c);
-    return st;
-  }
-  *out = c;
-  return 0;
-}
-
-static int svc_opt(fp4idx_cli_t *cli, int argc, char **argv, const struct option *lo) {
-  opterr = 0;
-  int ch = getopt_long(argc, argv, "h", lo, NULL);
-  if (ch == '?' || ch == ':') {
-    fp4idx__cli_usage(&cli->err, "unknown option or missing value: %s", argv[optind - 1]);
-    return '?';
-  }
-  return ch;
-}
-
-static int svc_u64(fp4idx_cli_t *cli, const char *what, const char *s, uint64_t *v) {
-  if (fp4idx__parse_u64(s, v) != 0)
-    return fp4idx__cli_usage(&cli->err, "%s: '%s' is not an unsigned integer", what, s);
-  return 0;
-}
-
 /* ---- save -------------------------------------------------------------------- */
 
 int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
-  while ((ch = svc_opt(cli, argc, argv, lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     if (ch == 'h') {
       puts("usage: fp4idx-cli [-s SOCKET] save\n"
            "Makes the daemon write its snapshot now (and start a fresh append\n"
@@ -58,7 +27,7 @@ int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv) {
   if (optind != argc)
     return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'", argv[optind]);
   fp4idx_client_t *c;
-  int st = svc_connect(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   st = fp4idx_client_save(c);
   if (st) fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
@@ -86,21 +55,21 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
                                      {0}};
   int ch, raw = 0;
   uint64_t seq, ps = 0;
-  while ((ch = svc_opt(cli, argc, argv, lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
       case 'h': puts(export_help); return 0;
       case 'r': raw = 1; break;
       case 'p':
-        if (svc_u64(cli, "--page-size", optarg, &ps)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--page-size", optarg, &ps)) return FP4IDX_EINVAL;
         break;
       default: return FP4IDX_EINVAL;
     }
   }
   if (argc - optind != 2) return fp4idx__cli_usage(&cli->err, "expected SEQ FILE");
-  if (svc_u64(cli, "SEQ", argv[optind], &seq)) return FP4IDX_EINVAL;
+  if (fp4idx__cli_parse_num(cli, "SEQ", argv[optind], &seq)) return FP4IDX_EINVAL;
   const char *path = argv[optind + 1];
   fp4idx_client_t *c;
-  int st = svc_connect(cli, &c);
+  int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   void *keys = NULL;
   size_t n = 0;
@@ -176,18 +145,18 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
                                      {0}};
   int ch, raw = 0;
   uint64_t seq, count = 0, ps = 0, chunk = 65536;
-  while ((ch = svc_opt(cli, argc, argv, lo)) != -1) {
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
       case 'h': puts(import_help); return 0;
       case 'r': raw = 1; break;
       case 'n':
-        if (svc_u64(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
         break;
       case 'p':
-        if (svc_u64(cli, "--page-size", optarg, &ps)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--page-size", optarg, &ps)) return FP4IDX_EINVAL;
         break;
       case 'k':
-        if (svc_u64(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
         if (chunk < 1 || chunk > (1u << 24))
           return fp4idx__cli_usage(&cli->err, "--chunk: K must be 1..16777216");
         break;
@@ -195,7 +164,7 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
     }
   }
   if (argc - optind != 2) return fp4idx__cli_usage(&cli->err, "expected SEQ FILE");
-  if (svc_u64(cli, "SEQ", argv[optind], &seq)) return FP4IDX_EINVAL;
+  if (fp4idx__cli_parse_num(cli, "SEQ", argv[optind], &seq)) return FP4IDX_EINVAL;
   if (raw && (count == 0 || ps == 0))
     return fp4idx__cli_usage(&cli->err, "--raw needs --count N and --page-size P");
   const char *path = argv[optind + 1];
@@ -206,7 +175,7 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
                               sizeof err);
   if (st) return fp4idx__cli_fail(&cli->err, st, "%s", err);
   fp4idx_client_t *c;
-  st = svc_connect(cli, &c);
+  st = fp4idx__cli_connect(cli, &c);
   if (st) {
     free(slots);
     return st;
