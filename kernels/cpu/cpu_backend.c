@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cpu_internal.h"
+#include "cpu_quant.h"
 
 static fp4idx__cpu_t *fp4idx__impl(fp4idx_backend_t *b) {
   return (fp4idx__cpu_t *)b->impl;
@@ -124,26 +125,11 @@ static int fp4idx__cpu_store(fp4idx_backend_t *b, const void *keys,
                        k + i * FP4IDX_SLOT_BYTES + FP4IDX_PAYLOAD_BYTES);
     return FP4IDX_OK;
   }
-  /* All-or-nothing: quantize everything into a staging buffer first, and
-   * touch the pool only once every key has been accepted. */
-  if ((uint64_t)n > SIZE_MAX / FP4IDX_SLOT_BYTES) return FP4IDX_ENOMEM;
-  uint8_t *stage = malloc((size_t)n * FP4IDX_SLOT_BYTES);
-  if (!stage) return FP4IDX_ENOMEM;
-  size_t esz = dtype == FP4IDX_DTYPE_BF16 ? 2 : 4;
-  int rc = FP4IDX_OK;
-  for (int64_t i = 0; i < n; i++) {
-    uint8_t *s = stage + i * FP4IDX_SLOT_BYTES;
-    rc = fp4idx_quantize_key((const uint8_t *)keys + (size_t)i * esz * FP4IDX_HEAD_DIM,
-                             dtype, mode, s, s + FP4IDX_PAYLOAD_BYTES);
-    if (rc != FP4IDX_OK) goto out;
-  }
-  for (int64_t i = 0; i < n; i++) {
-    const uint8_t *s = stage + i * FP4IDX_SLOT_BYTES;
-    fp4idx__put_slot(b, slots[i], s, s + FP4IDX_PAYLOAD_BYTES);
-  }
-out:
-  free(stage);
-  return rc;
+  /* All-or-nothing: cpu_quant.c checks every key (pass 1, scales only) before
+   * it writes any slot (pass 2), threads split the keys of large batches. */
+  fp4idx__cpu_t *c = fp4idx__impl(b);
+  return fp4idx__cpu_quant_store(c->threads, c->isa, keys, dtype, n, mode,
+                                 c->pool, b->page_size, slots);
 }
 
 static int fp4idx__cpu_read(fp4idx_backend_t *b, const int64_t *slots,
