@@ -17,8 +17,8 @@
  *    The reference's v = x / scale is exact unless it falls below the normal
  *    range, and then |v| < 2^-126 is below every T_k (index 0) while |x| <
  *    T_k * 2^j too. Otherwise |v| > T_k iff |x| > T_k * 2^j, and T_k * 2^j
- *    is T_k's pattern with j added to the exponent field (see
- *    fp4idx__qk_thr in cpu_quant_kern.c for the ends of the range).
+ *    is T_k's pattern with j added to the exponent field (the ends of the
+ *    range: fp4idx__qt_scale below).
  *    Clamping |v| to 6 does not change the count (6 and everything above it
  *    are past the last threshold).
  * 3. amax. Block max of |x| as integer max of sign-cleared patterns (same
@@ -42,11 +42,32 @@ static uint32_t fp4idx__qidx(uint32_t pattern, fp4idx_rounding_t mode) {
   return fp4idx_e2m1_encode(fp4idx_f32_from_bits(pattern), mode) & 7u;
 }
 
+/* The thresholds T_k * 2^j of scale byte s (j = s - 127) from the base
+ * patterns T_k: j added to the exponent field. Exact while the result stays
+ * a normal number; above the largest finite pattern the true threshold
+ * exceeds FLT_MAX, so no finite |x| passes it, and the +inf pattern (the
+ * clamp) gives that same answer. Below the normal range (exp_min + j < 1)
+ * the shortcut is not used (exact = 0). For bf16 keys: a bf16 pattern q is
+ * > the f32 pattern t iff q << 16 > t iff q > t >> 16 (floor; the RNE
+ * patterns, one f32 ulp below a tie, have non-zero low halves). */
+static void fp4idx__qt_scale(fp4idx__qthr_t *q, const uint32_t base[7],
+                             int32_t exp_min, uint32_t s) {
+  int32_t jx = (int32_t)s - 127;
+  q->exact[s] = exp_min + jx >= 1;
+  for (int k = 0; k < 8; k++) {
+    int64_t v = k < 7 ? (int64_t)base[k] + (int64_t)jx * (1 << 23) : 0x7f800000;
+    if (v > 0x7f800000) v = 0x7f800000;
+    if (v < 0) v = 0; /* only where exact == 0 */
+    q->t32[s][k] = (int32_t)v;
+    q->t16[s][k] = (int16_t)(v >> 16);
+  }
+}
+
 static void fp4idx__qt_init(void) {
   for (int m = 0; m < 2; m++) {
     fp4idx_rounding_t mode = m ? FP4IDX_ROUND_THRESHOLD : FP4IDX_ROUND_RNE;
-    fp4idx__qthr_t *q = &fp4idx__qt[m];
-    q->exp_min = 255;
+    uint32_t base[7];
+    int32_t exp_min = 255;
     for (uint32_t k = 1; k <= 7; k++) {
       /* largest finite non-negative pattern whose index is < k */
       uint32_t lo = 0, hi = 0x7f7fffffu;
@@ -59,10 +80,11 @@ static void fp4idx__qt_init(void) {
           else hi = mid;
         }
       }
-      q->thr[k - 1] = lo;
+      base[k - 1] = lo;
       int32_t e = (int32_t)(lo >> 23);
-      if (e < q->exp_min) q->exp_min = e;
+      if (e < exp_min) exp_min = e;
     }
+    for (uint32_t s = 0; s < 256; s++) fp4idx__qt_scale(&fp4idx__qt[m], base, exp_min, s);
   }
 }
 
@@ -118,7 +140,8 @@ int fp4idx__cpu_quant_store(fp4idx__threads_t *threads, int isa,
       (mode != FP4IDX_ROUND_RNE && mode != FP4IDX_ROUND_THRESHOLD))
     return FP4IDX_EINVAL;
   if (n == 0) return FP4IDX_OK;
-  if (!keys || !base || (slots && page_size < 1)) return FP4IDX_EINVAL;
+  if (!keys || !base || (slots && !fp4idx_page_size_valid(page_size)))
+    return FP4IDX_EINVAL;
   if ((uint64_t)n > SIZE_MAX / 4) return FP4IDX_ENOMEM;
   pthread_once(&fp4idx__qt_once, fp4idx__qt_init);
 
@@ -137,6 +160,7 @@ int fp4idx__cpu_quant_store(fp4idx__threads_t *threads, int isa,
       .n = n,
       .nth = 1};
   atomic_init(&r.bad, 0);
+  while (slots && (1 << r.job.page_shift) < page_size) r.job.page_shift++;
 #if defined(FP4IDX_CPU_X86_DISPATCH)
   if (isa == FP4IDX__ISA_AVX512) {
     r.scales_fn = fp4idx__qscales_avx512;

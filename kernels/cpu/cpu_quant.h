@@ -35,7 +35,8 @@
  * them to the page pool `base` of page_size-key pages at slots[i], or, when
  * slots is NULL, as n packed 68-byte slots (payload then scales) at base.
  * threads may be NULL (run on the caller only); isa is an FP4IDX__ISA_*
- * value this CPU can run (fp4idx__cpu_pick_isa). Slots within one call must
+ * value this CPU can run (fp4idx__cpu_pick_isa); page_size must be a power
+ * of two (fp4idx_page_size_valid) when slots are given. Slots within one call must
  * be distinct (the daemon allocates them so); with duplicates, which key
  * ends up in the slot is unspecified.
  * Returns FP4IDX_OK; FP4IDX_ENONFINITE (some element NaN/inf: nothing
@@ -47,12 +48,16 @@ int fp4idx__cpu_quant_store(fp4idx__threads_t *threads, int isa,
 
 /* ---- between cpu_quant.c and the per-ISA kernels (cpu_quant_kern.c) ---- */
 
-/* Thresholds of one rounding mode as f32 bit patterns: element index idx =
- * number of k with |v| > thr[k] (|v| as a non-negative f32 pattern), for
- * |v| = |x| / scale; exp_min = smallest exponent field among thr. */
+/* Thresholds of one rounding mode, per scale byte s: element index idx =
+ * number of k with pattern(|x|) > t32[s][k] (f32 keys) or > t16[s][k]
+ * (bf16 keys), which is fp4idx_e2m1_encode's index of |x| / 2^(s-127);
+ * exact[s] == 0 where that shortcut does not hold (s < 3, never produced by
+ * the scale rule): the kernels then take the reference path. Built once,
+ * see cpu_quant.c. */
 typedef struct fp4idx__qthr_s {
-  uint32_t thr[7];
-  int32_t exp_min;
+  int32_t t32[256][8];
+  int16_t t16[256][8];
+  uint8_t exact[256];
 } fp4idx__qthr_t;
 
 typedef struct fp4idx__qjob_s {
@@ -62,7 +67,8 @@ typedef struct fp4idx__qjob_s {
   const fp4idx__qthr_t *qt;   /* thresholds of `mode` */
   uint8_t *scales;            /* [n,4] scale bytes from pass 1 */
   uint8_t *base;
-  int32_t page_size;
+  int32_t page_size;          /* a power of two (with slots) */
+  int page_shift;             /* log2(page_size) */
   const int64_t *slots;       /* NULL: packed output at base */
 } fp4idx__qjob_t;
 

@@ -13,32 +13,82 @@
 #define FP4IDX__QK_CAT2(a, b) a##_##b
 #define FP4IDX__QK_CAT(a, b) FP4IDX__QK_CAT2(a, b)
 
-/* Where key k's 64 payload bytes and 4 scale bytes go. */
-static inline uint8_t *fp4idx__qk_pay(const fp4idx__qjob_t *j, int64_t k) {
-  return j->slots ? j->base + fp4idx_payload_offset(j->slots[k], j->page_size)
-                  : j->base + k * FP4IDX_SLOT_BYTES;
-}
-static inline uint8_t *fp4idx__qk_sc(const fp4idx__qjob_t *j, int64_t k) {
-  return j->slots ? j->base + fp4idx_scale_offset(j->slots[k], j->page_size)
-                  : j->base + k * FP4IDX_SLOT_BYTES + FP4IDX_PAYLOAD_BYTES;
+/* Where key k's 64 payload bytes and 4 scale bytes go: fp4idx_payload_offset
+ * and fp4idx_scale_offset, with the division by the (power of two) page
+ * size done as a shift -- a 64-bit divide per key showed in profiles. */
+static inline void fp4idx__qk_dst(const fp4idx__qjob_t *j, int64_t k, uint8_t **pay,
+                                  uint8_t **sc) {
+  if (!j->slots) {
+    *pay = j->base + k * FP4IDX_SLOT_BYTES;
+    *sc = *pay + FP4IDX_PAYLOAD_BYTES;
+    return;
+  }
+  int64_t P = j->page_size, slot = j->slots[k];
+  int64_t page = slot >> j->page_shift, o = slot & (P - 1);
+  uint8_t *pg = j->base + page * P * FP4IDX_SLOT_BYTES;
+  *pay = pg + o * FP4IDX_PAYLOAD_BYTES;
+  *sc = pg + P * FP4IDX_PAYLOAD_BYTES + o * FP4IDX_SCALE_BYTES;
 }
 
-/* The 7 thresholds of a block with scale byte s as f32 patterns of
- * thr[k] * 2^(s-127): j = s - 127 added to the exponent field. Exact while
- * the result stays a normal number; above the largest finite pattern the
- * true threshold exceeds FLT_MAX, so no finite |x| passes it, and the
- * +inf pattern (clamp) gives that same answer. Returns 0 when some pattern
- * would fall below the normal range (exp_min + j < 1; needs s < 3, which
- * the 1e-4 floor of the scale rule never produces); the caller then takes
- * the reference path for that block. */
-static inline int fp4idx__qk_thr(const fp4idx__qthr_t *qt, uint32_t s, int32_t t[7]) {
-  int32_t jx = (int32_t)s - 127;
-  if (qt->exp_min + jx < 1) return 0;
-  for (int k = 0; k < 7; k++) {
-    int64_t v = (int64_t)qt->thr[k] + (int64_t)jx * (1 << 23);
-    t[k] = v > 0x7f800000 ? 0x7f800000 : (int32_t)v;
+/* Pass 2 works on whole blocks in GCC/Clang vector types (plain C loops
+ * here vectorized badly: the byte-sized output made the compiler narrow
+ * the compares early, and the nibble packing went scalar). The generic copy
+ * lowers them to SSE2, the others to AVX2 / AVX-512. Lane order below
+ * assumes a little-endian host, like the wire format's raw arrays. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "cpu_quant_kern.c assumes a little-endian host"
+#endif
+typedef int16_t fp4idx__qv_s16 __attribute__((vector_size(64)));  /* 32 lanes */
+typedef uint32_t fp4idx__qv_u32 __attribute__((vector_size(64))); /* 16 lanes */
+typedef int32_t fp4idx__qv_s32 __attribute__((vector_size(64)));  /* 16 lanes */
+typedef uint64_t fp4idx__qv_u64 __attribute__((vector_size(64))); /* 8 lanes */
+typedef uint8_t fp4idx__qv_b16 __attribute__((vector_size(16)));
+typedef uint8_t fp4idx__qv_b8 __attribute__((vector_size(8)));
+
+/* Code of each lane from its pattern x and the block's thresholds t:
+ * index = thresholds strictly below |x|'s pattern (a compare is -1 or 0,
+ * so the index is minus their sum); sign bit 8 when x is negative and the
+ * index non-zero (then x / scale is non-zero and has x's sign, which is the
+ * reference's v < 0). */
+#define FP4IDX__QV_CODE(VT, x, absmask, t)                                     \
+  ({                                                                           \
+    VT a_ = (x) & (absmask);                                                   \
+    VT g0_ = (VT)(a_ > (t)[0]);                                                \
+    VT idx_ = -(g0_ + (VT)(a_ > (t)[1]) + (VT)(a_ > (t)[2]) +                  \
+                (VT)(a_ > (t)[3]) + (VT)(a_ > (t)[4]) + (VT)(a_ > (t)[5]) +    \
+                (VT)(a_ > (t)[6]));                                            \
+    idx_ | ((VT)((x) < 0) & g0_ & 8);                                          \
+  })
+
+/* 32 bf16 elements at src (64 bytes, any alignment) -> 16 payload bytes. */
+static inline void fp4idx__qk_codes_bf16(const uint8_t *src, const int16_t *t16,
+                                         uint8_t *out) {
+  fp4idx__qv_s16 x, t[7];
+  memcpy(&x, src, sizeof x);
+  for (int k = 0; k < 7; k++) t[k] = (fp4idx__qv_s16){0} + t16[k];
+  fp4idx__qv_s16 code = FP4IDX__QV_CODE(fp4idx__qv_s16, x, (int16_t)0x7fff, t);
+  /* pair (2p, 2p+1) as one 32-bit lane lo | hi << 16 -> lo | hi << 4 */
+  fp4idx__qv_u32 w = (fp4idx__qv_u32)code;
+  w = (w | (w >> 12)) & 0xffu;
+  fp4idx__qv_b16 b = __builtin_convertvector(w, fp4idx__qv_b16);
+  memcpy(out, &b, sizeof b);
+}
+
+/* 32 f32 elements at src (128 bytes, any alignment) -> 16 payload bytes. */
+static inline void fp4idx__qk_codes_f32(const uint8_t *src, const int32_t *t32,
+                                        uint8_t *out) {
+  fp4idx__qv_s32 t[7];
+  for (int k = 0; k < 7; k++) t[k] = (fp4idx__qv_s32){0} + t32[k];
+  for (int h = 0; h < 2; h++) {
+    fp4idx__qv_s32 x;
+    memcpy(&x, src + h * sizeof x, sizeof x);
+    fp4idx__qv_s32 code = FP4IDX__QV_CODE(fp4idx__qv_s32, x, 0x7fffffff, t);
+    /* pair as one 64-bit lane lo | hi << 32 -> lo | hi << 4 */
+    fp4idx__qv_u64 w = (fp4idx__qv_u64)code;
+    w = (w | (w >> 28)) & 0xffu;
+    fp4idx__qv_b8 b = __builtin_convertvector(w, fp4idx__qv_b8);
+    memcpy(out + h * sizeof b, &b, sizeof b);
   }
-  return 1;
 }
 
 /* Reference path for one block (x: its 32 elements as f32): the header's
@@ -96,71 +146,38 @@ int FP4IDX__QK_CAT(fp4idx__qscales, FP4IDX__QK_SUFFIX)(const fp4idx__qjob_t *j,
   return FP4IDX_OK;
 }
 
-/* Code of one element: index = thresholds strictly below |x| (as patterns),
- * sign bit when x is negative and the index non-zero (then x / scale is
- * non-zero and has x's sign, which is the reference's v < 0). */
+/* Pass 2: per block its thresholds (from the scale byte of pass 1), then
+ * one payload byte per element pair. */
 void FP4IDX__QK_CAT(fp4idx__qcodes, FP4IDX__QK_SUFFIX)(const fp4idx__qjob_t *j,
                                                       int64_t k0, int64_t k1) {
+  const int esz = j->dtype == FP4IDX_DTYPE_BF16 ? 2 : 4;
   for (int64_t k = k0; k < k1; k++) {
     const uint8_t *sc = j->scales + k * 4;
     uint8_t pay[FP4IDX_PAYLOAD_BYTES];
-    if (j->dtype == FP4IDX_DTYPE_BF16) {
-      int16_t x[FP4IDX_HEAD_DIM];
-      memcpy(x, j->keys + k * 2 * FP4IDX_HEAD_DIM, sizeof x);
-      for (int b = 0; b < 4; b++) {
-        const int16_t *xb = x + b * FP4IDX_BLOCK;
-        int32_t t[7];
-        if (!fp4idx__qk_thr(j->qt, sc[b], t)) {
-          float f[FP4IDX_BLOCK];
-          for (int i = 0; i < FP4IDX_BLOCK; i++) f[i] = fp4idx_bf16_to_f32((uint16_t)xb[i]);
-          fp4idx__qk_block_ref(f, sc[b], j->mode, pay + b * 16);
-          continue;
-        }
-        /* a bf16 pattern q (as f32: q << 16) is > the f32 pattern t iff
-         * q > t >> 16 (floor; t's low half may be non-zero for the RNE
-         * thresholds, which sit one f32 ulp below a tie) */
-        const int16_t t0 = (int16_t)(t[0] >> 16), t1 = (int16_t)(t[1] >> 16),
-                      t2 = (int16_t)(t[2] >> 16), t3 = (int16_t)(t[3] >> 16),
-                      t4 = (int16_t)(t[4] >> 16), t5 = (int16_t)(t[5] >> 16),
-                      t6 = (int16_t)(t[6] >> 16);
-        uint8_t code[FP4IDX_BLOCK];
+    const uint8_t *key = j->keys + k * (int64_t)esz * FP4IDX_HEAD_DIM;
+    for (int b = 0; b < 4; b++) {
+      const uint8_t *src = key + b * esz * FP4IDX_BLOCK;
+      if (!j->qt->exact[sc[b]]) {
+        float f[FP4IDX_BLOCK];
         for (int i = 0; i < FP4IDX_BLOCK; i++) {
-          int16_t v = xb[i], a = (int16_t)(v & 0x7fff);
-          int16_t idx = (int16_t)((a > t0) + (a > t1) + (a > t2) + (a > t3) +
-                                  (a > t4) + (a > t5) + (a > t6));
-          int16_t neg = (int16_t)((v < 0) & (idx != 0));
-          code[i] = (uint8_t)(idx | (neg << 3));
+          if (esz == 2) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            f[i] = fp4idx_bf16_to_f32(h);
+          } else {
+            memcpy(&f[i], src + 4 * i, 4);
+          }
         }
-        for (int p = 0; p < 16; p++)
-          pay[b * 16 + p] = (uint8_t)(code[2 * p] | (code[2 * p + 1] << 4));
-      }
-    } else {
-      int32_t x[FP4IDX_HEAD_DIM];
-      memcpy(x, j->keys + k * 4 * FP4IDX_HEAD_DIM, sizeof x);
-      for (int b = 0; b < 4; b++) {
-        const int32_t *xb = x + b * FP4IDX_BLOCK;
-        int32_t t[7];
-        if (!fp4idx__qk_thr(j->qt, sc[b], t)) {
-          float f[FP4IDX_BLOCK];
-          memcpy(f, xb, sizeof f);
-          fp4idx__qk_block_ref(f, sc[b], j->mode, pay + b * 16);
-          continue;
-        }
-        const int32_t t0 = t[0], t1 = t[1], t2 = t[2], t3 = t[3], t4 = t[4],
-                      t5 = t[5], t6 = t[6];
-        uint8_t code[FP4IDX_BLOCK];
-        for (int i = 0; i < FP4IDX_BLOCK; i++) {
-          int32_t v = xb[i], a = v & 0x7fffffff;
-          int32_t idx = (a > t0) + (a > t1) + (a > t2) + (a > t3) + (a > t4) +
-                        (a > t5) + (a > t6);
-          int32_t neg = (v < 0) & (idx != 0);
-          code[i] = (uint8_t)(idx | (neg << 3));
-        }
-        for (int p = 0; p < 16; p++)
-          pay[b * 16 + p] = (uint8_t)(code[2 * p] | (code[2 * p + 1] << 4));
+        fp4idx__qk_block_ref(f, sc[b], j->mode, pay + b * 16);
+      } else if (esz == 2) {
+        fp4idx__qk_codes_bf16(src, j->qt->t16[sc[b]], pay + b * 16);
+      } else {
+        fp4idx__qk_codes_f32(src, j->qt->t32[sc[b]], pay + b * 16);
       }
     }
-    memcpy(fp4idx__qk_pay(j, k), pay, FP4IDX_PAYLOAD_BYTES);
-    memcpy(fp4idx__qk_sc(j, k), sc, FP4IDX_SCALE_BYTES);
+    uint8_t *dpay, *dsc;
+    fp4idx__qk_dst(j, k, &dpay, &dsc);
+    memcpy(dpay, pay, FP4IDX_PAYLOAD_BYTES);
+    memcpy(dsc, sc, FP4IDX_SCALE_BYTES);
   }
 }
