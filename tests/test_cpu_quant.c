@@ -146,6 +146,19 @@ Test(cpu_quant, golden_both_modes_both_dtypes) {
   free(keys);
 }
 
+/* The tables built once in cpu_quant.c: the bf16 scale table equals the
+ * header's scale rule on every finite block max (after one store has built
+ * it). */
+Test(cpu_quant, bf16_scale_table) {
+  uint16_t k[D] = {0};
+  uint8_t out[SLOT];
+  cr_assert_eq(fp4idx__cpu_quant_store(NULL, 0, k, FP4IDX_DTYPE_BF16, 1, FP4IDX_ROUND_RNE, out, 0, NULL),
+               FP4IDX_OK);
+  for (uint32_t h = 0; h < 0x7f80; h++)
+    cr_assert_eq(fp4idx__qscale_bf16[h], fp4idx_block_scale_code(fp4idx_bf16_to_f32((uint16_t)h)),
+                 "max pattern 0x%04x", h);
+}
+
 /* ---- every bf16 value near every reachable scale ----------------------------- */
 
 /* For each j with 6 * 2^j finite and 2^j >= 1e-4 (every scale byte the rule

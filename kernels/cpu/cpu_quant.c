@@ -36,6 +36,7 @@
 #include "cpu_quant.h"
 
 static fp4idx__qthr_t fp4idx__qt[2]; /* [FP4IDX_ROUND_RNE, _THRESHOLD] */
+uint8_t fp4idx__qscale_bf16[0x7f80];
 static pthread_once_t fp4idx__qt_once = PTHREAD_ONCE_INIT;
 
 static uint32_t fp4idx__qidx(uint32_t pattern, fp4idx_rounding_t mode) {
@@ -63,6 +64,7 @@ static void fp4idx__qt_scale(fp4idx__qthr_t *q, const uint32_t base[7],
   }
 }
 
+/* Builds the threshold tables and the bf16 scale table (pthread_once). */
 static void fp4idx__qt_init(void) {
   for (int m = 0; m < 2; m++) {
     fp4idx_rounding_t mode = m ? FP4IDX_ROUND_THRESHOLD : FP4IDX_ROUND_RNE;
@@ -86,6 +88,8 @@ static void fp4idx__qt_init(void) {
     }
     for (uint32_t s = 0; s < 256; s++) fp4idx__qt_scale(&fp4idx__qt[m], base, exp_min, s);
   }
+  for (uint32_t h = 0; h < 0x7f80; h++)
+    fp4idx__qscale_bf16[h] = (uint8_t)fp4idx_block_scale_code(fp4idx_bf16_to_f32((uint16_t)h));
 }
 
 typedef struct {

@@ -60,6 +60,10 @@ typedef struct fp4idx__qthr_s {
   uint8_t exact[256];
 } fp4idx__qthr_t;
 
+/* fp4idx_block_scale_code of every bf16 block max (sign-cleared finite
+ * pattern 0..0x7f7f), tabulated once from the header's function. */
+extern uint8_t fp4idx__qscale_bf16[0x7f80];
+
 typedef struct fp4idx__qjob_s {
   const uint8_t *keys;
   fp4idx_dtype_t dtype;

@@ -119,9 +119,7 @@ int FP4IDX__QK_CAT(fp4idx__qscales, FP4IDX__QK_SUFFIX)(const fp4idx__qjob_t *j,
       /* exponent all ones (inf or NaN) <=> |x| pattern >= 0x7f80 */
       for (int b = 0; b < 4; b++)
         if (m[b] >= 0x7f80) return FP4IDX_ENONFINITE;
-      for (int b = 0; b < 4; b++)
-        j->scales[k * 4 + b] =
-            (uint8_t)fp4idx_block_scale_code(fp4idx_bf16_to_f32((uint16_t)m[b]));
+      for (int b = 0; b < 4; b++) j->scales[k * 4 + b] = fp4idx__qscale_bf16[m[b]];
     }
   } else {
     for (int64_t k = k0; k < k1; k++) {
