@@ -8,8 +8,10 @@
  * golden cases and randomized dyadic cases (H 1, 32, 64, 128, odd H, rows
  * 1..8, contexts up to 400,000, shuffled pages, page sizes 1..256, visible
  * counts 0, 1, 63, 64, 65, n, masks, several sequences); top-k == CPU; a
- * CUDA graph replayed with changed lengths.
+ * CUDA graph replayed with changed lengths; the pipelined sm_90a scorers
+ * (FP4IDX_CUDA_SCORER=v2, v3) on the golden, random and long cases.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -451,3 +453,53 @@ Test(cuda_graph, replay_with_new_lengths, .timeout = 600) {
   fp4idx_test_case_free(&tc);
   free(got); free(want);
 }
+
+/* ---- scorer variants (FP4IDX_CUDA_SCORER=v2|v3, score_sm90.cu) ----------
+ * The pipelined sm_90a scorers must give the same bits as v1 and the CPU
+ * backend. Criterion runs each test in its own process, so setenv here
+ * only changes that test. (The device run also runs this whole binary with
+ * the variable set.) */
+int fp4idx__score_sm90_variant(void);
+
+static void use_scorer(const char *v) {
+  cr_assert_eq(setenv("FP4IDX_CUDA_SCORER", v, 1), 0);
+  cr_assert_eq(fp4idx__score_sm90_variant(), v[1] - '0', "scorer %s not selected", v);
+}
+
+static void variant_golden(const char *v) {
+  use_scorer(v);
+  golden_score("dyadic_h32", 4, 32, 1000, 64);
+  golden_score("gauss_h32", 4, 32, 1000, 64);
+  golden_score("gauss_h64", 6, 64, 777, 64);
+  golden_score("gauss_h64", 6, 64, 777, 16);
+  golden_score("gauss_h32", 4, 32, 1000, 1);
+}
+
+static void variant_random(const char *v) {
+  use_scorer(v);
+  sweep(1, 1100, 3001);
+  sweep(32, 2100, 2500);
+  sweep(64, 3100, 2100);
+  sweep(128, 4100, 2049);
+  const int hs[5] = {3, 17, 40, 100, 127};
+  for (int i = 0; i < 5; i++)
+    random_case(5100 + i, hs[i], 1 + i, 1500 + 37 * i, 1 << (i * 2), NULL, i & 1, 0);
+  /* 1..5 tiles per warpgroup: the odd-tile path and the pairs */
+  for (int n = 1; n <= 700; n += 63) random_case(5200 + n, 32, 4, n, 64, NULL, n & 1, 0);
+}
+
+static void variant_long(const char *v) {
+  use_scorer(v);
+  random_case(6101, 32, 4, 400000, 64, NULL, 0, 512);
+  random_case(6102, 64, 2, 100000, 64, NULL, 1, 0);
+  random_case(6103, 128, 3, 65537, 32, NULL, 0, 2048);
+  const int32_t lens[4] = {16384, 100, 0, 9000};
+  random_case(6104, 32, 4, 16384, 64, lens, 0, 0);
+}
+
+Test(cuda_scorer, v2_golden, .timeout = 600) { NEED_GPU(); variant_golden("v2"); }
+Test(cuda_scorer, v2_random, .timeout = 600) { NEED_GPU(); variant_random("v2"); }
+Test(cuda_scorer, v2_long_context, .timeout = 600) { NEED_GPU(); variant_long("v2"); }
+Test(cuda_scorer, v3_golden, .timeout = 600) { NEED_GPU(); variant_golden("v3"); }
+Test(cuda_scorer, v3_random, .timeout = 600) { NEED_GPU(); variant_random("v3"); }
+Test(cuda_scorer, v3_long_context, .timeout = 600) { NEED_GPU(); variant_long("v3"); }
