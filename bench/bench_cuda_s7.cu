@@ -11,9 +11,12 @@
  * Floor: max(2*R*H*128 FLOP per key / 804 TFLOP/s, (68 + 4 + 4R) bytes per
  * key / 4.25 TB/s) -- the H200 rates measured on the device machine.
  * --check: every case's logits compared bit for bit with the CPU backend.
- * --variant NAME: stage-removal timings (see fp4idx_cuda_score_variant).
+ * --variants: stage-removal timings (mma.sync kernel; see
+ * fp4idx_cuda_score_launch_variant). --scorers v1,v2,v3: every case timed
+ * (and checked) with each FP4IDX_CUDA_SCORER value in turn; the CSV gets a
+ * scorer column.
  *
- *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE]
+ *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE] [--scorers LIST]
  */
 #include <algorithm>
 #include <math.h>
@@ -79,28 +82,34 @@ int main(int argc, char **argv) {
   int check = 0, variants = 0;
   std::vector<int> only;
   const char *csv = nullptr;
+  std::vector<const char *> scorers;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
     else if (!strcmp(argv[i], "--variants")) variants = 1;
     else if (!strcmp(argv[i], "--case") && i + 1 < argc) only.push_back(atoi(argv[++i]));
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
-    else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--variants] [--case N]... [--csv FILE]\n");
+    else if (!strcmp(argv[i], "--scorers") && i + 1 < argc) {
+      // comma-separated FP4IDX_CUDA_SCORER values, e.g. v1,v2,v3
+      for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) scorers.push_back(tok);
+    } else {
+      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--variants] [--case N]... [--csv FILE]"
+                      " [--scorers v1,v2,v3]\n");
       return 2;
     }
   }
+  if (scorers.empty()) scorers.push_back(nullptr);  // whatever the environment says
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
          prop.l2CacheSize >> 20);
   FILE *cf = csv ? fopen(csv, "w") : nullptr;
-  if (cf) fprintf(cf, "case,seqs,rows,heads,ctx,hot_us,cold_us,floor_us,tflops,sglang_us\n");
+  if (cf) fprintf(cf, "case,seqs,rows,heads,ctx,hot_us,cold_us,floor_us,tflops,sglang_us,scorer\n");
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  struct Row { const Case *c; double hot, cold, floor, tf; const char *chk; };
+  struct Row { const Case *c; const char *scorer; double hot, cold, floor, tf; const char *chk; };
   std::vector<Row> table;
 
   for (int ci = 0; ci < (int)(sizeof kCases / sizeof kCases[0]); ci++) {
@@ -173,63 +182,45 @@ int main(int argc, char **argv) {
     fp4idx_cuda_seq_t *dseq;
     CK(cudaMalloc((void **)&dseq, sizeof(fp4idx_cuda_seq_t) * S));
     CK(cudaMemcpy(dseq, hs.data(), sizeof(fp4idx_cuda_seq_t) * S, cudaMemcpyHostToDevice));
-    const int32_t mw = fp4idx_cuda_score_max_works(H, S, rows.data());
-    std::vector<fp4idx_cuda_work_t> works(mw);
-    fp4idx_cuda_score_params_t prm;
-    int nw = fp4idx_cuda_score_plan(H, S, rows.data(), widths.data(), prop.multiProcessorCount,
-                                    works.data(), mw, &prm);
-    if (nw < 0 || nw > mw) { fprintf(stderr, "plan failed\n"); return 1; }
-    fp4idx_cuda_work_t *dworks;
-    CK(cudaMalloc((void **)&dworks, sizeof(fp4idx_cuda_work_t) * nw));
-    CK(cudaMemcpy(dworks, works.data(), sizeof(fp4idx_cuda_work_t) * nw, cudaMemcpyHostToDevice));
-    prm.seqs = dseq;
-    prm.works = dworks;
-    prm.log2_page = 6;
+    const double keys = (double)n * S;
+    const double flop = 2.0 * R * H * 128 * keys;
+    const double bytes = keys * (68 + 4 + 4.0 * R);
+    const double floor_us = 1e6 * std::max(flop / kTflops, bytes / kBw);
+    std::vector<float> want;  // CPU backend logits, computed once per case
+    int want_rc = 0;
+    fp4idx_cuda_work_t *dworks = nullptr;
+    for (const char *sc : scorers) {
+      // The scorer is picked by FP4IDX_CUDA_SCORER at plan and launch time.
+      if (sc && setenv("FP4IDX_CUDA_SCORER", sc, 1)) return 1;
+      const char *scn = sc ? sc : (getenv("FP4IDX_CUDA_SCORER") ? getenv("FP4IDX_CUDA_SCORER") : "v1");
+      const int32_t mw = fp4idx_cuda_score_max_works(H, S, rows.data());
+      std::vector<fp4idx_cuda_work_t> works(mw);
+      fp4idx_cuda_score_params_t prm;
+      int nw = fp4idx_cuda_score_plan(H, S, rows.data(), widths.data(), prop.multiProcessorCount,
+                                      works.data(), mw, &prm);
+      if (nw < 0 || nw > mw) { fprintf(stderr, "plan failed\n"); return 1; }
+      if (dworks) CK(cudaFree(dworks));
+      CK(cudaMalloc((void **)&dworks, sizeof(fp4idx_cuda_work_t) * nw));
+      CK(cudaMemcpy(dworks, works.data(), sizeof(fp4idx_cuda_work_t) * nw, cudaMemcpyHostToDevice));
+      prm.seqs = dseq;
+      prm.works = dworks;
+      prm.log2_page = 6;
 
-    double t[2] = {0, 0};
-    for (int cold = 0; cold < 2; cold++) {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-      for (int i = 0; i < kCalls; i++) {
-        fp4idx_cuda_score_params_t p = prm;
-        p.pool = dpool[cold ? i % kCaches : 0];
-        if (fp4idx_cuda_score_launch(&p, st)) return 1;
-      }
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      double run[kRuns];
-      for (int r = 0; r < kRuns; r++) {
-        CK(cudaGraphLaunch(ge, st));  // warm-up replay
-        CK(cudaEventRecord(e0, st));
-        for (int i = 0; i < kReplays; i++) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        run[r] = 1e3 * ms / (kCalls * kReplays);
-      }
-      t[cold] = median3(run[0], run[1], run[2]);
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
-    }
-    if (variants) {  // stage removal, hot, same method
-      const int vs[4] = {1, 2, 4, 7};
-      const char *vn[4] = {"no-decode", "no-mma", "no-epilogue", "none(loads+writes)"};
-      for (int vi = 0; vi < 4; vi++) {
+      double t[2] = {0, 0};
+      for (int cold = 0; cold < 2; cold++) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
         for (int i = 0; i < kCalls; i++) {
           fp4idx_cuda_score_params_t p = prm;
-          p.pool = dpool[0];
-          if (fp4idx_cuda_score_launch_variant(&p, st, vs[vi])) return 1;
+          p.pool = dpool[cold ? i % kCaches : 0];
+          if (fp4idx_cuda_score_launch(&p, st)) return 1;
         }
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         double run[kRuns];
         for (int r = 0; r < kRuns; r++) {
-          CK(cudaGraphLaunch(ge, st));
+          CK(cudaGraphLaunch(ge, st));  // warm-up replay
           CK(cudaEventRecord(e0, st));
           for (int i = 0; i < kReplays; i++) CK(cudaGraphLaunch(ge, st));
           CK(cudaEventRecord(e1, st));
@@ -238,60 +229,95 @@ int main(int argc, char **argv) {
           CK(cudaEventElapsedTime(&ms, e0, e1));
           run[r] = 1e3 * ms / (kCalls * kReplays);
         }
-        printf("  variant %-20s %8.2f us (full %.2f)\n", vn[vi], median3(run[0], run[1], run[2]), t[0]);
+        t[cold] = median3(run[0], run[1], run[2]);
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
       }
+      if (variants && sc == scorers[0]) {  // stage removal, hot, same method
+        const int vs[4] = {1, 2, 4, 7};
+        const char *vn[4] = {"no-decode", "no-mma", "no-epilogue", "none(loads+writes)"};
+        for (int vi = 0; vi < 4; vi++) {
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+          for (int i = 0; i < kCalls; i++) {
+            fp4idx_cuda_score_params_t p = prm;
+            p.pool = dpool[0];
+            if (fp4idx_cuda_score_launch_variant(&p, st, vs[vi])) return 1;
+          }
+          CK(cudaStreamEndCapture(st, &g));
+          CK(cudaGraphInstantiate(&ge, g, 0));
+          double run[kRuns];
+          for (int r = 0; r < kRuns; r++) {
+            CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e0, st));
+            for (int i = 0; i < kReplays; i++) CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            run[r] = 1e3 * ms / (kCalls * kReplays);
+          }
+          printf("  variant %-20s %8.2f us (full %.2f)\n", vn[vi], median3(run[0], run[1], run[2]), t[0]);
+          CK(cudaGraphExecDestroy(ge));
+          CK(cudaGraphDestroy(g));
+        }
+      }
+
+      const char *chk = "-";
+      if (check) {
+        std::vector<float> got((size_t)S * R * n);
+        CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+        if (want.empty()) {
+          want.resize((size_t)S * R * n);
+          fp4idx_backend_t *cpu = nullptr;
+          int rc = fp4idx_backend_cpu_create(&cpu, 0);
+          if (!rc) rc = cpu->ops->pool_create(cpu, n_pages, kPage);
+          if (!rc) rc = cpu->ops->store(cpu, packed.data(), FP4IDX_DTYPE_FP4, n * S, slots.data(),
+                                        FP4IDX_ROUND_RNE);
+          std::vector<fp4idx_backend_seq_t> sq(S);
+          for (int s = 0; s < S; s++)
+            sq[s] = fp4idx_backend_seq_t{perm.data() + s * pages_per_seq, n, R, n,
+                                         q.data() + (size_t)s * R * H * 128,
+                                         w.data() + (size_t)s * R * H, lens.data() + s * R, nullptr};
+          fp4idx_backend_batch_t bt{};
+          bt.heads = H;
+          bt.n_seqs = S;
+          bt.seqs = sq.data();
+          bt.logits = want.data();
+          if (!rc) rc = cpu->ops->score(cpu, &bt);
+          fp4idx_backend_destroy(cpu);
+          want_rc = rc;
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); i++) bad += memcmp(&got[i], &want[i], 4) != 0;
+        chk = want_rc ? "ERROR" : bad ? "MISMATCH" : "bit-exact";
+        printf("check %-18s %s vs CPU backend: %zu of %zu logits differ -> %s\n", c.name, scn, bad,
+               got.size(), chk);
+        // Poison the output so the next scorer's check sees only its own writes.
+        CK(cudaMemset(dout, 0x7f, got.size() * 4));
+      }
+      table.push_back(Row{&c, scn, t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, chk});
+      printf("%-18s %s hot %8.2f us  cold %8.2f us  floor %6.2f us  x%5.1f floor  %6.1f TFLOP/s"
+             "  SGLang %7.1f us (x%.1f faster)\n",
+             c.name, scn, t[0], t[1], floor_us, t[0] / floor_us, flop / (t[0] * 1e-6) / 1e12,
+             c.sglang_us, c.sglang_us / t[0]);
+      fflush(stdout);
+      if (cf)
+        fprintf(cf, "%s,%d,%d,%d,%lld,%.3f,%.3f,%.3f,%.1f,%.1f,%s\n", c.name, S, R, H, (long long)n,
+                t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, c.sglang_us, scn);
     }
-    const double keys = (double)n * S;
-    const double flop = 2.0 * R * H * 128 * keys;
-    const double bytes = keys * (68 + 4 + 4.0 * R);
-    const double floor_us = 1e6 * std::max(flop / kTflops, bytes / kBw);
-    const char *chk = "-";
-    if (check) {
-      std::vector<float> got((size_t)S * R * n), want((size_t)S * R * n);
-      CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
-      fp4idx_backend_t *cpu = nullptr;
-      int rc = fp4idx_backend_cpu_create(&cpu, 0);
-      if (!rc) rc = cpu->ops->pool_create(cpu, n_pages, kPage);
-      if (!rc) rc = cpu->ops->store(cpu, packed.data(), FP4IDX_DTYPE_FP4, n * S, slots.data(),
-                                    FP4IDX_ROUND_RNE);
-      std::vector<fp4idx_backend_seq_t> sq(S);
-      for (int s = 0; s < S; s++)
-        sq[s] = fp4idx_backend_seq_t{perm.data() + s * pages_per_seq, n, R, n,
-                                   q.data() + (size_t)s * R * H * 128, w.data() + (size_t)s * R * H,
-                                   lens.data() + s * R, nullptr};
-      fp4idx_backend_batch_t bt{};
-      bt.heads = H;
-      bt.n_seqs = S;
-      bt.seqs = sq.data();
-      bt.logits = want.data();
-      if (!rc) rc = cpu->ops->score(cpu, &bt);
-      fp4idx_backend_destroy(cpu);
-      size_t bad = 0;
-      for (size_t i = 0; i < got.size(); i++) bad += memcmp(&got[i], &want[i], 4) != 0;
-      chk = rc ? "ERROR" : bad ? "MISMATCH" : "bit-exact";
-      printf("check %-18s vs CPU backend: %zu of %zu logits differ -> %s\n", c.name, bad,
-             got.size(), chk);
-    }
-    table.push_back(Row{&c, t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, chk});
-    printf("%-18s hot %8.2f us  cold %8.2f us  floor %6.2f us  x%5.1f floor  %6.1f TFLOP/s"
-           "  SGLang %7.1f us (x%.1f faster)\n",
-           c.name, t[0], t[1], floor_us, t[0] / floor_us, flop / (t[0] * 1e-6) / 1e12,
-           c.sglang_us, c.sglang_us / t[0]);
-    fflush(stdout);
-    if (cf)
-      fprintf(cf, "%s,%d,%d,%d,%lld,%.3f,%.3f,%.3f,%.1f,%.1f\n", c.name, S, R, H, (long long)n,
-              t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, c.sglang_us);
     for (int k = 0; k < kCaches; k++) CK(cudaFree(dpool[k]));
     CK(cudaFree(dpages)); CK(cudaFree(dlens)); CK(cudaFree(dq)); CK(cudaFree(dw));
-    CK(cudaFree(dout)); CK(cudaFree(dseq)); CK(cudaFree(dworks));
+    CK(cudaFree(dout)); CK(cudaFree(dseq));
+    if (dworks) CK(cudaFree(dworks));
   }
   if (cf) fclose(cf);
-  printf("\n| case | hot us | cold us | floor us | x floor | TFLOP/s | SGLang us | speedup | check |\n");
-  printf("|---|---|---|---|---|---|---|---|---|\n");
+  printf("\n| case | scorer | hot us | cold us | floor us | x floor | TFLOP/s | SGLang us | speedup | check |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto &r : table)
-    printf("| %s | %.2f | %.2f | %.2f | %.1f | %.0f | %.1f | %.1fx | %s |\n", r.c->name, r.hot,
-           r.cold, r.floor, r.hot / r.floor, r.tf, r.c->sglang_us, r.c->sglang_us / r.hot, r.chk);
+    printf("| %s | %s | %.2f | %.2f | %.2f | %.1f | %.0f | %.1f | %.1fx | %s |\n", r.c->name,
+           r.scorer, r.hot, r.cold, r.floor, r.hot / r.floor, r.tf, r.c->sglang_us,
+           r.c->sglang_us / r.hot, r.chk);
   return 0;
 }

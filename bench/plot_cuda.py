@@ -16,21 +16,34 @@ here = os.path.dirname(os.path.abspath(__file__))
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "cuda_h200.csv")
 dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "cuda_h200.png")
 rows = list(csv.DictReader(open(src)))
-h32 = sorted((r for r in rows if r["seqs"] == "1" and r["heads"] == "32"), key=lambda r: int(r["ctx"]))
-ctx = [int(r["ctx"]) for r in h32]
+# Older CSVs have no scorer column: one scorer, called v1.
+for r in rows:
+    r.setdefault("scorer", "v1")
+    if not r["scorer"]:
+        r["scorer"] = "v1"
+scorers = sorted(set(r["scorer"] for r in rows))
+h32_all = [r for r in rows if r["seqs"] == "1" and r["heads"] == "32"]
 
 fig, ax = plt.subplots(figsize=(7, 4.5))
-ax.loglog(ctx, [float(r["sglang_us"]) for r in h32], "s--", color="gray", label="SGLang Triton (exp2-free)")
-ax.loglog(ctx, [float(r["hot_us"]) for r in h32], "o-", color="C0", label="fp4idx CUDA, hot")
-ax.loglog(ctx, [float(r["cold_us"]) for r in h32], "x:", color="C0", label="fp4idx CUDA, cold (8 caches)")
-ax.loglog(ctx, [float(r["floor_us"]) for r in h32], "-", color="k", lw=0.8, label="floor (804 TFLOP/s, 4.25 TB/s)")
+first = sorted((r for r in h32_all if r["scorer"] == scorers[0]), key=lambda r: int(r["ctx"]))
+ctx = [int(r["ctx"]) for r in first]
+ax.loglog(ctx, [float(r["sglang_us"]) for r in first], "s--", color="gray", label="SGLang Triton (exp2-free)")
+ax.loglog(ctx, [float(r["floor_us"]) for r in first], "-", color="k", lw=0.8, label="floor (804 TFLOP/s, 4.25 TB/s)")
+for k, sc in enumerate(scorers):
+    h32 = sorted((r for r in h32_all if r["scorer"] == sc), key=lambda r: int(r["ctx"]))
+    x = [int(r["ctx"]) for r in h32]
+    tag = "fp4idx CUDA" if len(scorers) == 1 else "fp4idx CUDA %s" % sc
+    ax.loglog(x, [float(r["hot_us"]) for r in h32], "o-", color="C%d" % k, label=tag + ", hot")
+    ax.loglog(x, [float(r["cold_us"]) for r in h32], "x:", color="C%d" % k, label=tag + ", cold (8 caches)")
+    for r in rows:
+        if r["scorer"] == sc and (r["heads"] == "64" or r["seqs"] != "1"):
+            lbl = "H=64" if r["heads"] == "64" else "%s seqs" % r["seqs"]
+            if len(scorers) > 1:
+                lbl += " " + sc
+            ax.loglog([int(r["ctx"])], [float(r["hot_us"])], "D", color="C%d" % k)
+            ax.annotate("%s: %.1f us" % (lbl, float(r["hot_us"])), (int(r["ctx"]), float(r["hot_us"])),
+                        textcoords="offset points", xytext=(6, -4 - 9 * k), fontsize=7)
 ax.loglog([16384, 100000, 400000], [5, 10, 30], "v", color="C3", label="target")
-for r in rows:
-    if r["heads"] == "64" or r["seqs"] != "1":
-        lbl = "H=64" if r["heads"] == "64" else "%s seqs" % r["seqs"]
-        ax.loglog([int(r["ctx"])], [float(r["hot_us"])], "D", color="C2")
-        ax.annotate("%s: %.1f us" % (lbl, float(r["hot_us"])), (int(r["ctx"]), float(r["hot_us"])),
-                    textcoords="offset points", xytext=(6, -4), fontsize=8)
 ax.set_xlabel("context (keys)")
 ax.set_ylabel("us per call (median of 3 x 10 graph replays)")
 ax.set_title("FP4 index scorer, R=4 rows x 32 heads, one H200")
