@@ -38,12 +38,21 @@ static inline void fp4idx__qk_dst(const fp4idx__qjob_t *j, int64_t k, uint8_t **
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "cpu_quant_kern.c assumes a little-endian host"
 #endif
-typedef int16_t fp4idx__qv_s16 __attribute__((vector_size(64)));  /* 32 lanes */
-typedef uint32_t fp4idx__qv_u32 __attribute__((vector_size(64))); /* 16 lanes */
-typedef int32_t fp4idx__qv_s32 __attribute__((vector_size(64)));  /* 16 lanes */
-typedef uint64_t fp4idx__qv_u64 __attribute__((vector_size(64))); /* 8 lanes */
-typedef uint8_t fp4idx__qv_b16 __attribute__((vector_size(16)));
-typedef uint8_t fp4idx__qv_b8 __attribute__((vector_size(8)));
+/* Vectors of the native width only: wider ones are split lane by lane
+ * (scalar compares) when the ISA lacks them. */
+#if defined(__AVX512BW__)
+#define FP4IDX__QV 64
+#elif defined(__AVX2__)
+#define FP4IDX__QV 32
+#else
+#define FP4IDX__QV 16
+#endif
+typedef int16_t fp4idx__qv_s16 __attribute__((vector_size(FP4IDX__QV)));
+typedef uint32_t fp4idx__qv_u32 __attribute__((vector_size(FP4IDX__QV)));
+typedef int32_t fp4idx__qv_s32 __attribute__((vector_size(FP4IDX__QV)));
+typedef uint64_t fp4idx__qv_u64 __attribute__((vector_size(FP4IDX__QV)));
+typedef uint8_t fp4idx__qv_b4 __attribute__((vector_size(FP4IDX__QV / 4)));
+typedef uint8_t fp4idx__qv_b8 __attribute__((vector_size(FP4IDX__QV / 8)));
 
 /* Code of each lane from its pattern x and the block's thresholds t:
  * index = thresholds strictly below |x|'s pattern (a compare is -1 or 0,
@@ -63,15 +72,18 @@ typedef uint8_t fp4idx__qv_b8 __attribute__((vector_size(8)));
 /* 32 bf16 elements at src (64 bytes, any alignment) -> 16 payload bytes. */
 static inline void fp4idx__qk_codes_bf16(const uint8_t *src, const int16_t *t16,
                                          uint8_t *out) {
-  fp4idx__qv_s16 x, t[7];
-  memcpy(&x, src, sizeof x);
+  fp4idx__qv_s16 t[7];
   for (int k = 0; k < 7; k++) t[k] = (fp4idx__qv_s16){0} + t16[k];
-  fp4idx__qv_s16 code = FP4IDX__QV_CODE(fp4idx__qv_s16, x, (int16_t)0x7fff, t);
-  /* pair (2p, 2p+1) as one 32-bit lane lo | hi << 16 -> lo | hi << 4 */
-  fp4idx__qv_u32 w = (fp4idx__qv_u32)code;
-  w = (w | (w >> 12)) & 0xffu;
-  fp4idx__qv_b16 b = __builtin_convertvector(w, fp4idx__qv_b16);
-  memcpy(out, &b, sizeof b);
+  for (int h = 0; h < 64 / FP4IDX__QV; h++) {
+    fp4idx__qv_s16 x;
+    memcpy(&x, src + h * sizeof x, sizeof x);
+    fp4idx__qv_s16 code = FP4IDX__QV_CODE(fp4idx__qv_s16, x, (int16_t)0x7fff, t);
+    /* pair (2p, 2p+1) as one 32-bit lane lo | hi << 16 -> lo | hi << 4 */
+    fp4idx__qv_u32 w = (fp4idx__qv_u32)code;
+    w = (w | (w >> 12)) & 0xffu;
+    fp4idx__qv_b4 b = __builtin_convertvector(w, fp4idx__qv_b4);
+    memcpy(out + h * sizeof b, &b, sizeof b);
+  }
 }
 
 /* 32 f32 elements at src (128 bytes, any alignment) -> 16 payload bytes. */
@@ -79,7 +91,7 @@ static inline void fp4idx__qk_codes_f32(const uint8_t *src, const int32_t *t32,
                                         uint8_t *out) {
   fp4idx__qv_s32 t[7];
   for (int k = 0; k < 7; k++) t[k] = (fp4idx__qv_s32){0} + t32[k];
-  for (int h = 0; h < 2; h++) {
+  for (int h = 0; h < 128 / FP4IDX__QV; h++) {
     fp4idx__qv_s32 x;
     memcpy(&x, src + h * sizeof x, sizeof x);
     fp4idx__qv_s32 code = FP4IDX__QV_CODE(fp4idx__qv_s32, x, 0x7fffffff, t);
