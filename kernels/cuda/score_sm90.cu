@@ -32,6 +32,8 @@
  * a v/hp table, 1024-byte aligned for the swizzle.
  * Only compiled into the sm_90a image; the planner picks it on CC 9.0
  * (FP4IDX_CUDA_MMASYNC=1 forces the mma.sync kernel of score.cu).
+ * FP4IDX_CUDA_SCORER=v1|v2|v3 picks this kernel (v1) or the pipelined ones
+ * further down (v2, v3); FP4IDX_SM90_DEFAULT_SCORER says which runs unset.
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
@@ -764,15 +766,20 @@ extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
   return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)ntp * 4 * 4 + 33 * 4 + 256 + 512 + 1024;
 }
 
-// FP4IDX_CUDA_SCORER: "v2" picks the pipelined kernel with one warpgroup
-// per block (2 blocks per SM), "v3" the same with two warpgroups sharing one
-// block's staged queries (1 block per SM); anything else (or unset) the v1
-// kernel. Read on every plan and launch so that a test can switch it.
+// FP4IDX_CUDA_SCORER: "v1" the kernel above, "v2" the pipelined kernel with
+// one warpgroup per block (2 blocks per SM), "v3" the same with two
+// warpgroups sharing one block's staged queries (1 block per SM); unset or
+// anything else: FP4IDX_SM90_DEFAULT_SCORER. Read on every plan and launch
+// so that a test can switch it.
+// The scorer used when FP4IDX_CUDA_SCORER is unset (or unknown).
+#define FP4IDX_SM90_DEFAULT_SCORER 1
+
 extern "C" int fp4idx__score_sm90_variant(void) {
   const char *e = getenv("FP4IDX_CUDA_SCORER");
+  if (e && !strcmp(e, "v1")) return 1;
   if (e && !strcmp(e, "v2")) return 2;
   if (e && !strcmp(e, "v3")) return 3;
-  return 1;
+  return FP4IDX_SM90_DEFAULT_SCORER;
 }
 
 typedef void (*sm90_kernel_t)(fp4idx_cuda_score_params_t);
