@@ -7,7 +7,8 @@
  * scales vary), stored in BATCH-key calls (default: all KEYS in one call;
  * the daemon's socket bench appends 8192-key requests) onto shuffled 64-key
  * pages. For bf16 and f32 keys and both roundings prints the median over
- * REPS runs (default 3) of the time for all KEYS, and keys/s. --check reads
+ * REPS runs (default 3) of the time for all KEYS, keys/s, and the median
+ * process CPU time per key (all threads; robust to other load on the box). --check reads
  * every slot back and compares it with fp4idx_quantize_key byte for byte.
  */
 #define _GNU_SOURCE
@@ -36,6 +37,11 @@ static double fp4idx__normal(void) {
 static double fp4idx__now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+static double fp4idx__cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 static int fp4idx__cmpd(const void *a, const void *b) {
@@ -71,8 +77,8 @@ int main(int argc, char **argv) {
   int64_t *perm = malloc((size_t)n_pages * sizeof *perm);
   int64_t *slots = malloc((size_t)n * sizeof *slots);
   uint8_t *got = malloc((size_t)n * FP4IDX_SLOT_BYTES);
-  double *t = malloc((size_t)reps * sizeof *t);
-  if (!kf || !kb || !perm || !slots || !got || !t) goto out;
+  double *t = malloc((size_t)reps * sizeof *t), *ct = malloc((size_t)reps * sizeof *ct);
+  if (!kf || !kb || !perm || !slots || !got || !t || !ct) goto out;
   for (int64_t k = 0; k < n; k++)
     for (int blk = 0; blk < 4; blk++) {
       /* one block in 16 gets a scale far from 1 */
@@ -100,8 +106,8 @@ int main(int argc, char **argv) {
   b->ops->describe(b, &info);
   printf("# fp4idx-bench-store: %lld keys in %lld-key calls, %d reps, device: %s\n",
          (long long)n, (long long)batch, reps, info.device);
-  printf("%-6s %-10s %12s %14s %10s\n", "dtype", "rounding", "median_ms", "keys/s",
-         "ns/key");
+  printf("%-6s %-10s %12s %14s %10s %14s\n", "dtype", "rounding", "median_ms", "keys/s",
+         "ns/key", "cpu_ns/key");
   for (int dt = 0; dt < 2; dt++)
     for (int md = 0; md < 2; md++) {
       fp4idx_dtype_t dtype = dt ? FP4IDX_DTYPE_F32 : FP4IDX_DTYPE_BF16;
@@ -109,7 +115,7 @@ int main(int argc, char **argv) {
       const uint8_t *keys = dt ? (const uint8_t *)kf : (const uint8_t *)kb;
       size_t kbytes = (dt ? 4u : 2u) * FP4IDX_HEAD_DIM;
       for (int r = 0; r < reps; r++) {
-        double t0 = fp4idx__now();
+        double t0 = fp4idx__now(), c0 = fp4idx__cpu_now();
         for (int64_t s = 0; s < n; s += batch) {
           int64_t m = n - s < batch ? n - s : batch;
           int e = b->ops->store(b, keys + (size_t)s * kbytes, dtype, m, slots + s, mode);
@@ -119,11 +125,14 @@ int main(int argc, char **argv) {
           }
         }
         t[r] = fp4idx__now() - t0;
+        ct[r] = fp4idx__cpu_now() - c0;
       }
       qsort(t, (size_t)reps, sizeof *t, fp4idx__cmpd);
+      qsort(ct, (size_t)reps, sizeof *ct, fp4idx__cmpd);
       double med = t[reps / 2];
-      printf("%-6s %-10s %12.2f %14.4g %10.1f\n", dt ? "f32" : "bf16",
-             md ? "threshold" : "rne", med * 1e3, n / med, med * 1e9 / n);
+      printf("%-6s %-10s %12.2f %14.4g %10.1f %14.1f\n", dt ? "f32" : "bf16",
+             md ? "threshold" : "rne", med * 1e3, n / med, med * 1e9 / n,
+             ct[reps / 2] * 1e9 / n);
       fflush(stdout);
       if (check) {
         if (b->ops->read(b, slots, n, 0, got) != FP4IDX_OK) goto out;
@@ -149,5 +158,6 @@ out:
   free(slots);
   free(got);
   free(t);
+  free(ct);
   return rc;
 }
