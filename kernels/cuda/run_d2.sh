@@ -8,15 +8,16 @@
 #   /work/shared/device/bundle-libs.sh build-D2x/devlib build-D2x/*/*
 # Steps run in priority order and are skipped when the time budget
 # (BUDGET seconds, default 380) would run out. Logs: $OUT/d2logs.tgz;
-# bench CSV: $OUT/bench.csv; the summary is printed last.
+# bench CSV: $OUT/bench.csv; the summary ($OUT/summary.txt) is printed last.
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/d2}
-mkdir -p "$OUT/logs"
-L=$OUT/logs
+W=$(mktemp -d)  # logs here, then one tarball into $OUT (few files come back)
+L=$W/logs
+mkdir -p "$L" "$OUT"
 B=build-D2x
 BUDGET=${BUDGET:-380}
 export LD_LIBRARY_PATH=$PWD/$B/devlib FP4IDX_GOLDEN_DIR=$PWD/tests/golden
-sum=$OUT/logs/summary.txt
+sum=$L/summary.txt
 : > "$sum"
 left() { echo $((BUDGET - SECONDS)); }
 # step NAME NEED_S TIMEOUT_S CMD... : runs CMD if NEED_S seconds remain.
@@ -52,5 +53,6 @@ step memcheck_v3 25 60 compute-sanitizer --tool memcheck --error-exitcode 9 $B/t
   [ -f "$L/e2e_v2.log" ] && grep -hE 'differ|DIFFERS|e2e rc' "$L/e2e_v2.log" | sort | uniq -c | head -12
   [ -f "$L/bench.log" ] && grep -E '^check|^\|' "$L/bench.log"
 } >> "$sum"
-tar czf "$OUT/d2logs.tgz" -C "$OUT" logs
+tar czf "$OUT/d2logs.tgz" -C "$W" logs
+cp "$sum" "$OUT/summary.txt"
 cat "$sum"
