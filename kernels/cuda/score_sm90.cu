@@ -631,6 +631,9 @@ __global__ void __launch_bounds__(kWG * kThreads, kMinBlocks)
       // Tile i's rows: accb[2jr + e2] = key g + 8e2, rows 8jr + 2t + {0, 1}.
       auto store = [&](int i) {
         const int32_t lk = lfirst + i * kstride;
+        // Opaque: row pointers recomputed per tile (8 IMADs) instead of up
+        // to 16 64-bit pointers held (and spilled) across the tile loop.
+        const int64_t wd = (int32_t)opaque((uint32_t)width);
 #pragma unroll
         for (int jr = 0; jr < 4; jr++) {
           if (8 * jr >= nrows) break;
@@ -639,8 +642,8 @@ __global__ void __launch_bounds__(kWG * kThreads, kMinBlocks)
             const int r = 8 * jr + 2 * t + e1;
             if (r >= nrows) continue;
             const int64_t row = wk.row0 + r;
-            float *orow = sq.out + row * width;
-            const uint8_t *mrow = sq.mask ? sq.mask + row * width : nullptr;
+            float *orow = sq.out + row * wd;
+            const uint8_t *mrow = sq.mask ? sq.mask + row * wd : nullptr;
             const int32_t len = lens_s[r];
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
