@@ -1,8 +1,9 @@
 /* cpu_quant_kern.c -- the two passes of the fast quantizer (cpu_quant.h),
- * written so that the compiler vectorizes them; compiled once per ISA
- * (cpu_quant_avx2.c, cpu_quant_avx512.c include this file with another
- * FP4IDX__QK_SUFFIX, see CMakeLists.txt). Plain C: the integer compares
- * below give the same bytes on every ISA. */
+ * compiled once per ISA (cpu_quant_avx2.c, cpu_quant_avx512.c include this
+ * file with another FP4IDX__QK_SUFFIX, see CMakeLists.txt). C11 plus the
+ * GCC/Clang vector extensions (vector_size, __builtin_convertvector) and a
+ * statement expression; integer operations only, so every ISA gives the
+ * same bytes (tests/test_cpu_quant.c runs each). */
 #include <string.h>
 
 #include "cpu_quant.h"
