@@ -121,6 +121,13 @@ int fp4idx_backend_cpu_create(fp4idx_backend_t **out, int threads);
  * build has no CUDA, no GPU is present, or the ordinal does not exist. */
 int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device);
 
+/* Checks a score batch against the backend's pool and the shape rules of
+ * fp4idx_backend_batch_t (heads 1..128, rows >= 1, max(lens) <= width <=
+ * n_keys, every page of each sequence inside the pool, outputs present).
+ * Returns FP4IDX_OK or FP4IDX_EINVAL. Both backends call it first. */
+int fp4idx_backend_check_score(const fp4idx_backend_t *b,
+                               const fp4idx_backend_batch_t *batch);
+
 /* Convenience wrappers: b->ops->f(b, ...). */
 static inline void fp4idx_backend_destroy(fp4idx_backend_t *b) {
   if (b) b->ops->destroy(b);

@@ -184,27 +184,9 @@ static int fp4idx__cpu_write_pages(fp4idx_backend_t *b, int64_t first,
  * safe on its own) and runs the scorer. */
 static int fp4idx__cpu_score_entry(fp4idx_backend_t *b,
                                    const fp4idx_backend_batch_t *batch) {
-  if (!b || !batch || !fp4idx__impl(b)->pool) return FP4IDX_EINVAL;
-  if (batch->heads < 1 || batch->heads > FP4IDX_MAX_HEADS) return FP4IDX_EINVAL;
-  if (batch->n_seqs < 0 || (batch->n_seqs > 0 && !batch->seqs)) return FP4IDX_EINVAL;
-  if (batch->topk < 0) return FP4IDX_EINVAL;
-  if (batch->topk == 0 && batch->n_seqs > 0 && !batch->logits) return FP4IDX_EINVAL;
-  if (batch->topk > 0 && batch->n_seqs > 0 &&
-      (!batch->topk_pos || !batch->topk_val || !batch->topk_count))
-    return FP4IDX_EINVAL;
-  int64_t P = b->page_size;
-  for (int32_t s = 0; s < batch->n_seqs; s++) {
-    const fp4idx_backend_seq_t *sq = &batch->seqs[s];
-    if (sq->rows < 1 || sq->n_keys < 0 || sq->width < 0 || sq->width > sq->n_keys)
-      return FP4IDX_EINVAL;
-    if (!sq->q || !sq->w || !sq->lens) return FP4IDX_EINVAL;
-    if (sq->n_keys > 0 && !sq->pages) return FP4IDX_EINVAL;
-    for (int32_t r = 0; r < sq->rows; r++)
-      if (sq->lens[r] < 0 || sq->lens[r] > sq->width) return FP4IDX_EINVAL;
-    int64_t np = (sq->n_keys + P - 1) / P;
-    for (int64_t p = 0; p < np; p++)
-      if (sq->pages[p] < 0 || sq->pages[p] >= b->n_pages) return FP4IDX_EINVAL;
-  }
+  if (!b || !fp4idx__impl(b)->pool) return FP4IDX_EINVAL;
+  int rc = fp4idx_backend_check_score(b, batch);
+  if (rc != FP4IDX_OK) return rc;
   return fp4idx__cpu_score(b, batch);
 }
 
