@@ -42,13 +42,13 @@ for k, sc in enumerate(scorers):
                 lbl += " " + sc
             ax.loglog([int(r["ctx"])], [float(r["hot_us"])], "D", color="C%d" % k)
             ax.annotate("%s: %.1f us" % (lbl, float(r["hot_us"])), (int(r["ctx"]), float(r["hot_us"])),
-                        textcoords="offset points", xytext=(6, -4 - 9 * k), fontsize=7)
+                        textcoords="offset points", xytext=(8, 8 - 11 * k), fontsize=7)
 ax.loglog([16384, 100000, 400000], [5, 10, 30], "v", color="C3", label="target")
 ax.set_xlabel("context (keys)")
 ax.set_ylabel("us per call (median of 3 x 10 graph replays)")
 ax.set_title("FP4 index scorer, R=4 rows x 32 heads, one H200")
 ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=8)
+ax.legend(fontsize=7, loc="lower right")
 fig.tight_layout()
 fig.savefig(dst, dpi=120)
 print("wrote", dst)
