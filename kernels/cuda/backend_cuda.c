@@ -231,15 +231,11 @@ static int fp4idx__host_topk(const float *lg, int64_t width, int32_t k, int32_t 
  * (the benchmark captures the launch itself in a CUDA graph). */
 static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
                                    fp4idx_cuda_score_params_t *stage) {
-  if (!b || !bt || bt->heads < 1 || bt->heads > FP4IDX_MAX_HEADS || bt->n_seqs < 0 ||
-      (bt->n_seqs && !bt->seqs) || bt->topk < 0)
-    return FP4IDX_EINVAL;
+  if (!b || !((fp4idx__cuda_t *)b->impl)->pool) return FP4IDX_EINVAL;
+  int rc = fp4idx_backend_check_score(b, bt);
+  if (rc != FP4IDX_OK) return rc;
   fp4idx__cuda_t *c = b->impl;
-  if (!c->pool) return FP4IDX_EINVAL;
   const int32_t H = bt->heads, ns = bt->n_seqs, P = b->page_size;
-  if (bt->topk == 0 ? !bt->logits && ns : (!bt->topk_pos || !bt->topk_val || !bt->topk_count))
-    return FP4IDX_EINVAL;
-  int rc = FP4IDX_OK;
   int32_t *rows = NULL;
   int64_t *widths = NULL;
   fp4idx_cuda_work_t *works = NULL;
@@ -249,19 +245,13 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   widths = malloc(sizeof *widths * (size_t)ns);
   if (!rows || !widths) { rc = FP4IDX_ENOMEM; goto out; }
 
-  /* Validate and lay out: inputs region (uploaded), then outputs. */
+  /* Lay out: inputs region (uploaded), then outputs. */
   size_t off = 0, total_rows = 0, total_out = 0;
   o_pages = malloc(sizeof *o_pages * (size_t)ns * 5);
   if (!o_pages) { rc = FP4IDX_ENOMEM; goto out; }
   for (int32_t i = 0; i < ns; i++) {
     const fp4idx_backend_seq_t *s = &bt->seqs[i];
-    if (s->rows < 1 || s->width < 0 || s->width > s->n_keys || !s->q || !s->w || !s->lens ||
-        (s->width > 0 && !s->pages)) { rc = FP4IDX_EINVAL; goto out; }
-    const int64_t np = (s->width + P - 1) / P;
-    for (int64_t p = 0; p < np; p++)
-      if (s->pages[p] < 0 || s->pages[p] >= b->n_pages) { rc = FP4IDX_EINVAL; goto out; }
-    for (int32_t r = 0; r < s->rows; r++)
-      if (s->lens[r] < 0 || s->lens[r] > s->width) { rc = FP4IDX_EINVAL; goto out; }
+    const int64_t np = (s->width + P - 1) / P; /* pages the scorer reads */
     rows[i] = s->rows;
     widths[i] = s->width;
     o_pages[5 * i + 0] = off; off = fp4idx__align(off + (size_t)np * 4);
