@@ -46,6 +46,7 @@
 
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
+#include "score_work.cuh"
 
 namespace {
 
@@ -147,12 +148,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   int64_t cur = tb;
   while (cur < te) {
-    // The work holding tile `cur`: last one with tile_begin <= cur.
-    int lo = 0, hi = prm.n_works - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (prm.works[mid].tile_begin <= cur) lo = mid; else hi = mid - 1;
-    }
+    const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
     const fp4idx_cuda_work_t wk = prm.works[lo];
     const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
     const int64_t seg_end = wend < te ? wend : te;

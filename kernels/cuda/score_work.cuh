@@ -1,0 +1,21 @@
+// score_work.cuh -- which work item a tile belongs to, shared by the sm_80
+// (score.cu) and sm_90a (score_sm90.cu) scorers.
+//
+// The host flattens a batch into works (one sequence's group of verify rows,
+// sorted by tile_begin) and gives each block a contiguous range of tiles;
+// a block finds the work holding its current tile by binary search.
+#pragma once
+
+#include "fp4idx_cuda.h"
+
+// Index of the last work with tile_begin <= tile. Arguments by value: taking
+// the address of a kernel parameter could move it to local memory.
+__device__ __forceinline__ int fp4idx__work_of_tile(const fp4idx_cuda_work_t *works,
+                                                    int n_works, int64_t tile) {
+  int lo = 0, hi = n_works - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (works[mid].tile_begin <= tile) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
