@@ -1,35 +1,45 @@
-/* score_sm90.cu -- the FP4 index scorer on Hopper: wgmma (sm_90a).
+/* score_sm90.cu -- the FP4 index scorer on Hopper (sm_90a): a persistent,
+ * warp-specialised wgmma kernel.
  *
- * Same contract as score.cu (protocol/PROTOCOL.md appendix); the matrix
- * engine and the epilogue change. One warpgroup (4 warps, 128 threads) per block takes a
- * 64-key tile: warp w owns keys 16w..16w+15, and lane (g, t) decodes keys
- * 16w+g and 16w+g+8 (scale block t of each: one LDG.128 + one byte) straight
- * into the A-operand registers of wgmma -- the keys are decoded ONCE per
- * tile and used for all R*H query vectors of the sequence.
+ * Same contract as score.cu (protocol/PROTOCOL.md appendix, key layout of
+ * fp4idx_format.h) and the same arithmetic as the mma.sync kernel, so the
+ * same bits; what changes is the schedule.
  *
- *   1. d = K_tile . Q^T: wgmma.m64n128k16, A = keys (registers), B = query
- *      vectors in shared memory, K-major with the 128-byte swizzle, read
- *      through a matrix descriptor; 8 k-steps, up to 2 chunks of 128
- *      vectors; f32 accumulators (64 per thread).
- *   2. p = bf16(relu(bf16(d)) * |w|): cvt.rn.bf16x2 + fma.rn.relu.bf16x2
- *      (rounding is monotone and odd, so relu commutes with it; the sign of
- *      w goes into step 3 exactly).
- *   3. head sum on the tensor core: the accumulator layout of n8 blocks
- *      2k, 2k+1 is the A-register layout of k-step k, so p feeds a second
- *      wgmma.m64n32k16 from registers against S^T [32 rows][256 vectors],
- *      S = sign(w_v) where vector v belongs to row r, else 0: the products
- *      p * (+-1) are exact and the f32 accumulation is exact whenever the
- *      row's terms fit 24 bits (always on dyadic data; on Gaussian data the
- *      CPU oracle, which sums in float64, agreed on every test) -- then one
- *      bf16 rounding and the -inf / mask rule per (row, key).
- * No exp2, no special-function unit (tests/sass_check.sh).
- *
- * Grid: 1-D, <= occupancy * SMs blocks; block b takes the contiguous 64-key
- * tile range [T*b/G, T*(b+1)/G) of the flattened work list (score.cu's
- * planner); per work segment it stages Q, |w|, S and the lengths once.
- * Keys of the next tile load while this one computes. Shared memory:
- * nq*256 B of queries (nq padded to 128) + 16 KB of S + weights, lengths and
- * a v/hp table, 1024-byte aligned for the swizzle.
+ * Block: 4 warpgroups, one block per SM, a 1-D grid of <= SMs blocks; block
+ * b takes the contiguous range [T*b/G, T*(b+1)/G) of the 64-key tiles of the
+ * flattened work list (score.cu's planner: every sequence of the batch), so
+ * long contexts and many sequences alike spread over every SM.
+ *   - Producer (warpgroup 3, setmaxnreg down to 32 registers; one warp
+ *     works): copies each key tile (64 keys x 68 bytes, page-indexed) into a
+ *     kStages-deep shared-memory ring guarded by mbarriers: with the bulk
+ *     copy engine (cp.async.bulk, 2 copies per tile: payload, scales) when a
+ *     page holds >= 64 keys, else with per-lane cp.async. Page ids of 32
+ *     tiles are fetched in one round trip.
+ *   - Consumers (warpgroups 0..2, setmaxnreg up to 160): consumer c takes
+ *     the block's visible tiles c, c+3, ...: waits for the tile's stage,
+ *     decodes the keys (lane (g, t) of warp w: keys 16w+g and 16w+g+8, scale
+ *     block t: one LDS.128 + one byte each) straight into the A registers of
+ *     wgmma, frees the stage, then
+ *       1. d = K_tile . Q^T: wgmma.m64n128k16, B = query vectors in shared
+ *          memory (K-major, 128-byte swizzle), 8 k-steps per 128 vectors;
+ *       2. p = bf16(relu(bf16(d)) * |w|): cvt.rn.bf16x2 + fma.rn.relu.bf16x2
+ *          (rounding is monotone and odd, so relu commutes with it);
+ *       3. head sum on the tensor core: p (the accumulator layout of n8
+ *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [32 rows]
+ *          [256 vectors], S = sign(w_v) where vector v belongs to row r:
+ *          exact products, f32 sums exact on dyadic data (the CPU oracle
+ *          sums in float64 and agreed on every test); then one bf16
+ *          rounding and the -inf / mask rule per (row, key).
+ *     The three consumers' wgmma, decode and epilogue phases interleave on
+ *     the SM (one's tensor-core work runs under another's ALU work); none
+ *     of them waits for global memory.
+ *   - Per work segment the 384 consumer threads stage Q (swizzled), |w|, S
+ *     and the lengths ONCE for all three consumers; the producer reads the
+ *     lengths itself and runs ahead, so the first tiles' keys load under
+ *     the staging. Tiles past every row's visible count only get -inf.
+ * No exp2, no special-function unit (tests/sass_check.sh). Shared memory:
+ * nq*256 B of queries (nq = ntp*8, a multiple of 128) + 16 KB of S + the
+ * ring (kStages x 4352 B) + barriers, weights, lengths, a v/hp table.
  * Only compiled into the sm_90a image; plans for FP4IDX_CUDA_SCORER_WGMMA
  * (chosen once per device on CC 9.0) run it.
  */
@@ -40,22 +50,27 @@
 #include "fp4idx_decode.cuh"
 #include "score_work.cuh"
 
-// The kernel body exists only in the sm_90a image (wgmma); elsewhere it is
-// empty and the planner never launches it.
+// The kernel body exists only in the sm_90a image (wgmma, setmaxnreg);
+// elsewhere it is empty and the planner never launches it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FP4IDX_SM90 1
 #endif
 
 namespace {
 
-constexpr int kThreads = 128;
-#ifdef FP4IDX_SM90
+constexpr int kConsumers = 3;                     // consumer warpgroups
+constexpr int kCThreads = kConsumers * 128;       // consumer threads
+constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
+constexpr int kStages = 8;                        // key-tile ring depth
 constexpr int kTileKeys = 64;
+constexpr int kPayBytes = kTileKeys * 64;         // payload of a tile: [64 keys][64 B]
+constexpr int kStageBytes = kPayBytes + kTileKeys * 4;  // + scales [64 keys][4 B]
+constexpr int kRowsMax = 32;                      // rows per work (256 query vectors / 8)
+constexpr int kSumBytes = 4 * kRowsMax * 128;     // head-sum matrix, K = 256
+#ifdef FP4IDX_SM90
 constexpr int kN = 128;  // query vectors per wgmma
+constexpr uint32_t kCBarrier = 1;                 // named barrier of the consumers
 #endif
-constexpr int kRowsMax = 32;  // rows per work (256 query vectors / 8)
-constexpr int kSumBytes = 4 * kRowsMax * 128;  // head-sum matrix, K = 256
-
 
 #ifdef FP4IDX_SM90
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -120,39 +135,117 @@ __device__ __forceinline__ uint32_t relu_mul_abs_bf16x2(uint32_t d, uint32_t wab
   return r;
 }
 
-struct Keys2 {
-  uint4 p[2];
-  uint32_t s[2];
-};
 
-__device__ __forceinline__ void load_keys2(Keys2 &kr, const uint8_t *__restrict__ pool,
-                                           const int32_t *__restrict__ pages, int32_t log2p,
-                                           int32_t width, int32_t lbase, int t) {
-  const uint32_t pmask = (1u << log2p) - 1u;
-  const uint64_t page_bytes = (uint64_t)FP4IDX_SLOT_BYTES << log2p;
-#pragma unroll
-  for (int m = 0; m < 2; m++) {
-    int32_t l = lbase + 8 * m;
-    if (l > width - 1) l = width - 1;
-    const uint32_t page = (uint32_t)__ldg(pages + (l >> log2p));
-    const uint32_t o = (uint32_t)l & pmask;
-    const uint8_t *base = pool + (uint64_t)page * page_bytes;  // 64-bit: pools > 4 GiB
-    const uint8_t *src = base + o * 64 + t * 16;
-    if (log2p >= 2) {
-      kr.p[m] = __ldg(reinterpret_cast<const uint4 *>(src));
-    } else {
-      const uint32_t *s4 = reinterpret_cast<const uint32_t *>(src);
-      kr.p[m] = make_uint4(__ldg(s4), __ldg(s4 + 1), __ldg(s4 + 2), __ldg(s4 + 3));
-    }
-    kr.s[m] = __ldg(base + (64u << log2p) + o * 4 + t);
-  }
+// ---- mbarriers, copies, named barriers, register hand-over ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Returns once the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Bulk copy engine: global -> shared, completion counted on `bar` in bytes.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// One arrival on `bar` once this thread's earlier cp.async are complete.
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(kCBarrier), "r"(kCThreads) : "memory");
 }
 
+// Lengths of a work: the largest visible count of its rows, read by one warp.
+__device__ __forceinline__ int32_t warp_maxlen(const int32_t *lens, int nrows, int lane) {
+  int32_t L = 0;
+  for (int r = lane; r < nrows; r += 32) L = max(L, __ldg(lens + r));
+  return __reduce_max_sync(0xffffffffu, L);
+}
+
+// The producer warp: tiles [cur, cur + nact) of the work (block tile index
+// j0..), each into stage j % kStages once the consumers freed it.
+__device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
+                                        const fp4idx_cuda_seq_t &sq, int64_t tile0, int nact,
+                                        uint32_t j0, uint32_t ring, uint32_t full, uint32_t empty,
+                                        int lane) {
+  const int32_t log2p = prm.log2_page, width = (int32_t)sq.width;
+  const uint32_t pmask = (1u << log2p) - 1u;
+  const uint64_t page_bytes = (uint64_t)FP4IDX_SLOT_BYTES << log2p;
+  for (int i0 = 0; i0 < nact; i0 += 32) {
+    // Page ids of the next 32 tiles (whole-page tiles) in one round trip.
+    int32_t pid = 0;
+    if (log2p >= 6 && i0 + lane < nact)
+      pid = __ldg(sq.pages + ((((int32_t)(tile0 + i0 + lane)) * kTileKeys) >> log2p));
+    const int n = nact - i0 < 32 ? nact - i0 : 32;
+    for (int k = 0; k < n; k++) {
+      const uint32_t j = j0 + (uint32_t)(i0 + k), s = j % kStages;
+      if (j >= (uint32_t)kStages) mbar_wait(empty + 8 * s, ((j / kStages) - 1) & 1);
+      const int32_t l0 = (int32_t)(tile0 + i0 + k) * kTileKeys;
+      const uint32_t dst = ring + s * kStageBytes, bar = full + 8 * s;
+      if (log2p >= 6) {
+        // The tile is 64 consecutive slots of one page: payload and scales
+        // are two contiguous runs (16-byte aligned: P*68 % 16 == 0).
+        const uint32_t page = (uint32_t)__shfl_sync(0xffffffffu, pid, k);
+        if (lane == 0) {
+          const uint8_t *base = prm.pool + (uint64_t)page * page_bytes;  // 64-bit: pools > 4 GiB
+          const uint32_t o = (uint32_t)l0 & pmask;
+          mbar_expect_tx(bar, kStageBytes);
+          bulk_copy(dst, base + (uint64_t)o * 64, kPayBytes, bar);
+          bulk_copy(dst + kPayBytes, base + ((uint64_t)64 << log2p) + (uint64_t)o * 4,
+                    kTileKeys * 4, bar);
+        }
+      } else {
+        // Pages of < 64 keys: lane takes keys lane and lane + 32 (clamped to
+        // the sequence: a page past its end need not exist).
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+          const int key = lane + 32 * m;
+          int32_t l = l0 + key;
+          if (l > width - 1) l = width - 1;
+          const uint32_t page = (uint32_t)__ldg(sq.pages + (l >> log2p));
+          const uint32_t o = (uint32_t)l & pmask;
+          const uint8_t *base = prm.pool + (uint64_t)page * page_bytes;
+          const uint8_t *src = base + (uint64_t)o * 64;
+          if (log2p >= 2) {
+#pragma unroll
+            for (int c = 0; c < 4; c++) cp_async16(dst + key * 64 + 16 * c, src + 16 * c);
+          } else {  // pages of 1 or 2 keys: 4-byte alignment only
+#pragma unroll
+            for (int c = 0; c < 16; c++) cp_async4(dst + key * 64 + 4 * c, src + 4 * c);
+          }
+          cp_async4(dst + kPayBytes + key * 4, base + ((uint64_t)64 << log2p) + (uint64_t)o * 4);
+        }
+        cp_async_arrive(bar);
+      }
+    }
+  }
+}
 #endif  // FP4IDX_SM90
 
 }  // namespace
 
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 1)
     fp4idx_score_sm90_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
 #ifdef FP4IDX_SM90
   extern __shared__ uint8_t smem_raw[];
@@ -161,214 +254,250 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int nq = prm.ntp * 8;                                      // query rows in smem
   uint8_t *q_s = smem;                                             // [2 kc][nq][128 B]
   uint8_t *s_s = smem + nq * 256;                                  // [4 kc][32 rows][128 B]
-  uint32_t *w_s = reinterpret_cast<uint32_t *>(s_s + kSumBytes);   // [nq/2] bf16x2
+  uint8_t *ring_s = s_s + kSumBytes;                               // [kStages][4352 B]
+  uint64_t *bars = reinterpret_cast<uint64_t *>(ring_s + kStages * kStageBytes);  // full, empty
+  uint32_t *w_s = reinterpret_cast<uint32_t *>(bars + 2 * kStages);  // [nq/2] bf16x2
   int32_t *lens_s = reinterpret_cast<int32_t *>(w_s + nq / 2);     // [32]
-  int32_t *maxlen_s = lens_s + 32;
-  uint8_t *row_of_v = reinterpret_cast<uint8_t *>(maxlen_s + 1);  // [256] v / hp
+  uint8_t *row_of_v = reinterpret_cast<uint8_t *>(lens_s + 32);    // [256] v / hp
+  uint16_t *wraw = reinterpret_cast<uint16_t *>(row_of_v + 256);   // [256]
   const uint32_t q_addr = (uint32_t)__cvta_generic_to_shared(q_s);
   const uint32_t s_addr = (uint32_t)__cvta_generic_to_shared(s_s);
+  const uint32_t ring = (uint32_t)__cvta_generic_to_shared(ring_s);
+  const uint32_t full = (uint32_t)__cvta_generic_to_shared(bars);
+  const uint32_t empty = full + 8 * kStages;
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
+  // Warpgroup index through a shuffle: visibly warp-uniform to ptxas.
+  const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0);
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) {
+      mbar_init(full + 8 * s, prm.log2_page >= 6 ? 1 : 32);  // expect_tx arrive / 32 lanes
+      mbar_init(empty + 8 * s, 128);                            // the consuming warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // Integer division is ~20 instructions: one per thread, into a table.
+  for (int v = threadIdx.x; v < 256; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
+  __syncthreads();
+
   const int64_t T = prm.total_tiles;
   const int64_t tb = T * blockIdx.x / gridDim.x;
   const int64_t te = T * (blockIdx.x + 1) / gridDim.x;
 
-  int64_t cur = tb;
-  while (cur < te) {
-    const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
-    const fp4idx_cuda_work_t wk = prm.works[lo];
-    const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
-    const int64_t seg_end = wend < te ? wend : te;
-    const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
-    const int nrows = wk.nrows;
-    const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
-    const int nchunks = (nt_valid * 8 + kN - 1) / kN;
-
-    // The first tile's keys load under the staging below (maxlen is not known
-    // yet; a tile past it just ignores them).
-    const int32_t width = (int32_t)sq.width;
-    Keys2 ka;
-    load_keys2(ka, prm.pool, sq.pages, prm.log2_page, width,
-               (int32_t)(cur - wk.tile_begin) * kTileKeys + 16 * warp + g, t);
-    __syncthreads();
-    // Integer division is ~20 instructions: one per thread, into a table.
-    for (int v = threadIdx.x; v < 256; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
-    __syncthreads();
-    // Stage the queries: input chunk (v, c) = dims 8c..8c+7 of vector v;
-    // with c = 4t'+w', its word pairs (d0,d4) (d1,d5) (d2,d6) (d3,d7) sit at
-    // logical K = 32w' + 2t' + {0,8,16,24} (the decoder's K order), in the
-    // SW128 K-major layout: [kc = K/64][row v][16-byte unit u ^ (v & 7)].
-    for (int i0 = threadIdx.x; i0 < nq * 16; i0 += 8 * kThreads) {
-      uint4 in[8];
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * kThreads, v = (i >> 4) & 255, c = i & 15;
-        const int r = row_of_v[v], h = v - r * prm.hp;
-        in[u] = make_uint4(0, 0, 0, 0);
-        if (i < nq * 16 && r < nrows && h < prm.heads)
-          in[u] = __ldg(reinterpret_cast<const uint4 *>(
-              sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
+  if (wg == kConsumers) {
+    // ---- producer warpgroup ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+    if ((threadIdx.x >> 5) == kConsumers * 4) {
+      uint32_t j = 0;  // visible tiles of this block so far
+      for (int64_t cur = tb; cur < te;) {
+        const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
+        const fp4idx_cuda_work_t wk = prm.works[lo];
+        const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
+        const int64_t seg_end = wend < te ? wend : te;
+        const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
+        const int32_t maxlen = warp_maxlen(sq.lens + wk.row0, wk.nrows, lane);
+        int64_t act_end = wk.tile_begin + ((int64_t)maxlen + kTileKeys - 1) / kTileKeys;
+        if (act_end > seg_end) act_end = seg_end;
+        const int nact = act_end > cur ? (int)(act_end - cur) : 0;
+        produce(prm, sq, cur - wk.tile_begin, nact, j, ring, full, empty, lane);
+        j += (uint32_t)nact;
+        cur = seg_end;
       }
+    }
+  } else {
+    // ---- consumer warpgroups ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
+    const int ct = threadIdx.x;  // 0 .. kCThreads-1
+    const int warp = (ct >> 5) & 3;
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t j = 0;
+    for (int64_t cur = tb; cur < te;) {
+      const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
+      const fp4idx_cuda_work_t wk = prm.works[lo];
+      const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
+      const int64_t seg_end = wend < te ? wend : te;
+      const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
+      const int nrows = wk.nrows;
+      const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
+      const int nchunks = (nt_valid * 8 + kN - 1) / kN;
+      const int32_t width = (int32_t)sq.width;
+
+      // Weights and lengths: loads issued before the queries' stores.
+      uint16_t wv = 0;
+      if (ct < 256) {
+        const int r = row_of_v[ct], h = ct - r * prm.hp;
+        if (ct < nq && r < nrows && h < prm.heads)
+          wv = __ldg(sq.w + (int64_t)(wk.row0 + r) * prm.heads + h);
+      }
+      const int32_t lenv = ct < nrows ? __ldg(sq.lens + wk.row0 + ct) : 0;
+      consumers_sync();  // the previous segment's readers of q_s / s_s / w_s / lens_s are done
+      // Stage the queries: input chunk (v, c) = dims 8c..8c+7 of vector v;
+      // with c = 4t'+w', its word pairs (d0,d4) (d1,d5) (d2,d6) (d3,d7) sit at
+      // logical K = 32w' + 2t' + {0,8,16,24} (the decoder's K order), in the
+      // SW128 K-major layout: [kc = K/64][row v][16-byte unit u ^ (v & 7)].
+      for (int i0 = ct; i0 < nq * 16; i0 += 8 * kCThreads) {
+        uint4 in[8];
 #pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
-        if (i >= nq * 16) break;
-        const int tq = c >> 2, wq = c & 3;
-        const uint32_t o[4] = {prmt(in[u].x, in[u].z, 0x5410), prmt(in[u].x, in[u].z, 0x7632),
-                               prmt(in[u].y, in[u].w, 0x5410), prmt(in[u].y, in[u].w, 0x7632)};
+        for (int u = 0; u < 8; u++) {
+          const int i = i0 + u * kCThreads, v = (i >> 4) & 255, c = i & 15;
+          const int r = row_of_v[v], h = v - r * prm.hp;
+          in[u] = make_uint4(0, 0, 0, 0);
+          if (i < nq * 16 && r < nrows && h < prm.heads)
+            in[u] = __ldg(reinterpret_cast<const uint4 *>(
+                sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
+        }
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-          const int unit = 4 * wq + m;  // (K/8) over both 64-element chunks
-          const int kc = unit >> 3, uu = unit & 7;
-          *reinterpret_cast<uint32_t *>(q_s + kc * (nq * 128) + v * 128 + ((uu ^ (v & 7)) << 4) +
-                                        4 * tq) = o[m];
+        for (int u = 0; u < 8; u++) {
+          const int i = i0 + u * kCThreads, v = i >> 4, c = i & 15;
+          if (i >= nq * 16) break;
+          const int tq = c >> 2, wq = c & 3;
+          const uint32_t o[4] = {prmt(in[u].x, in[u].z, 0x5410), prmt(in[u].x, in[u].z, 0x7632),
+                                 prmt(in[u].y, in[u].w, 0x5410), prmt(in[u].y, in[u].w, 0x7632)};
+#pragma unroll
+          for (int m = 0; m < 4; m++) {
+            const int unit = 4 * wq + m;  // (K/8) over both 64-element chunks
+            const int kc = unit >> 3, uu = unit & 7;
+            *reinterpret_cast<uint32_t *>(q_s + kc * (nq * 128) + v * 128 + ((uu ^ (v & 7)) << 4) +
+                                          4 * tq) = o[m];
+          }
         }
       }
-    }
-    // Raw weights per query vector (one global load each), then |w| pairs
-    // for the epilogue and the head-sum matrix S^T [32 rows r][256 vectors v]
-    // = sign(w_v) where v belongs to row r: the tensor core sums each row's
-    // H products (exact bf16 inputs, f32 accumulation) -- B of the 2nd wgmma.
-    uint16_t *wraw = reinterpret_cast<uint16_t *>(row_of_v + 256);  // [256]
-    for (int v = threadIdx.x; v < 256; v += kThreads) {
-      const int r = row_of_v[v], h = v - r * prm.hp;
-      wraw[v] = (v < nq && r < nrows && h < prm.heads)
-                    ? sq.w[(int64_t)(wk.row0 + r) * prm.heads + h] : (uint16_t)0;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < kRowsMax * 32; i += kThreads) {
-      const int r = i >> 5, unit = i & 31;  // unit: 8 consecutive v
-      uint32_t wd[4];
+      if (ct < 256) wraw[ct] = wv;
+      if (ct < nrows) lens_s[ct] = lenv;
+      consumers_sync();
+      // |w| pairs for the epilogue and the head-sum matrix S^T [32 rows r]
+      // [256 vectors v] = sign(w_v) where v belongs to row r: the tensor
+      // core sums each row's H products -- B of the second wgmma.
+      for (int i = ct; i < kRowsMax * 32; i += kCThreads) {
+        const int r = i >> 5, unit = i & 31;  // unit: 8 consecutive v
+        uint32_t wd[4];
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        uint32_t x = 0;
+        for (int e = 0; e < 4; e++) {
+          uint32_t x = 0;
 #pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-          const int v = unit * 8 + 2 * e + h2;
-          if (r < nrows && v < nq && row_of_v[v] == r)
-            x |= ((wraw[v] & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
+          for (int h2 = 0; h2 < 2; h2++) {
+            const int v = unit * 8 + 2 * e + h2;
+            if (r < nrows && v < nq && row_of_v[v] == r)
+              x |= ((wraw[v] & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
+          }
+          wd[e] = x;
         }
-        wd[e] = x;
+        const int kc = unit >> 3, uu = unit & 7;
+        *reinterpret_cast<uint4 *>(s_s + kc * (kRowsMax * 128) + r * 128 + ((uu ^ (r & 7)) << 4)) =
+            make_uint4(wd[0], wd[1], wd[2], wd[3]);
       }
-      const int kc = unit >> 3, uu = unit & 7;
-      *reinterpret_cast<uint4 *>(s_s + kc * (kRowsMax * 128) + r * 128 + ((uu ^ (r & 7)) << 4)) =
-          make_uint4(wd[0], wd[1], wd[2], wd[3]);
-    }
-    for (int i = threadIdx.x; i < nq / 2; i += kThreads)
-      w_s[i] = ((uint32_t)wraw[2 * i] | ((uint32_t)wraw[2 * i + 1] << 16)) & 0x7fff7fffu;
-    if (threadIdx.x == 0) {
-      int32_t mx = 0;
-      for (int r = 0; r < nrows; r++) {
-        int32_t L = sq.lens[wk.row0 + r];
-        lens_s[r] = L;
-        mx = L > mx ? L : mx;
-      }
-      *maxlen_s = mx;
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    const int32_t maxlen = *maxlen_s;
+      for (int i = ct; i < nq / 2; i += kCThreads)
+        w_s[i] = ((uint32_t)wraw[2 * i] | ((uint32_t)wraw[2 * i + 1] << 16)) & 0x7fff7fffu;
+      int32_t maxlen = 0;
+      for (int r = 0; r < nrows; r++) maxlen = max(maxlen, lens_s[r]);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q, S -> wgmma
+      consumers_sync();
 
-    // Tile loop, keys prefetched two tiles ahead (the page-id -> payload
-    // chain is two dependent memory round trips).
-    auto issue = [&](Keys2 &kr, int64_t tile) {
-      const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
-      if (tile < seg_end && l0 < maxlen)
-        load_keys2(kr, prm.pool, sq.pages, prm.log2_page, width, l0 + 16 * warp + g, t);
-    };
-    for (int64_t tile = cur; tile < seg_end; tile++) {
-      const int32_t l0 = (int32_t)(tile - wk.tile_begin) * kTileKeys;
-      if (l0 >= maxlen) {
-        // Past every row's visible count: -inf only.
-        const int32_t l = l0 + (threadIdx.x & 63);
-        if (l < width)
-          for (int r = threadIdx.x >> 6; r < nrows; r += 2)
-            sq.out[(int64_t)(wk.row0 + r) * width + l] = -INFINITY;
-        continue;
-      }
-      uint32_t a[2][16];
-      if (__all_sync(0xffffffffu, fp4idx__scale_fast(ka.s[0]) && fp4idx__scale_fast(ka.s[1]))) {
-        fp4idx__decode_block_fast(ka.p[0], ka.s[0], a[0]);
-        fp4idx__decode_block_fast(ka.p[1], ka.s[1], a[1]);
-      } else {
-        fp4idx__decode_block(ka.p[0], ka.s[0], a[0]);
-        fp4idx__decode_block(ka.p[1], ka.s[1], a[1]);
-      }
-      issue(ka, tile + 1);  // next tile's keys load under this tile's MMAs
-
-      float acc[16];  // [64 keys x 32 rows]: head sums
-      fence_acc(acc);
-      for (int ch = 0; ch < nchunks; ch++) {
-        float d[64];
-        fence_acc(d);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-          const int w4 = kk >> 1, n0 = 2 * (kk & 1);
-          const uint32_t saddr = q_addr + (kk >> 2) * (nq * 128) + ch * (kN * 128) + (kk & 3) * 32;
-          wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
-                           a[1][4 * w4 + n0 + 1], make_desc(saddr), kk);
+      // Visible tiles [cur, act_end): this warpgroup's are those whose block
+      // index j + i is wg mod kConsumers (the producer's numbering).
+      int64_t act_end = wk.tile_begin + ((int64_t)maxlen + kTileKeys - 1) / kTileKeys;
+      if (act_end > seg_end) act_end = seg_end;
+      const int nact = act_end > cur ? (int)(act_end - cur) : 0;
+      const int ifirst = (int)((wg + kConsumers - (int)(j % kConsumers)) % kConsumers);
+      for (int i = ifirst; i < nact; i += kConsumers) {
+        const uint32_t jt = j + (uint32_t)i, s = jt % kStages;
+        mbar_wait(full + 8 * s, (jt / kStages) & 1);
+        const uint8_t *st = ring_s + s * kStageBytes;
+        const int k0 = 16 * warp + g;
+        const uint4 p0 = *reinterpret_cast<const uint4 *>(st + k0 * 64 + t * 16);
+        const uint4 p1 = *reinterpret_cast<const uint4 *>(st + (k0 + 8) * 64 + t * 16);
+        const uint32_t s0 = st[kPayBytes + k0 * 4 + t], s1 = st[kPayBytes + (k0 + 8) * 4 + t];
+        uint32_t a[2][16];
+        if (__all_sync(0xffffffffu, fp4idx__scale_fast(s0) && fp4idx__scale_fast(s1))) {
+          fp4idx__decode_block_fast(p0, s0, a[0]);
+          fp4idx__decode_block_fast(p1, s1, a[1]);
+        } else {
+          fp4idx__decode_block(p0, s0, a[0]);
+          fp4idx__decode_block(p1, s1, a[1]);
         }
-        wgmma_commit();
+        mbar_arrive(empty + 8 * s);  // the stage's bytes are in registers now
+
+        float acc[16];  // [64 keys x 32 rows]: head sums
+        fence_acc(acc);
+        for (int ch = 0; ch < nchunks; ch++) {
+          float d[64];
+          fence_acc(d);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 8; kk++) {
+            const int w4 = kk >> 1, n0 = 2 * (kk & 1);
+            const uint32_t saddr = q_addr + (kk >> 2) * (nq * 128) + ch * (kN * 128) + (kk & 3) * 32;
+            wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
+                             a[1][4 * w4 + n0 + 1], make_desc(saddr), kk);
+          }
+          wgmma_commit();
+          wgmma_wait0();
+          fence_acc(d);
+          // p = bf16(relu(bf16(d)) * w) in bf16x2, straight into the A
+          // registers of the head-sum wgmma.
+          uint32_t pr[32];
+#pragma unroll
+          for (int jj = 0; jj < kN / 8; jj++) {
+            const uint32_t w2 = w_s[(ch * (kN / 8) + jj) * 4 + t];
+            pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+            pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+          }
+          wgmma_fence();
+#pragma unroll
+          for (int k2 = 0; k2 < 8; k2++) {
+            const int kv = ch * 8 + k2;  // 16-vector step over K = 256
+            const uint32_t saddr = s_addr + (kv >> 2) * (kRowsMax * 128) + (kv & 3) * 32;
+            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
+                            make_desc(saddr), ch | k2);
+          }
+          wgmma_commit();
+          if (ch + 1 < nchunks) wgmma_wait0();  // pr and d are reused
+        }
         wgmma_wait0();
-        fence_acc(d);
-        // p = bf16(relu(bf16(d)) * w) in bf16x2; the accumulator layout of
-        // n8 blocks 2k, 2k+1 is the A-register layout of k-step k, so p feeds
-        // the head-sum wgmma straight from registers.
-        uint32_t pr[32];
+        fence_acc(acc);
+        // acc[4jr + e]: key g (e < 2) or g+8, row 8jr + 2t + (e & 1).
+        const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
 #pragma unroll
-        for (int jj = 0; jj < kN / 8; jj++) {
-          const uint32_t w2 = w_s[(ch * (kN / 8) + jj) * 4 + t];
-          pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
-          pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
-        }
-        wgmma_fence();
+        for (int jr = 0; jr < 4; jr++) {
+          if (8 * jr >= nrows) break;
 #pragma unroll
-        for (int k2 = 0; k2 < 8; k2++) {
-          const int kv = ch * 8 + k2;  // 16-vector step over K = 256
-          const uint32_t saddr = s_addr + (kv >> 2) * (kRowsMax * 128) + (kv & 3) * 32;
-          wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
-                          make_desc(saddr), ch | k2);
-        }
-        wgmma_commit();
-        if (ch + 1 < nchunks) wgmma_wait0();  // pr and d are reused
-      }
-      wgmma_wait0();
-      fence_acc(acc);
-      // acc[4jr + e]: key g (e < 2) or g+8, row 8jr + 2t + (e & 1).
-      const int32_t lk = l0 + 16 * warp + g;
+          for (int e1 = 0; e1 < 2; e1++) {
+            const int r = 8 * jr + 2 * t + e1;
+            if (r >= nrows) continue;
+            const int64_t row = wk.row0 + r;
+            float *orow = sq.out + row * width;
+            const uint8_t *mrow = sq.mask ? sq.mask + row * width : nullptr;
+            const int32_t len = lens_s[r];
 #pragma unroll
-      for (int jr = 0; jr < 4; jr++) {
-        if (8 * jr >= nrows) break;
-#pragma unroll
-        for (int e1 = 0; e1 < 2; e1++) {
-          const int r = 8 * jr + 2 * t + e1;
-          if (r >= nrows) continue;
-          const int64_t row = wk.row0 + r;
-          float *orow = sq.out + row * width;
-          const uint8_t *mrow = sq.mask ? sq.mask + row * width : nullptr;
-          const int32_t len = lens_s[r];
-#pragma unroll
-          for (int e2 = 0; e2 < 2; e2++) {
-            const int32_t l = lk + 8 * e2;
-            if (l < width) {
-              bool vis = l < len;
-              if (vis && mrow) vis = mrow[l] != 0;
-              orow[l] = vis ? __bfloat162float(__float2bfloat16_rn(acc[4 * jr + 2 * e2 + e1])) : -INFINITY;
+            for (int e2 = 0; e2 < 2; e2++) {
+              const int32_t l = lk + 8 * e2;
+              if (l < width) {
+                bool vis = l < len;
+                if (vis && mrow) vis = mrow[l] != 0;
+                orow[l] = vis ? __bfloat162float(__float2bfloat16_rn(acc[4 * jr + 2 * e2 + e1]))
+                              : -INFINITY;
+              }
             }
           }
         }
       }
+      // Past every row's visible count: -inf only, all consumer threads.
+      for (int64_t tile = act_end > cur ? act_end : cur; tile < seg_end; tile++) {
+        const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
+        if (l < width)
+          for (int r = ct >> 6; r < nrows; r += kCThreads / 64)
+            sq.out[(int64_t)(wk.row0 + r) * width + l] = -INFINITY;
+      }
+      j += (uint32_t)nact;
+      cur = seg_end;
     }
-    cur = seg_end;
   }
 #endif
 }
 
-
 extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
-  return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)ntp * 4 * 4 + 33 * 4 + 256 + 512 + 1024;
+  return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)kStages * kStageBytes + 2 * kStages * 8 +
+         (size_t)ntp * 4 * 4 + 32 * 4 + 256 + 512 + 1024;
 }
 
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
