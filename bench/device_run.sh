@@ -6,11 +6,15 @@
 # libraries from $LIB (default lib; /work/shared/device/bundle-libs.sh
 # fills it), the golden files from $FP4IDX_GOLDEN_DIR. Each step's full log
 # goes to $LOGS (default $OUT or /tmp); the summary lines are printed.
+#   smoke     one golden scorer test (exit 1 when it fails: stop there)
 #   tests     GPU tests (Criterion synthesis)
-#   bench     fp4idx-bench-cuda --check, baseline then new, one CSV
+#   bench     fp4idx-bench-cuda --check: baseline (-base, the previous
+#             commit's scorer), an intermediate build (-prev, --label
+#             $PREV_LABEL) when present, then this one
 #   e2e       the daemon end to end, cuda vs cpu (tests/e2e_daemon.sh)
+#   sass      tests/sass_check.sh on the scorer objects in $OBJ (default obj)
 #   sanitize  compute-sanitizer memcheck + racecheck on the golden tests
-#   ncu       Nsight Compute on case 2 (400k keys) and case 4 (32 sequences)
+#   ncu       Nsight Compute on case 2 (400k keys), main sections
 cd "$(dirname "$0")/.." || exit 1
 BIN=${BIN:-bin} LIB=${LIB:-lib}
 LOGS=${LOGS:-${OUT:-/tmp}}
@@ -19,15 +23,26 @@ export FP4IDX_GOLDEN_DIR=${FP4IDX_GOLDEN_DIR:-$PWD/tests/golden}
 mkdir -p "$LOGS"
 for what in "$@"; do
   case $what in
+  smoke)
+    timeout 30 "$BIN/test_cuda" -j1 --filter='cuda_golden/dyadic_h32' > "$LOGS/smoke.log" 2>&1
+    rc=$?
+    echo "smoke rc=$rc: $(grep -h Synthesis "$LOGS/smoke.log" | tail -1)"
+    [ $rc -eq 0 ] || { tail -20 "$LOGS/smoke.log"; exit 1; } ;;
+  sass)
+    sh tests/sass_check.sh "${OBJ:-obj}"/score*.o > "$LOGS/sass.log" 2>&1
+    echo "sass_check rc=$?"; cat "$LOGS/sass.log" ;;
   tests)
-    timeout 300 "$BIN/test_cuda" -j4 > "$LOGS/test_cuda.log" 2>&1
+    timeout 300 "$BIN/test_cuda" -j8 --verbose > "$LOGS/test_cuda.log" 2>&1
     echo "test_cuda rc=$?: $(grep -h Synthesis "$LOGS/test_cuda.log" | tail -1)"
-    grep -hE "\[FAIL\]|differ|Crash|Skip" "$LOGS/test_cuda.log" | head -12 ;;
+    grep -hiE "\[FAIL\]|differ|Crash|Skip|bigpool" "$LOGS/test_cuda.log" | head -12 ;;
   bench)
     : > "$LOGS/bench.log"
     [ -x "$BIN/fp4idx-bench-cuda-base" ] &&
-      timeout 150 "$BIN/fp4idx-bench-cuda-base" --check --label base --csv "$LOGS/bench_base.csv" \
+      timeout 150 "$BIN/fp4idx-bench-cuda-base" --check --csv "$LOGS/bench_base.csv" \
         >> "$LOGS/bench.log" 2>&1
+    [ -x "$BIN/fp4idx-bench-cuda-prev" ] &&
+      timeout 150 "$BIN/fp4idx-bench-cuda-prev" --check --label "${PREV_LABEL:-prev}" \
+        --csv "$LOGS/bench_prev.csv" >> "$LOGS/bench.log" 2>&1
     timeout 150 "$BIN/fp4idx-bench-cuda" --check --csv "$LOGS/bench_new.csv" >> "$LOGS/bench.log" 2>&1
     echo "bench rc=$?"
     grep -E "^check|^\|" "$LOGS/bench.log" ;;
@@ -42,11 +57,12 @@ for what in "$@"; do
       echo "$tool rc=$?: $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/san_$tool.log" | tr '\n' ' ')$(grep -h Synthesis "$LOGS/san_$tool.log" | tail -1)"
     done ;;
   ncu)
-    for c in 2 4; do
-      timeout 150 ncu --clock-control none --set full -k regex:score -c 1 \
-        "$BIN/fp4idx-bench-cuda" --case $c > "$LOGS/ncu_$c.log" 2>&1
+    for c in ${NCU_CASES:-2}; do
+      timeout 150 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+        -k regex:score -c 1 "$BIN/fp4idx-bench-cuda" --case $c > "$LOGS/ncu_$c.log" 2>&1
       echo "ncu case $c rc=$?"
-      grep -E "Duration|Issue Slots Busy|Achieved Occ|Registers Per|Tensor|Eligible Warps|No Eligible" "$LOGS/ncu_$c.log" | head -14
+      grep -E "Duration|Issue Slots Busy|Issued Warp|Achieved Occ|Registers Per|Eligible Warps|No Eligible|Stall|Throughput" "$LOGS/ncu_$c.log" | head -24
     done ;;
   *) echo "device_run.sh: unknown step $what"; exit 2 ;;
   esac

@@ -101,10 +101,35 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint32_t a0, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
 }
 
+// The same with scale-d = 0 and D as outputs only ("=f"): the compiler
+// then knows D's old value is dead (no registers held for it before).
+__device__ __forceinline__ void wgmma_m64n128k16_zero(float (&d)[64], uint32_t a0, uint32_t a1,
+                                                      uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+
 template <int N>
 __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// An opaque copy: the compiler cannot hoist what is computed from it out of
+// a loop (loop-invariant addresses held across the tile loop cost registers).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <int N>
+__device__ __forceinline__ void fence_u32(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
 }
 
 
@@ -125,6 +150,13 @@ __device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
   uint32_t d;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
+}
+// The row results of a tile rounded to bf16 once (RNE, as
+// __float2bfloat16_rn), two per register: accb[2jr + e2] = {acc[4jr + 2e2],
+// acc[4jr + 2e2 + 1]} -- rows 8jr + 2t and 8jr + 2t + 1 of key g + 8e2.
+__device__ __forceinline__ void pack_rows(const float (&acc)[16], uint32_t (&accb)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
 }
 // bf16(relu(d) * |w|) as relu(bf16(d * |w| + -0)): one fma.relu (rounding
 // is monotone and odd, so relu and rounding commute); w's sign is applied by
@@ -399,64 +431,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (act_end > seg_end) act_end = seg_end;
       const int nact = act_end > cur ? (int)(act_end - cur) : 0;
       const int ifirst = (int)((wg + kConsumers - (int)(j % kConsumers)) % kConsumers);
-      for (int i = ifirst; i < nact; i += kConsumers) {
-        const uint32_t jt = j + (uint32_t)i, s = jt % kStages;
-        mbar_wait(full + 8 * s, (jt / kStages) & 1);
-        const uint8_t *st = ring_s + s * kStageBytes;
-        const int k0 = 16 * warp + g;
-        const uint4 p0 = *reinterpret_cast<const uint4 *>(st + k0 * 64 + t * 16);
-        const uint4 p1 = *reinterpret_cast<const uint4 *>(st + (k0 + 8) * 64 + t * 16);
-        const uint32_t s0 = st[kPayBytes + k0 * 4 + t], s1 = st[kPayBytes + (k0 + 8) * 4 + t];
-        uint32_t a[2][16];
-        if (__all_sync(0xffffffffu, fp4idx__scale_fast(s0) && fp4idx__scale_fast(s1))) {
-          fp4idx__decode_block_fast(p0, s0, a[0]);
-          fp4idx__decode_block_fast(p1, s1, a[1]);
-        } else {
-          fp4idx__decode_block(p0, s0, a[0]);
-          fp4idx__decode_block(p1, s1, a[1]);
-        }
-        mbar_arrive(empty + 8 * s);  // the stage's bytes are in registers now
-
-        float acc[16];  // [64 keys x 32 rows]: head sums
-        fence_acc(acc);
-        for (int ch = 0; ch < nchunks; ch++) {
-          float d[64];
-          fence_acc(d);
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 8; kk++) {
-            const int w4 = kk >> 1, n0 = 2 * (kk & 1);
-            const uint32_t saddr = q_addr + (kk >> 2) * (nq * 128) + ch * (kN * 128) + (kk & 3) * 32;
-            wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
-                             a[1][4 * w4 + n0 + 1], make_desc(saddr), kk);
-          }
-          wgmma_commit();
-          wgmma_wait0();
-          fence_acc(d);
-          // p = bf16(relu(bf16(d)) * w) in bf16x2, straight into the A
-          // registers of the head-sum wgmma.
-          uint32_t pr[32];
-#pragma unroll
-          for (int jj = 0; jj < kN / 8; jj++) {
-            const uint32_t w2 = w_s[(ch * (kN / 8) + jj) * 4 + t];
-            pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
-            pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
-          }
-          wgmma_fence();
-#pragma unroll
-          for (int k2 = 0; k2 < 8; k2++) {
-            const int kv = ch * 8 + k2;  // 16-vector step over K = 256
-            const uint32_t saddr = s_addr + (kv >> 2) * (kRowsMax * 128) + (kv & 3) * 32;
-            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
-                            make_desc(saddr), ch | k2);
-          }
-          wgmma_commit();
-          if (ch + 1 < nchunks) wgmma_wait0();  // pr and d are reused
-        }
-        wgmma_wait0();
-        fence_acc(acc);
-        // acc[4jr + e]: key g (e < 2) or g+8, row 8jr + 2t + (e & 1).
+      // Software pipeline over this warpgroup's tiles: tile k's decode runs
+      // while the head-sum wgmma of tile k-1 is on the tensor core, and the
+      // row stores of tile k-1 while the QK wgmma of tile k is. wgmma and
+      // waits sit in straight-line code and loops only (under an if ptxas
+      // would serialize every wgmma of the kernel); registers a wgmma in
+      // flight reads or writes stay live (fences after the wait).
+      const int n_my = nact > ifirst ? (nact - ifirst + kConsumers - 1) / kConsumers : 0;
+      const int k0 = 16 * warp + g;  // this thread's keys: k0 and k0 + 8 of a tile
+      uint32_t a[2][16], pr[32], accb[8];
+      float acc[16];  // [64 keys x 32 rows]: head sums
+      float d[64];
+      // Tile i's rows: accb[2jr + e2] = key k0 + 8e2, rows 8jr + 2t + {0, 1}.
+      auto store = [&](int i) {
         const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
+        const int64_t wd = (int32_t)opaque((uint32_t)width);  // row pointers per tile
 #pragma unroll
         for (int jr = 0; jr < 4; jr++) {
           if (8 * jr >= nrows) break;
@@ -465,8 +454,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int r = 8 * jr + 2 * t + e1;
             if (r >= nrows) continue;
             const int64_t row = wk.row0 + r;
-            float *orow = sq.out + row * width;
-            const uint8_t *mrow = sq.mask ? sq.mask + row * width : nullptr;
+            float *orow = sq.out + row * wd;
+            const uint8_t *mrow = sq.mask ? sq.mask + row * wd : nullptr;
             const int32_t len = lens_s[r];
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
@@ -474,13 +463,101 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (l < width) {
                 bool vis = l < len;
                 if (vis && mrow) vis = mrow[l] != 0;
-                orow[l] = vis ? __bfloat162float(__float2bfloat16_rn(acc[4 * jr + 2 * e2 + e1]))
-                              : -INFINITY;
+                const uint32_t b = accb[2 * jr + e2];
+                orow[l] = vis ? __uint_as_float(e1 ? (b & 0xffff0000u) : (b << 16)) : -INFINITY;
               }
             }
           }
         }
+      };
+      // Tile (block index) i's keys -> a; frees its stage.
+      auto decode = [&](int i) {
+        const uint32_t jt = j + (uint32_t)i, s = jt % kStages;
+        mbar_wait(full + 8 * s, (jt / kStages) & 1);
+        const uint8_t *st = ring_s + s * kStageBytes;
+        const uint4 p0 = *reinterpret_cast<const uint4 *>(st + k0 * 64 + t * 16);
+        const uint4 p1 = *reinterpret_cast<const uint4 *>(st + (k0 + 8) * 64 + t * 16);
+        const uint32_t s0 = st[kPayBytes + k0 * 4 + t], s1 = st[kPayBytes + (k0 + 8) * 4 + t];
+        if (__all_sync(0xffffffffu, fp4idx__scale_fast(s0) && fp4idx__scale_fast(s1))) {
+          fp4idx__decode_block_fast(p0, s0, a[0]);
+          fp4idx__decode_block_fast(p1, s1, a[1]);
+        } else {
+          fp4idx__decode_block(p0, s0, a[0]);
+          fp4idx__decode_block(p1, s1, a[1]);
+        }
+        mbar_arrive(empty + 8 * s);  // the stage's bytes are in registers now
+      };
+      for (int k = 0; k < n_my; k++) {
+        const int i = ifirst + k * kConsumers;
+        if (k == 0) decode(i);
+        // acc's old value is dead (the first head-sum k-step has scale-d 0);
+        // zeros here end its live range before the QK (16 registers).
+#pragma unroll
+        for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        auto chunk = [&](int ch) {
+          // Opaque bases: the 16 descriptors of a step are recomputed (adds)
+          // instead of held across the tile loop.
+          const uint32_t qb0 = opaque(q_addr + ch * (kN * 128));
+          const uint32_t qb1 = opaque(q_addr + ch * (kN * 128) + nq * 128);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 8; kk++) {
+            const int w4 = kk >> 1, n0 = 2 * (kk & 1);
+            const uint32_t saddr = (kk < 4 ? qb0 : qb1) + (kk & 3) * 32;
+            if (kk == 0)  // D as outputs only: d's old value is dead
+              wgmma_m64n128k16_zero(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0],
+                                    a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], make_desc(saddr));
+            else
+              wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
+                               a[1][4 * w4 + n0 + 1], make_desc(saddr), 1);
+          }
+          wgmma_commit();
+          if (ch == 0 && k > 0) store(i - kConsumers);  // under this tile's QK
+          wgmma_wait0();  // QK(ch) done
+          fence_acc(d);
+          fence_u32(a[0]);
+          fence_u32(a[1]);
+          fence_acc(acc);
+          // p = bf16(relu(bf16(d)) * w) in bf16x2, straight into the A
+          // registers of the head-sum wgmma.
+          const uint32_t *wp = w_s + opaque((uint32_t)(ch * (kN / 8) * 4 + t));
+#pragma unroll
+          for (int jj = 0; jj < kN / 8; jj++) {
+            const uint32_t w2 = wp[jj * 4];
+            pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+            pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+          }
+          wgmma_fence();
+          // K rows 128 ch .. 128 ch + 127 of S: its 64-row chunks 2ch, 2ch + 1.
+          const uint32_t sb = opaque(s_addr + ch * 2 * (kRowsMax * 128));
+#pragma unroll
+          for (int k2 = 0; k2 < 8; k2++) {
+            const uint32_t saddr = sb + (k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32;
+            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
+                            make_desc(saddr), ch | k2);
+          }
+          wgmma_commit();
+        };
+        // Every chunk but the last waits for its head sums (pr is reused);
+        // the last one's run under the next tile's decode. (Peeled: a wait
+        // under an if would let ptxas see head sums in flight at the next
+        // QK and serialize every wgmma.)
+        for (int ch = 0; ch + 1 < nchunks; ch++) {
+          chunk(ch);
+          wgmma_wait0();
+          fence_u32(pr);
+          fence_acc(acc);
+        }
+        chunk(nchunks - 1);
+        // The next tile's keys decode under this tile's head sums (a is
+        // free: QK done).
+        if (k + 1 < n_my) decode(i + kConsumers);
+        wgmma_wait0();  // head sums done
+        fence_u32(pr);
+        fence_acc(acc);
+        pack_rows(acc, accb);
       }
+      if (n_my > 0) store(ifirst + (n_my - 1) * kConsumers);
       // Past every row's visible count: -inf only, all consumer threads.
       for (int64_t tile = act_end > cur ? act_end : cur; tile < seg_end; tile++) {
         const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
