@@ -325,6 +325,17 @@ Test(cuda_random, long_context_400k, .timeout = 600) {
   random_case(6002, 64, 2, 100000, 64, NULL, 1, 0);
   random_case(6003, 128, 3, 65537, 32, NULL, 0, 2048);
 }
+/* Works of 9..32 rows (the sm_90a head sum is 8, 16 or 32 columns wide:
+ * each width once; H <= 8 puts up to 32 rows in one work). */
+Test(cuda_random, many_rows_per_work, .timeout = 600) {
+  NEED_GPU();
+  random_case(7101, 1, 12, 3000, 64, NULL, 1, 0);   /* 12 rows: 16 wide */
+  random_case(7102, 16, 16, 2000, 16, NULL, 0, 0);  /* 16 rows of 16 heads */
+  random_case(7103, 1, 32, 2500, 64, NULL, 0, 0);   /* 32 rows: 32 wide */
+  random_case(7104, 8, 20, 1500, 4, NULL, 1, 0);    /* 20 rows */
+  random_case(7105, 3, 40, 1200, 64, NULL, 0, 0);   /* 2 works: 32 + 8 rows */
+}
+
 Test(cuda_random, topk_large_k_host_path, .timeout = 600) {
   NEED_GPU();
   random_case(7001, 32, 2, 20000, 64, NULL, 1, 5000);
@@ -548,6 +559,7 @@ Test(cuda_mma, random_by_argument, .timeout = 600) {
   direct_case(FP4IDX_CUDA_SCORER_MMA, 9004, 128, 2, 2049, 1, NULL, 0);
   direct_case(FP4IDX_CUDA_SCORER_MMA, 9005, 17, 5, 1537, 4, NULL, 1);
   direct_case(FP4IDX_CUDA_SCORER_MMA, 9006, 32, 4, 100000, 64, NULL, 0);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9007, 8, 20, 1500, 64, NULL, 1);
 }
 
 Test(cuda_mma, device_scorer_by_argument, .timeout = 600) {
@@ -556,6 +568,7 @@ Test(cuda_mma, device_scorer_by_argument, .timeout = 600) {
   cr_assert_eq(fp4idx_cuda_scorer_for_device(0, &s), FP4IDX_OK);
   direct_case(s, 9101, 32, 4, 4097, 64, NULL, 1);
   direct_case(s, 9102, 64, 6, 777, 16, NULL, 0);
+  direct_case(s, 9103, 1, 32, 999, 64, NULL, 1);
 }
 
 Test(cuda_mma, plan_rejects_unknown_scorer) {
