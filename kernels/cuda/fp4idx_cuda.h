@@ -68,8 +68,6 @@ typedef struct fp4idx_cuda_score_params_s {
   int32_t grid;       /* blocks launched (set by the planner) */
   int32_t tile_keys;  /* 64: wgmma kernel; 32: mma.sync kernel (planner) */
   int32_t scorer;     /* fp4idx_cuda_scorer_t the plan was made for */
-  int32_t max_rows;   /* most rows of one work (1..32; planner) */
-  int32_t _pad3;
   int64_t total_tiles;
 } fp4idx_cuda_score_params_t;
 

@@ -326,7 +326,7 @@ size_t smem_bytes(int ntp) { return (size_t)ntp * 8 * 256 + (size_t)ntp * 16 + k
 }  // namespace
 
 extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp);
-extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem, int32_t max_rows);
+extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem);
 extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
 
 extern "C" int fp4idx__cuda_check(cudaError_t err, const char *what) {
@@ -407,8 +407,6 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
   p->hp = hp;
   p->tile_keys = sm90 ? 64 : kTileKeys;
   p->scorer = scorer;
-  p->max_rows = max_rows;
-  p->_pad3 = 0;
   if (sm90) {
     // Tiles of 64 keys; each work's tiles were counted in 32s above.
     int64_t t64 = 0;
@@ -428,8 +426,7 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
   }
   p->total_tiles = tiles;
   const int64_t want = sm90 ? tiles : (tiles + kWarps - 1) / kWarps;
-  const int bps = sm90 ? fp4idx__score_sm90_blocks_per_sm(fp4idx__score_sm90_smem(p->ntp),
-                                                         max_rows)
+  const int bps = sm90 ? fp4idx__score_sm90_blocks_per_sm(fp4idx__score_sm90_smem(p->ntp))
                        : blocks_per_sm(smem_bytes(p->ntp));
   const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * bps;
   p->grid = (int32_t)(want < cap ? want : cap);

@@ -89,34 +89,10 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
 }
 
-// D[64x8] / D[64x16] (+)= A[64x16] (registers) * B[16xN] (shared, K-major,
-// SW128): the head sum when a work has <= 8 / <= 16 rows.
-__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[4], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint64_t desc,
-                                               int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %9, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
-}
-__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[8], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint64_t desc,
-                                               int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %12, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %13, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
-}
-
 // D[64x32] (+)= A[64x16] (registers) * B[16x32] (shared, K-major, SW128).
-__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[16], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint64_t desc,
-                                               int scale_d) {
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint64_t desc,
+                                                int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -178,10 +154,9 @@ __device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
 // The row results of a tile rounded to bf16 once (RNE, as
 // __float2bfloat16_rn), two per register: accb[2jr + e2] = {acc[4jr + 2e2],
 // acc[4jr + 2e2 + 1]} -- rows 8jr + 2t and 8jr + 2t + 1 of key g + 8e2.
-template <int N>
-__device__ __forceinline__ void pack_rows(const float (&acc)[N], uint32_t (&accb)[N / 2]) {
+__device__ __forceinline__ void pack_rows(const float (&acc)[16], uint32_t (&accb)[8]) {
 #pragma unroll
-  for (int j = 0; j < N / 2; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
+  for (int j = 0; j < 8; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
 }
 // bf16(relu(d) * |w|) as relu(bf16(d * |w| + -0)): one fma.relu (rounding
 // is monotone and odd, so relu and rounding commute); w's sign is applied by
@@ -302,9 +277,6 @@ __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
 
 }  // namespace
 
-// kHsN: columns of the head-sum wgmma = rows a work may have (8, 16, 32;
-// the launcher picks the smallest that holds the plan's max_rows).
-template <int kHsN>
 __global__ void __launch_bounds__(kThreads, 1)
     fp4idx_score_sm90_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
 #ifdef FP4IDX_SM90
@@ -467,15 +439,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // flight reads or writes stay live (fences after the wait).
       const int n_my = nact > ifirst ? (nact - ifirst + kConsumers - 1) / kConsumers : 0;
       const int k0 = 16 * warp + g;  // this thread's keys: k0 and k0 + 8 of a tile
-      uint32_t a[2][16], pr[32], accb[kHsN / 4];
-      float acc[kHsN / 2];  // [64 keys x kHsN rows]: head sums
+      uint32_t a[2][16], pr[32], accb[8];
+      float acc[16];  // [64 keys x 32 rows]: head sums
       float d[64];
       // Tile i's rows: accb[2jr + e2] = key k0 + 8e2, rows 8jr + 2t + {0, 1}.
       auto store = [&](int i) {
         const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
         const int64_t wd = (int32_t)opaque((uint32_t)width);  // row pointers per tile
 #pragma unroll
-        for (int jr = 0; jr < kHsN / 8; jr++) {
+        for (int jr = 0; jr < 4; jr++) {
           if (8 * jr >= nrows) break;
 #pragma unroll
           for (int e1 = 0; e1 < 2; e1++) {
@@ -519,9 +491,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int i = ifirst + k * kConsumers;
         if (k == 0) decode(i);
         // acc's old value is dead (the first head-sum k-step has scale-d 0);
-        // zeros here end its live range before the QK.
+        // zeros here end its live range before the QK (16 registers).
 #pragma unroll
-        for (int e = 0; e < kHsN / 2; e++) acc[e] = 0.f;
+        for (int e = 0; e < 16; e++) acc[e] = 0.f;
         auto chunk = [&](int ch) {
           // Opaque bases: the 16 descriptors of a step are recomputed (adds)
           // instead of held across the tile loop.
@@ -561,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int k2 = 0; k2 < 8; k2++) {
             const uint32_t saddr = sb + (k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32;
-            wgmma_m64nNk16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
+            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
                             make_desc(saddr), ch | k2);
           }
           wgmma_commit();
@@ -605,21 +577,12 @@ extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
          (size_t)ntp * 4 * 4 + 32 * 4 + 256 + 512 + 1024;
 }
 
-typedef void (*sm90_kernel_t)(fp4idx_cuda_score_params_t);
-
-// The instantiation whose head-sum width holds max_rows rows.
-static sm90_kernel_t sm90_kernel(int32_t max_rows) {
-  return max_rows <= 8 ? fp4idx_score_sm90_kernel<8>
-         : max_rows <= 16 ? fp4idx_score_sm90_kernel<16>
-                          : fp4idx_score_sm90_kernel<32>;
-}
-
-extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem, int32_t max_rows) {
-  const sm90_kernel_t k = sm90_kernel(max_rows);
+extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
   int n = 0;
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem) != cudaSuccess ||
+  if (cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_sm90_kernel, kThreads,
+                                                    smem) != cudaSuccess ||
       n < 1) {
     cudaGetLastError();
     n = 1;
@@ -628,13 +591,12 @@ extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem, int32_t max_rows) {
 }
 
 extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream) {
-  if (p->max_rows < 1 || p->max_rows > kRowsMax) return FP4IDX_EINVAL;
-  const sm90_kernel_t k = sm90_kernel(p->max_rows);
   const size_t smem = fp4idx__score_sm90_smem(p->ntp);
   int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+      cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem),
       "score sm90: set smem");
   if (rc) return rc;
-  k<<<p->grid, kThreads, smem, stream>>>(*p);
+  fp4idx_score_sm90_kernel<<<p->grid, kThreads, smem, stream>>>(*p);
   return fp4idx__cuda_check(cudaGetLastError(), "score sm90: launch");
 }
