@@ -341,28 +341,39 @@ Test(cuda_random, topk_large_k_host_path, .timeout = 600) {
   random_case(7001, 32, 2, 20000, 64, NULL, 1, 5000);
 }
 
+/* Puts case s of tc[0..S) on pages after those of cases < s (one pool) and
+ * stores its keys in both backends. */
+static void batch_store(fp4idx_backend_t *g, fp4idx_backend_t *c, fp4idx_test_case_t *tc, int S,
+                        int32_t P) {
+  int64_t base = 0;
+  for (int s = 0; s < S; s++) {
+    const int64_t n = tc[s].n_keys, np = (n + P - 1) / P;
+    for (int64_t i = 0; i < np; i++) tc[s].pages[i] += (int32_t)base;
+    for (int64_t l = 0; l < n; l++) tc[s].slots[l] += base * P;
+    cr_assert_eq(g->ops->store(g, tc[s].keys, FP4IDX_DTYPE_BF16, n, tc[s].slots, 0), 0);
+    cr_assert_eq(c->ops->store(c, tc[s].keys, FP4IDX_DTYPE_BF16, n, tc[s].slots, 0), 0);
+    base += np;
+  }
+}
+
 Test(cuda_batch, several_sequences, .timeout = 600) {
   NEED_GPU();
   const int H = 32, S = 5, P = 64;
   fp4idx_test_rng_t rng;
   fp4idx_test_rng_seed(&rng, 8080);
   fp4idx_test_case_t tc[5];
-  int64_t total_pages = 0, base[5];
+  int64_t total_pages = 0;
   const int64_t ns[5] = {100, 4097, 0 + 64, 20000, 333};
   for (int s = 0; s < S; s++) {
     int64_t np = (ns[s] + P - 1) / P;
     cr_assert_eq(fp4idx_test_case_dyadic(&tc[s], &rng, H, 1 + s, ns[s], P, np, NULL, s == 3), 0);
-    base[s] = total_pages;
     total_pages += np;
   }
   fp4idx_backend_t *g = mk_cuda(total_pages, P), *c = mk_cpu(total_pages, P);
+  batch_store(g, c, tc, S, P);
   fp4idx_backend_seq_t sq[5];
   int64_t tot = 0, trows = 0;
   for (int s = 0; s < S; s++) {
-    for (int64_t i = 0; i < (ns[s] + P - 1) / P; i++) tc[s].pages[i] += (int32_t)base[s];
-    for (int64_t l = 0; l < ns[s]; l++) tc[s].slots[l] += base[s] * P;
-    cr_assert_eq(g->ops->store(g, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
-    cr_assert_eq(c->ops->store(c, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
     sq[s] = (fp4idx_backend_seq_t){.pages = tc[s].pages, .n_keys = ns[s], .rows = tc[s].rows,
                                  .width = tc[s].width, .q = tc[s].q, .w = tc[s].w,
                                  .lens = tc[s].lens, .mask = tc[s].mask};
@@ -675,22 +686,18 @@ Test(cuda_batch, all_lengths_zero, .timeout = 600) {
   fp4idx_test_rng_t rng;
   fp4idx_test_rng_seed(&rng, 9301);
   fp4idx_test_case_t tc[3];
-  int64_t total_pages = 0, base[3];
+  int64_t total_pages = 0;
   const int32_t zeros[4] = {0, 0, 0, 0};
   for (int s = 0; s < S; s++) {
     const int64_t np = (ns[s] + P - 1) / P;
     cr_assert_eq(fp4idx_test_case_dyadic(&tc[s], &rng, H, 2 + s % 2, ns[s], P, np, zeros, 0), 0);
-    base[s] = total_pages;
     total_pages += np;
   }
   fp4idx_backend_t *g = mk_cuda(total_pages, P), *c = mk_cpu(total_pages, P);
+  batch_store(g, c, tc, S, P);
   fp4idx_backend_seq_t sq[3];
   int64_t tot = 0, trows = 0;
   for (int s = 0; s < S; s++) {
-    for (int64_t i = 0; i < (ns[s] + P - 1) / P; i++) tc[s].pages[i] += (int32_t)base[s];
-    for (int64_t l = 0; l < ns[s]; l++) tc[s].slots[l] += base[s] * P;
-    cr_assert_eq(g->ops->store(g, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
-    cr_assert_eq(c->ops->store(c, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
     /* columns up to n_keys although nothing is visible */
     sq[s] = (fp4idx_backend_seq_t){.pages = tc[s].pages, .n_keys = ns[s], .rows = tc[s].rows,
                                    .width = ns[s], .q = tc[s].q, .w = tc[s].w,

@@ -146,10 +146,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   int64_t cur = tb;
   while (cur < te) {
-    const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
-    const fp4idx_cuda_work_t wk = prm.works[lo];
-    const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
-    const int64_t seg_end = wend < te ? wend : te;
+    int64_t seg_end;
+    const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, &seg_end);
     const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
     const int nrows = wk.nrows;
     const int nt_valid = (nrows * prm.hp) >> 3;  // n-tiles holding real rows

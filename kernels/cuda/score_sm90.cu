@@ -215,6 +215,16 @@ __device__ __forceinline__ int32_t warp_maxlen(const int32_t *lens, int nrows, i
   return __reduce_max_sync(0xffffffffu, L);
 }
 
+// End of the segment's tiles that some row sees (maxlen = the largest
+// visible count): [cur, result) get scores, [result, seg_end) only -inf.
+// Never before cur: the producer and the consumers count the same tiles.
+__device__ __forceinline__ int64_t visible_end(const fp4idx_cuda_work_t &wk, int32_t maxlen,
+                                               int64_t cur, int64_t seg_end) {
+  int64_t e = wk.tile_begin + ((int64_t)maxlen + kTileKeys - 1) / kTileKeys;
+  e = e < seg_end ? e : seg_end;
+  return e > cur ? e : cur;
+}
+
 // The producer warp: tiles [cur, cur + nact) of the work (block tile index
 // j0..), each into stage j % kStages once the consumers freed it.
 __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
@@ -322,15 +332,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if ((threadIdx.x >> 5) == kConsumers * 4) {
       uint32_t j = 0;  // visible tiles of this block so far
       for (int64_t cur = tb; cur < te;) {
-        const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
-        const fp4idx_cuda_work_t wk = prm.works[lo];
-        const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
-        const int64_t seg_end = wend < te ? wend : te;
+        int64_t seg_end;
+        const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, &seg_end);
         const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
         const int32_t maxlen = warp_maxlen(sq.lens + wk.row0, wk.nrows, lane);
-        int64_t act_end = wk.tile_begin + ((int64_t)maxlen + kTileKeys - 1) / kTileKeys;
-        if (act_end > seg_end) act_end = seg_end;
-        const int nact = act_end > cur ? (int)(act_end - cur) : 0;
+        const int nact = (int)(visible_end(wk, maxlen, cur, seg_end) - cur);
         produce(prm, sq, cur - wk.tile_begin, nact, j, ring, full, empty, lane);
         j += (uint32_t)nact;
         cur = seg_end;
@@ -344,10 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int g = lane >> 2, t = lane & 3;
     uint32_t j = 0;
     for (int64_t cur = tb; cur < te;) {
-      const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
-      const fp4idx_cuda_work_t wk = prm.works[lo];
-      const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
-      const int64_t seg_end = wend < te ? wend : te;
+      int64_t seg_end;
+      const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, &seg_end);
       const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
       const int nrows = wk.nrows;
       const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
@@ -427,9 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // Visible tiles [cur, act_end): this warpgroup's are those whose block
       // index j + i is wg mod kConsumers (the producer's numbering).
-      int64_t act_end = wk.tile_begin + ((int64_t)maxlen + kTileKeys - 1) / kTileKeys;
-      if (act_end > seg_end) act_end = seg_end;
-      const int nact = act_end > cur ? (int)(act_end - cur) : 0;
+      const int64_t act_end = visible_end(wk, maxlen, cur, seg_end);
+      const int nact = (int)(act_end - cur);
       const int ifirst = (int)((wg + kConsumers - (int)(j % kConsumers)) % kConsumers);
       // Software pipeline over this warpgroup's tiles: tile k's decode runs
       // while the head-sum wgmma of tile k-1 is on the tensor core, and the
@@ -559,7 +562,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (n_my > 0) store(ifirst + (n_my - 1) * kConsumers);
       // Past every row's visible count: -inf only, all consumer threads.
-      for (int64_t tile = act_end > cur ? act_end : cur; tile < seg_end; tile++) {
+      for (int64_t tile = act_end; tile < seg_end; tile++) {
         const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
         if (l < width)
           for (int r = ct >> 6; r < nrows; r += kCThreads / 64)
