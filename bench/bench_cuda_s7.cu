@@ -17,6 +17,7 @@
  * scorer column.
  *
  *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE] [--scorers LIST]
+ *   fp4idx-bench-cuda --topk [--check] [--csv FILE]   (bench_cuda_topk.cu)
  */
 #include <algorithm>
 #include <math.h>
@@ -27,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_cuda_topk.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
 #include "fp4idx_format.h"
@@ -79,6 +81,7 @@ double median3(double a, double b, double c) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--topk")) return fp4idx_bench_topk_main(argc - 1, argv + 1);
   int check = 0, variants = 0;
   std::vector<int> only;
   const char *csv = nullptr;
