@@ -62,6 +62,15 @@ __device__ __forceinline__ int32_t cand_pos(unsigned long long c) {
   return (int32_t)(0xFFFFFFFFu - (uint32_t)c);
 }
 
+// Shared-memory histogram increment, one atomic per distinct bin in the warp
+// (the candidates of a row share their leading bits: lanes collide a lot).
+__device__ __forceinline__ void hist_add(uint32_t *h, uint32_t bin, bool on) {
+  const unsigned act = __ballot_sync(0xffffffffu, on);
+  if (!on) return;
+  const unsigned peers = __match_any_sync(act, bin);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], (uint32_t)__popc(peers));
+}
+
 // The row owning global chunk `chunk`: the last row with chunk0 <= chunk
 // (rows without chunks share the next row's chunk0 and are skipped).
 __device__ int find_row(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk) {
@@ -90,9 +99,10 @@ __global__ void __launch_bounds__(kCT)
   for (int i = threadIdx.x; i < kBins; i += kCT) h[i] = 0;
   __syncthreads();
   const float *x = row.logits;
-  for (int64_t i = b + threadIdx.x; i < e; i += kCT) {
-    const uint32_t key = ord_key(x[i]);
-    if (key > kInvisibleMax) atomicAdd(&h[key >> kBinShift], 1u);
+  for (int64_t i0 = b; i0 < e; i0 += kCT) {  // uniform trip count: whole warps
+    const int64_t i = i0 + threadIdx.x;
+    const uint32_t key = i < e ? ord_key(x[i]) : 0u;
+    hist_add(h, key >> kBinShift, key > kInvisibleMax);
   }
   __syncthreads();
   uint32_t *g = hist + (size_t)r * kBins;
@@ -281,16 +291,37 @@ __global__ void __launch_bounds__(kFT)
   __syncthreads();
   const Cands at{fits ? A : nullptr, g, s.off, nch, chunk_len};
 
+  // Key bits that differ among the candidates: only those need a pass.
+  if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
+  __syncthreads();
+  {
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < C; i += kFT) {
+      const uint32_t key = (uint32_t)(at(i) >> 32);
+      kor |= key;
+      kand &= key;
+    }
+    if (kor) atomicOr(&s.kor, kor);
+    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
+  }
+  __syncthreads();
+  const uint32_t all_or = s.kor, all_and = s.kand;
   const unsigned long long *sel = A;
   if (C > (uint32_t)k) {
-    // Radix select of the k-th key T (8 bits a pass) ...
+    // Radix select of the k-th key T (8 bits a pass, digits that differ) ...
     uint32_t prefix = 0, pmask = 0, rem = (uint32_t)k;
     for (int shift = 24; shift >= 0; shift -= 8) {
+      if ((((all_or ^ all_and) >> shift) & 255u) == 0) {  // one digit for all: T has it
+        prefix |= all_and & (255u << shift);
+        pmask |= 255u << shift;
+        continue;
+      }
       for (int i = tid; i < 256; i += kFT) s.hist[i] = 0;
       __syncthreads();
-      for (uint32_t i = tid; i < C; i += kFT) {
-        const uint32_t key = (uint32_t)(at(i) >> 32);
-        if ((key & pmask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255u], 1u);
+      for (uint32_t i0 = 0; i0 < C; i0 += kFT) {
+        const uint32_t i = i0 + tid;
+        const uint32_t key = i < C ? (uint32_t)(at(i) >> 32) : 0u;
+        hist_add(s.hist, (key >> shift) & 255u, i < C && (key & pmask) == prefix);
       }
       __syncthreads();
       if (warp == 0) find_digit(s.hist, rem, &s.digit, &s.rem);
@@ -338,18 +369,23 @@ __global__ void __launch_bounds__(kFT)
     sel = B;
   }
   // Sort only the key bits that differ among the selected.
-  if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
-  __syncthreads();
-  uint32_t kor = 0, kand = 0xFFFFFFFFu;
-  for (uint32_t i = tid; i < n_out; i += kFT) {
-    const uint32_t key = (uint32_t)(sel[i] >> 32);
-    kor |= key;
-    kand &= key;
+  uint32_t diff = all_or ^ all_and;
+  if (C > (uint32_t)k) {
+    __syncthreads();
+    if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
+    __syncthreads();
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < n_out; i += kFT) {
+      const uint32_t key = (uint32_t)(sel[i] >> 32);
+      kor |= key;
+      kand &= key;
+    }
+    if (kor) atomicOr(&s.kor, kor);
+    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
+    __syncthreads();
+    diff = s.kor ^ s.kand;
   }
-  if (kor) atomicOr(&s.kor, kor);
-  if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
-  __syncthreads();
-  const uint32_t diff = s.kor ^ s.kand;
+  if (n_out <= 1) diff = 0;
   const int begin_bit = diff ? __ffs(diff) - 1 : 0, end_bit = diff ? 32 - __clz(diff) : 0;
   if (n_out <= 1024) sort_write<1>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
   else if (n_out <= 2048) sort_write<2>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
