@@ -10,6 +10,7 @@
  * graph, one warm-up replay, 10 replays timed with CUDA events, time per
  * call = elapsed / 200, the median of 3 such runs. Each top-k launch
  * includes its workspace memset and every kernel.
+ * --only CASE: the cases whose name contains CASE.
  * --check: the new kernel's pairs and counts compared bit for bit with a
  * host sort (logit descending, position ascending), and the old kernel's.
  */
@@ -134,12 +135,13 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
   int check = 0;
-  const char *csv = nullptr;
+  const char *csv = nullptr, *only = nullptr;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE]\n");
+      fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]\n");
       return 2;
     }
   }
@@ -153,6 +155,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
   std::vector<Out> table;
 
   for (const TkCase &c : kTkCases) {
+    if (only && !strstr(c.name, only)) continue;
     const int S = c.seqs, R = c.rows, H = kHeads;
     const int64_t n = c.ctx, np = (n + kPage - 1) / kPage;
     fp4idx_backend_t *b = nullptr;

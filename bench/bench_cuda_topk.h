@@ -26,7 +26,7 @@ typedef struct fp4idx_bench_old_row_s {
 int fp4idx_bench_topk_old_launch(const fp4idx_bench_old_row_t *rows, int32_t n_rows, int32_t k,
                                  int32_t *pos, float *val, int32_t *count, cudaStream_t stream);
 
-/* `fp4idx-bench-cuda --topk [--check] [--csv FILE]`: the top-k table
+/* `fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]`: the top-k table
  * (argv[0] is "--topk"). Returns the process exit status. */
 int fp4idx_bench_topk_main(int argc, char **argv);
 
