@@ -101,7 +101,7 @@ typedef struct fp4idx_cuda_topk_plan_s {
   int32_t large_k;       /* k > FP4IDX_CUDA_TOPK_SMEM_K */
   int32_t _pad;
   size_t memset_bytes;   /* zeroed at the start of every launch */
-  size_t o_hist, o_seg, o_info, o_ccount, o_cand, o_sorted, o_cub, cub_bytes;
+  size_t o_hist, o_seg, o_ccount, o_cand, o_sorted, o_cub, cub_bytes;
   size_t ws_bytes;       /* device workspace the launch needs (256-aligned) */
 } fp4idx_cuda_topk_plan_t;
 

@@ -41,8 +41,7 @@
 
 namespace {
 
-constexpr int kBins = 2048, kBinShift = 21;  // level 1: key bits 31..21
-constexpr int kBin2Shift = 10;                 // level 2: key bits 20..10
+constexpr int kBins = 2048, kBinShift = 21;  // top 11 bits of the key
 constexpr int kCT = 256, kCI = 8, kTile = kCT * kCI;
 constexpr int kMaxChunks = 2048;  // chunks of one row (finish keeps their offsets in smem)
 constexpr int kFT = 1024, kFI = 8, kCap = FP4IDX_CUDA_TOPK_SMEM_K;
@@ -111,88 +110,39 @@ __global__ void __launch_bounds__(kCT)
     if (h[i]) atomicAdd(&g[i], h[i]);
 }
 
-using ChunkScan = cub::BlockScan<uint32_t, kCT>;
-
-// In a kBins histogram g (bin b counts keys whose digit is b), the bin `lo`
-// of the k-th largest: count(> lo) = above < k <= count(>= lo). Returns
-// false (lo = above = 0) when g holds at most k keys. All kCT threads call.
-__device__ bool find_bin(const uint32_t *g, uint32_t k, ChunkScan::TempStorage &scan,
-                         uint32_t *s_lo, uint32_t *s_above, uint32_t &lo, uint32_t &above) {
-  constexpr int kPer = kBins / kCT;  // thread t: bins kBins-1-kPer*t down to kBins-kPer*(t+1)
+__global__ void __launch_bounds__(kCT)
+    compact_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
+                   const uint32_t *hist, uint32_t *ccount, unsigned long long *cand,
+                   int zero_fill) {
+  using Scan = cub::BlockScan<uint32_t, kCT>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ uint32_t s_lo;
   const int tid = threadIdx.x;
-  uint32_t v[kPer], mine = 0, excl = 0, total = 0;
+  const int r = find_row(rows, n_rows, blockIdx.x);
+  const fp4idx_cuda_topk_row_t row = rows[r];
+
+  // The bin holding the k-th largest key: thread t holds bins in
+  // descending order [kBins - 8(t+1), kBins - 8t).
+  const uint32_t *g = hist + (size_t)r * kBins;
+  uint32_t v[kBins / kCT], mine = 0, above = 0, total = 0;
 #pragma unroll
-  for (int j = 0; j < kPer; j++) mine += v[j] = g[kBins - 1 - (tid * kPer + j)];
-  __syncthreads();  // scan storage and s_lo reuse
-  ChunkScan(scan).ExclusiveSum(mine, excl, total);
-  if (total > k && excl < k && excl + mine >= k) {
-    uint32_t c = excl;
-    for (int j = 0; j < kPer; j++) {
-      if (c + v[j] >= k) {
-        *s_lo = (uint32_t)(kBins - 1 - (tid * kPer + j));
-        *s_above = c;
+  for (int j = 0; j < kBins / kCT; j++) mine += v[j] = g[kBins - 1 - (tid * (kBins / kCT) + j)];
+  Scan(scan).ExclusiveSum(mine, above, total);
+  if (tid == 0 && total <= (uint32_t)k) s_lo = 0;  // every visible key is a candidate
+  if (total > (uint32_t)k && above < (uint32_t)k && above + mine >= (uint32_t)k) {
+    uint32_t c = above;
+    for (int j = 0; j < kBins / kCT; j++) {
+      if (c + v[j] >= (uint32_t)k) {
+        s_lo = (uint32_t)(kBins - 1 - (tid * (kBins / kCT) + j));
         break;
       }
       c += v[j];
     }
   }
   __syncthreads();
-  lo = total > k ? *s_lo : 0u;
-  above = total > k ? *s_above : 0u;
-  return total > k;
-}
+  const uint32_t lo = s_lo;
 
-// Level 2: within the level-1 bin of the k-th key, a histogram of the next
-// 11 key bits (21..11 -> bits 20..10), so candidates are cut at 22 bits.
-__global__ void __launch_bounds__(kCT)
-    hist2_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
-                 const uint32_t *hist1, uint32_t *hist2) {
-  __shared__ uint32_t h[kBins];
-  __shared__ ChunkScan::TempStorage scan;
-  __shared__ uint32_t s_lo, s_above;
-  const int r = find_row(rows, n_rows, blockIdx.x);
-  const fp4idx_cuda_topk_row_t row = rows[r];
-  uint32_t lo1, above1;
-  if (!find_bin(hist1 + (size_t)r * kBins, (uint32_t)k, scan, &s_lo, &s_above, lo1, above1))
-    return;  // at most k visible: no threshold needed (uniform over the block)
-  for (int i = threadIdx.x; i < kBins; i += kCT) h[i] = 0;
-  __syncthreads();
-  const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
-  const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
-  for (int64_t i0 = b; i0 < e; i0 += kCT) {
-    const int64_t i = i0 + threadIdx.x;
-    const uint32_t key = i < e ? ord_key(row.logits[i]) : 0u;
-    hist_add(h, (key >> kBin2Shift) & (kBins - 1),
-             key > kInvisibleMax && (key >> kBinShift) == lo1);
-  }
-  __syncthreads();
-  uint32_t *g = hist2 + (size_t)r * kBins;
-  for (int i = threadIdx.x; i < kBins; i += kCT)
-    if (h[i]) atomicAdd(&g[i], h[i]);
-}
-
-__global__ void __launch_bounds__(kCT)
-    compact_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
-                   const uint32_t *hist1, const uint32_t *hist2, uint2 *info, uint32_t *ccount,
-                   unsigned long long *cand, int zero_fill) {
-  __shared__ ChunkScan::TempStorage scan;
-  __shared__ uint32_t s_lo, s_above;
-  const int tid = threadIdx.x;
-  const int r = find_row(rows, n_rows, blockIdx.x);
-  const fp4idx_cuda_topk_row_t row = rows[r];
-
-  // The 22-bit threshold (key >> 10) of the k-th key and the count above it
-  // (0, 0 when at most k are visible: every visible key is a candidate).
-  uint32_t thr = 0, above = 0, lo1, a1;
-  if (find_bin(hist1 + (size_t)r * kBins, (uint32_t)k, scan, &s_lo, &s_above, lo1, a1)) {
-    uint32_t lo2, a2;  // false: bin lo1 holds exactly k - a1, all of them candidates
-    find_bin(hist2 + (size_t)r * kBins, (uint32_t)k - a1, scan, &s_lo, &s_above, lo2, a2);
-    thr = (lo1 << (kBinShift - kBin2Shift)) | lo2;
-    above = a1 + a2;
-  }
-  if (tid == 0 && blockIdx.x == row.chunk0) info[r] = make_uint2(thr, above);
-
-  // Keys >= the threshold, in position order (blocked: thread t owns 8 in a row).
+  // Keys in bin >= lo, in position order (blocked: thread t owns 8 in a row).
   const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
   const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
   unsigned long long *out = cand + (size_t)blockIdx.x * (size_t)chunk_len;
@@ -203,12 +153,12 @@ __global__ void __launch_bounds__(kCT)
     for (int j = 0; j < kCI; j++) {
       const int64_t i = t0 + tid * kCI + j;
       key[j] = i < e ? ord_key(row.logits[i]) : 0u;
-      if (key[j] <= kInvisibleMax || (key[j] >> kBin2Shift) < thr) key[j] = 0;
+      if (key[j] <= kInvisibleMax || (key[j] >> kBinShift) < lo) key[j] = 0;
       n += key[j] != 0;
     }
     uint32_t at, tile_n;
     __syncthreads();  // scan storage reuse
-    ChunkScan(scan).ExclusiveSum(n, at, tile_n);
+    Scan(scan).ExclusiveSum(n, at, tile_n);
 #pragma unroll
     for (int j = 0; j < kCI; j++)
       if (key[j]) out[base + at++] = cand_of(key[j], t0 + tid * kCI + j);
@@ -219,16 +169,14 @@ __global__ void __launch_bounds__(kCT)
     for (int64_t i = base + tid; i < chunk_len; i += kCT) out[i] = 0ull;
 }
 
-// Warp 0 finds, in an NB-bin histogram (NB = 32 * per-lane bins), the digit
-// d where the count of digits above d is < rem <= the count of digits >= d;
-// *s_rem becomes rem minus the count above d.
-template <int NB>
+// Warp 0 finds, in a 256-bin histogram, the digit d where the count of
+// digits above d is < rem <= the count of digits >= d; *s_rem becomes rem
+// minus the count above d.
 __device__ void find_digit(const uint32_t *h, uint32_t rem, uint32_t *s_digit, uint32_t *s_rem) {
-  constexpr int kPer = NB / 32;
   const int lane = threadIdx.x & 31;
-  uint32_t v[kPer], mine = 0;
+  uint32_t v[8], mine = 0;
 #pragma unroll
-  for (int j = 0; j < kPer; j++) mine += v[j] = h[NB - 1 - (lane * kPer + j)];
+  for (int j = 0; j < 8; j++) mine += v[j] = h[255 - (lane * 8 + j)];
   uint32_t incl = mine;
   for (int d = 1; d < 32; d <<= 1) {
     const uint32_t o = __shfl_up_sync(0xffffffffu, incl, d);
@@ -237,9 +185,9 @@ __device__ void find_digit(const uint32_t *h, uint32_t rem, uint32_t *s_digit, u
   const uint32_t excl = incl - mine;
   if (excl < rem && incl >= rem) {
     uint32_t c = excl;
-    for (int j = 0; j < kPer; j++) {
+    for (int j = 0; j < 8; j++) {
       if (c + v[j] >= rem) {
-        *s_digit = (uint32_t)(NB - 1 - (lane * kPer + j));
+        *s_digit = (uint32_t)(255 - (lane * 8 + j));
         *s_rem = rem - c;
         break;
       }
@@ -250,31 +198,9 @@ __device__ void find_digit(const uint32_t *h, uint32_t rem, uint32_t *s_digit, u
 
 struct FinishSmem {
   uint32_t off[kMaxChunks + 1];  // candidate offset of each chunk of the row
-  uint32_t hist[32];
+  uint32_t hist[256];
   uint32_t digit, rem, kor, kand;
 };
-
-// OR and AND of key_of(i) over i < n where keep(key): bits set in some but
-// not all of them are or & ~and. All kFT threads call.
-template <typename K, typename P>
-__device__ uint2 or_and(FinishSmem &s, uint32_t n, K key_of, P keep) {
-  __syncthreads();  // s.kor / s.kand reuse
-  if (threadIdx.x == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
-  __syncthreads();
-  uint32_t o = 0, a = 0xFFFFFFFFu;
-  for (uint32_t i = threadIdx.x; i < n; i += kFT) {
-    const uint32_t key = key_of(i);
-    if (keep(key)) { o |= key; a &= key; }
-  }
-  o = __reduce_or_sync(0xffffffffu, o);  // one shared atomic per warp
-  a = __reduce_and_sync(0xffffffffu, a);
-  if ((threadIdx.x & 31) == 0) {
-    atomicOr(&s.kor, o);
-    atomicAnd(&s.kand, a);
-  }
-  __syncthreads();
-  return make_uint2(s.kor, s.kand);
-}
 
 // Candidate i of the row in position order: shared memory when they fit,
 // else a binary search over the chunk offsets and a read in place.
@@ -328,8 +254,8 @@ __device__ void sort_write(unsigned char *smem, const unsigned long long *sel, u
 
 __global__ void __launch_bounds__(kFT)
     finish_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
-                  const uint2 *info, const uint32_t *ccount, const unsigned long long *cand,
-                  int32_t *pos, float *val, int32_t *count) {
+                  const uint32_t *ccount, const unsigned long long *cand, int32_t *pos,
+                  float *val, int32_t *count) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned long long *A = reinterpret_cast<unsigned long long *>(smem);  // [kCap] gathered
   unsigned long long *B = A + kCap;                                      // [kCap] selected
@@ -365,36 +291,43 @@ __global__ void __launch_bounds__(kFT)
   __syncthreads();
   const Cands at{fits ? A : nullptr, g, s.off, nch, chunk_len};
 
+  // Key bits that differ among the candidates: only those need a pass.
+  if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
+  __syncthreads();
+  {
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < C; i += kFT) {
+      const uint32_t key = (uint32_t)(at(i) >> 32);
+      kor |= key;
+      kand &= key;
+    }
+    if (kor) atomicOr(&s.kor, kor);
+    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
+  }
+  __syncthreads();
+  const uint32_t all_or = s.kor, all_and = s.kand;
   const unsigned long long *sel = A;
-  auto key_at = [&](uint32_t i) { return (uint32_t)(at(i) >> 32); };
   if (C > (uint32_t)k) {
-    // The compact pass resolved the top 22 bits of the k-th key T and the
-    // count above them; a radix select on the last 10 bits (5 a pass, only
-    // on digits that differ among the keys sharing those 22 bits) ...
-    const uint2 nf = info[blockIdx.x];
-    uint32_t prefix = nf.x << kBin2Shift, pmask = ~((1u << kBin2Shift) - 1u);
-    uint32_t rem = (uint32_t)k - nf.y;
-    const uint2 grp = or_and(s, C, key_at, [&](uint32_t key) { return (key & pmask) == prefix; });
-    const uint32_t gdiff = grp.x & ~grp.y;
-    for (int shift = 5; shift >= 0; shift -= 5) {
-      const uint32_t dmask = 31u << shift;
-      if ((gdiff & dmask) == 0) {  // one digit for the whole group: T has it
-        prefix |= grp.y & dmask;
-        pmask |= dmask;
+    // Radix select of the k-th key T (8 bits a pass, digits that differ) ...
+    uint32_t prefix = 0, pmask = 0, rem = (uint32_t)k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      if ((((all_or ^ all_and) >> shift) & 255u) == 0) {  // one digit for all: T has it
+        prefix |= all_and & (255u << shift);
+        pmask |= 255u << shift;
         continue;
       }
-      if (tid < 32) s.hist[tid] = 0;
+      for (int i = tid; i < 256; i += kFT) s.hist[i] = 0;
       __syncthreads();
       for (uint32_t i0 = 0; i0 < C; i0 += kFT) {
         const uint32_t i = i0 + tid;
-        const uint32_t key = i < C ? key_at(i) : 0u;
-        hist_add(s.hist, (key >> shift) & 31u, i < C && (key & pmask) == prefix);
+        const uint32_t key = i < C ? (uint32_t)(at(i) >> 32) : 0u;
+        hist_add(s.hist, (key >> shift) & 255u, i < C && (key & pmask) == prefix);
       }
       __syncthreads();
-      if (warp == 0) find_digit<32>(s.hist, rem, &s.digit, &s.rem);
+      if (warp == 0) find_digit(s.hist, rem, &s.digit, &s.rem);
       __syncthreads();
       prefix |= s.digit << shift;
-      pmask |= dmask;
+      pmask |= 255u << shift;
       rem = s.rem;
       __syncthreads();
     }
@@ -436,9 +369,23 @@ __global__ void __launch_bounds__(kFT)
     sel = B;
   }
   // Sort only the key bits that differ among the selected.
-  const uint2 oa = or_and(s, n_out, [&](uint32_t i) { return (uint32_t)(sel[i] >> 32); },
-                          [](uint32_t) { return true; });
-  const uint32_t diff = n_out > 1 ? oa.x & ~oa.y : 0u;
+  uint32_t diff = all_or ^ all_and;
+  if (C > (uint32_t)k) {
+    __syncthreads();
+    if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
+    __syncthreads();
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < n_out; i += kFT) {
+      const uint32_t key = (uint32_t)(sel[i] >> 32);
+      kor |= key;
+      kand &= key;
+    }
+    if (kor) atomicOr(&s.kor, kor);
+    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
+    __syncthreads();
+    diff = s.kor ^ s.kand;
+  }
+  if (n_out <= 1) diff = 0;
   const int begin_bit = diff ? __ffs(diff) - 1 : 0, end_bit = diff ? 32 - __clz(diff) : 0;
   if (n_out <= 1024) sort_write<1>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
   else if (n_out <= 2048) sort_write<2>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
@@ -502,12 +449,11 @@ extern "C" int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_row
   const size_t cand_n = (size_t)total * (size_t)chunk_len;
   if (total > INT_MAX || (p->large_k && cand_n > (size_t)INT_MAX)) return FP4IDX_E2BIG;
   size_t off = 0;
-  p->o_hist = off; off = align256(off + (size_t)n_rows * kBins * 4 * 2);  // both levels
+  p->o_hist = off; off = align256(off + (size_t)n_rows * kBins * 4);
   if (p->large_k) {  // zeroed too: a row without chunks is an empty segment
     p->o_seg = off; off = align256(off + (size_t)n_rows * 8);
   }
   p->memset_bytes = off;
-  p->o_info = off; off = align256(off + (size_t)n_rows * 8);
   p->o_ccount = off; off = align256(off + (size_t)total * 4);
   p->o_cand = off; off = align256(off + cand_n * 8);
   if (p->large_k) {
@@ -535,8 +481,6 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
   int rc;
   uint8_t *w = (uint8_t *)ws;
   uint32_t *hist = (uint32_t *)(w + p->o_hist), *ccount = (uint32_t *)(w + p->o_ccount);
-  uint32_t *hist2 = hist + (size_t)p->n_rows * kBins;
-  uint2 *info = (uint2 *)(w + p->o_info);
   unsigned long long *cand = (unsigned long long *)(w + p->o_cand);
   int *seg = p->large_k ? (int *)(w + p->o_seg) : nullptr;
   if ((rc = fp4idx__cuda_check(cudaMemsetAsync(w, 0, p->memset_bytes, stream), "topk: zero")))
@@ -545,11 +489,8 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
     hist_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
         rows, p->n_rows, p->chunk_len, hist, seg, seg ? seg + p->n_rows : nullptr);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: histogram"))) return rc;
-    hist2_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(rows, p->n_rows, p->chunk_len,
-                                                                 p->k, hist, hist2);
-    if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: histogram 2"))) return rc;
     compact_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
-        rows, p->n_rows, p->chunk_len, p->k, hist, hist2, info, ccount, cand, p->large_k);
+        rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: compact"))) return rc;
   }
   if (!p->large_k) {
@@ -559,8 +500,8 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
                                   (int)sm),
              "topk: shared memory")))
       return rc;
-    finish_kernel<<<p->n_rows, kFT, sm, stream>>>(rows, p->chunk_len, p->k, info, ccount, cand,
-                                                  pos, val, count);
+    finish_kernel<<<p->n_rows, kFT, sm, stream>>>(rows, p->chunk_len, p->k, ccount, cand, pos,
+                                                  val, count);
     return fp4idx__cuda_check(cudaGetLastError(), "topk: finish");
   }
   unsigned long long *sorted = (unsigned long long *)(w + p->o_sorted);
