@@ -311,7 +311,7 @@ Test(cuda_random, long_context_400k, .timeout = 600) {
   random_case(6002, 64, 2, 100000, 64, NULL, 1, 0);
   random_case(6003, 128, 3, 65537, 32, NULL, 0, 2048);
 }
-Test(cuda_random, topk_large_k_host_path, .timeout = 600) {
+Test(cuda_random, topk_k5000_above_the_old_kernel_limit, .timeout = 600) {
   NEED_GPU();
   random_case(7001, 32, 2, 20000, 64, NULL, 1, 5000);
 }
