@@ -6,7 +6,7 @@
  * Inputs: exact dyadic keys (k/8) stored through the CUDA backend, q and w
  * dyadic, R = 4 verify rows per sequence seeing the context minus 0..3 keys;
  * the logits the real scorer writes (bf16 values, so ties occur).
- * Method (DESIGN s7, as bench_cuda_s7.cu): 20 launches captured in one CUDA
+ * Method (the one of bench_cuda_s7.cu): 20 launches captured in one CUDA
  * graph, one warm-up replay, 10 replays timed with CUDA events, time per
  * call = elapsed / 200, the median of 3 such runs. Each top-k launch
  * includes its workspace memset and every kernel.
