@@ -1,0 +1,175 @@
+"""AsyncClient: the same methods as Client, as coroutines over asyncio
+streams. Calls from concurrent tasks share the connection and are
+pipelined: each request is written at once, and one reader task hands the
+replies (which come in request order) to the waiting calls in order.
+"""
+import asyncio
+import collections
+
+from . import wire
+from .errors import BY_NAME, Error
+from .methods import Methods
+
+
+class AsyncClient(Methods):
+    """asyncio client of one fp4idxd. Create it, then `await c.connect()` or
+    use `async with fp4idx.AsyncClient(...) as c:`; a call on a closed or
+    lost connection connects first. socket and timeout as for Client
+    (timeout: seconds per call; on expiry the connection is closed, every
+    waiting call fails with Timeout)."""
+
+    def __init__(self, socket=None, timeout=None):
+        self.socket_path = socket if socket is not None else wire.default_socket()
+        self.timeout = timeout
+        self._enc = wire.Encoder()
+        self._reader = self._writer = self._task = None
+        self._pending = collections.deque()  # (future, request, id), in send order
+        self._lock = None
+
+    async def connect(self):
+        """(Re)connects, failing calls still waiting on an old connection."""
+        await self.close()
+        try:
+            coro = asyncio.open_unix_connection(self.socket_path, limit=1 << 20)
+            self._reader, self._writer = await asyncio.wait_for(coro, self.timeout)
+        except asyncio.TimeoutError:
+            raise BY_NAME["ETIMEDOUT"](f"connect {self.socket_path}: timed out") from None
+        except OSError as e:
+            raise BY_NAME["ECONN"](f"connect {self.socket_path}: {e.strerror or e}") from None
+        self._task = asyncio.ensure_future(self._read_loop(self._reader))
+        return self
+
+    @property
+    def connected(self):
+        return self._writer is not None
+
+    async def close(self):
+        """Closes the connection; calls still waiting fail with ConnectionLost."""
+        self._fail_all(BY_NAME["ECONN"]("connection closed"))
+        w, t = self._writer, self._task
+        self._reader = self._writer = self._task = None
+        if t is not None and t is not asyncio.current_task():
+            t.cancel()
+        if w is not None:
+            w.close()
+            try:
+                await w.wait_closed()
+            except OSError:
+                pass
+
+    async def __aenter__(self):
+        if self._writer is None:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def pipeline(self):
+        """-> AsyncPipeline: queue calls, then `await p.execute()`."""
+        return AsyncPipeline(self)
+
+    # ---- requests ------------------------------------------------------------
+    async def _run(self, req):
+        (fut,) = await self._send([req])
+        return await self._wait(fut)
+
+    async def _send(self, reqs):
+        """Writes `reqs` in one write -> their futures."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one connect at a time
+            if self._writer is None:
+                await self.connect()
+        loop = asyncio.get_running_loop()
+        futs, chunks = [], []
+        for req in reqs:
+            rid, bufs = self._enc.frame(req)
+            fut = loop.create_future()
+            self._pending.append((fut, req, rid))
+            futs.append(fut)
+            chunks.extend(bufs)
+        self._writer.writelines(chunks)  # no await between queueing and writing
+        try:
+            await self._writer.drain()
+        except OSError as e:
+            await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
+        return futs
+
+    async def _wait(self, fut):
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except asyncio.TimeoutError:
+            await self._lost(BY_NAME["ETIMEDOUT"](f"no reply within {self.timeout} s"))
+            return fut.result()  # raises the Timeout set by _lost
+
+    async def _read_loop(self, reader):
+        try:
+            while True:
+                hdr = await reader.readexactly(4)
+                body = await reader.readexactly(wire.body_length(hdr))
+                r = wire.decode(body)
+                if not self._pending:
+                    raise wire.desync("a reply nobody asked for")
+                fut, req, rid = self._pending.popleft()
+                try:
+                    res = wire.result(req, rid, r)
+                except Error as e:
+                    if getattr(e, "fatal", False):
+                        raise
+                    if not fut.done():
+                        fut.set_exception(e)
+                    continue
+                if not fut.done():
+                    fut.set_result(res)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.IncompleteReadError:
+            await self._lost(BY_NAME["ECONN"]("daemon closed the connection"))
+        except Error as e:
+            await self._lost(e)
+        except OSError as e:
+            await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
+
+    def _fail_all(self, err):
+        while self._pending:
+            fut = self._pending.popleft()[0]
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()  # retrieved: no "never retrieved" warning
+
+    async def _lost(self, err):
+        self._fail_all(err)
+        await self.close()
+
+
+class AsyncPipeline(Methods):
+    """AsyncClient's pipeline: methods queue (and return the pipeline);
+    `await p.execute(raise_on_error=True)` writes all at once and returns
+    the results in order (errors as fp4idx.Error objects when
+    raise_on_error is False)."""
+
+    def __init__(self, client):
+        self._client = client
+        self._reqs = []
+
+    def _run(self, req):
+        self._reqs.append(req)
+        return self
+
+    def __len__(self):
+        return len(self._reqs)
+
+    async def execute(self, raise_on_error=True):
+        reqs, self._reqs = self._reqs, []
+        if not reqs:
+            return []
+        futs = await self._client._send(reqs)
+        results = await asyncio.gather(*(self._client._wait(f) for f in futs),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, Error) and (raise_on_error or r.code in (-14, -15)):
+                raise r
+            if isinstance(r, BaseException) and not isinstance(r, Error):
+                raise r
+        return results
