@@ -8,7 +8,7 @@ import socket as _socket
 import time
 
 from . import wire
-from .errors import BY_NAME, Error
+from .errors import BY_NAME, Error, error_for
 from .methods import Methods
 
 _KEEP = 4 << 20  # a receive buffer grown above this is dropped after use
@@ -85,11 +85,30 @@ class Client(Methods):
         rid, bufs = self._enc.frame(req)
         with self._guard():
             sock = self._sock or self.connect()
-            if len(bufs[1]) < 65536:
-                sock.sendall(bufs[0] + bufs[1])  # one small copy, one syscall
-            else:
-                self._sendmsg_all(sock, bufs)
+            try:
+                if len(bufs[1]) < 65536:
+                    sock.sendall(bufs[0] + bufs[1])  # one small copy, one syscall
+                else:
+                    self._sendmsg_all(sock, bufs)
+            except (BrokenPipeError, ConnectionResetError):
+                self._raise_parting_error()
+                raise
         return rid
+
+    def _raise_parting_error(self):
+        """The daemon closed while we were sending: a frame above max_frame
+        gets one error reply (id 0) before the close (PROTOCOL.md, "When the
+        connection closes"); raise that error if it is there."""
+        try:
+            self._sock.settimeout(1.0)
+            r = self._recv_reply()
+        except (OSError, Error):
+            return
+        finally:
+            self.close()
+        if isinstance(r.get("status"), int) and r["status"] < 0:
+            raise error_for(r["status"], str(r.get("error", "")) +
+                            " (the daemon closed the connection)")
 
     def _finish(self, req, rid):
         with self._guard():
