@@ -3,7 +3,8 @@
 Binaries come from the build folder: $FP4IDXD and $FP4IDX_CLI when set
 (tests/python.cmake passes them), else $FP4IDX_BUILD_DIR/{daemon/fp4idxd,
 client/fp4idx-cli}, else build/ at the repository root. The package is
-imported from this checkout (client/python) unless it is installed.
+the installed one when there is one (ctest puts this checkout first on
+PYTHONPATH), else this checkout's.
 """
 import os
 import socket
@@ -17,7 +18,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG = os.path.dirname(HERE)
 REPO = os.path.dirname(os.path.dirname(PKG))
-sys.path.insert(0, PKG)
+try:  # an installed fp4idx (pip install ./client/python), else this checkout
+    import fp4idx  # noqa: F401
+except ImportError:
+    sys.path.insert(0, PKG)
 
 BUILD = os.environ.get("FP4IDX_BUILD_DIR", os.path.join(REPO, "build"))
 FP4IDXD = os.environ.get("FP4IDXD", os.path.join(BUILD, "daemon", "fp4idxd"))
@@ -56,14 +60,22 @@ class Daemon:
         pytest.fail("fp4idxd did not open its socket within 20 s")
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        """SIGTERM, wait -> the exit status (the daemon must exit 0: a crash,
+        or a sanitizer report in the ASan build, fails the test)."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return 0
+        if p.poll() is not None:
+            raise AssertionError(f"fp4idxd died during the test (status {p.returncode})")
+        p.terminate()
+        try:
+            rc = p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise AssertionError("fp4idxd did not stop within 30 s of SIGTERM")
+        assert rc == 0, f"fp4idxd exited with status {rc}"
+        return rc
 
 
 @pytest.fixture
