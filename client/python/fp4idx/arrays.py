@@ -58,6 +58,20 @@ def _from_torch(t):
     return t.numpy()
 
 
+_ML = []
+
+
+def _ml_dtypes():
+    """ml_dtypes when installed (imported once), else None."""
+    if not _ML:
+        try:
+            import ml_dtypes
+        except ImportError:
+            ml_dtypes = None
+        _ML.append(ml_dtypes)
+    return _ML[0]
+
+
 def _is_bf16(a):
     return a.dtype.name == "bfloat16"  # ml_dtypes.bfloat16 (or jax's)
 
@@ -83,11 +97,24 @@ def bf16_bits(x):
     if a.dtype.kind not in "fiu":
         raise _invalid(f"expected a float or bf16 array, got dtype {a.dtype}")
     f = np.ascontiguousarray(a, dtype="<f4")
+    ml = _ml_dtypes()
+    if ml is not None:  # the same RNE in C, about twice as fast
+        return f.astype(ml.bfloat16).view("<u2")
+    return _rne_numpy(f)
+
+
+def _rne_numpy(f):
+    """float32 array -> bf16 bits, RNE, in numpy integer ops."""
     u = f.view("<u4")
-    b = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype("<u2")
-    nan = np.isnan(f)
-    if nan.any():  # the rounding would wrap a NaN to 0: keep it a NaN
-        b[nan] = 0x7FC0
+    r = u >> 16
+    r &= 1
+    r += 0x7FFF
+    r += u  # wraps only for NaNs with high payloads, fixed below
+    r >>= 16
+    b = r.astype("<u2")
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    if nan.any():  # keep NaNs NaN (the daemon decides what to do with them)
+        b[nan] = (b[nan] & 0x8000) | 0x7FC0
     return b
 
 

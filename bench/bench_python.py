@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""bench_python.py -- per-request cost of the Python client (client/python)
+against the C client (libfp4idx-client, via fp4idx-bench-calls), both
+talking to the same CPU fp4idxd, one request in flight:
+
+  info       c.info()                       / fp4idx_client_info
+  score64    c.score(seq, q, w), 64 keys    / fp4idx_client_score_into
+  topk100k   c.topk(seq, q, w, 16), 100,000 keys / fp4idx_client_topk
+
+R=4 rows x H=32 heads, q/w given as bf16 bit patterns (uint16) on both
+sides; `score64 f32 q/w` also times float32 q/w rounded by the Python client.
+Each round runs the C program, then the Python calls (warm-up first), and
+the rounds interleave so that both see the same load; the table gives the
+median over rounds of each round's p50, [min..max] after it, the ratio
+Python/C of those medians, and the difference (what Python adds per call).
+
+  python3 bench/bench_python.py [--build build] [-n 5000] [-b 20] [-r 3]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+import fp4idx  # noqa: E402
+
+SMALL, BIG = 1, 2
+
+
+def start_daemon(build, sock):
+    p = subprocess.Popen([os.path.join(build, "daemon", "fp4idxd"), "--socket", sock,
+                          "--backend", "cpu", "--cache-bytes", "512M", "--log-level", "warn"])
+    for _ in range(500):
+        if os.path.exists(sock):
+            try:
+                fp4idx.Client(sock).close()
+                return p
+            except fp4idx.ConnectionLost:
+                pass
+        time.sleep(0.02)
+    p.kill()
+    raise SystemExit("fp4idxd did not start")
+
+
+def time_calls(fn, n, warm):
+    for _ in range(warm):
+        fn()
+    t = []
+    pc = time.perf_counter_ns
+    for _ in range(n):
+        t0 = pc()
+        fn()
+        t.append(pc() - t0)
+    t.sort()
+    return t[(len(t) + 1) // 2 - 1] / 1000.0  # p50 (nearest rank), us
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("-n", type=int, default=5000, help="small calls per case and round")
+    ap.add_argument("-b", type=int, default=20, help="100k top-k calls per round")
+    ap.add_argument("-w", type=int, default=500, help="warm-up calls (small cases)")
+    ap.add_argument("-r", type=int, default=3, help="rounds")
+    a = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="fp4idx-benchpy-")
+    sock = os.path.join(tmp, "fp4idxd.sock")
+    daemon = start_daemon(a.build, sock)
+    try:
+        rng = np.random.default_rng(0)
+        c = fp4idx.Client(sock)
+        c.append(SMALL, fp4idx.bf16_bits(rng.standard_normal((64, 128), dtype=np.float32)))
+        for i in range(0, 100000, 8192):
+            m = min(8192, 100000 - i)
+            c.append(BIG, fp4idx.bf16_bits(rng.standard_normal((m, 128), dtype=np.float32)))
+        qf = rng.standard_normal((4, 32, 128), dtype=np.float32)
+        wf = rng.random((4, 32), dtype=np.float32)
+        q, w = fp4idx.bf16_bits(qf), fp4idx.bf16_bits(wf)
+        q.tofile(os.path.join(tmp, "q.bin"))
+        w.tofile(os.path.join(tmp, "w.bin"))
+        py_cases = {
+            "info": (lambda: c.info(), a.n, a.w),
+            "score64": (lambda: c.score(SMALL, q, w), a.n, a.w),
+            "score64 f32 q/w": (lambda: c.score(SMALL, qf, wf), a.n, a.w),
+            "topk100k": (lambda: c.topk(BIG, q, w, 16), a.b, 2),
+        }
+        res = {k: {"c": [], "py": []} for k in py_cases}
+        cmd = [os.path.join(a.build, "bench", "fp4idx-bench-calls"), "-s", sock,
+               "-a", str(SMALL), "-B", str(BIG), "-q", os.path.join(tmp, "q.bin"),
+               "-W", os.path.join(tmp, "w.bin"), "-n", str(a.n), "-b", str(a.b),
+               "-w", str(a.w)]
+        for _ in range(a.r):
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            for line in out.split():
+                name, _, p50, _, _ = line.split(",")
+                res[name]["c"].append(float(p50))
+            for name, (fn, n, warm) in py_cases.items():
+                res[name]["py"].append(time_calls(fn, n, warm))
+        c.close()
+    finally:
+        daemon.terminate()
+        daemon.wait()
+
+    print(f"{a.r} rounds; small cases {a.n} calls/round ({a.w} warm-up), "
+          f"topk100k {a.b} calls/round; p50 per round, median [min..max] of rounds, us\n")
+    print("| case | C client p50 | Python p50 | ratio Python/C | Python - C |")
+    print("|---|---|---|---|---|")
+    for name, r in res.items():
+        cref = res["score64"]["c"] if name == "score64 f32 q/w" else r["c"]
+        cm, pm = statistics.median(cref), statistics.median(r["py"])
+        print(f"| {name} | {cm:,.1f} [{min(cref):,.1f}..{max(cref):,.1f}] | "
+              f"{pm:,.1f} [{min(r['py']):,.1f}..{max(r['py']):,.1f}] | "
+              f"**{pm / cm:.2f}** | {pm - cm:+,.1f} |")
+
+
+if __name__ == "__main__":
+    main()
