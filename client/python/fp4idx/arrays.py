@@ -78,6 +78,8 @@ def _is_bf16(a):
 
 def as_numpy(x):
     """Any supported input -> numpy array (bf16 values as ml_dtypes or uint16)."""
+    if type(x) is np.ndarray:
+        return x
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         return _from_torch(x)
@@ -125,7 +127,9 @@ def wire(dtype, a):
     as a memoryview (packed into the frame once). Region registration (zero
     copy) will plug in here: a registered array becomes a region reference
     instead of `data`."""
-    a = np.ascontiguousarray(a, dtype=_WIRE[dtype])
+    want = _WIRE[dtype]
+    if a.dtype != want or not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a, dtype=want)
     return {"dtype": dtype, "shape": list(a.shape),
             "data": memoryview(a).cast("B") if a.size else b""}
 

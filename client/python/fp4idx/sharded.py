@@ -84,7 +84,8 @@ class ShardedClient(Methods):
             return [(self.shard_of(req.seq), req)], lambda rs: rs[0]
         if req.many is not None:
             return self._plan_many(req)
-        merge = {"info": _merge_info, "stats": _merge_stats}.get(req.op, list)
+        merge = {"info": _merge_info, "hello": _merge_info, "stats": _merge_stats,
+                 "save": lambda rs: None}.get(req.op, list)
         return [(i, req) for i in range(len(self.shards))], merge
 
     def _plan_many(self, req):

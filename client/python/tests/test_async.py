@@ -89,3 +89,21 @@ def test_async_connect_refused():
         with pytest.raises(fp4idx.ConnectionLost):
             await fp4idx.AsyncClient("/nonexistent/fp4idxd.sock").connect()
     run(main())
+
+
+def test_async_timeout_fails_waiting_calls(tmp_path):
+    import socket
+    path = str(tmp_path / "mute.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+
+    async def main():
+        a = fp4idx.AsyncClient(path, timeout=0.2)
+        await a.connect()
+        r = await asyncio.gather(a.info(), a.info(), return_exceptions=True)
+        assert all(isinstance(e, fp4idx.Timeout) for e in r), r
+        assert not a.connected
+        await a.close()
+    run(main())
+    srv.close()

@@ -50,6 +50,7 @@ def test_sharded_equals_one_daemon(three, make_daemon):
         assert info["pages_total"] == sum(sh.info()["pages_total"] for sh in sc.shards)
         assert info["pages_total"] - info["pages_free"] == \
             ref_info["pages_total"] - ref_info["pages_free"]
+        assert sc.hello()["version"] == 1
         st = sc.stats()
         assert st["keys"] == c.stats()["keys"] and st["connections"] >= 3
         assert st["requests"]["append"]["count"] == len(seqs)
