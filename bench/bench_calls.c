@@ -20,28 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_time.h"
 #include "fp4idx_client.h"
 
 #define ROWS 4
 #define HEADS 32
 #define TOPK 16
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* p-th percentile (nearest rank) of sorted v[n]. */
-static double pct(const double *v, int n, double p) {
-  int k = (int)ceil(p / 100.0 * n);
-  return v[(k < 1 ? 1 : k > n ? n : k) - 1];
-}
 
 static int load(const char *path, void *buf, size_t len) {
   FILE *f = fopen(path, "rb");
@@ -128,8 +112,8 @@ int main(int argc, char **argv) {
     }
     if (rc == 0) {
       qsort(t, (size_t)calls, sizeof *t, cmp_double);
-      printf("%s,%d,%.2f,%.2f,%.2f\n", names[which], calls, pct(t, calls, 50),
-             pct(t, calls, 90), sum / calls);
+      printf("%s,%d,%.2f,%.2f,%.2f\n", names[which], calls, pct(t, (size_t)calls, 50),
+             pct(t, (size_t)calls, 90), sum / calls);
     }
     free(t);
   }

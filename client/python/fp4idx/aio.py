@@ -8,7 +8,7 @@ import collections
 
 from . import wire
 from .errors import BY_NAME, Error
-from .methods import Methods
+from .methods import Methods, Queue, first_error
 
 
 class AsyncClient(Methods):
@@ -143,33 +143,22 @@ class AsyncClient(Methods):
         await self.close()
 
 
-class AsyncPipeline(Methods):
+class AsyncPipeline(Queue):
     """AsyncClient's pipeline: methods queue (and return the pipeline);
     `await p.execute(raise_on_error=True)` writes all at once and returns
     the results in order (errors as fp4idx.Error objects when
-    raise_on_error is False)."""
-
-    def __init__(self, client):
-        self._client = client
-        self._reqs = []
-
-    def _run(self, req):
-        self._reqs.append(req)
-        return self
-
-    def __len__(self):
-        return len(self._reqs)
+    raise_on_error is False; a lost connection or a timeout always raises)."""
 
     async def execute(self, raise_on_error=True):
-        reqs, self._reqs = self._reqs, []
+        reqs = self._take()
         if not reqs:
             return []
         futs = await self._client._send(reqs)
         results = await asyncio.gather(*(self._client._wait(f) for f in futs),
                                        return_exceptions=True)
         for r in results:
-            if isinstance(r, Error) and (raise_on_error or r.code in (-14, -15)):
+            if not isinstance(r, Error) and isinstance(r, BaseException):
                 raise r
-            if isinstance(r, BaseException) and not isinstance(r, Error):
+            if isinstance(r, Error) and r.code in (-14, -15):
                 raise r
-        return results
+        return first_error(results, raise_on_error)

@@ -9,7 +9,7 @@ import time
 
 from . import wire
 from .errors import BY_NAME, Error, error_for
-from .methods import Methods
+from .methods import Methods, Queue, first_error
 
 _KEEP = 4 << 20  # a receive buffer grown above this is dropped after use
 _IOV_MAX = 1024
@@ -264,7 +264,7 @@ def _drop_sent(views, n):
             n = 0
 
 
-class Pipeline(Methods):
+class Pipeline(Queue):
     """Requests collected and sent together: every method queues its request
     and returns the pipeline; execute() sends them all in one write and
     returns their results in order.
@@ -275,30 +275,6 @@ class Pipeline(Methods):
     on exit.
     """
 
-    def __init__(self, client):
-        self._client = client
-        self._reqs = []
-
-    def _run(self, req):
-        self._reqs.append(req)
-        return self
-
-    def __len__(self):
-        return len(self._reqs)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._reqs = []
-
     def execute(self, raise_on_error=True):
-        reqs, self._reqs = self._reqs, []
-        if not reqs:
-            return []
-        results = self._client._exchange(reqs)
-        if raise_on_error:
-            for r in results:
-                if isinstance(r, Error):
-                    raise r
-        return results
+        reqs = self._take()
+        return first_error(self._client._exchange(reqs) if reqs else [], raise_on_error)

@@ -1,6 +1,7 @@
 """The public methods, written once: Client, Pipeline, AsyncClient and
 ShardedClient each supply `_run(request)` (run now, queue, await, route)."""
 from . import ops
+from .errors import Error
 
 
 class Methods:
@@ -52,3 +53,39 @@ class Methods:
     def read(self, seq, start=0, count=None, dequant=False):
         """-> packed uint8 [n,68], or float32 [n,128] with dequant=True."""
         return self._run(ops.read(seq, start, count, dequant))
+
+
+class Queue(Methods):
+    """The pipelines' common part: every method queues its request and
+    returns the pipeline (calls chain); execute() is each pipeline's own."""
+
+    def __init__(self, client):
+        self._client = client
+        self._reqs = []
+
+    def _run(self, req):
+        self._reqs.append(req)
+        return self
+
+    def __len__(self):
+        return len(self._reqs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._reqs = []
+
+    def _take(self):
+        reqs, self._reqs = self._reqs, []
+        return reqs
+
+
+def first_error(results, raise_on_error):
+    """Raises the first fp4idx.Error of `results` when raise_on_error;
+    -> results."""
+    if raise_on_error:
+        for r in results:
+            if isinstance(r, Error):
+                raise r
+    return results

@@ -9,7 +9,7 @@ import hashlib
 from . import ops
 from .client import Client
 from .errors import Error
-from .methods import Methods
+from .methods import Methods, Queue, first_error
 
 _SUMMED = ("pages_total", "pages_free", "sequences", "keys", "connections")
 
@@ -130,25 +130,14 @@ class ShardedClient(Methods):
         return merge(results)
 
 
-class ShardedPipeline(Methods):
+class ShardedPipeline(Queue):
     """ShardedClient's pipeline: requests are grouped per shard, each shard's
     group is one pipelined write, the groups run in parallel threads, and
     the results come back in the order the calls were queued."""
 
-    def __init__(self, client):
-        self._client = client
-        self._reqs = []
-
-    def _run(self, req):
-        self._reqs.append(req)
-        return self
-
-    def __len__(self):
-        return len(self._reqs)
-
     def execute(self, raise_on_error=True):
         sc = self._client
-        reqs, self._reqs = self._reqs, []
+        reqs = self._take()
         plans = [sc._plan(q) for q in reqs]
         per_shard = {}
         for pi, (parts, _) in enumerate(plans):
@@ -166,11 +155,7 @@ class ShardedPipeline(Methods):
         for (parts, merge), rs in zip(plans, got):
             err = next((r for r in rs if isinstance(r, Error)), None)
             results.append(err if err is not None else merge(rs))
-        if raise_on_error:
-            for r in results:
-                if isinstance(r, Error):
-                    raise r
-        return results
+        return first_error(results, raise_on_error)
 
 
 def _merge_info(rs):
