@@ -1,16 +1,19 @@
-"""The README's examples run as written against real daemons, and print
-what their comments say."""
+"""The README's examples (client/python/README.md, and the Python one of
+the top README.md) run as written against real daemons, and print what
+their comments say."""
 import os
 import re
 import subprocess
 import sys
 
-from conftest import PKG
+from conftest import PKG, REPO
 
 
 def blocks():
-    text = open(os.path.join(PKG, "README.md")).read()
-    return re.findall(r"```python\n(.*?)```", text, re.S)
+    out = []
+    for path in (os.path.join(PKG, "README.md"), os.path.join(REPO, "README.md")):
+        out += re.findall(r"```python\n(.*?)```", open(path).read(), re.S)
+    return out
 
 
 def expected(code):
@@ -24,8 +27,8 @@ def expected(code):
 
 
 def test_readme_examples_run(make_daemon):
-    runnable = [b for b in blocks() if "import fp4idx" in b]
-    assert len(runnable) >= 4
+    runnable = [b for b in blocks() if re.search(r"^import .*\bfp4idx\b", b, re.M)]
+    assert len(runnable) >= 5
     one = make_daemon()
     shards = [make_daemon() for _ in range(3)]
     env = dict(os.environ, FP4IDX_SOCKET=one.socket,
