@@ -81,6 +81,9 @@ class AsyncClient(Methods):
         async with self._lock:  # one connect at a time
             if self._writer is None:
                 await self.connect()
+        w = self._writer
+        if w is None:  # lost again while connecting
+            raise BY_NAME["ECONN"](f"{self.socket_path}: connection lost")
         loop = asyncio.get_running_loop()
         futs, chunks = [], []
         for req in reqs:
@@ -89,9 +92,9 @@ class AsyncClient(Methods):
             self._pending.append((fut, req, rid))
             futs.append(fut)
             chunks.extend(bufs)
-        self._writer.writelines(chunks)  # no await between queueing and writing
+        w.writelines(chunks)  # no await between queueing and writing
         try:
-            await self._writer.drain()
+            await w.drain()
         except OSError as e:
             await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
         return futs
