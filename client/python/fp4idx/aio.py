@@ -117,11 +117,11 @@ class AsyncClient(Methods):
                 fut, req, rid = self._pending.popleft()
                 try:
                     res = wire.result(req, rid, r)
-                except Error as e:
-                    if getattr(e, "fatal", False):
-                        raise
+                except Exception as e:  # the daemon's error, or a reply we cannot use
                     if not fut.done():
                         fut.set_exception(e)
+                    if getattr(e, "fatal", False):
+                        raise
                     continue
                 if not fut.done():
                     fut.set_result(res)

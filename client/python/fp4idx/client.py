@@ -20,7 +20,9 @@ class Client(Methods):
 
     socket: the daemon's socket path (None: $FP4IDX_SOCKET, else
     $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock, else /run/fp4idx/fp4idxd.sock, as
-    libfp4idx-client). timeout: seconds per call (None: wait forever).
+    libfp4idx-client). timeout: seconds, None to wait forever; it bounds
+    each wait for the socket of a call (connect, every send and receive),
+    and the whole exchange of a pipeline.
 
     Connects at once (ConnectionLost when no daemon answers). When the
     connection is lost, or a call times out, that call raises

@@ -163,3 +163,44 @@ def test_connection_loss_raises_and_reconnects(make_daemon):
     d.start()
     assert c.info()["sequences"] == 0   # reconnected (no --data-dir: empty)
     c.close()
+
+
+def test_garbled_replies_close_the_connection(tmp_path):
+    # A fake daemon: the reply to the first request carries the wrong id, to
+    # the second one it is not msgpack.
+    import asyncio
+    import struct
+    import msgpack
+    path = str(tmp_path / "fake.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    bad = [msgpack.packb({"id": 999, "status": 0}), b"\xc1\xc1"]
+
+    def serve():
+        for i in range(4):
+            s, _ = srv.accept()
+            n, = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+            s.recv(n, socket.MSG_WAITALL)
+            body = bad[i % 2]
+            s.sendall(struct.pack(">I", len(body)) + body)
+            s.recv(1)   # until the client closes
+            s.close()
+    t = threading.Thread(target=serve)
+    t.start()
+    c = fp4idx.Client(path, timeout=10)
+    for _ in range(2):
+        with pytest.raises(fp4idx.ProtocolError):
+            c.info()
+        assert not c.connected      # the next call connects again
+
+    async def main():
+        a = fp4idx.AsyncClient(path, timeout=10)
+        for _ in range(2):
+            with pytest.raises(fp4idx.ProtocolError):
+                await a.info()
+            await asyncio.sleep(0)
+            assert not a.connected
+    asyncio.run(main())
+    t.join(10)
+    srv.close()
