@@ -41,6 +41,7 @@ class AsyncClient(Methods):
 
     @property
     def connected(self):
+        """True while a connection is open."""
         return self._writer is not None
 
     async def close(self):
@@ -153,6 +154,7 @@ class AsyncPipeline(Queue):
     raise_on_error is False; a lost connection or a timeout always raises)."""
 
     async def execute(self, raise_on_error=True):
+        """Writes the queued requests at once -> their results in order."""
         reqs = self._take()
         if not reqs:
             return []

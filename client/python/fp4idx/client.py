@@ -58,6 +58,7 @@ class Client(Methods):
 
     @property
     def connected(self):
+        """True while a connection is open."""
         return self._sock is not None
 
     def close(self):
@@ -278,5 +279,6 @@ class Pipeline(Queue):
     """
 
     def execute(self, raise_on_error=True):
+        """Sends the queued requests in one write -> their results in order."""
         reqs = self._take()
         return first_error(self._client._exchange(reqs) if reqs else [], raise_on_error)

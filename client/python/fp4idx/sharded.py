@@ -62,6 +62,7 @@ class ShardedClient(Methods):
         return best
 
     def close(self):
+        """Closes every shard's connection (a later call connects again)."""
         for c in self.shards:
             c.close()
         if self._pool is not None:
@@ -136,6 +137,7 @@ class ShardedPipeline(Queue):
     the results come back in the order the calls were queued."""
 
     def execute(self, raise_on_error=True):
+        """-> the queued calls' results in order (errors as for Pipeline)."""
         sc = self._client
         reqs = self._take()
         plans = [sc._plan(q) for q in reqs]
