@@ -18,3 +18,8 @@ from .arrays import bf16_bits
 from .wire import default_socket
 
 __version__ = "0.1.0"
+
+from . import errors as _errors
+
+__all__ = ["Client", "Pipeline", "AsyncClient", "AsyncPipeline", "ShardedClient",
+           "bf16_bits", "default_socket", *_errors.__all__]
