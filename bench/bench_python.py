@@ -8,7 +8,9 @@ talking to the same CPU fp4idxd, one request in flight:
   topk100k   c.topk(seq, q, w, 16), 100,000 keys / fp4idx_client_topk
 
 R=4 rows x H=32 heads, q/w given as bf16 bit patterns (uint16) on both
-sides; `score64 f32 q/w` also times float32 q/w rounded by the Python client.
+sides; `score64 f32 q/w` also times float32 q/w rounded by the Python client,
+and the `AsyncClient` rows the asyncio client (one call awaited at a time),
+both against the C client's figure for the same request.
 Each round runs the C program, then the Python calls (warm-up first), and
 the rounds interleave so that both see the same load; the table gives the
 median over rounds of each round's p50, [min..max] after it, the ratio
@@ -61,6 +63,29 @@ def time_calls(fn, n, warm):
     return t[(len(t) + 1) // 2 - 1] / 1000.0  # p50 (nearest rank), us
 
 
+def time_async(sock, q, w, n, warm):
+    """p50 (us) of sequential awaited AsyncClient calls: info, score64."""
+    import asyncio
+
+    async def run():
+        out = {}
+        async with fp4idx.AsyncClient(sock) as a:
+            for name, mk in (("info, AsyncClient", lambda: a.info()),
+                             ("score64, AsyncClient", lambda: a.score(SMALL, q, w))):
+                for _ in range(warm):
+                    await mk()
+                t = []
+                pc = time.perf_counter_ns
+                for _ in range(n):
+                    t0 = pc()
+                    await mk()
+                    t.append(pc() - t0)
+                t.sort()
+                out[name] = t[(len(t) + 1) // 2 - 1] / 1000.0
+        return out
+    return asyncio.run(run())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -92,6 +117,8 @@ def main():
             "topk100k": (lambda: c.topk(BIG, q, w, 16), a.b, 2),
         }
         res = {k: {"c": [], "py": []} for k in py_cases}
+        res["info, AsyncClient"] = {"c": [], "py": []}
+        res["score64, AsyncClient"] = {"c": [], "py": []}
         cmd = [os.path.join(a.build, "bench", "fp4idx-bench-calls"), "-s", sock,
                "-a", str(SMALL), "-B", str(BIG), "-q", os.path.join(tmp, "q.bin"),
                "-W", os.path.join(tmp, "w.bin"), "-n", str(a.n), "-b", str(a.b),
@@ -103,6 +130,8 @@ def main():
                 res[name]["c"].append(float(p50))
             for name, (fn, n, warm) in py_cases.items():
                 res[name]["py"].append(time_calls(fn, n, warm))
+            for name, p50 in time_async(sock, q, w, a.n, a.w).items():
+                res[name]["py"].append(p50)
         c.close()
     finally:
         daemon.terminate()
@@ -113,7 +142,9 @@ def main():
     print("| case | C client p50 | Python p50 | ratio Python/C | Python - C |")
     print("|---|---|---|---|---|")
     for name, r in res.items():
-        cref = res["score64"]["c"] if name == "score64 f32 q/w" else r["c"]
+        base = {"score64 f32 q/w": "score64", "info, AsyncClient": "info",
+                "score64, AsyncClient": "score64"}.get(name, name)
+        cref = res[base]["c"]
         cm, pm = statistics.median(cref), statistics.median(r["py"])
         print(f"| {name} | {cm:,.1f} [{min(cref):,.1f}..{max(cref):,.1f}] | "
               f"{pm:,.1f} [{min(r['py']):,.1f}..{max(r['py']):,.1f}] | "

@@ -10,6 +10,8 @@ from . import wire
 from .errors import BY_NAME, Error
 from .methods import Methods, Queue, first_error
 
+_BACKLOG = 1 << 20  # bytes queued in the transport before a call waits (drain)
+
 
 class AsyncClient(Methods):
     """asyncio client of one fp4idxd. Create it, then `await c.connect()` or
@@ -77,11 +79,12 @@ class AsyncClient(Methods):
 
     async def _send(self, reqs):
         """Writes `reqs` in one write -> their futures."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:  # one connect at a time
-            if self._writer is None:
-                await self.connect()
+        if self._writer is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:  # one connect at a time
+                if self._writer is None:
+                    await self.connect()
         w = self._writer
         if w is None:  # lost again while connecting
             raise BY_NAME["ECONN"](f"{self.socket_path}: connection lost")
@@ -94,13 +97,18 @@ class AsyncClient(Methods):
             futs.append(fut)
             chunks.extend(bufs)
         w.writelines(chunks)  # no await between queueing and writing
-        try:
-            await w.drain()
-        except OSError as e:
-            await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
+        # Wait for the socket only when the transport holds a backlog (drain
+        # is the flow control; a small request is already on its way).
+        if w.transport.get_write_buffer_size() > _BACKLOG:
+            try:
+                await w.drain()
+            except OSError as e:
+                await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
         return futs
 
     async def _wait(self, fut):
+        if self.timeout is None:
+            return await fut
         try:
             return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
         except asyncio.TimeoutError:
