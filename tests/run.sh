@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/run.sh -- the test command: installs what the build needs when it is
-# missing (Debian packages), configures, builds, runs ctest, and prints
-# Criterion's synthesis line of every test program.
+# missing (Debian packages, the Python test modules), configures, builds,
+# runs ctest, and prints Criterion's synthesis line of every test program
+# and pytest's summary line of the Python client suite (test_python).
 #
 #   tests/run.sh [extra cmake -D options...]
 #
