@@ -111,6 +111,8 @@ def score_many(entries, heads, topk=None):
     """Several entries in one request; `entries` are dicts with seq, q, w and
     optionally lens and mask. The result is a list, one per entry."""
     wired, devs = [], []
+    if not entries:
+        raise arrays._invalid("score_many needs at least one entry")
     for d in entries:
         unknown = set(d) - {"seq", "q", "w", "lens", "mask"}
         if unknown:

@@ -119,6 +119,8 @@ def test_client_side_errors(client, seq):
     with pytest.raises(fp4idx.InvalidArgument):
         client.drop(-1)
     with pytest.raises(fp4idx.InvalidArgument):
+        client.score_many([], 4)
+    with pytest.raises(fp4idx.InvalidArgument):
         client.append(seq(), np.ones((2, 128), np.complex64))
     with pytest.raises(fp4idx.InvalidArgument):
         client.score(1, np.ones((1, 1, 128), np.float32), np.ones((1, 1), np.float32), lens=[-1])
