@@ -27,6 +27,12 @@
 #define HEADS 32
 #define TOPK 16
 
+static double thread_cpu_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
 static int load(const char *path, void *buf, size_t len) {
   FILE *f = fopen(path, "rb");
   if (!f) return -1;
@@ -99,23 +105,34 @@ int main(int argc, char **argv) {
   for (int which = 0; which < 3 && rc == 0; which++) {
     int calls = which == 2 ? nbig : n, w = which == 2 ? (warm ? 2 : 0) : warm;
     double *t = malloc((size_t)calls * sizeof *t), sum = 0;
-    if (!t) return 1;
+    double *cpu = malloc((size_t)calls * sizeof *cpu);
+    if (!t || !cpu) {
+      free(t);
+      free(cpu);
+      fp4idx_client_close(b.c);
+      return 1;
+    }
     for (int i = 0; i < w + calls; i++) {
-      double t0 = now_us();
+      double c0 = thread_cpu_us(), t0 = now_us();
       if (call(&b, which) != FP4IDX_OK) {
         fprintf(stderr, "fp4idx-bench-calls: %s: %s\n", names[which],
                 fp4idx_client_last_error(b.c));
         rc = 1;
         break;
       }
-      if (i >= w) sum += (t[i - w] = now_us() - t0);
+      if (i >= w) {
+        sum += (t[i - w] = now_us() - t0);
+        cpu[i - w] = thread_cpu_us() - c0;
+      }
     }
     if (rc == 0) {
       qsort(t, (size_t)calls, sizeof *t, cmp_double);
-      printf("%s,%d,%.2f,%.2f,%.2f\n", names[which], calls, pct(t, (size_t)calls, 50),
-             pct(t, (size_t)calls, 90), sum / calls);
+      qsort(cpu, (size_t)calls, sizeof *cpu, cmp_double);
+      printf("%s,%d,%.2f,%.2f,%.2f,%.2f\n", names[which], calls, pct(t, (size_t)calls, 50),
+             pct(t, (size_t)calls, 90), sum / calls, pct(cpu, (size_t)calls, 50));
     }
     free(t);
+    free(cpu);
   }
   fp4idx_client_close(b.c);
   return rc;

@@ -14,7 +14,9 @@ both against the C client's figure for the same request.
 Each round runs the C program, then the Python calls (warm-up first), and
 the rounds interleave so that both see the same load; the table gives the
 median over rounds of each round's p50, [min..max] after it, the ratio
-Python/C of those medians, and the difference (what Python adds per call).
+Python/C of those medians, and the difference (what Python adds per call);
+then the p50 of the calling thread's CPU time per call (the client's own
+work, which the load of other processes does not inflate).
 
   python3 bench/bench_python.py [--build build] [-n 5000] [-b 20] [-r 3]
 """
@@ -50,17 +52,23 @@ def start_daemon(build, sock):
     raise SystemExit("fp4idxd did not start")
 
 
+def p50(t):
+    t = sorted(t)
+    return t[(len(t) + 1) // 2 - 1] / 1000.0  # nearest rank, us
+
+
 def time_calls(fn, n, warm):
+    """-> (wall p50, thread CPU p50) in us of n calls of fn after warm ones."""
     for _ in range(warm):
         fn()
-    t = []
-    pc = time.perf_counter_ns
+    wall, cpu = [], []
+    pc, tt = time.perf_counter_ns, time.thread_time_ns
     for _ in range(n):
-        t0 = pc()
+        c0, t0 = tt(), pc()
         fn()
-        t.append(pc() - t0)
-    t.sort()
-    return t[(len(t) + 1) // 2 - 1] / 1000.0  # p50 (nearest rank), us
+        wall.append(pc() - t0)
+        cpu.append(tt() - c0)
+    return p50(wall), p50(cpu)
 
 
 def time_async(sock, q, w, n, warm):
@@ -74,14 +82,14 @@ def time_async(sock, q, w, n, warm):
                              ("score64, AsyncClient", lambda: a.score(SMALL, q, w))):
                 for _ in range(warm):
                     await mk()
-                t = []
-                pc = time.perf_counter_ns
+                wall, cpu = [], []
+                pc, tt = time.perf_counter_ns, time.thread_time_ns
                 for _ in range(n):
-                    t0 = pc()
+                    c0, t0 = tt(), pc()
                     await mk()
-                    t.append(pc() - t0)
-                t.sort()
-                out[name] = t[(len(t) + 1) // 2 - 1] / 1000.0
+                    wall.append(pc() - t0)
+                    cpu.append(tt() - c0)
+                out[name] = (p50(wall), p50(cpu))
         return out
     return asyncio.run(run())
 
@@ -116,9 +124,8 @@ def main():
             "score64 f32 q/w": (lambda: c.score(SMALL, qf, wf), a.n, a.w),
             "topk100k": (lambda: c.topk(BIG, q, w, 16), a.b, 2),
         }
-        res = {k: {"c": [], "py": []} for k in py_cases}
-        res["info, AsyncClient"] = {"c": [], "py": []}
-        res["score64, AsyncClient"] = {"c": [], "py": []}
+        names = [*py_cases, "info, AsyncClient", "score64, AsyncClient"]
+        res = {k: {"c": [], "py": [], "c_cpu": [], "py_cpu": []} for k in names}
         cmd = [os.path.join(a.build, "bench", "fp4idx-bench-calls"), "-s", sock,
                "-a", str(SMALL), "-B", str(BIG), "-q", os.path.join(tmp, "q.bin"),
                "-W", os.path.join(tmp, "w.bin"), "-n", str(a.n), "-b", str(a.b),
@@ -126,12 +133,14 @@ def main():
         for _ in range(a.r):
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             for line in out.split():
-                name, _, p50, _, _ = line.split(",")
-                res[name]["c"].append(float(p50))
-            for name, (fn, n, warm) in py_cases.items():
-                res[name]["py"].append(time_calls(fn, n, warm))
-            for name, p50 in time_async(sock, q, w, a.n, a.w).items():
-                res[name]["py"].append(p50)
+                name, _, wall, _, _, cpu = line.split(",")
+                res[name]["c"].append(float(wall))
+                res[name]["c_cpu"].append(float(cpu))
+            timed = {name: time_calls(fn, n, warm) for name, (fn, n, warm) in py_cases.items()}
+            timed.update(time_async(sock, q, w, a.n, a.w))
+            for name, (wall, cpu) in timed.items():
+                res[name]["py"].append(wall)
+                res[name]["py_cpu"].append(cpu)
         c.close()
     finally:
         daemon.terminate()
@@ -139,16 +148,19 @@ def main():
 
     print(f"{a.r} rounds; small cases {a.n} calls/round ({a.w} warm-up), "
           f"topk100k {a.b} calls/round; p50 per round, median [min..max] of rounds, us\n")
-    print("| case | C client p50 | Python p50 | ratio Python/C | Python - C |")
-    print("|---|---|---|---|---|")
+    print("| case | C client p50 | Python p50 | ratio Python/C | Python - C "
+          "| C client CPU p50 | Python CPU p50 | Python - C CPU |")
+    print("|---|---|---|---|---|---|---|---|")
+    med = statistics.median
     for name, r in res.items():
         base = {"score64 f32 q/w": "score64", "info, AsyncClient": "info",
                 "score64, AsyncClient": "score64"}.get(name, name)
-        cref = res[base]["c"]
-        cm, pm = statistics.median(cref), statistics.median(r["py"])
+        cref, ccpu = res[base]["c"], res[base]["c_cpu"]
+        cm, pm = med(cref), med(r["py"])
         print(f"| {name} | {cm:,.1f} [{min(cref):,.1f}..{max(cref):,.1f}] | "
               f"{pm:,.1f} [{min(r['py']):,.1f}..{max(r['py']):,.1f}] | "
-              f"**{pm / cm:.2f}** | {pm - cm:+,.1f} |")
+              f"**{pm / cm:.2f}** | {pm - cm:+,.1f} | {med(ccpu):,.1f} | "
+              f"{med(r['py_cpu']):,.1f} | {med(r['py_cpu']) - med(ccpu):+,.1f} |")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from .methods import Methods, Queue, first_error
 
 _KEEP = 4 << 20  # a receive buffer grown above this is dropped after use
 _IOV_MAX = 1024
+_SMALL = 4096  # bodies below this are joined to their header for one send
 
 
 class Client(Methods):
@@ -89,10 +90,10 @@ class Client(Methods):
         with self._guard():
             sock = self._sock or self.connect()
             try:
-                if len(bufs[1]) < 65536:
+                if len(bufs[1]) < _SMALL:
                     sock.sendall(bufs[0] + bufs[1])  # one small copy, one syscall
                 else:
-                    self._sendmsg_all(sock, bufs)
+                    self._sendmsg_all(sock, bufs)  # header + body, no copy
             except (BrokenPipeError, ConnectionResetError):
                 self._raise_parting_error()
                 raise
