@@ -37,6 +37,7 @@ class Client(Methods):
         self.timeout = timeout
         self._sock = None
         self._enc = wire.Encoder()
+        self._guard = _Guard(self)
         self._reset_buffer(1 << 16)
         self.connect()
 
@@ -82,22 +83,29 @@ class Client(Methods):
 
     # ---- one request ------------------------------------------------------
     def _run(self, req):
-        return self._finish(req, self._start_req(req))
+        rid, bufs = self._enc.frame(req)
+        with self._guard:
+            self._send_frame(bufs)
+            r = self._recv_reply()
+        return self._result(req, rid, r)
 
     def _start_req(self, req):
         """Sends `req` -> its id (then _finish reads the reply)."""
         rid, bufs = self._enc.frame(req)
-        with self._guard():
-            sock = self._sock or self.connect()
-            try:
-                if len(bufs[1]) < _SMALL:
-                    sock.sendall(bufs[0] + bufs[1])  # one small copy, one syscall
-                else:
-                    self._sendmsg_all(sock, bufs)  # header + body, no copy
-            except (BrokenPipeError, ConnectionResetError):
-                self._raise_parting_error()
-                raise
+        with self._guard:
+            self._send_frame(bufs)
         return rid
+
+    def _send_frame(self, bufs):
+        sock = self._sock or self.connect()
+        try:
+            if len(bufs[1]) < _SMALL:
+                sock.sendall(bufs[0] + bufs[1])  # one small copy, one syscall
+            else:
+                self._sendmsg_all(sock, bufs)  # header + body, no copy
+        except (BrokenPipeError, ConnectionResetError):
+            self._raise_parting_error()
+            raise
 
     def _raise_parting_error(self):
         """The daemon closed while we were sending: a frame above max_frame
@@ -115,7 +123,7 @@ class Client(Methods):
                             " (the daemon closed the connection)")
 
     def _finish(self, req, rid):
-        with self._guard():
+        with self._guard:
             if self._sock is None:
                 raise BY_NAME["ECONN"]("connection lost before the reply")
             r = self._recv_reply()
@@ -137,7 +145,7 @@ class Client(Methods):
         frames = [self._enc.frame(q) for q in reqs]
         out = [memoryview(b) for _, bufs in frames for b in bufs]
         replies = []
-        with self._guard():
+        with self._guard:
             sock = self._sock or self.connect()
             deadline = None if self.timeout is None else time.monotonic() + self.timeout
             sock.setblocking(False)
@@ -172,9 +180,6 @@ class Client(Methods):
         return results
 
     # ---- transport ---------------------------------------------------------
-    def _guard(self):
-        return _Guard(self)
-
     @staticmethod
     def _sendmsg_all(sock, bufs):
         views = [memoryview(b) for b in bufs]
