@@ -11,7 +11,7 @@ import pytest
 
 import fp4idx
 from fp4idx import ops
-from fp4idx._status import STATUS
+from fp4idx.errors import CLASSES
 from conftest import REPO
 
 
@@ -19,17 +19,14 @@ def test_classes_match_status_header():
     text = open(os.path.join(REPO, "protocol", "fp4idx_status.h")).read()
     header = [(n, int(v), m) for n, v, m in
               re.findall(r'X\((\w+),\s*(-?\d+),\s*"([^"]*)"\)', text)]
-    assert len(header) >= 21
-    assert [(n, v, m) for n, v, m, _ in STATUS] == header
-    names = set()
-    for name, code, msg, cls in STATUS:
-        if code == 0:
-            continue
-        k = getattr(fp4idx, cls)
-        assert issubclass(k, fp4idx.Error) and k.code == code and k.name == name
-        assert fp4idx.error_for(code, "m").__class__ is k
-        names.add(cls)
-    assert len(names) == len(header) - 1  # one distinct class per error code
+    assert len(header) >= 21 and header[0] == ("OK", 0, "success")
+    # One class per error code, in the header's order, with its name and text.
+    assert [(k.name, k.code, k.text) for k in CLASSES] == header[1:]
+    assert len({k.__name__ for k in CLASSES}) == len(CLASSES)
+    for k in CLASSES:
+        assert issubclass(k, fp4idx.Error) and getattr(fp4idx, k.__name__) is k
+        e = fp4idx.error_for(k.code, "m")
+        assert type(e) is k and e.message == "m" and e.name == k.name
     e = fp4idx.error_for(-99, "future code")
     assert type(e) is fp4idx.Error and e.code == -99 and e.message == "future code"
 
