@@ -1,6 +1,6 @@
 /* service_cmds.c -- fp4idx-cli save, export and import (helper E, issue 5):
  * a snapshot on demand, and one sequence to/from SGLang's page layout
- * (daemon/export.h) so caches move between fp4idx and SGLang. */
+ * (persist/export.h) so caches move between fp4idx and SGLang. */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <stdio.h>
@@ -108,7 +108,7 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
     if (got < piece) break;
   }
   char err[512] = "";
-  st = fp4idx_export_write(path, seq, keys, (int64_t)n, (int32_t)ps,
+  st = fp4idx__export_write(path, seq, keys, (int64_t)n, (int32_t)ps,
                            raw ? FP4IDX_EXPORT_RAW : 0, err, sizeof err);
   if (st) fp4idx__cli_fail(&cli->err, st, "%s", err);
   else
@@ -171,7 +171,7 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
   fp4idx_export_info_t info = {.n_keys = (int64_t)count, .page_size = (int32_t)ps};
   uint8_t *slots = NULL;
   char err[512] = "";
-  int st = fp4idx_export_read(path, raw ? FP4IDX_EXPORT_RAW : 0, &info, &slots, err,
+  int st = fp4idx__export_read(path, raw ? FP4IDX_EXPORT_RAW : 0, &info, &slots, err,
                               sizeof err);
   if (st) return fp4idx__cli_fail(&cli->err, st, "%s", err);
   fp4idx_client_t *c;

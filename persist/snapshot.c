@@ -251,7 +251,7 @@ static void header_encode(unsigned char *h, const header_t *hd) {
   fp4idx__put64(h + 72, hd->info.created_ns);
   fp4idx__put32(h + 80, hd->table_crc);
   fp4idx__put32(h + 84, hd->pool_crc);
-  fp4idx__put32(h + 124, fp4idx_crc32c(0, h, 124));
+  fp4idx__put32(h + 124, fp4idx__crc32c(0, h, 124));
 }
 
 /* Decodes and checks a header against the file size. */
@@ -262,7 +262,7 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
     fp4idx__seterr(err, errlen, "%s: not an fp4idx snapshot (bad magic)", path);
     return FP4IDX_ECORRUPT;
   }
-  if (fp4idx__get32(h + 124) != fp4idx_crc32c(0, h, 124)) {
+  if (fp4idx__get32(h + 124) != fp4idx__crc32c(0, h, 124)) {
     fp4idx__seterr(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
     return FP4IDX_ECORRUPT;
   }
@@ -308,7 +308,7 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
 
 /* ---- save --------------------------------------------------------------- */
 
-int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
+int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
                          const fp4idx_snap_seq_t *seqs, int64_t n_seqs,
                          uint64_t log_gen, fp4idx_snap_read_fn read_fn, void *ctx,
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
@@ -389,7 +389,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   for (int64_t s = 0; s < n_seqs; s++) {
     int64_t np = pages_of(seqs[s].n_keys, page_size);
     if (tlen + 16 > (1u << 20)) {
-      hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+      hd.table_crc = fp4idx__crc32c(hd.table_crc, tbuf, tlen);
       if (write_all(fd, tbuf, tlen)) goto ioerr;
       tlen = 0;
     }
@@ -398,7 +398,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
     tlen += 16;
     for (int64_t i = 0; i < np; i++) {
       if (tlen + 4 > (1u << 20)) {
-        hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+        hd.table_crc = fp4idx__crc32c(hd.table_crc, tbuf, tlen);
         if (write_all(fd, tbuf, tlen)) goto ioerr;
         tlen = 0;
       }
@@ -406,7 +406,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
       tlen += 4;
     }
   }
-  hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+  hd.table_crc = fp4idx__crc32c(hd.table_crc, tbuf, tlen);
   if (tlen && write_all(fd, tbuf, tlen)) goto ioerr;
 
   /* Pool: used pages in ascending order, copied run by run (one callback per
@@ -431,7 +431,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
       iopipe_finish(&pipe, 0);
       goto out;
     }
-    hd.pool_crc = fp4idx_crc32c(hd.pool_crc, out + fill * page_bytes,
+    hd.pool_crc = fp4idx__crc32c(hd.pool_crc, out + fill * page_bytes,
                                 (size_t)n * page_bytes);
     fill += (size_t)n;
     p += n;
@@ -520,7 +520,7 @@ static int open_and_header(const char *path, int *fd_out, header_t *hd,
   return FP4IDX_OK;
 }
 
-int fp4idx_snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
+int fp4idx__snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
                           size_t errlen) {
   header_t hd;
   int fd = -1;
@@ -532,7 +532,7 @@ int fp4idx_snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
   return FP4IDX_OK;
 }
 
-int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
+int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
                          fp4idx_snap_write_fn write_fn, void *ctx,
                          fp4idx_snap_seq_t **seqs_out, int64_t *n_seqs_out,
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
@@ -575,7 +575,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   ssize_t got = read_full(fd, table, hd.table_bytes);
   if (got < 0) goto ioerr;
   if ((uint64_t)got != hd.table_bytes ||
-      fp4idx_crc32c(0, table, hd.table_bytes) != hd.table_crc) {
+      fp4idx__crc32c(0, table, hd.table_bytes) != hd.table_crc) {
     fp4idx__seterr(err, errlen, "%s: sequence table checksum mismatch (corrupt)", path);
     rc = FP4IDX_ECORRUPT;
     goto out;
@@ -648,7 +648,7 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
       goto ioerr;
     }
     int64_t n = (int64_t)(pipe.len[cur] / page_bytes);
-    crc = fp4idx_crc32c(crc, in, pipe.len[cur]);
+    crc = fp4idx__crc32c(crc, in, pipe.len[cur]);
     rc = write_fn(ctx, p, n, in);
     if (rc != FP4IDX_OK) {
       iopipe_finish(&pipe, 0);

@@ -40,7 +40,7 @@ struct fp4idx_aof_s {
 };
 
 
-int fp4idx_fsync_parse(const char *s, fp4idx_fsync_t *out) {
+int fp4idx__fsync_parse(const char *s, fp4idx_fsync_t *out) {
   if (!s || !out) return FP4IDX_EINVAL;
   if (!strcmp(s, "always")) *out = FP4IDX_FSYNC_ALWAYS;
   else if (!strcmp(s, "everysec")) *out = FP4IDX_FSYNC_EVERYSEC;
@@ -49,7 +49,7 @@ int fp4idx_fsync_parse(const char *s, fp4idx_fsync_t *out) {
   return FP4IDX_OK;
 }
 
-const char *fp4idx_fsync_name(fp4idx_fsync_t p) {
+const char *fp4idx__fsync_name(fp4idx_fsync_t p) {
   switch (p) {
   case FP4IDX_FSYNC_ALWAYS: return "always";
   case FP4IDX_FSYNC_EVERYSEC: return "everysec";
@@ -66,7 +66,7 @@ static int all_zero(const unsigned char *p, size_t n) {
   return 1;
 }
 
-int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
+int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
                       fp4idx_aof_apply_fn apply, void *ctx,
                       fp4idx_aof_replay_t *res, char *err, size_t errlen) {
   int rc = FP4IDX_OK, fd = -1;
@@ -97,7 +97,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
     goto ioerr;
   }
   madvise(map, size, MADV_SEQUENTIAL);
-  if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx_crc32c(0, map, 28) ||
+  if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx__crc32c(0, map, 28) ||
       fp4idx__get32(map + 12) != FP4IDX_AOF_HEADER_BYTES) {
     fp4idx__seterr(err, errlen, "%s: not an fp4idx append log or corrupt header", path);
     rc = FP4IDX_ECORRUPT;
@@ -135,7 +135,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                path, off, rem);
       break;
     }
-    if (fp4idx__get32(r + 32) != fp4idx_crc32c(0, r, 32)) {
+    if (fp4idx__get32(r + 32) != fp4idx__crc32c(0, r, 32)) {
       if (all_zero(r, rem)) {
         snprintf(res->warning, sizeof res->warning,
                  "append log %s: dropped %zu zero bytes at the tail (offset %zu)",
@@ -166,7 +166,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                path, off, rem, (unsigned long long)rlen);
       break;
     }
-    if (fp4idx__get32(r + rlen - 4) != fp4idx_crc32c(0, r, rlen - 4)) {
+    if (fp4idx__get32(r + rlen - 4) != fp4idx__crc32c(0, r, rlen - 4)) {
       if (off + rlen == size) {
         snprintf(res->warning, sizeof res->warning,
                  "append log %s: dropped the last record at offset %zu: "
@@ -237,7 +237,7 @@ static int create_fresh(const char *path, uint64_t gen) {
   fp4idx__put32(h + 8, 1);
   fp4idx__put32(h + 12, FP4IDX_AOF_HEADER_BYTES);
   fp4idx__put64(h + 16, gen);
-  fp4idx__put32(h + 28, fp4idx_crc32c(0, h, 28));
+  fp4idx__put32(h + 28, fp4idx__crc32c(0, h, 28));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640);
   if (fd < 0) return -1;
   if (write(fd, h, sizeof h) != (ssize_t)sizeof h || fsync(fd) ||
@@ -269,7 +269,7 @@ static void *flusher_main(void *arg) {
   return NULL;
 }
 
-int fp4idx_aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
+int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
                     fp4idx_fsync_t policy, int64_t keep_bytes, char *err,
                     size_t errlen) {
   if (!out || !path || keep_bytes < 0 ||
@@ -329,10 +329,10 @@ static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
   fp4idx__put64(head + 8, seq);
   fp4idx__put64(head + 16, pos);
   fp4idx__put64(head + 24, count);
-  fp4idx__put32(head + 32, fp4idx_crc32c(0, head, 32));
+  fp4idx__put32(head + 32, fp4idx__crc32c(0, head, 32));
   size_t plen = (size_t)count * FP4IDX_SLOT_BYTES;
-  uint32_t crc = fp4idx_crc32c(0, head, REC_HEAD);
-  if (op == FP4IDX_AOF_APPEND) crc = fp4idx_crc32c(crc, slots, plen);
+  uint32_t crc = fp4idx__crc32c(0, head, REC_HEAD);
+  if (op == FP4IDX_AOF_APPEND) crc = fp4idx__crc32c(crc, slots, plen);
   fp4idx__put32(tail, crc);
 
   struct iovec iov[3] = {{head, REC_HEAD}, {(void *)slots, plen}, {tail, 4}};
@@ -372,28 +372,28 @@ fail:
   return FP4IDX_EIO;
 }
 
-int fp4idx_aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
+int fp4idx__aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
                       const uint8_t *slots) {
   if (!a || pos < 0 || n < 1 || !slots) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_APPEND, seq, (uint64_t)pos, (uint64_t)n, slots);
 }
 
-int fp4idx_aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length) {
+int fp4idx__aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length) {
   if (!a || length < 0) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_TRUNCATE, seq, (uint64_t)length, 0, NULL);
 }
 
-int fp4idx_aof_drop(fp4idx_aof_t *a, uint64_t seq) {
+int fp4idx__aof_drop(fp4idx_aof_t *a, uint64_t seq) {
   if (!a) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_DROP, seq, 0, 0, NULL);
 }
 
-int fp4idx_aof_sync(fp4idx_aof_t *a) {
+int fp4idx__aof_sync(fp4idx_aof_t *a) {
   if (!a) return FP4IDX_EINVAL;
   return fdatasync(a->fd) == 0 ? FP4IDX_OK : FP4IDX_EIO;
 }
 
-int fp4idx_aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
+int fp4idx__aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
   if (!a) return FP4IDX_EINVAL;
   int fd = create_fresh(a->path, new_gen);
   if (fd < 0) return FP4IDX_EIO;
@@ -408,10 +408,10 @@ int fp4idx_aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
   return FP4IDX_OK;
 }
 
-uint64_t fp4idx_aof_gen(const fp4idx_aof_t *a) { return a ? a->gen : 0; }
-int64_t fp4idx_aof_size(const fp4idx_aof_t *a) { return a ? a->size : 0; }
+uint64_t fp4idx__aof_gen(const fp4idx_aof_t *a) { return a ? a->gen : 0; }
+int64_t fp4idx__aof_size(const fp4idx_aof_t *a) { return a ? a->size : 0; }
 
-void fp4idx_aof_close(fp4idx_aof_t *a) {
+void fp4idx__aof_close(fp4idx_aof_t *a) {
   if (!a) return;
   if (a->flusher_on) {
     pthread_mutex_lock(&a->mu);

@@ -2,8 +2,8 @@
  * aof.c, export.c) and notify.c: fixed little-endian integer fields, whatever
  * the host's byte order, and printf-style error messages into a caller's
  * buffer. */
-#ifndef FP4IDX_DAEMON_BYTES_H
-#define FP4IDX_DAEMON_BYTES_H
+#ifndef FP4IDX_PERSIST_BYTES_H
+#define FP4IDX_PERSIST_BYTES_H
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,4 +38,4 @@ static inline void fp4idx__seterr(char *err, size_t errlen, const char *fmt, ...
   va_end(ap);
 }
 
-#endif /* FP4IDX_DAEMON_BYTES_H */
+#endif /* FP4IDX_PERSIST_BYTES_H */
