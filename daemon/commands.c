@@ -35,11 +35,25 @@ static void *fp4idx__cmd_aligned(const fp4idx_tensor_t *t) {
   return p;
 }
 
-/* ---- ops ---------------------------------------------------------------- */
+/* One request in flight through its handler: what a connection is to a
+ * Redis command (the append log replays through the same handlers with
+ * replay = 1: no hooks, no reply). */
+typedef struct fp4idx__cmd_s {
+  fp4idx_daemon_t *d;
+  const fp4idx_request_t *req;
+  fp4idx_response_t *resp;
+  char *msg;                     /* [FP4IDX_CMD_MSG] the error detail */
+  int replay;                    /* from the append log: not logged again */
+  void *scratch;                 /* what resp points into; freed by cleanup */
+  void (*cleanup)(void *scratch); /* after the response is encoded */
+} fp4idx__cmd_t;
 
-static int fp4idx__cmd_hello(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                             fp4idx_response_t *resp, char *msg) {
-  (void)d;
+/* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
+
+static int fp4idx__cmd_hello(fp4idx__cmd_t *c) {
+  const fp4idx_request_t *req = c->req;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
   if (req->u.hello.version != FP4IDX_PROTOCOL_VERSION)
     return fp4idx__cmd_fail(msg, FP4IDX_EVERSION,
                             "protocol version %" PRIu64 " not supported (server speaks %u)",
@@ -50,8 +64,9 @@ static int fp4idx__cmd_hello(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
-  fp4idx_info_t *in = &resp->u.info;
+static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_info_t *in = &c->resp->u.info;
   in->version = FP4IDX_PROTOCOL_VERSION;
   snprintf(in->server, sizeof in->server, "fp4idxd %s", FP4IDXD_VERSION_STRING);
   snprintf(in->backend, sizeof in->backend, "%s", d->desc.name);
@@ -64,9 +79,11 @@ static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                              fp4idx_response_t *resp, char *msg) {
-  const fp4idx_append_req_t *a = &req->u.append;
+static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_append_req_t *a = &c->req->u.append;
   fp4idx_dtype_t dtype = a->keys.dtype == FP4IDX_WIRE_BF16  ? FP4IDX_DTYPE_BF16
               : a->keys.dtype == FP4IDX_WIRE_F32 ? FP4IDX_DTYPE_F32
                                                  : FP4IDX_DTYPE_FP4;
@@ -98,7 +115,7 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     goto out;
   }
   rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots, a->rounding);
-  if (rc == FP4IDX_OK && d->hooks.mutation) {
+  if (rc == FP4IDX_OK && d->hooks.mutation && !c->replay) {
     packed = malloc((size_t)n * 68u);
     rc = packed ? fp4idx__engine_read(d->engine, slots, n, 0, packed) : FP4IDX_ENOMEM;
     if (rc == FP4IDX_OK)
@@ -134,7 +151,8 @@ typedef struct fp4idx__score_bufs_s {
   fp4idx_score_result_t *results;
 } fp4idx__score_bufs_t;
 
-static void fp4idx__score_bufs_free(fp4idx__score_bufs_t *b) {
+static void fp4idx__score_bufs_free(void *arg) {
+  fp4idx__score_bufs_t *b = arg;
   if (b->owned)
     for (size_t i = 0; i < 4 * b->n; i++) free(b->owned[i]);
   free(b->owned);
@@ -143,15 +161,22 @@ static void fp4idx__score_bufs_free(fp4idx__score_bufs_t *b) {
   free(b->pos);
   free(b->val);
   free(b->count);
-  /* results stay alive until the response is encoded: freed by the caller */
+  free(b->results);
+  free(b);
 }
 
-static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                             fp4idx_response_t *resp, char *msg,
-                             fp4idx__score_bufs_t *b) {
-  const fp4idx_score_req_t *sr = &req->u.score;
+static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_score_req_t *sr = &c->req->u.score;
   size_t n = sr->nseqs;
   char detail[FP4IDX_CMD_MSG];
+  fp4idx__score_bufs_t *b = calloc(1, sizeof *b);
+  if (!b)
+    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+  c->scratch = b;
+  c->cleanup = fp4idx__score_bufs_free;
   b->n = n;
   b->eng = calloc(n, sizeof *b->eng);
   b->owned = calloc(4 * n, sizeof *b->owned);
@@ -233,40 +258,47 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_truncate(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                                fp4idx_response_t *resp, char *msg) {
-  const fp4idx_truncate_req_t *t = &req->u.truncate;
+static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_truncate_req_t *t = &c->req->u.truncate;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
   if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
   if (t->length > (uint64_t)s->n_keys)
     return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
                             "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
                             t->length, s->n_keys, t->seq);
-  if (d->hooks.mutation) {
+  if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
     if (rc) return fp4idx__cmd_fail(msg, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
   int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
   if (rc) return fp4idx__cmd_fail(msg, rc, "truncate: %s", fp4idx_strerror(rc));
-  resp->u.truncate.length = t->length;
+  c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_drop(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *msg) {
-  uint64_t id = req->u.drop.seq;
+static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  uint64_t id = c->req->u.drop.seq;
   if (!fp4idx__cache_find(&d->cache, id))
     return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
-  if (d->hooks.mutation) {
+  if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_DROP, id, 0, 0, NULL);
     if (rc) return fp4idx__cmd_fail(msg, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
 }
 
-static int fp4idx__cmd_read(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                            fp4idx_response_t *resp, char *msg, void **out) {
-  const fp4idx_read_req_t *r = &req->u.read;
+static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_read_req_t *r = &c->req->u.read;
+  void **out = &c->scratch;
+  c->cleanup = free;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
   if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
   uint64_t n = (uint64_t)s->n_keys;
@@ -298,8 +330,9 @@ static int fp4idx__cmd_read(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
-                             fp4idx_op_stats_t **ops_out) {
+static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
   fp4idx_daemon_stats_t snap;
   double up = 0;
   fp4idx__stats_snapshot(&d->stats, &snap, &up);
@@ -332,8 +365,65 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
   }
   st->ops = ops;
   st->nops = k;
-  *ops_out = ops;
+  c->scratch = ops;
+  c->cleanup = free;
   return FP4IDX_OK;
+}
+
+static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  if (!d->hooks.save)
+    return fp4idx__cmd_fail(c->msg, FP4IDX_ETYPE, "save: persistence is not enabled");
+  return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
+}
+
+/* ---- the command table ---------------------------------------------------- */
+
+typedef int (*fp4idx__cmd_fn)(fp4idx__cmd_t *c);
+
+/* One row per op, from FP4IDX_OP_MAP: the handler and the op's flags. */
+typedef struct fp4idx__command_s {
+  fp4idx_op_t op;
+  fp4idx__cmd_fn proc;
+  unsigned flags;
+} fp4idx__command_t;
+
+#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs, REQ, RESP) \
+  [FP4IDX_OP_##ID] = {FP4IDX_OP_##ID, fp4idx__cmd_##name, (flags)},
+static const fp4idx__command_t fp4idx__commands[FP4IDX_OP__COUNT] = {
+    FP4IDX_OP_MAP(FP4IDX__CMD_ROW)};
+#undef FP4IDX__CMD_ROW
+
+/* Runs req's handler; resp->id/op set. The caller frees c->scratch. */
+static int fp4idx__cmd_call(fp4idx__cmd_t *c) {
+  fp4idx_op_t op = c->req->op;
+  c->resp->id = c->req->id;
+  c->resp->op = op;
+  if ((int)op <= FP4IDX_OP_NONE || op >= FP4IDX_OP__COUNT || !fp4idx__commands[op].proc)
+    return fp4idx__cmd_fail(c->msg, FP4IDX_ETYPE, "unknown op");
+  return fp4idx__commands[op].proc(c);
+}
+
+static void fp4idx__cmd_release(fp4idx__cmd_t *c) {
+  if (c->cleanup) c->cleanup(c->scratch);
+  c->scratch = NULL;
+  c->cleanup = NULL;
+}
+
+int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *msg,
+                       size_t msgcap) {
+  fp4idx_response_t resp;
+  char detail[FP4IDX_CMD_MSG] = "";
+  memset(&resp, 0, sizeof resp);
+  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1};
+  int rc;
+  if (!(fp4idx_op_flags(req->op) & FP4IDX_OPF_MUTATES))
+    rc = fp4idx__cmd_fail(detail, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
+  else
+    rc = fp4idx__cmd_call(&c);
+  fp4idx__cmd_release(&c);
+  if (rc && msg && msgcap) snprintf(msg, msgcap, "%s", detail[0] ? detail : fp4idx_strerror(rc));
+  return rc;
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
@@ -359,39 +449,14 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
   fp4idx_request_t req;
   fp4idx_response_t resp;
   char msg[FP4IDX_CMD_MSG] = "";
-  fp4idx__score_bufs_t sb_score;
-  fp4idx_op_stats_t *stat_ops = NULL;
-  void *read_buf = NULL;
   memset(&req, 0, sizeof req);
   memset(&resp, 0, sizeof resp);
-  memset(&sb_score, 0, sizeof sb_score);
+  fp4idx__cmd_t c = {.d = d, .req = &req, .resp = &resp, .msg = msg};
   *frame = NULL;
   *frame_len = 0;
 
   int rc = fp4idx_decode_request(body, len, &req, msg, sizeof msg);
-  if (rc == FP4IDX_OK) {
-    resp.id = req.id;
-    resp.op = req.op;
-    switch (req.op) {
-      case FP4IDX_OP_HELLO: rc = fp4idx__cmd_hello(d, &req, &resp, msg); break;
-      case FP4IDX_OP_INFO: rc = fp4idx__cmd_info(d, &resp); break;
-      case FP4IDX_OP_APPEND: rc = fp4idx__cmd_append(d, &req, &resp, msg); break;
-      case FP4IDX_OP_SCORE: rc = fp4idx__cmd_score(d, &req, &resp, msg, &sb_score); break;
-      case FP4IDX_OP_TRUNCATE: rc = fp4idx__cmd_truncate(d, &req, &resp, msg); break;
-      case FP4IDX_OP_DROP: rc = fp4idx__cmd_drop(d, &req, msg); break;
-      case FP4IDX_OP_READ: rc = fp4idx__cmd_read(d, &req, &resp, msg, &read_buf); break;
-      case FP4IDX_OP_STATS: rc = fp4idx__cmd_stats(d, &resp, &stat_ops); break;
-      case FP4IDX_OP_SAVE:
-        if (d->hooks.save)
-          rc = d->hooks.save(d, d->hooks.arg, msg, sizeof msg);
-        else
-          rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "save: persistence is not enabled");
-        break;
-      default:
-        rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "unknown op");
-        break;
-    }
-  }
+  if (rc == FP4IDX_OK) rc = fp4idx__cmd_call(&c);
 
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
@@ -419,9 +484,6 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
   msgpack_sbuffer_destroy(&out);
 
   fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
-  fp4idx__score_bufs_free(&sb_score);
-  free(sb_score.results);
-  free(stat_ops);
-  free(read_buf);
+  fp4idx__cmd_release(&c);
   fp4idx_request_clear(&req);
 }

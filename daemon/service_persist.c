@@ -16,7 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "engine.h"
+#include "fp4idx_codec.h"
+#include "fp4idx_format.h"
 #include "fp4idx_status.h"
 #include "log.h"
 #include "notify.h"
@@ -138,31 +141,38 @@ static void fp4idx__service_autosave_cb(uv_async_t *h);
 
 /* ---- startup: load + replay ------------------------------------------------- */
 
+/* One log record -> the request it acknowledged, run through the same
+ * handler (fp4idx__cmd_replay), so an op's effect is written once. */
 static int fp4idx__service_apply(void *ctx, const fp4idx_aof_record_t *r) {
   fp4idx_daemon_t *d = ctx;
-  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
+  fp4idx_request_t req;
+  char msg[320];
+  memset(&req, 0, sizeof req);
   switch (r->op) {
     case FP4IDX_AOF_APPEND: {
-      int64_t have = s ? s->n_keys : 0, first = 0;
-      int created = 0;
-      if (r->pos != have) return FP4IDX_ECORRUPT; /* log and state disagree */
-      int64_t *slots = malloc((size_t)r->count * sizeof *slots);
-      if (!slots) return FP4IDX_ENOMEM;
-      int rc = fp4idx__cache_append(&d->cache, r->seq, r->count, &first, slots, &created);
-      if (rc == FP4IDX_OK) {
-        rc = fp4idx__engine_store(d->engine, r->slots, FP4IDX_DTYPE_FP4, r->count, slots,
-                                  FP4IDX_ROUND_RNE);
-        if (rc) fp4idx__cache_append_undo(&d->cache, r->seq, have, created);
-      }
-      free(slots);
-      return rc;
+      const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
+      if (r->pos != (s ? s->n_keys : 0)) return FP4IDX_ECORRUPT; /* log and state disagree */
+      uint64_t shape[2] = {(uint64_t)r->count, FP4IDX_SLOT_BYTES};
+      req.op = FP4IDX_OP_APPEND;
+      req.u.append.seq = r->seq;
+      if (fp4idx_tensor_init(&req.u.append.keys, FP4IDX_WIRE_U8, 2, shape, r->slots))
+        return FP4IDX_ECORRUPT;
+      break;
     }
     case FP4IDX_AOF_TRUNCATE:
-      return fp4idx__cache_truncate(&d->cache, r->seq, r->pos);
+      req.op = FP4IDX_OP_TRUNCATE;
+      req.u.truncate.seq = r->seq;
+      req.u.truncate.length = (uint64_t)r->pos;
+      break;
     case FP4IDX_AOF_DROP:
-      return fp4idx__cache_drop(&d->cache, r->seq);
+      req.op = FP4IDX_OP_DROP;
+      req.u.drop.seq = r->seq;
+      break;
+    default: return FP4IDX_ECORRUPT;
   }
-  return FP4IDX_ECORRUPT;
+  int rc = fp4idx__cmd_replay(d, &req, msg, sizeof msg);
+  if (rc) fp4idx__log_error("append log record at byte %" PRId64 ": %s", r->offset, msg);
+  return rc;
 }
 
 int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
