@@ -12,6 +12,7 @@
 
 #include "daemon.h"
 #include "fp4idx_codec.h"
+#include "fp4idx_wire_key.h"
 #include "log.h"
 
 #define FP4IDX_CMD_MSG 320
@@ -84,9 +85,7 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
   fp4idx_response_t *resp = c->resp;
   char *msg = c->msg;
   const fp4idx_append_req_t *a = &c->req->u.append;
-  fp4idx_dtype_t dtype = a->keys.dtype == FP4IDX_WIRE_BF16  ? FP4IDX_DTYPE_BF16
-              : a->keys.dtype == FP4IDX_WIRE_F32 ? FP4IDX_DTYPE_F32
-                                                 : FP4IDX_DTYPE_FP4;
+  fp4idx_dtype_t dtype = fp4idx_wire_key_dtype(a->keys.dtype);
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
   void *keys = fp4idx__cmd_aligned(&a->keys);
@@ -114,9 +113,10 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
                           n, a->seq, fp4idx_strerror(rc));
     goto out;
   }
-  rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots, a->rounding);
+  rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots,
+                              fp4idx_wire_rounding(a->rounding));
   if (rc == FP4IDX_OK && d->hooks.mutation && !c->replay) {
-    packed = malloc((size_t)n * 68u);
+    packed = malloc((size_t)n * FP4IDX_SLOT_BYTES);
     rc = packed ? fp4idx__engine_read(d->engine, slots, n, 0, packed) : FP4IDX_ENOMEM;
     if (rc == FP4IDX_OK)
       rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_APPEND, a->seq, first, n, packed);
@@ -232,8 +232,10 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     if (!b->logits)
       return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
   }
-  int rc = fp4idx__engine_score(d->engine, (int32_t)sr->heads, (int32_t)n, b->eng, (int32_t)k,
-                                b->logits, b->pos, b->val, b->count);
+  fp4idx_backend_batch_t batch = {
+      .heads = (int32_t)sr->heads, .n_seqs = (int32_t)n, .seqs = b->eng, .topk = (int32_t)k,
+      .logits = b->logits, .topk_pos = b->pos, .topk_val = b->val, .topk_count = b->count};
+  int rc = fp4idx__engine_score(d->engine, &batch);
   if (rc) return fp4idx__cmd_fail(msg, rc, "scoring failed: %s", fp4idx_strerror(rc));
   uint64_t row = 0, cell = 0;
   for (size_t i = 0; i < n; i++) {
@@ -310,7 +312,7 @@ static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
     return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
                             "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
                             r->from, count, n);
-  uint64_t each = r->dequant ? 128u * 4u : 68u;
+  uint64_t each = r->dequant ? FP4IDX_HEAD_DIM * sizeof(float) : FP4IDX_SLOT_BYTES;
   if (count > FP4IDX_CMD_MAX_RESULT / each)
     return fp4idx__cmd_fail(msg, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
                             count, FP4IDX_CMD_MAX_RESULT);
@@ -324,7 +326,7 @@ static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
   int rc = count ? fp4idx__engine_read(d->engine, slots, (int64_t)count, r->dequant, *out) : 0;
   free(slots);
   if (rc) return fp4idx__cmd_fail(msg, rc, "reading keys: %s", fp4idx_strerror(rc));
-  uint64_t shp[2] = {count, r->dequant ? 128u : 68u};
+  uint64_t shp[2] = {count, r->dequant ? FP4IDX_HEAD_DIM : FP4IDX_SLOT_BYTES};
   fp4idx_tensor_init(&resp->u.read.keys, r->dequant ? FP4IDX_WIRE_F32 : FP4IDX_WIRE_U8, 2, shp,
                      *out);
   return FP4IDX_OK;

@@ -22,6 +22,7 @@
 #include "fp4idx_format.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "mkdirs.h"
 #include "notify.h"
 #include "snapshot.h"
 
@@ -35,20 +36,6 @@ static double fp4idx__service_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* mkdir -p with mode for the folders it creates. */
-static int fp4idx__service_mkdirs(const char *path, mode_t mode) {
-  char buf[4200];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(buf, mode) && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(buf, mode) && errno != EEXIST) return -1;
-  return 0;
 }
 
 void fp4idx__service_persist_init(fp4idx_service_t *svc) {
@@ -180,7 +167,7 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
   char err[768] = "";
   int rc;
   if (!svc->persist) return FP4IDX_OK;
-  if (fp4idx__service_mkdirs(d->cfg.data_dir, 0750)) {
+  if (fp4idx__mkdirs(d->cfg.data_dir, 0750, 0)) {
     fp4idx__log_error("--data-dir %s: %s", d->cfg.data_dir, strerror(errno));
     return FP4IDX_EIO;
   }
@@ -305,10 +292,10 @@ int fp4idx__service_mutation(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op
   }
   int64_t size = fp4idx__aof_size(svc->aof);
   if (svc->autosave_on && !svc->autosave_asked && size > AUTOSAVE_MIN_BYTES &&
-      size > 2 * (d->cache.n_keys * 68 + (1 << 20))) {
+      size > 2 * (d->cache.n_keys * FP4IDX_SLOT_BYTES + (1 << 20))) {
     svc->autosave_asked = 1;
     fp4idx__log_info("append log is %.1f MB for %.1f MB of keys: saving a snapshot",
-                     (double)size / 1e6, (double)d->cache.n_keys * 68 / 1e6);
+                     (double)size / 1e6, (double)d->cache.n_keys * FP4IDX_SLOT_BYTES / 1e6);
     uv_async_send(&svc->autosave);
   }
   return FP4IDX_OK;

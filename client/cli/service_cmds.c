@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "fp4idx_codec.h"
+#include "fp4idx_format.h"
 #include "export.h"
 
 /* ---- save -------------------------------------------------------------------- */
@@ -92,7 +94,7 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
       goto fail;
     }
     if (got) {
-      void *grown = realloc(keys, (n + got) * 68);
+      void *grown = realloc(keys, (n + got) * FP4IDX_SLOT_BYTES);
       if (!grown) {
         fp4idx_client_free(part);
         free(keys);
@@ -101,7 +103,7 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
                                 n + got);
       }
       keys = grown;
-      memcpy((uint8_t *)keys + n * 68, part, got * 68);
+      memcpy((uint8_t *)keys + n * FP4IDX_SLOT_BYTES, part, got * FP4IDX_SLOT_BYTES);
       n += got;
     }
     fp4idx_client_free(part);
@@ -185,7 +187,7 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
     uint64_t k = (uint64_t)info.n_keys - done;
     if (k > chunk) k = chunk;
     uint64_t f;
-    st = fp4idx_client_append_fp4(c, seq, slots + done * 68, k, &f, &len);
+    st = fp4idx_client_append_fp4(c, seq, slots + done * FP4IDX_SLOT_BYTES, k, &f, &len);
     if (st) {
       fp4idx__cli_fail(&cli->err, st, "after %llu of %lld keys: %s",
                        (unsigned long long)done, (long long)info.n_keys,
