@@ -12,21 +12,11 @@
 
 #include "daemon.h"
 #include "fp4idx_codec.h"
+#include "fp4idx_fail.h"
 #include "fp4idx_wire_key.h"
 #include "log.h"
 
 #define FP4IDX_CMD_MSG 320
-
-/* Formats an error message into msg and returns status. */
-static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, FP4IDX_CMD_MSG, fmt, ap);
-  va_end(ap);
-  return status;
-}
 
 /* Copies a tensor's bytes into malloc'd (aligned) memory: codec views point
  * into the frame at any byte offset, backends want naturally aligned arrays. */
@@ -56,7 +46,7 @@ static int fp4idx__cmd_hello(fp4idx__cmd_t *c) {
   fp4idx_response_t *resp = c->resp;
   char *msg = c->msg;
   if (req->u.hello.version != FP4IDX_PROTOCOL_VERSION)
-    return fp4idx__cmd_fail(msg, FP4IDX_EVERSION,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EVERSION,
                             "protocol version %" PRIu64 " not supported (server speaks %u)",
                             req->u.hello.version, FP4IDX_PROTOCOL_VERSION);
   resp->u.hello.version = FP4IDX_PROTOCOL_VERSION;
@@ -93,7 +83,7 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
   int64_t first = 0;
   int created = 0, rc;
   if (!slots || !keys) {
-    rc = fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
@@ -102,14 +92,14 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
   if (rc == FP4IDX_EFULL) {
     int64_t need = (old_len + n + d->cache.page_size - 1) / d->cache.page_size -
                    (s ? s->n_pages : 0);
-    rc = fp4idx__cmd_fail(msg, rc,
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc,
                           "page pool is full: %" PRId64 " keys need %" PRId64
                           " new pages, %" PRId64 " of %" PRId64 " free",
                           n, need, d->cache.n_free, d->cache.n_pages);
     goto out;
   }
   if (rc) {
-    rc = fp4idx__cmd_fail(msg, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
                           n, a->seq, fp4idx_strerror(rc));
     goto out;
   }
@@ -125,9 +115,9 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
     /* All-or-nothing: give the reserved positions back. */
     fp4idx__cache_append_undo(&d->cache, a->seq, old_len, created);
     if (rc == FP4IDX_ENONFINITE)
-      rc = fp4idx__cmd_fail(msg, rc, "keys: NaN or inf in a key; nothing was stored");
+      rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "keys: NaN or inf in a key; nothing was stored");
     else
-      rc = fp4idx__cmd_fail(msg, rc, "storing keys: %s; nothing was stored",
+      rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "storing keys: %s; nothing was stored",
                             fp4idx_strerror(rc));
     goto out;
   }
@@ -174,7 +164,7 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   char detail[FP4IDX_CMD_MSG];
   fp4idx__score_bufs_t *b = calloc(1, sizeof *b);
   if (!b)
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
   c->scratch = b;
   c->cleanup = fp4idx__score_bufs_free;
   b->n = n;
@@ -182,18 +172,18 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   b->owned = calloc(4 * n, sizeof *b->owned);
   b->results = calloc(n, sizeof *b->results);
   if (!b->eng || !b->owned || !b->results)
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
   uint64_t rows_total = 0, cells = 0;
   for (size_t i = 0; i < n; i++) {
     const fp4idx_score_seq_t *s = &sr->seqs[i];
     const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, s->seq);
     if (!cs)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
                               s->seq);
     uint64_t width = 0;
     int rc = fp4idx_score_seq_check(s, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
     if (rc)
-      return fp4idx__cmd_fail(msg, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
                               i, s->seq, cs->n_keys, detail);
     void **o = &b->owned[4 * i];
     o[0] = fp4idx__cmd_aligned(&s->q);
@@ -208,7 +198,7 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     }
     if (fp4idx_tensor_present(&s->mask)) o[3] = fp4idx__cmd_aligned(&s->mask);
     if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]))
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
     b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
@@ -218,7 +208,7 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   uint64_t k = sr->topk;
   uint64_t bytes = k ? rows_total * (k * 8u + 4u) : cells * 4u;
   if ((k && rows_total > FP4IDX_CMD_MAX_RESULT / (k * 8u + 4u)) || bytes > FP4IDX_CMD_MAX_RESULT)
-    return fp4idx__cmd_fail(msg, FP4IDX_E2BIG,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG,
                             "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
                             rows_total, FP4IDX_CMD_MAX_RESULT);
   if (k) {
@@ -226,17 +216,17 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     b->val = malloc(rows_total * k * 4u + 1);
     b->count = malloc(rows_total * 4u + 1);
     if (!b->pos || !b->val || !b->count)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for the top-k output");
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for the top-k output");
   } else {
     b->logits = malloc(cells * 4u + 1);
     if (!b->logits)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
   }
   fp4idx_backend_batch_t batch = {
       .heads = (int32_t)sr->heads, .n_seqs = (int32_t)n, .seqs = b->eng, .topk = (int32_t)k,
       .logits = b->logits, .topk_pos = b->pos, .topk_val = b->val, .topk_count = b->count};
   int rc = fp4idx__engine_score(d->engine, &batch);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "scoring failed: %s", fp4idx_strerror(rc));
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "scoring failed: %s", fp4idx_strerror(rc));
   uint64_t row = 0, cell = 0;
   for (size_t i = 0; i < n; i++) {
     fp4idx_score_result_t *r = &b->results[i];
@@ -265,18 +255,18 @@ static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
   char *msg = c->msg;
   const fp4idx_truncate_req_t *t = &c->req->u.truncate;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
   if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
                             "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
                             t->length, s->n_keys, t->seq);
   if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
-    if (rc) return fp4idx__cmd_fail(msg, rc, "truncate not logged: %s", fp4idx_strerror(rc));
+    if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
   int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "truncate: %s", fp4idx_strerror(rc));
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
   c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
 }
@@ -286,10 +276,10 @@ static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
   char *msg = c->msg;
   uint64_t id = c->req->u.drop.seq;
   if (!fp4idx__cache_find(&d->cache, id))
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
   if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_DROP, id, 0, 0, NULL);
-    if (rc) return fp4idx__cmd_fail(msg, rc, "drop not logged: %s", fp4idx_strerror(rc));
+    if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
 }
@@ -302,30 +292,30 @@ static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
   void **out = &c->scratch;
   c->cleanup = free;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
-  if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
   uint64_t n = (uint64_t)s->n_keys;
   if (r->from > n)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
                             r->from, n);
   uint64_t count = r->has_count ? r->count : n - r->from;
   if (count > n - r->from)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
                             "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
                             r->from, count, n);
   uint64_t each = r->dequant ? FP4IDX_HEAD_DIM * sizeof(float) : FP4IDX_SLOT_BYTES;
   if (count > FP4IDX_CMD_MAX_RESULT / each)
-    return fp4idx__cmd_fail(msg, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
                             count, FP4IDX_CMD_MAX_RESULT);
   int64_t *slots = malloc(count * sizeof *slots + 1);
   *out = malloc(count * each + 1);
   if (!slots || !*out) {
     free(slots);
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " keys", count);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " keys", count);
   }
   fp4idx__cache_slots(&d->cache, s, (int64_t)r->from, (int64_t)count, slots);
   int rc = count ? fp4idx__engine_read(d->engine, slots, (int64_t)count, r->dequant, *out) : 0;
   free(slots);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "reading keys: %s", fp4idx_strerror(rc));
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "reading keys: %s", fp4idx_strerror(rc));
   uint64_t shp[2] = {count, r->dequant ? FP4IDX_HEAD_DIM : FP4IDX_SLOT_BYTES};
   fp4idx_tensor_init(&resp->u.read.keys, r->dequant ? FP4IDX_WIRE_F32 : FP4IDX_WIRE_U8, 2, shp,
                      *out);
@@ -375,7 +365,7 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
 static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   if (!d->hooks.save)
-    return fp4idx__cmd_fail(c->msg, FP4IDX_ETYPE, "save: persistence is not enabled");
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "save: persistence is not enabled");
   return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
 }
 
@@ -402,7 +392,7 @@ static int fp4idx__cmd_call(fp4idx__cmd_t *c) {
   c->resp->id = c->req->id;
   c->resp->op = op;
   if ((int)op <= FP4IDX_OP_NONE || op >= FP4IDX_OP__COUNT || !fp4idx__commands[op].proc)
-    return fp4idx__cmd_fail(c->msg, FP4IDX_ETYPE, "unknown op");
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "unknown op");
   return fp4idx__commands[op].proc(c);
 }
 
@@ -420,7 +410,7 @@ int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *ms
   fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1};
   int rc;
   if (!(fp4idx_op_flags(req->op) & FP4IDX_OPF_MUTATES))
-    rc = fp4idx__cmd_fail(detail, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
+    rc = fp4idx__fail(detail, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
   else
     rc = fp4idx__cmd_call(&c);
   fp4idx__cmd_release(&c);
@@ -467,7 +457,7 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
     erc = fp4idx_encode_response(&out, &resp);
     if (erc) {
       rc = erc;
-      fp4idx__cmd_fail(msg, erc, "encoding the response: %s", fp4idx_strerror(erc));
+      fp4idx__fail(msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s", fp4idx_strerror(erc));
     }
   }
   if (rc != FP4IDX_OK) {

@@ -78,8 +78,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return FP4IDX_OK;
-    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
-    return FP4IDX_EIO;
+    return fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
   }
   res->exists = 1;
   struct stat st;
@@ -87,8 +86,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
   size = (size_t)st.st_size;
   res->file_bytes = (int64_t)size;
   if (size < FP4IDX_AOF_HEADER_BYTES) {
-    fp4idx__seterr(err, errlen, "%s: append log is truncated inside its header", path);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: append log is truncated inside its header", path);
     goto out;
   }
   map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -99,14 +97,12 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
   madvise(map, size, MADV_SEQUENTIAL);
   if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx__crc32c(0, map, 28) ||
       fp4idx__get32(map + 12) != FP4IDX_AOF_HEADER_BYTES) {
-    fp4idx__seterr(err, errlen, "%s: not an fp4idx append log or corrupt header", path);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx append log or corrupt header", path);
     goto out;
   }
   if (fp4idx__get32(map + 8) != 1) {
-    fp4idx__seterr(err, errlen, "%s: append log version %u, this build reads 1", path,
+    rc = fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: append log version %u, this build reads 1", path,
            fp4idx__get32(map + 8));
-    rc = FP4IDX_EVERSION;
     goto out;
   }
   res->gen = fp4idx__get64(map + 16);
@@ -116,11 +112,9 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
     goto out;
   }
   if (res->gen > expect_gen) {
-    fp4idx__seterr(err, errlen,
-           "%s: append log generation %llu is newer than the snapshot's (%llu): "
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: append log generation %llu is newer than the snapshot's (%llu): "
            "the snapshot it continues is missing; refusing to replay",
            path, (unsigned long long)res->gen, (unsigned long long)expect_gen);
-    rc = FP4IDX_ECORRUPT;
     goto out;
   }
 
@@ -142,10 +136,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
                  path, rem, off);
         break;
       }
-      fp4idx__seterr(err, errlen,
-             "%s: corrupt append log record header at offset %zu (of %zu bytes)",
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: corrupt append log record header at offset %zu (of %zu bytes)",
              path, off, size);
-      rc = FP4IDX_ECORRUPT;
       goto out;
     }
     uint32_t magic = fp4idx__get32(r), op = fp4idx__get32(r + 4);
@@ -154,8 +146,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
         (op == FP4IDX_AOF_APPEND ? (count < 1 || count > (uint64_t)INT64_MAX / 128)
                                  : count != 0) ||
         fp4idx__get64(r + 16) > (uint64_t)INT64_MAX) {
-      fp4idx__seterr(err, errlen, "%s: invalid append log record at offset %zu", path, off);
-      rc = FP4IDX_ECORRUPT;
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: invalid append log record at offset %zu", path, off);
       goto out;
     }
     uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD + count * FP4IDX_SLOT_BYTES;
@@ -174,11 +165,9 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
                  path, off);
         break;
       }
-      fp4idx__seterr(err, errlen,
-             "%s: corrupt append log record at offset %zu (checksum mismatch, "
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: corrupt append log record at offset %zu (checksum mismatch, "
              "%zu bytes follow it)",
              path, off, (size_t)(size - off - rlen));
-      rc = FP4IDX_ECORRUPT;
       goto out;
     }
     fp4idx_aof_record_t rec = {
@@ -191,8 +180,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
     };
     rc = apply(ctx, &rec);
     if (rc != FP4IDX_OK) {
-      fp4idx__seterr(err, errlen,
-             "%s: record at offset %zu (op %u, seq %llu, pos %lld) does not "
+      rc = fp4idx__fail(err, errlen, rc, "%s: record at offset %zu (op %u, seq %llu, pos %lld) does not "
              "apply: %s",
              path, off, op, (unsigned long long)rec.seq, (long long)rec.pos,
              fp4idx_strerror(rc));
@@ -213,8 +201,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
   goto out;
 
 ioerr:
-  fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
-  rc = FP4IDX_EIO;
+  rc = fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
 out:
   if (map) munmap(map, size);
   if (fd >= 0) close(fd);
@@ -275,15 +262,13 @@ int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
   if (!out || !path || keep_bytes < 0 ||
       (keep_bytes > 0 && keep_bytes < FP4IDX_AOF_HEADER_BYTES) ||
       policy > FP4IDX_FSYNC_NO) {
-    fp4idx__seterr(err, errlen, "append log open: invalid arguments");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "append log open: invalid arguments");
   }
   *out = NULL;
   fp4idx_aof_t *a = calloc(1, sizeof *a);
   if (!a || !(a->path = strdup(path))) {
     free(a);
-    fp4idx__seterr(err, errlen, "append log open: out of memory");
-    return FP4IDX_ENOMEM;
+    return fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "append log open: out of memory");
   }
   a->gen = gen;
   a->policy = policy;
@@ -313,7 +298,7 @@ ioerr_sync:
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
 ioerr:
-  fp4idx__seterr(err, errlen, "append log %s: %s", path, strerror(errno));
+  (void)fp4idx__fail(err, errlen, FP4IDX_EIO, "append log %s: %s", path, strerror(errno));
   if (a->fd >= 0) close(a->fd);
   free(a->path);
   free(a);

@@ -15,9 +15,7 @@
 
 #include "fp4idx_codec.h"
 
-/* Formats the detail into msg (if any) and returns `status`. */
-int fp4idx__fail(char *msg, size_t cap, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+#include "fp4idx_fail.h" /* fp4idx__fail: format the detail, return the status */
 
 /* Walks one msgpack object spanning exactly body[0..len). Returns 0,
  * FP4IDX_EPROTO (truncated, invalid byte, trailing bytes) or FP4IDX_E2BIG

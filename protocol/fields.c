@@ -4,16 +4,6 @@
 
 #include "codec_internal.h"
 
-int fp4idx__fail(char *msg, size_t cap, int status, const char *fmt, ...) {
-  if (msg != NULL && cap > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, cap, fmt, ap);
-    va_end(ap);
-  }
-  return status;
-}
-
 static bool str_is(const msgpack_object *o, const char *s) {
   size_t n = strlen(s);
   return o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
