@@ -276,7 +276,7 @@ fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   return FP4IDX_OK;
 }
 
-/* "save" (issue 5): the daemon writes its snapshot. */
+/* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};

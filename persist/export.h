@@ -1,5 +1,5 @@
 /* export.h -- one sequence in SGLang's page layout, to move caches between
- * fp4idx and SGLang's FP4 index-K pool (DESIGN.md s1).
+ * fp4idx and SGLang's FP4 index-K pool (fp4idx_format.h, page layout).
  *
  * A sequence of n keys becomes ceil(n / P) pages of P * 68 bytes: first the P
  * 64-byte payloads (slot o at o * 64), then the P 4-byte scale words (slot o

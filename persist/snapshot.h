@@ -22,7 +22,7 @@
  *   sequence table, per sequence:
  *     u64 id, u64 keys, then ceil(keys / P) u32 stored-page indices
  *   pool section: the stored pages, P * 68 bytes each in SGLang's page layout
- *     (DESIGN.md s1), in ascending order of their page id at save time.
+ *     (fp4idx_format.h, page layout), in ascending order of their page id at save time.
  *
  * Only pages that sequences use are stored. Loading puts stored page i at pool
  * page i, so a snapshot loads into a pool of any size that has room (the page

@@ -1,4 +1,4 @@
-# Tests of issue 5 (service, install, persistence): snapshot and append log
+# Tests of fp4idxd as a service (install, persistence): snapshot and append log
 # files, SGLang export, sd_notify/LISTEN_FDS, the systemd unit files.
 
 fp4idx_add_test(test_snapshot SOURCES test_snapshot.c LIBS fp4idx_persist)

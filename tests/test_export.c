@@ -1,5 +1,5 @@
 /* test_export.c -- one sequence in SGLang's page layout: the byte positions
- * match DESIGN.md s1 (checked against the offsets of fp4idx_format.h), pack
+ * match the page layout of fp4idx_format.h (checked against the offsets of fp4idx_format.h), pack
  * and unpack are inverse, files round-trip, corrupt files are refused. */
 #include "persist_util.h"
 

@@ -1,5 +1,5 @@
-/* service_cmds.c -- fp4idx-cli save, export and import (helper E, issue 5):
- * a snapshot on demand, and one sequence to/from SGLang's page layout
+/* service_cmds.c -- fp4idx-cli save, export and import, what persistence
+ * adds: a snapshot on demand, and one sequence to/from SGLang's page layout
  * (persist/export.h) so caches move between fp4idx and SGLang. */
 #define _GNU_SOURCE
 #include <getopt.h>
