@@ -9,6 +9,7 @@
  * request packers check what the decoder would (shapes, ranges, caps) with
  * the same check functions, so that a request that encodes also decodes
  * without decoding it again. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -240,52 +241,59 @@ int fp4idx__append_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
 
 /* ---- score ----------------------------------------------------------------------- */
 
+/* expect_shape for field `field` of map `path`, the wanted shape formatted
+ * from fmt (it names the other dims: "bf16 [%u,%u]"). */
+static int expect_field_shape(const fp4idx_tensor_t *t, const char *path,
+                              const char *field, bool ok, char *msg,
+                              size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static int expect_field_shape(const fp4idx_tensor_t *t, const char *path,
+                              const char *field, bool ok, char *msg,
+                              size_t cap, const char *fmt, ...) {
+  char where[48], want[64];
+  va_list ap;
+  if (ok) return 0;
+  snprintf(where, sizeof(where), "%s.%s", path, field);
+  va_start(ap, fmt);
+  vsnprintf(want, sizeof(want), fmt, ap);
+  va_end(ap);
+  return expect_shape(t, where, want, false, msg, cap);
+}
+
 /* The shape checks of one "seqs" entry, each after its tensor is read (the
  * decoder) or all at once (the packer). rows = R of q. */
 static int check_score_q(const fp4idx_tensor_t *q, const char *path,
                          uint32_t heads, char *msg, size_t cap) {
-  char where[48], want[64];
-  snprintf(where, sizeof(where), "%s.q", path);
-  snprintf(want, sizeof(want), "bf16 [R,%u,128] with R >= 1", heads);
-  return expect_shape(q, where, want,
-                      q->dtype == FP4IDX_WIRE_BF16 && q->ndim == 3 &&
-                          q->shape[0] >= 1 && q->shape[0] <= UINT32_MAX &&
-                          q->shape[1] == heads &&
-                          q->shape[2] == FP4IDX_PROTO_HEAD_DIM,
-                      msg, cap);
+  return expect_field_shape(
+      q, path, "q",
+      q->dtype == FP4IDX_WIRE_BF16 && q->ndim == 3 && q->shape[0] >= 1 &&
+          q->shape[0] <= UINT32_MAX && q->shape[1] == heads &&
+          q->shape[2] == FP4IDX_PROTO_HEAD_DIM,
+      msg, cap, "bf16 [R,%u,128] with R >= 1", heads);
 }
 
 static int check_score_w(const fp4idx_tensor_t *w, const char *path,
                          uint32_t rows, uint32_t heads, char *msg, size_t cap) {
-  char where[48], want[64];
-  snprintf(where, sizeof(where), "%s.w", path);
-  snprintf(want, sizeof(want), "bf16 [%u,%u]", rows, heads);
-  return expect_shape(w, where, want,
-                      w->dtype == FP4IDX_WIRE_BF16 && w->ndim == 2 &&
-                          w->shape[0] == rows && w->shape[1] == heads,
-                      msg, cap);
+  return expect_field_shape(w, path, "w",
+                            w->dtype == FP4IDX_WIRE_BF16 && w->ndim == 2 &&
+                                w->shape[0] == rows && w->shape[1] == heads,
+                            msg, cap, "bf16 [%u,%u]", rows, heads);
 }
 
 static int check_score_lens(const fp4idx_tensor_t *l, const char *path,
                             uint32_t rows, char *msg, size_t cap) {
-  char where[48], want[64];
-  snprintf(where, sizeof(where), "%s.lens", path);
-  snprintf(want, sizeof(want), "i32 [%u]", rows);
-  return expect_shape(l, where, want,
-                      l->dtype == FP4IDX_WIRE_I32 && l->ndim == 1 &&
-                          l->shape[0] == rows,
-                      msg, cap);
+  return expect_field_shape(l, path, "lens",
+                            l->dtype == FP4IDX_WIRE_I32 && l->ndim == 1 &&
+                                l->shape[0] == rows,
+                            msg, cap, "i32 [%u]", rows);
 }
 
 static int check_score_mask(const fp4idx_tensor_t *m, const char *path,
                             uint32_t rows, char *msg, size_t cap) {
-  char where[48], want[64];
-  snprintf(where, sizeof(where), "%s.mask", path);
-  snprintf(want, sizeof(want), "u8 [%u,W]", rows);
-  return expect_shape(m, where, want,
-                      m->dtype == FP4IDX_WIRE_U8 && m->ndim == 2 &&
-                          m->shape[0] == rows,
-                      msg, cap);
+  return expect_field_shape(m, path, "mask",
+                            m->dtype == FP4IDX_WIRE_U8 && m->ndim == 2 &&
+                                m->shape[0] == rows,
+                            msg, cap, "u8 [%u,W]", rows);
 }
 
 static int decode_score_seq(const msgpack_object *o, size_t i, uint32_t heads,
