@@ -767,3 +767,98 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   }
   return packed(rc);
 }
+
+/* ---- list ------------------------------------------------------------------------ */
+
+static int check_list_count(uint64_t n, char *msg, size_t cap) {
+  if (n < 1)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                        "count: 0, must be >= 1 (leave it out for %u)",
+                        FP4IDX_PROTO_LIST_COUNT);
+  if (n > FP4IDX_PROTO_MAX_LIST_COUNT)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "count: %llu, at most %u",
+                        (unsigned long long)n, FP4IDX_PROTO_MAX_LIST_COUNT);
+  return 0;
+}
+
+int fp4idx__list_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
+                            char *msg, size_t cap) {
+  fp4idx_list_req_t *l = &req->u.list;
+  const msgpack_object *v;
+  uint64_t n;
+  int rc;
+  if ((v = fp4idx__fv(f, "cursor")) != NULL &&
+      (rc = fp4idx__get_uint(v, "", "cursor", &l->cursor, msg, cap)) != 0)
+    return rc;
+  if ((v = fp4idx__fv(f, "count")) != NULL) {
+    if ((rc = fp4idx__get_uint(v, "", "count", &n, msg, cap)) ||
+        (rc = check_list_count(n, msg, cap)))
+      return rc;
+    l->count = (uint32_t)n;
+  }
+  return 0;
+}
+
+int fp4idx__list_req_pack(msgpack_packer *pk, const fp4idx_request_t *req) {
+  const fp4idx_list_req_t *l = &req->u.list;
+  int rc;
+  if (l->count > 0 && (rc = check_list_count(l->count, NULL, 0)) != 0)
+    return pack_refused(rc);
+  rc = fp4idx__pack_req_head(pk, req, 1 + (l->count > 0));
+  rc |= fp4idx__pack_kv_uint(pk, "cursor", l->cursor);
+  if (l->count > 0) rc |= fp4idx__pack_kv_uint(pk, "count", l->count);
+  return packed(rc);
+}
+
+int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
+                             fp4idx_response_t *resp, char *msg, size_t cap) {
+  fp4idx_list_resp_t *l = &resp->u.list;
+  int rc;
+  if ((rc = get_uint(f, "cursor", &l->cursor, msg, cap)) != 0) return rc;
+  const msgpack_object *a = fp4idx__fv(f, "seqs");
+  if (a == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "seqs: missing field");
+  if (a->type != MSGPACK_OBJECT_ARRAY)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                        "seqs: expected an array of maps");
+  if (a->via.array.size == 0) return 0;
+  /* the scan of the frame bounded the count by the bytes it has */
+  l->seqs = calloc(a->via.array.size, sizeof(l->seqs[0]));
+  if (l->seqs == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
+  resp->owned_ = l->seqs;
+  l->nseqs = a->via.array.size;
+  for (size_t i = 0; i < l->nseqs; i++) {
+    char path[32];
+    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL}};
+    fp4idx__fields_t es = {ef, NF(ef)};
+    fp4idx_list_entry_t *e = &l->seqs[i];
+    snprintf(path, sizeof(path), "seqs[%zu]", i);
+    if ((rc = fp4idx__map_fields(&a->via.array.ptr[i], path, ef, NF(ef), false,
+                                 msg, cap)) ||
+        (rc = fp4idx__get_uint(fp4idx__fv(&es, "seq"), path, "seq", &e->seq,
+                               msg, cap)) ||
+        (rc = fp4idx__get_uint(fp4idx__fv(&es, "keys"), path, "keys", &e->keys,
+                               msg, cap)) ||
+        (rc = fp4idx__get_uint(fp4idx__fv(&es, "pages"), path, "pages",
+                               &e->pages, msg, cap)))
+      return rc;
+  }
+  return 0;
+}
+
+int fp4idx__list_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
+  const fp4idx_list_resp_t *l = &r->u.list;
+  if (l->seqs == NULL && l->nseqs > 0) return FP4IDX_EINVAL;
+  int rc = fp4idx__pack_resp_head(pk, r, 2);
+  rc |= fp4idx__pack_kv_uint(pk, "cursor", l->cursor);
+  rc |= fp4idx__pack_cstr(pk, "seqs");
+  rc |= msgpack_pack_array(pk, l->nseqs);
+  for (size_t i = 0; i < l->nseqs && rc == 0; i++) {
+    rc |= msgpack_pack_map(pk, 3);
+    rc |= fp4idx__pack_kv_uint(pk, "seq", l->seqs[i].seq);
+    rc |= fp4idx__pack_kv_uint(pk, "keys", l->seqs[i].keys);
+    rc |= fp4idx__pack_kv_uint(pk, "pages", l->seqs[i].pages);
+  }
+  return packed(rc);
+}
