@@ -60,6 +60,34 @@ static int get_fixstr(const fp4idx__fields_t *f, const char *name, char *out,
                             cap);
 }
 
+/* The entries of response field `name` (an array of maps, or a map when
+ * is_map) at `a`: checks presence, type and at most `max` entries (0: only
+ * the frame's own bound), then allocates that many zeroed entries of `size`
+ * bytes, owned by resp (*out NULL and *n 0 when empty). */
+static int decode_entries(const msgpack_object *a, const char *name,
+                          bool is_map, uint32_t max, size_t size,
+                          fp4idx_response_t *resp, void **out, size_t *n,
+                          char *msg, size_t cap) {
+  *out = NULL;
+  *n = 0;
+  if (a == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: missing field", name);
+  if (a->type != (is_map ? MSGPACK_OBJECT_MAP : MSGPACK_OBJECT_ARRAY))
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: expected %s", name,
+                        is_map ? "a map" : "an array of maps");
+  uint32_t count = is_map ? a->via.map.size : a->via.array.size;
+  if (max > 0 && count > max)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %u entries, at most %u",
+                        name, count, max);
+  if (count == 0) return 0;
+  /* the scan of the frame bounded count by the bytes it has */
+  if ((*out = calloc(count, size)) == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
+  resp->owned_ = *out;
+  *n = count;
+  return 0;
+}
+
 /* ---- ops without fields ------------------------------------------------------ */
 
 int fp4idx__none_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
@@ -500,21 +528,12 @@ int fp4idx__score_resp_decode(const fp4idx__fields_t *f,
   fp4idx_score_resp_t *sc = &resp->u.score;
   int rc;
 
-  if (a == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "results: missing field");
-  if (a->type != MSGPACK_OBJECT_ARRAY)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "results: expected an array of maps");
-  if (a->via.array.size > FP4IDX_PROTO_MAX_SCORE_SEQS)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG,
-                        "results: %u entries, at most %u", a->via.array.size,
-                        FP4IDX_PROTO_MAX_SCORE_SEQS);
-  if (a->via.array.size == 0) return 0;
-  sc->results = calloc(a->via.array.size, sizeof(sc->results[0]));
-  if (sc->results == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  resp->owned_ = sc->results;
-  sc->nresults = a->via.array.size;
+  void *p;
+  if ((rc = decode_entries(a, "results", false, FP4IDX_PROTO_MAX_SCORE_SEQS,
+                           sizeof(sc->results[0]), resp, &p, &sc->nresults,
+                           msg, cap)) != 0)
+    return rc;
+  sc->results = p;
   for (size_t i = 0; i < sc->nresults; i++)
     if ((rc = decode_result(&a->via.array.ptr[i], i, &sc->results[i], msg,
                             cap)) != 0)
@@ -711,20 +730,12 @@ int fp4idx__stats_resp_decode(const fp4idx__fields_t *f,
       (rc = get_uint(f, "pages_free", &st->pages_free, msg, cap)))
     return rc;
   const msgpack_object *m = fp4idx__fv(f, "requests");
-  if (m == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: missing field");
-  if (m->type != MSGPACK_OBJECT_MAP)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: expected a map");
-  if (m->via.map.size > FP4IDX_PROTO_MAX_STATS_OPS)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG,
-                        "requests: %u entries, at most %u", m->via.map.size,
-                        FP4IDX_PROTO_MAX_STATS_OPS);
-  if (m->via.map.size == 0) return 0;
-  st->ops = calloc(m->via.map.size, sizeof(st->ops[0]));
-  if (st->ops == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  resp->owned_ = st->ops;
-  st->nops = m->via.map.size;
+  void *p;
+  if ((rc = decode_entries(m, "requests", true, FP4IDX_PROTO_MAX_STATS_OPS,
+                           sizeof(st->ops[0]), resp, &p, &st->nops, msg,
+                           cap)) != 0)
+    return rc;
+  st->ops = p;
   for (size_t i = 0; i < st->nops; i++)
     if ((rc = decode_op_stats(&m->via.map.ptr[i], &st->ops[i], msg, cap)))
       return rc;
@@ -816,18 +827,11 @@ int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
   int rc;
   if ((rc = get_uint(f, "cursor", &l->cursor, msg, cap)) != 0) return rc;
   const msgpack_object *a = fp4idx__fv(f, "seqs");
-  if (a == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "seqs: missing field");
-  if (a->type != MSGPACK_OBJECT_ARRAY)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "seqs: expected an array of maps");
-  if (a->via.array.size == 0) return 0;
-  /* the scan of the frame bounded the count by the bytes it has */
-  l->seqs = calloc(a->via.array.size, sizeof(l->seqs[0]));
-  if (l->seqs == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  resp->owned_ = l->seqs;
-  l->nseqs = a->via.array.size;
+  void *p;
+  if ((rc = decode_entries(a, "seqs", false, 0, sizeof(l->seqs[0]), resp, &p,
+                           &l->nseqs, msg, cap)) != 0)
+    return rc;
+  l->seqs = p;
   for (size_t i = 0; i < l->nseqs; i++) {
     char path[32];
     fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL}};
