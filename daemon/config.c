@@ -22,6 +22,7 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->max_frame = 64u << 20;
   cfg->threads = 0;
   cfg->log_level = FP4IDX_LOG_INFO;
+  cfg->log_format = FP4IDX_LOG_FORMAT_AUTO;
   cfg->fsync_policy = FP4IDX_FSYNC_EVERYSEC;
 }
 
@@ -75,6 +76,9 @@ static void fp4idx__config_usage(FILE *out) {
     "  -m, --max-frame SIZE   largest request frame (default 64M)\n"
     "  -t, --threads N        CPU backend threads (default: one per core)\n"
     "  -l, --log-level LEVEL  error|warn|info|debug (default info)\n"
+    "      --log-format FMT   auto|text|journal (default auto: journal, i.e.\n"
+    "                         \"<3>message\" priority prefixes, when stderr is\n"
+    "                         systemd's journal ($JOURNAL_STREAM), else text)\n"
     "  -D, --data-dir DIR     keep the cache across restarts: snapshot and\n"
     "                         append log in DIR (default: none)\n"
     "      --fsync POLICY     append log flush: always|everysec|no\n"
@@ -96,6 +100,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"max-frame", required_argument, NULL, 'm'},
       {"threads", required_argument, NULL, 't'},
       {"log-level", required_argument, NULL, 'l'},
+      {"log-format", required_argument, NULL, 'L'},
       {"data-dir", required_argument, NULL, 'D'},
       {"fsync", required_argument, NULL, 'F'},
       {"help", no_argument, NULL, 'h'},
@@ -167,6 +172,12 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       case 'l':
         if (fp4idx__log_parse_level(optarg, &cfg->log_level)) {
           fprintf(err, "fp4idxd: --log-level: '%s' is not error, warn, info or debug\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        break;
+      case 'L':
+        if (fp4idx__log_parse_format(optarg, &cfg->log_format)) {
+          fprintf(err, "fp4idxd: --log-format: '%s' is not auto, text or journal\n", optarg);
           return FP4IDX_EINVAL;
         }
         break;

@@ -24,6 +24,7 @@ typedef struct fp4idx_config_s {
   uint64_t max_frame;             /* --max-frame bytes */
   int threads;                    /* --threads for the CPU backend (0 = cores) */
   fp4idx_log_level_t log_level;   /* --log-level */
+  fp4idx_log_format_t log_format; /* --log-format (auto: journal if stderr is) */
   char data_dir[4096];            /* --data-dir; "" = no persistence */
   int fsync_policy;               /* --fsync: fp4idx_fsync_t (daemon/aof.h) */
 } fp4idx_config_t;

@@ -15,6 +15,7 @@ int main(int argc, char **argv) {
   if (rc == 1) return 0;   /* --help / --version */
   if (rc < 0) return 2;    /* usage error, already explained */
   fp4idx__log_set_level(cfg.log_level);
+  fp4idx__log_set_format(cfg.log_format);
 
   /* systemd socket activation: take fd 3 before anything else runs. */
   int listen_fd = -1;

@@ -17,6 +17,13 @@ target_compile_definitions(fp4idx_daemon_harness PRIVATE
   FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(fp4idx_daemon_harness fp4idxd)
 
+# Log lines: text / journal forms, detection, and the daemon under a
+# journal-like stderr.
+fp4idx_add_test(test_daemon_log SOURCES test_daemon_log.c
+  LIBS fp4idxd_core LABELS unit daemon)
+target_compile_definitions(test_daemon_log PRIVATE FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
+add_dependencies(test_daemon_log fp4idxd)
+
 foreach(t golden errors concurrency lifecycle memory)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
