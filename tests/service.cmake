@@ -34,6 +34,13 @@ if(TARGET fp4idxd)
   set_tests_properties(test_deb PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
 endif()
 
+# lintian on the three packages (errors and warnings fail).
+if(TARGET fp4idxd)
+  add_test(NAME test_lintian COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_lintian.sh
+                                     ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_lintian PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
+endif()
+
 # Snapshot save/load speed (not a test): bench_snapshot [GiB] [dir].
 add_executable(bench_snapshot ${PROJECT_SOURCE_DIR}/bench/bench_snapshot.c)
 target_link_libraries(bench_snapshot PRIVATE fp4idx_persist)
