@@ -6,6 +6,7 @@
 #include "daemon.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "server.h"
 #include "service.h"
 
 int main(int argc, char **argv) {
@@ -21,6 +22,17 @@ int main(int argc, char **argv) {
   int listen_fd = -1;
   int activated = fp4idx__service_listen_fd(&listen_fd);
   if (activated < 0) return 1;
+
+  /* A busy socket refuses the start before the pool (half the GPU's free
+   * memory by default) is allocated. */
+  if (!activated) {
+    if (!cfg.socket_path[0] &&
+        fp4idx__config_default_socket(cfg.socket_path, sizeof cfg.socket_path)) {
+      fp4idx__log_error("the default socket path is too long; use --socket");
+      return 1;
+    }
+    if (fp4idx__server_check_path(cfg.socket_path) != FP4IDX_OK) return 1;
+  }
 
   fp4idx_daemon_t d;
   if (fp4idx__daemon_init(&d, &cfg) != FP4IDX_OK) return 1;

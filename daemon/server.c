@@ -393,6 +393,19 @@ static int fp4idx__server_probe(const char *path) {
   return 1; /* e.g. EAGAIN: a live daemon with a full backlog */
 }
 
+int fp4idx__server_check_path(const char *path) {
+  int probe = fp4idx__server_probe(path);
+  if (probe == 1) {
+    fp4idx__log_error("another daemon is answering on %s", path);
+    return FP4IDX_EEXIST;
+  }
+  if (probe < 0) {
+    fp4idx__log_error("%s exists and is not a socket", path);
+    return FP4IDX_EEXIST;
+  }
+  return FP4IDX_OK;
+}
+
 static int fp4idx__server_listen_handle(fp4idx_server_t *srv, uv_pipe_t *p) {
   p->data = srv;
   int rc = uv_listen((uv_stream_t *)p, 128, fp4idx__server_connection_cb);
@@ -413,17 +426,10 @@ int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
     fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }
-  int probe = fp4idx__server_probe(path);
-  if (probe == 1) {
-    fp4idx__log_error("another daemon is answering on %s", path);
-    return FP4IDX_EEXIST;
-  }
-  if (probe < 0) {
-    fp4idx__log_error("%s exists and is not a socket", path);
-    return FP4IDX_EEXIST;
-  }
+  int rc = fp4idx__server_check_path(path);
+  if (rc) return rc;
   uv_pipe_t *p = &srv->listeners[srv->n_listeners];
-  int rc = uv_pipe_init(srv->loop, p, 0);
+  rc = uv_pipe_init(srv->loop, p, 0);
   if (rc) return FP4IDX_EIO;
   rc = uv_pipe_bind(p, path);
   if (rc) {
