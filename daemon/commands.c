@@ -312,6 +312,12 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
   st->pages_free = (uint64_t)d->cache.n_free;
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
+  fp4idx__stats_to_wire(&snap, st);
+  fp4idx_engine_desc_t now; /* device memory at this moment */
+  if (fp4idx__engine_describe(d->engine, &now) == FP4IDX_OK) {
+    st->device_mem_total = now.mem_total;
+    st->device_mem_free = now.mem_free;
+  }
   fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS, sizeof *ops);
   if (!ops) return FP4IDX_ENOMEM;
   size_t k = 0;
@@ -419,6 +425,7 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
   msgpack_sbuffer_destroy(&out);
 
   fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
+  fp4idx__stats_request(&d->stats, &req, rc, len + FP4IDX_FRAME_HEADER, *frame_len);
   fp4idx__score_bufs_free(&sb_score);
   free(sb_score.results);
   free(stat_ops);

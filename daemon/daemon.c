@@ -16,6 +16,7 @@
 static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
   fp4idx_req_t *req = job->data;
   fp4idx_daemon_t *d = req->conn->srv->data;
+  fp4idx__stats_queue(&d->stats, -1); /* off the queue, running now */
   fp4idx__cmd_execute(d, req->body, req->body_len, req->t0_us, &req->resp, &req->resp_len);
   /* The body (and the views into it) are not needed any more. */
   free(req->body);
@@ -32,6 +33,7 @@ static void fp4idx__daemon_submit_req(fp4idx_server_t *srv, fp4idx_req_t *req) {
   req->job.work = fp4idx__daemon_req_work;
   req->job.done = fp4idx__daemon_req_done;
   req->job.data = req;
+  fp4idx__stats_queue(&d->stats, +1);
   fp4idx__worker_submit(&d->worker, &req->job);
 }
 

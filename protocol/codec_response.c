@@ -3,6 +3,7 @@
  * newer daemon may add fields; everything the client reads is checked. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "codec_internal.h"
 
@@ -135,6 +136,33 @@ static int decode_op_stats(const msgpack_object_kv *kv, fp4idx_op_stats_t *s,
   return 0;
 }
 
+/* "errors_by_status" {name: count} -> st->status_errors[-code]. */
+static int decode_status_errors(const msgpack_object *m, fp4idx_stats_t *st,
+                                char *msg, size_t cap) {
+  if (m == NULL) return 0;
+  if (m->type != MSGPACK_OBJECT_MAP)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "errors_by_status: expected a map");
+  if (m->via.map.size > FP4IDX_PROTO_MAX_STATUSES)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "errors_by_status: %u entries, at most %u",
+                        m->via.map.size, FP4IDX_PROTO_MAX_STATUSES);
+  for (uint32_t i = 0; i < m->via.map.size; i++) {
+    char name[FP4IDX_PROTO_NAME_CAP];
+    uint64_t n;
+    int rc;
+    if ((rc = fp4idx__get_strcpy(&m->via.map.ptr[i].key, "errors_by_status", "<key>",
+                                 name, sizeof name, msg, cap)) ||
+        (rc = fp4idx__get_uint(&m->via.map.ptr[i].val, "errors_by_status", name, &n,
+                               msg, cap)))
+      return rc;
+    for (int64_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
+      if (strcmp(fp4idx_status_name((int)-k), name) == 0) {
+        st->status_errors[k] = n;
+        break;
+      }
+  }
+  return 0;
+}
+
 static int decode_stats(fp4idx__field_t *f, fp4idx_response_t *resp,
                         char *msg, size_t cap) {
   fp4idx_stats_t *st = &resp->u.stats;
@@ -155,6 +183,14 @@ static int decode_stats(fp4idx__field_t *f, fp4idx_response_t *resp,
       (rc = fp4idx__get_uint(f[7].val, "", "pages_free", &st->pages_free, msg,
                              cap)))
     return rc;
+  uint64_t *opt[] = {&st->keys_appended, &st->rows_scored, &st->request_bytes,
+                     &st->response_bytes, &st->queue_depth,
+                     &st->device_mem_total, &st->device_mem_free};
+  for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+    if (f[9 + i].val &&
+        (rc = fp4idx__get_uint(f[9 + i].val, "", f[9 + i].name, opt[i], msg, cap)))
+      return rc;
+  if ((rc = decode_status_errors(f[16].val, st, msg, cap))) return rc;
   const msgpack_object *m = f[8].val;
   if (m == NULL)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: missing field");
@@ -251,7 +287,12 @@ static int decode_body(const msgpack_object *root, fp4idx_response_t *resp,
       fp4idx__field_t f[] = {
           {"uptime_s", NULL},    {"connections", NULL}, {"sequences", NULL},
           {"keys", NULL},        {"backend", NULL},     {"device", NULL},
-          {"pages_total", NULL}, {"pages_free", NULL},  {"requests", NULL}};
+          {"pages_total", NULL}, {"pages_free", NULL},  {"requests", NULL},
+          /* optional (f[9..]) */
+          {"keys_appended", NULL}, {"rows_scored", NULL},
+          {"request_bytes", NULL}, {"response_bytes", NULL},
+          {"queue_depth", NULL},   {"device_mem_total", NULL},
+          {"device_mem_free", NULL}, {"errors_by_status", NULL}};
       if ((rc = fp4idx__map_fields(root, "", f, NF(f), false, msg, cap)))
         return rc;
       return decode_stats(f, resp, msg, cap);
@@ -362,7 +403,7 @@ static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r) {
   static const unsigned nfields[FP4IDX_OP__COUNT] = {
       [FP4IDX_OP_HELLO] = 2,    [FP4IDX_OP_INFO] = 9, [FP4IDX_OP_APPEND] = 2,
       [FP4IDX_OP_SCORE] = 1,    [FP4IDX_OP_TRUNCATE] = 1,
-      [FP4IDX_OP_READ] = 1,     [FP4IDX_OP_STATS] = 9};
+      [FP4IDX_OP_READ] = 1,     [FP4IDX_OP_STATS] = 17};
   int rc = 0;
 
   rc |= msgpack_pack_map(pk, 2 + nfields[r->op]);
@@ -420,6 +461,22 @@ static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r) {
       rc |= kv_fixstr(pk, "device", st->device, sizeof(st->device));
       rc |= kv_uint(pk, "pages_total", st->pages_total);
       rc |= kv_uint(pk, "pages_free", st->pages_free);
+      rc |= kv_uint(pk, "keys_appended", st->keys_appended);
+      rc |= kv_uint(pk, "rows_scored", st->rows_scored);
+      rc |= kv_uint(pk, "request_bytes", st->request_bytes);
+      rc |= kv_uint(pk, "response_bytes", st->response_bytes);
+      rc |= kv_uint(pk, "queue_depth", st->queue_depth);
+      rc |= kv_uint(pk, "device_mem_total", st->device_mem_total);
+      rc |= kv_uint(pk, "device_mem_free", st->device_mem_free);
+      uint32_t nerr = 0;
+      for (uint32_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
+        nerr += st->status_errors[k] != 0;
+      rc |= fp4idx__pack_cstr(pk, "errors_by_status");
+      rc |= msgpack_pack_map(pk, nerr);
+      for (uint32_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
+        if (st->status_errors[k])
+          rc |= fp4idx__pack_cstr(pk, fp4idx_status_name(-(int)k)) |
+                msgpack_pack_uint64(pk, st->status_errors[k]);
       rc |= fp4idx__pack_cstr(pk, "requests");
       rc |= msgpack_pack_map(pk, st->nops);
       for (size_t i = 0; i < st->nops && rc == 0; i++) {

@@ -72,6 +72,7 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_STRING 256u               /* "client", "error", ... */
 #define FP4IDX_PROTO_MAX_STATS_OPS 32u             /* entries of "requests" */
 #define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
+#define FP4IDX_PROTO_MAX_STATUSES 64u /* "errors_by_status": codes 0..-63 */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
  * strings on the wire are truncated (they are informational). */
@@ -440,6 +441,13 @@ typedef struct fp4idx_stats_s {
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
   size_t nops;
+  /* Counters since start and gauges now. Optional on the wire (absent from
+   * daemons before them): 0 when absent. */
+  uint64_t keys_appended, rows_scored, request_bytes, response_bytes;
+  uint64_t queue_depth, device_mem_total, device_mem_free;
+  /* "errors_by_status": status name -> count, held by -code (index 0
+   * unused); names this build does not know are skipped when decoding. */
+  uint64_t status_errors[FP4IDX_PROTO_MAX_STATUSES];
 } fp4idx_stats_t;
 
 /* A response. When status < 0 only id, status and error are meaningful.

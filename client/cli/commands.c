@@ -182,6 +182,21 @@ static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
           (unsigned long long)s->connections, (unsigned long long)s->sequences,
           (unsigned long long)s->keys, (unsigned long long)s->pages_total,
           (unsigned long long)s->pages_free);
+  fprintf(f,
+          "keys_appended: %llu\nrows_scored: %llu\nrequest_bytes: %llu\n"
+          "response_bytes: %llu\nqueue_depth: %llu\ndevice_mem_total: %llu\n"
+          "device_mem_free: %llu\nerrors_by_status:",
+          (unsigned long long)s->keys_appended, (unsigned long long)s->rows_scored,
+          (unsigned long long)s->request_bytes, (unsigned long long)s->response_bytes,
+          (unsigned long long)s->queue_depth, (unsigned long long)s->device_mem_total,
+          (unsigned long long)s->device_mem_free);
+  int any = 0;
+  for (int k = 1; k < FP4IDX_CLIENT_MAX_STATUSES; k++)
+    if (s->status_errors[k]) {
+      fprintf(f, " %s=%llu", fp4idx_status_name(-k), (unsigned long long)s->status_errors[k]);
+      any = 1;
+    }
+  fputs(any ? "\n" : " none\n", f);
   fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", "op", "requests", "errors",
           "mean_us", "p50<=us", "p99<=us");
   for (uint32_t i = 0; i < s->nops; i++) {

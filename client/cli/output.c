@@ -152,10 +152,24 @@ int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s) {
   json_str(f, s->device);
   fprintf(f,
           ",\"connections\":%llu,\"sequences\":%llu,\"keys\":%llu,"
-          "\"pages_total\":%llu,\"pages_free\":%llu,\"ops\":[",
+          "\"pages_total\":%llu,\"pages_free\":%llu,\"keys_appended\":%llu,"
+          "\"rows_scored\":%llu,\"request_bytes\":%llu,\"response_bytes\":%llu,"
+          "\"queue_depth\":%llu,\"device_mem_total\":%llu,\"device_mem_free\":%llu,"
+          "\"errors_by_status\":{",
           (unsigned long long)s->connections, (unsigned long long)s->sequences,
           (unsigned long long)s->keys, (unsigned long long)s->pages_total,
-          (unsigned long long)s->pages_free);
+          (unsigned long long)s->pages_free, (unsigned long long)s->keys_appended,
+          (unsigned long long)s->rows_scored, (unsigned long long)s->request_bytes,
+          (unsigned long long)s->response_bytes, (unsigned long long)s->queue_depth,
+          (unsigned long long)s->device_mem_total, (unsigned long long)s->device_mem_free);
+  int first = 1;
+  for (int k = 1; k < FP4IDX_CLIENT_MAX_STATUSES; k++)
+    if (s->status_errors[k]) {
+      fprintf(f, "%s\"%s\":%llu", first ? "" : ",", fp4idx_status_name(-k),
+              (unsigned long long)s->status_errors[k]);
+      first = 0;
+    }
+  fputs("},\"ops\":[", f);
   for (uint32_t i = 0; i < s->nops; i++) {
     const fp4idx_client_op_stats_t *o = &s->ops[i];
     fputs(i ? ",{\"op\":" : "{\"op\":", f);
