@@ -83,6 +83,10 @@ static void fp4idx__config_usage(FILE *out) {
     "                         append log in DIR (default: none)\n"
     "      --fsync POLICY     append log flush: always|everysec|no\n"
     "                         (default everysec)\n"
+    "      --metrics-listen ADDR:PORT\n"
+    "                         serve Prometheus metrics at\n"
+    "                         http://ADDR:PORT/metrics (default off; PORT\n"
+    "                         alone = 127.0.0.1:PORT; [IPv6]:PORT)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -103,6 +107,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"log-format", required_argument, NULL, 'L'},
       {"data-dir", required_argument, NULL, 'D'},
       {"fsync", required_argument, NULL, 'F'},
+      {"metrics-listen", required_argument, NULL, 'M'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -197,6 +202,16 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         cfg->fsync_policy = (int)pol;
         break;
       }
+      case 'M':
+        /* Syntax only here; metrics_http.c parses it into an address. */
+        if (!*optarg || strlen(optarg) >= sizeof cfg->metrics_listen ||
+            strspn(optarg, "0123456789abcdefABCDEF.:[]") != strlen(optarg)) {
+          fprintf(err, "fp4idxd: --metrics-listen: '%s' is not PORT, IPv4:PORT or "
+                       "[IPv6]:PORT\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        strcpy(cfg->metrics_listen, optarg);
+        break;
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -12,8 +12,8 @@ set -euo pipefail
 # systemd-tmpfiles for the service tests (they skip without it). lintian:
 # the Debian packages' check (tests/test_lintian.sh).
 build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev systemd
-            lintian)
-runtime_pkgs=(libuv1 libmsgpackc2)
+            libmicrohttpd-dev lintian)
+runtime_pkgs=(libuv1 libmsgpackc2 libmicrohttpd12)
 pkgs=("${build_pkgs[@]}")
 [ "${1:-}" = "--runtime" ] && pkgs=("${runtime_pkgs[@]}")
 

@@ -38,3 +38,16 @@ if(TARGET fp4idx_cuda)
   target_compile_definitions(test_daemon_lifecycle PRIVATE FP4IDX_TEST_HAVE_CUDA)
   target_compile_definitions(test_daemon_golden PRIVATE FP4IDX_TEST_HAVE_CUDA)
 endif()
+
+# Metrics: counters and gauges, the --metrics-listen scrape endpoint
+# (libmicrohttpd), and promtool's lint on what it serves.
+if(TARGET fp4idx_daemon_harness AND TARGET fp4idx_metrics_http)
+  fp4idx_add_test(test_daemon_metrics SOURCES test_daemon_metrics.c
+    LIBS fp4idx_metrics_http fp4idx_daemon_harness LABELS daemon)
+  set_tests_properties(test_daemon_metrics PROPERTIES TIMEOUT 120)
+endif()
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_promtool COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_promtool.sh
+                                      $<TARGET_FILE:fp4idxd> $<TARGET_FILE:fp4idx-cli>)
+  set_tests_properties(test_promtool PROPERTIES SKIP_RETURN_CODE 77 LABELS daemon TIMEOUT 120)
+endif()
