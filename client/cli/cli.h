@@ -157,6 +157,21 @@ int fp4idx__write_result(FILE *f, fp4idx_format_t fmt,
  * ("%.9g" with -inf/inf/nan spelled out). buf needs 32 bytes. */
 const char *fp4idx__fmt_f32(char *buf, float v);
 
+/* The integer fields of stats, by name, in the order the text and JSON
+ * forms print them (connections .. device_mem_free). Fills out[] (room for
+ * FP4IDX_CLI_STATS_COUNTS) and returns how many. */
+#define FP4IDX_CLI_STATS_COUNTS 12
+typedef struct fp4idx_cli_count_s {
+  const char *name;
+  uint64_t value;
+} fp4idx_cli_count_t;
+size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *out);
+
+/* Writes the nonzero errors by status: "ENOSEQ=1 ERANGE=2" (text) or
+ * "\"ENOSEQ\":1,\"ERANGE\":2" (json, the inside of an object). Returns how
+ * many were written. */
+int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int json);
+
 /* info / stats as one JSON object each (a line): info's fields by name;
  * stats' scalars and "ops":[{"op","requests","errors","latency_sum_us",
  * "latency_buckets":[{"le_us","count"}]}] (per-bucket counts, the last

@@ -175,28 +175,14 @@ static double quantile_us(const fp4idx_client_op_stats_t *o, double q) {
 }
 
 static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
-  fprintf(f,
-          "uptime_s: %.3f\nbackend: %s\ndevice: %s\nconnections: %llu\n"
-          "sequences: %llu\nkeys: %llu\npages_total: %llu\npages_free: %llu\n",
-          s->uptime_s, s->backend, s->device,
-          (unsigned long long)s->connections, (unsigned long long)s->sequences,
-          (unsigned long long)s->keys, (unsigned long long)s->pages_total,
-          (unsigned long long)s->pages_free);
-  fprintf(f,
-          "keys_appended: %llu\nrows_scored: %llu\nrequest_bytes: %llu\n"
-          "response_bytes: %llu\nqueue_depth: %llu\ndevice_mem_total: %llu\n"
-          "device_mem_free: %llu\nerrors_by_status:",
-          (unsigned long long)s->keys_appended, (unsigned long long)s->rows_scored,
-          (unsigned long long)s->request_bytes, (unsigned long long)s->response_bytes,
-          (unsigned long long)s->queue_depth, (unsigned long long)s->device_mem_total,
-          (unsigned long long)s->device_mem_free);
-  int any = 0;
-  for (int k = 1; k < FP4IDX_CLIENT_MAX_STATUSES; k++)
-    if (s->status_errors[k]) {
-      fprintf(f, " %s=%llu", fp4idx_status_name(-k), (unsigned long long)s->status_errors[k]);
-      any = 1;
-    }
-  fputs(any ? "\n" : " none\n", f);
+  fprintf(f, "uptime_s: %.3f\nbackend: %s\ndevice: %s\n", s->uptime_s, s->backend,
+          s->device);
+  fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS];
+  size_t n = fp4idx__stats_counts(s, c);
+  for (size_t i = 0; i < n; i++)
+    fprintf(f, "%s: %llu\n", c[i].name, (unsigned long long)c[i].value);
+  fputs("errors_by_status: ", f);
+  fputs(fp4idx__write_status_errors(f, s, 0) ? "\n" : "none\n", f);
   fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", "op", "requests", "errors",
           "mean_us", "p50<=us", "p99<=us");
   for (uint32_t i = 0; i < s->nops; i++) {

@@ -127,6 +127,30 @@ static void json_num(FILE *f, double v) {
   else fputs("null", f);
 }
 
+size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *out) {
+  const fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS] = {
+      {"connections", s->connections},       {"sequences", s->sequences},
+      {"keys", s->keys},                     {"pages_total", s->pages_total},
+      {"pages_free", s->pages_free},         {"keys_appended", s->keys_appended},
+      {"rows_scored", s->rows_scored},       {"request_bytes", s->request_bytes},
+      {"response_bytes", s->response_bytes}, {"queue_depth", s->queue_depth},
+      {"device_mem_total", s->device_mem_total},
+      {"device_mem_free", s->device_mem_free}};
+  memcpy(out, c, sizeof c);
+  return FP4IDX_CLI_STATS_COUNTS;
+}
+
+int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int json) {
+  int n = 0;
+  for (int k = 1; k < FP4IDX_CLIENT_MAX_STATUSES; k++) {
+    if (!s->status_errors[k]) continue;
+    fprintf(f, json ? "%s\"%s\":%llu" : "%s%s=%llu", n ? (json ? "," : " ") : "",
+            fp4idx_status_name(-k), (unsigned long long)s->status_errors[k]);
+    n++;
+  }
+  return n;
+}
+
 int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in) {
   fputs("{\"server\":", f);
   json_str(f, in->server);
@@ -150,25 +174,12 @@ int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s) {
   json_str(f, s->backend);
   fputs(",\"device\":", f);
   json_str(f, s->device);
-  fprintf(f,
-          ",\"connections\":%llu,\"sequences\":%llu,\"keys\":%llu,"
-          "\"pages_total\":%llu,\"pages_free\":%llu,\"keys_appended\":%llu,"
-          "\"rows_scored\":%llu,\"request_bytes\":%llu,\"response_bytes\":%llu,"
-          "\"queue_depth\":%llu,\"device_mem_total\":%llu,\"device_mem_free\":%llu,"
-          "\"errors_by_status\":{",
-          (unsigned long long)s->connections, (unsigned long long)s->sequences,
-          (unsigned long long)s->keys, (unsigned long long)s->pages_total,
-          (unsigned long long)s->pages_free, (unsigned long long)s->keys_appended,
-          (unsigned long long)s->rows_scored, (unsigned long long)s->request_bytes,
-          (unsigned long long)s->response_bytes, (unsigned long long)s->queue_depth,
-          (unsigned long long)s->device_mem_total, (unsigned long long)s->device_mem_free);
-  int first = 1;
-  for (int k = 1; k < FP4IDX_CLIENT_MAX_STATUSES; k++)
-    if (s->status_errors[k]) {
-      fprintf(f, "%s\"%s\":%llu", first ? "" : ",", fp4idx_status_name(-k),
-              (unsigned long long)s->status_errors[k]);
-      first = 0;
-    }
+  fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS];
+  size_t n = fp4idx__stats_counts(s, c);
+  for (size_t i = 0; i < n; i++)
+    fprintf(f, ",\"%s\":%llu", c[i].name, (unsigned long long)c[i].value);
+  fputs(",\"errors_by_status\":{", f);
+  fp4idx__write_status_errors(f, s, 1);
   fputs("},\"ops\":[", f);
   for (uint32_t i = 0; i < s->nops; i++) {
     const fp4idx_client_op_stats_t *o = &s->ops[i];
