@@ -204,8 +204,9 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
 
 /* Asks the daemon to write its snapshot now (and start a fresh append log).
- * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_ETYPE (daemon
- *   runs without --data-dir); FP4IDX_EIO (disk); connection errors. */
+ * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EDISABLED (daemon
+ *   runs without --data-dir; ETYPE from daemons before that code);
+ *   FP4IDX_EIO (disk); connection errors. */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
 
 /* Reads keys [from, from+count) of seq; count = UINT64_MAX: to the end.

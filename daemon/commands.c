@@ -391,7 +391,8 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
         if (d->hooks.save)
           rc = d->hooks.save(d, d->hooks.arg, msg, sizeof msg);
         else
-          rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "save: persistence is not enabled");
+          rc = fp4idx__cmd_fail(msg, FP4IDX_EDISABLED,
+                                "persistence is not enabled: start fp4idxd with --data-dir");
         break;
       default:
         rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "unknown op");

@@ -99,14 +99,16 @@ cat "$work/top16.txt"
 cat <<NEXT
 
 The binaries are in $build:
-  daemon  $daemon
-  CLI     $cli
-  library $build/client/libfp4idx-client.so (headers: $build/include/fp4idx)
+  daemon   $daemon
+  CLI      $cli
+  library  $build/client/libfp4idx-client.so (headers: $build/include/fp4idx)
 Next:
-  $daemon --socket /tmp/fp4idxd.sock &        # a daemon of your own
-  $cli -s /tmp/fp4idxd.sock info              # then: fp4idx-cli help
+  # a daemon of your own, then the CLI ('fp4idx-cli help' lists the commands)
+  $daemon --socket /tmp/fp4idxd.sock &
+  $cli -s /tmp/fp4idxd.sock info
+  # README.md "The library": a program against this build tree
   PKG_CONFIG_PATH=$build/pkgconfig cc app.c -o app \$(pkg-config --cflags --libs libfp4idx-client)
-                                               # README.md "The library"
-  $root/tests/run.sh                           # every test
-  (cd $build && cpack -G DEB)                  # Debian packages (README "As a service")
+  # every test; the Debian packages (README.md "As a service")
+  $root/tests/run.sh
+  (cd $build && cpack -G DEB)
 NEXT

@@ -582,6 +582,15 @@ Test(cli, progress_bar_fits_the_terminal) {
   }
 }
 
+Test(cli, save_without_persistence_says_so) {
+  /* Not "unknown request type": the code and the message name what is
+   * missing, and the op is named once. */
+  cr_expect_eq(cli("save"), 1);
+  expect_one_line_error("save", "EDISABLED");
+  cr_expect_str_eq(err_, "fp4idx-cli: save: persistence is not enabled: start fp4idxd "
+                         "with --data-dir (EDISABLED)\n");
+}
+
 Test(cli, timeout_option) {
   cr_assert_eq(fp4idx_test_daemon_kill(&daemon_, SIGSTOP), 0);
   int rc = cli("-t 200 info");
