@@ -592,6 +592,16 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   s->pages_free = in->pages_free;
   copy_str(s->backend, sizeof s->backend, in->backend);
   copy_str(s->device, sizeof s->device, in->device);
+  s->keys_appended = in->keys_appended;
+  s->rows_scored = in->rows_scored;
+  s->request_bytes = in->request_bytes;
+  s->response_bytes = in->response_bytes;
+  _Static_assert(sizeof s->status_errors == sizeof in->status_errors,
+                 "status_errors: client and wire tables differ");
+  memcpy(s->status_errors, in->status_errors, sizeof s->status_errors);
+  s->queue_depth = in->queue_depth;
+  s->device_mem_total = in->device_mem_total;
+  s->device_mem_free = in->device_mem_free;
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
   char *p = (char *)s->ops + align8(in->nops * sizeof *s->ops);

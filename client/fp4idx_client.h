@@ -204,8 +204,9 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
 
 /* Asks the daemon to write its snapshot now (and start a fresh append log).
- * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_ETYPE (daemon
- *   runs without --data-dir); FP4IDX_EIO (disk); connection errors. */
+ * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EDISABLED (daemon
+ *   runs without --data-dir; ETYPE from daemons before that code);
+ *   FP4IDX_EIO (disk); connection errors. */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
 
 /* One sequence as fp4idx_client_list reports it. */
@@ -320,6 +321,8 @@ typedef struct fp4idx_client_op_stats_s {
   const uint64_t *hist;     /* [nbuckets] */
 } fp4idx_client_op_stats_t;
 
+#define FP4IDX_CLIENT_MAX_STATUSES 64 /* status codes 0..-63 */
+
 typedef struct fp4idx_client_stats_s {
   double uptime_s;
   uint64_t connections;
@@ -331,6 +334,18 @@ typedef struct fp4idx_client_stats_s {
   char device[128];
   uint32_t nops;
   fp4idx_client_op_stats_t *ops;   /* [nops], sorted by op name */
+  /* Since the daemon started (0 from daemons that do not send them): */
+  uint64_t keys_appended;          /* keys of acknowledged appends */
+  uint64_t rows_scored;            /* verify rows of answered scores */
+  uint64_t request_bytes;          /* request frames received, prefix included */
+  uint64_t response_bytes;         /* response frames sent, prefix included */
+  /* errors by status: status_errors[-code] answers with that code
+   * (fp4idx_status.h; index 0 unused), e.g. [-FP4IDX_ENOSEQ]. */
+  uint64_t status_errors[FP4IDX_CLIENT_MAX_STATUSES];
+  /* Now: */
+  uint64_t queue_depth;            /* requests waiting for the worker */
+  uint64_t device_mem_total;       /* bytes of device (CPU: host) memory */
+  uint64_t device_mem_free;        /* of which free */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

@@ -337,6 +337,12 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   st->pages_free = (uint64_t)d->cache.n_free;
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
+  fp4idx__stats_to_wire(&snap, st);
+  fp4idx_engine_desc_t now; /* device memory at this moment */
+  if (fp4idx__engine_describe(d->engine, &now) == FP4IDX_OK) {
+    st->device_mem_total = now.mem_total;
+    st->device_mem_free = now.mem_free;
+  }
   fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS, sizeof *ops);
   if (!ops) return FP4IDX_ENOMEM;
   size_t k = 0;
@@ -365,7 +371,8 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
 static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   if (!d->hooks.save)
-    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "save: persistence is not enabled");
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EDISABLED,
+                        "persistence is not enabled: start fp4idxd with --data-dir");
   return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
 }
 
@@ -513,6 +520,7 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
   msgpack_sbuffer_destroy(&out);
 
   fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
+  fp4idx__stats_request(&d->stats, &req, rc, len + FP4IDX_FRAME_HEADER, *frame_len);
   fp4idx__cmd_release(&c);
   fp4idx_request_clear(&req);
 }

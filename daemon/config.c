@@ -22,6 +22,7 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->max_frame = 64u << 20;
   cfg->threads = 0;
   cfg->log_level = FP4IDX_LOG_INFO;
+  cfg->log_format = FP4IDX_LOG_FORMAT_AUTO;
   cfg->fsync_policy = FP4IDX_FSYNC_EVERYSEC;
 }
 
@@ -75,10 +76,17 @@ static void fp4idx__config_usage(FILE *out) {
     "  -m, --max-frame SIZE   largest request frame (default 64M)\n"
     "  -t, --threads N        CPU backend threads (default: one per core)\n"
     "  -l, --log-level LEVEL  error|warn|info|debug (default info)\n"
+    "      --log-format FMT   auto|text|journal (default auto: journal, i.e.\n"
+    "                         \"<3>message\" priority prefixes, when stderr is\n"
+    "                         systemd's journal ($JOURNAL_STREAM), else text)\n"
     "  -D, --data-dir DIR     keep the cache across restarts: snapshot and\n"
     "                         append log in DIR (default: none)\n"
     "      --fsync POLICY     append log flush: always|everysec|no\n"
     "                         (default everysec)\n"
+    "      --metrics-listen ADDR:PORT\n"
+    "                         serve Prometheus metrics at\n"
+    "                         http://ADDR:PORT/metrics (default off; PORT\n"
+    "                         alone = 127.0.0.1:PORT; [IPv6]:PORT)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -96,8 +104,10 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"max-frame", required_argument, NULL, 'm'},
       {"threads", required_argument, NULL, 't'},
       {"log-level", required_argument, NULL, 'l'},
+      {"log-format", required_argument, NULL, 'L'},
       {"data-dir", required_argument, NULL, 'D'},
       {"fsync", required_argument, NULL, 'F'},
+      {"metrics-listen", required_argument, NULL, 'M'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -170,6 +180,12 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
           return FP4IDX_EINVAL;
         }
         break;
+      case 'L':
+        if (fp4idx__log_parse_format(optarg, &cfg->log_format)) {
+          fprintf(err, "fp4idxd: --log-format: '%s' is not auto, text or journal\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        break;
       case 'D':
         if (!*optarg || strlen(optarg) >= sizeof cfg->data_dir - 32) {
           fprintf(err, "fp4idxd: --data-dir: path empty or too long\n");
@@ -186,6 +202,16 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         cfg->fsync_policy = (int)pol;
         break;
       }
+      case 'M':
+        /* Syntax only here; metrics_http.c parses it into an address. */
+        if (!*optarg || strlen(optarg) >= sizeof cfg->metrics_listen ||
+            strspn(optarg, "0123456789abcdefABCDEF.:[]") != strlen(optarg)) {
+          fprintf(err, "fp4idxd: --metrics-listen: '%s' is not PORT, IPv4:PORT or "
+                       "[IPv6]:PORT\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        strcpy(cfg->metrics_listen, optarg);
+        break;
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -24,8 +24,10 @@ typedef struct fp4idx_config_s {
   uint64_t max_frame;             /* --max-frame bytes */
   int threads;                    /* --threads for the CPU backend (0 = cores) */
   fp4idx_log_level_t log_level;   /* --log-level */
+  fp4idx_log_format_t log_format; /* --log-format (auto: journal if stderr is) */
   char data_dir[4096];            /* --data-dir; "" = no persistence */
   int fsync_policy;               /* --fsync: fp4idx_fsync_t (persist/aof.h) */
+  char metrics_listen[64];        /* --metrics-listen ADDR:PORT; "" = off */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,

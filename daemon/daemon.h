@@ -59,7 +59,7 @@ typedef struct fp4idx_daemon_hooks_s {
   int (*mutation)(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op, uint64_t seq,
                   int64_t pos, int64_t count, const uint8_t *slots);
   /* The "save" op. Returns FP4IDX_OK or a negative status with a message in
-   * msg. Without this hook "save" answers ETYPE. */
+   * msg. Without this hook "save" answers EDISABLED. */
   int (*save)(fp4idx_daemon_t *d, void *arg, char *msg, size_t msgcap);
   void *arg;
 } fp4idx_daemon_hooks_t;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "daemon.h"
 #include "fp4idx_status.h"
 #include "log.h"
 #include "mkdirs.h"
@@ -194,6 +195,7 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
 /* Worker thread: the request, from body to response frame. */
 static void fp4idx__server_req_work(fp4idx_job_t *job) {
   fp4idx_req_t *req = job->data;
+  fp4idx__stats_queue(&((fp4idx_daemon_t *)req->conn->srv->data)->stats, -1); /* running now */
   fp4idx__cmd_execute(req->conn->srv->data, req->body, req->body_len, req->t0_us, &req->resp,
                       &req->resp_len);
   /* The body (and the views into it) are not needed any more. */
@@ -219,6 +221,7 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
   fp4idx__server_enqueue(c, r);
+  fp4idx__stats_queue(&((fp4idx_daemon_t *)c->srv->data)->stats, +1);
   fp4idx__worker_submit(c->srv->worker, &r->job);
 }
 
@@ -394,6 +397,19 @@ static int fp4idx__server_probe(const char *path) {
   return 1; /* e.g. EAGAIN: a live daemon with a full backlog */
 }
 
+int fp4idx__server_check_path(const char *path) {
+  int probe = fp4idx__server_probe(path);
+  if (probe == 1) {
+    fp4idx__log_error("another daemon is answering on %s", path);
+    return FP4IDX_EEXIST;
+  }
+  if (probe < 0) {
+    fp4idx__log_error("%s exists and is not a socket", path);
+    return FP4IDX_EEXIST;
+  }
+  return FP4IDX_OK;
+}
+
 static int fp4idx__server_listen_handle(fp4idx_server_t *srv, uv_pipe_t *p) {
   p->data = srv;
   int rc = uv_listen((uv_stream_t *)p, 128, fp4idx__server_connection_cb);
@@ -414,17 +430,10 @@ int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
     fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }
-  int probe = fp4idx__server_probe(path);
-  if (probe == 1) {
-    fp4idx__log_error("another daemon is answering on %s", path);
-    return FP4IDX_EEXIST;
-  }
-  if (probe < 0) {
-    fp4idx__log_error("%s exists and is not a socket", path);
-    return FP4IDX_EEXIST;
-  }
+  int rc = fp4idx__server_check_path(path);
+  if (rc) return rc;
   uv_pipe_t *p = &srv->listeners[srv->n_listeners];
-  int rc = uv_pipe_init(srv->loop, p, 0);
+  rc = uv_pipe_init(srv->loop, p, 0);
   if (rc) return FP4IDX_EIO;
   rc = uv_pipe_bind(p, path);
   if (rc) {

@@ -96,6 +96,13 @@ void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_fra
  * line says why), FP4IDX_E2BIG (path too long), FP4IDX_EINVAL. */
 int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path);
 
+/* Whether `path` is free to listen on: FP4IDX_OK when nothing is there or a
+ * stale socket file was (it is removed), FP4IDX_EEXIST (logged) when a
+ * daemon answers there or the path holds something that is not a socket.
+ * fp4idx__server_listen_path checks again; main calls this before the pool
+ * is allocated, so a refused start costs no device memory. */
+int fp4idx__server_check_path(const char *path);
+
 /* Listens on an already bound (e.g. systemd-activated) socket fd. The fd is
  * owned by the server afterwards. FP4IDX_EIO, FP4IDX_E2BIG (too many). */
 int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd);

@@ -305,9 +305,9 @@ int fp4idx__service_save_hook(fp4idx_daemon_t *d, void *arg, char *msg, size_t c
   (void)d;
   fp4idx_service_t *svc = arg;
   if (!svc->aof) {
-    /* PROTOCOL.md: save without persistence is ETYPE. */
-    snprintf(msg, cap, "save: persistence is not enabled (start fp4idxd with --data-dir)");
-    return FP4IDX_ETYPE;
+    /* PROTOCOL.md: save without persistence is EDISABLED. */
+    snprintf(msg, cap, "persistence is not enabled: start fp4idxd with --data-dir");
+    return FP4IDX_EDISABLED;
   }
   return fp4idx__service_save(svc, msg, cap);
 }

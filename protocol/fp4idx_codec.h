@@ -74,6 +74,7 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
 #define FP4IDX_PROTO_LIST_COUNT 100u               /* "list" default count */
 #define FP4IDX_PROTO_MAX_LIST_COUNT 10000u         /* "list" "count" bound */
+#define FP4IDX_PROTO_MAX_STATUSES 64u /* "errors_by_status": codes 0..-63 */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
  * strings on the wire are truncated (they are informational). */
@@ -121,13 +122,15 @@ extern "C" {
   X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
   X(STATS, stats, 0, (),                                                      \
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
-     "pages_total", "pages_free", "requests"),                                \
+     "pages_total", "pages_free", "requests", "keys_appended", "rows_scored", \
+     "request_bytes", "response_bytes", "queue_depth", "device_mem_total",    \
+     "device_mem_free", "errors_by_status"),                                  \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
   X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
-#define FP4IDX_OP_MAX_FIELDS 12u
+#define FP4IDX_OP_MAX_FIELDS 20u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
@@ -491,6 +494,13 @@ typedef struct fp4idx_stats_s {
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
   size_t nops;
+  /* Counters since start and gauges now. Optional on the wire (absent from
+   * daemons before them): 0 when absent. */
+  uint64_t keys_appended, rows_scored, request_bytes, response_bytes;
+  uint64_t queue_depth, device_mem_total, device_mem_free;
+  /* "errors_by_status": status name -> count, held by -code (index 0
+   * unused); names this build does not know are skipped when decoding. */
+  uint64_t status_errors[FP4IDX_PROTO_MAX_STATUSES];
 } fp4idx_stats_t;
 
 /* One entry of "list" "seqs". */

@@ -17,6 +17,13 @@ target_compile_definitions(fp4idx_daemon_harness PRIVATE
   FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(fp4idx_daemon_harness fp4idxd)
 
+# Log lines: text / journal forms, detection, and the daemon under a
+# journal-like stderr.
+fp4idx_add_test(test_daemon_log SOURCES test_daemon_log.c
+  LIBS fp4idxd_core LABELS unit daemon)
+target_compile_definitions(test_daemon_log PRIVATE FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
+add_dependencies(test_daemon_log fp4idxd)
+
 foreach(t golden errors concurrency lifecycle memory list)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
@@ -30,4 +37,17 @@ endforeach()
 if(TARGET fp4idx_cuda)
   target_compile_definitions(test_daemon_lifecycle PRIVATE FP4IDX_TEST_HAVE_CUDA)
   target_compile_definitions(test_daemon_golden PRIVATE FP4IDX_TEST_HAVE_CUDA)
+endif()
+
+# Metrics: counters and gauges, the --metrics-listen scrape endpoint
+# (libmicrohttpd), and promtool's lint on what it serves.
+if(TARGET fp4idx_daemon_harness AND TARGET fp4idx_metrics_http)
+  fp4idx_add_test(test_daemon_metrics SOURCES test_daemon_metrics.c
+    LIBS fp4idx_metrics_http fp4idx_daemon_harness LABELS daemon)
+  set_tests_properties(test_daemon_metrics PROPERTIES TIMEOUT 120)
+endif()
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_promtool COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_promtool.sh
+                                      $<TARGET_FILE:fp4idxd> $<TARGET_FILE:fp4idx-cli>)
+  set_tests_properties(test_promtool PROPERTIES SKIP_RETURN_CODE 77 LABELS daemon TIMEOUT 120)
 endif()

@@ -31,6 +31,13 @@ if(TARGET fp4idxd)
   set_tests_properties(test_deb PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
 endif()
 
+# lintian on the three packages (errors and warnings fail).
+if(TARGET fp4idxd)
+  add_test(NAME test_lintian COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_lintian.sh
+                                     ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_lintian PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
+endif()
+
 # The real daemon as a service (restart, kill -9, socket activation, notify).
 if(TARGET fp4idx_daemon_harness)
   fp4idx_add_test(test_service_daemon SOURCES test_service_daemon.c

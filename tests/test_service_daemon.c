@@ -352,7 +352,8 @@ Test(service_daemon, save_without_data_dir_is_an_error) {
   fp4idx_response_t resp;
   unsigned char *body = NULL;
   cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
-  cr_assert_eq(resp.status, FP4IDX_ETYPE); /* as PROTOCOL.md says */
+  cr_assert_eq(resp.status, FP4IDX_EDISABLED); /* as PROTOCOL.md says */
+  cr_assert_str_eq(resp.error, "persistence is not enabled: start fp4idxd with --data-dir");
   fp4idx_response_clear(&resp);
   free(body);
   close(fd);

@@ -19,7 +19,7 @@ class Methods:
         return self._run(ops.stats())
 
     def save(self):
-        """Snapshot now (daemon with --data-dir; UnknownRequest otherwise)."""
+        """Snapshot now (daemon with --data-dir; NotEnabled otherwise)."""
         return self._run(ops.save())
 
     def append(self, seq, keys, rounding="rne"):
