@@ -11,7 +11,8 @@
  * NaN (never returned) and -0 (ties +0); a CUDA graph replayed on new
  * logits; argument errors. Every case runs through each path that can
  * take it (chunked; cluster on sm_90+, kernels/cuda/topk_cluster.cu), and
- * the request shapes of the benchmark must get the cluster path. GPU tests
+ * the automatic plan must follow its rule (cluster path for clusters of
+ * at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks). GPU tests
  * skip cleanly without a GPU.
  */
 #include <criterion/criterion.h>
@@ -379,9 +380,9 @@ static int device_is_sm90(void) {
          major >= 9;
 }
 
-/* The request shapes the cluster path is for (the benchmark's), through the
- * automatic plan: on sm_90+ it must choose the cluster path, and both paths
- * must agree with the host sort (direct runs each). Rows of odd widths
+/* The request shapes of the benchmark and the cluster path's edges: both
+ * paths must agree with the host sort (direct runs each), and on sm_90+ the
+ * automatic plan must pick the path its rule names. Rows of odd widths
  * start at logits that are not 16-byte aligned. */
 Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
   NEED_GPU();
@@ -405,12 +406,20 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
     char what[96];
     snprintf(what, sizeof what, "%d x %lld k=%d", cs[c].rows, (long long)cs[c].w, cs[c].k);
     if (device_is_sm90()) {
+      /* The automatic plan takes the cluster path exactly where that path
+       * fits in clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks. */
       fp4idx_cuda_topk_row_t *hr = calloc((size_t)cs[c].rows, sizeof *hr);
       cr_assert(hr);
       for (int32_t r = 0; r < cs[c].rows; r++) hr[r].width = w[r];
-      fp4idx_cuda_topk_plan_t p;
+      fp4idx_cuda_topk_plan_t p, pc;
+      const int crc = fp4idx_cuda_topk_plan_path(hr, cs[c].rows, cs[c].k,
+                                                 FP4IDX_CUDA_TOPK_CLUSTER, &pc);
+      cr_assert_eq(crc == FP4IDX_OK, cs[c].w <= 655360, "%s: cluster plan %d", what, crc);
       cr_assert_eq(fp4idx_cuda_topk_plan(hr, cs[c].rows, cs[c].k, &p), FP4IDX_OK);
-      cr_assert_eq(p.cluster > 0, cs[c].w <= 655360, "%s: automatic plan's path", what);
+      const int want = crc == FP4IDX_OK && pc.cluster <= FP4IDX_CUDA_TOPK_AUTO_CLUSTER;
+      cr_assert_eq(p.cluster > 0, want, "%s: automatic plan's path (cluster %d)", what,
+                   pc.cluster);
+      if (want) cr_assert_eq(p.cluster, pc.cluster, "%s: same cluster size", what);
       free(hr);
     }
     direct(what, cs[c].rows, w, x, cs[c].k);
@@ -439,7 +448,9 @@ Test(cuda_topk, plan_and_launch_errors) {
                                           FP4IDX_CUDA_TOPK_CLUSTER, &p), FP4IDX_ENODEV);
   cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 0, 5, FP4IDX_CUDA_TOPK_CLUSTER, &p), FP4IDX_ENODEV);
   const int crc = fp4idx_cuda_topk_plan_path(rows, 2, 5, FP4IDX_CUDA_TOPK_CLUSTER, &p);
-  cr_assert(crc == FP4IDX_ENODEV || (crc == FP4IDX_OK && p.cluster >= 1 && p.slice >= 20),
+  cr_assert(crc == FP4IDX_ENODEV ||
+                (crc == FP4IDX_OK && p.cluster >= 1 && p.slice >= 4 && p.slice % 4 == 0 &&
+                 p.slice * p.cluster >= 20),
             "cluster plan: %d", crc);
   cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, 5, FP4IDX_CUDA_TOPK_CHUNKED, &p), FP4IDX_OK);
   cr_assert_eq(p.cluster, 0);

@@ -96,16 +96,21 @@ int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t
 enum {
   FP4IDX_CUDA_TOPK_MAX = 1 << 20,     /* every k the protocol allows */
   FP4IDX_CUDA_TOPK_SMEM_K = 8192,     /* k above this: CUB segmented sort */
-  FP4IDX_CUDA_TOPK_CLUSTER_K = 4096   /* k up to this: the cluster path may run */
+  FP4IDX_CUDA_TOPK_CLUSTER_K = 4096,  /* k up to this: the cluster path may run */
+  FP4IDX_CUDA_TOPK_AUTO_CLUSTER = 2   /* largest cluster the automatic plan takes */
 };
 
 /* Which top-k path a plan uses. AUTO picks from the shape, once, in the
  * planner: the cluster path (topk_cluster.cu: one thread-block cluster per
  * row, the row in shared memory, one kernel) when the device is sm_90+,
- * k <= FP4IDX_CUDA_TOPK_CLUSTER_K and the widest row fits 16 blocks' shared
- * memory (655,360 positions); else the chunked path (topk.cu: histogram,
- * compaction and finish kernels over the whole GPU). Both give the same
- * pairs bit for bit; tests force each one. */
+ * k <= FP4IDX_CUDA_TOPK_CLUSTER_K and the batch has rows enough for
+ * clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks (about 2 blocks
+ * per SM; on the H200 clusters of 4 and 16 measured slower than the chunked
+ * path, clusters of 2 faster: bench/RESULTS.md); else the chunked path
+ * (topk.cu: histogram, compaction and finish kernels over the whole GPU).
+ * CLUSTER takes clusters of up to 16 blocks (rows up to 655,360
+ * positions). Both paths give the same pairs bit for bit; tests force each
+ * one. */
 typedef enum fp4idx_cuda_topk_path_e {
   FP4IDX_CUDA_TOPK_AUTO = 0,
   FP4IDX_CUDA_TOPK_CHUNKED = 1,
@@ -194,9 +199,10 @@ int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
 
 /* Internal (topk_cluster.cu): fills the cluster fields and ws_bytes of *p
  * (n_rows and k already set) for rows (host array), or returns
- * FP4IDX_ENODEV where the cluster path cannot run. */
+ * FP4IDX_ENODEV where the cluster path cannot run or would need clusters
+ * of more than max_cluster blocks. */
 int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
-                                   fp4idx_cuda_topk_plan_t *p);
+                                   int32_t max_cluster, fp4idx_cuda_topk_plan_t *p);
 
 /* Internal (topk_cluster.cu): enqueues a cluster-path plan (n_rows >= 1).
  * FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the device cannot

@@ -398,7 +398,8 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->n_rows = n_rows;
   p->k = k;
   if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
-    const int rc = fp4idx__cuda_topk_cluster_plan(rows, n_rows, k, p);
+    const int rc = fp4idx__cuda_topk_cluster_plan(
+        rows, n_rows, k, path == FP4IDX_CUDA_TOPK_AUTO ? FP4IDX_CUDA_TOPK_AUTO_CLUSTER : 16, p);
     if (rc == FP4IDX_OK) {
       for (int32_t i = 0; i < n_rows; i++) rows[i].chunk0 = 0;  // unused by the cluster path
       return FP4IDX_OK;

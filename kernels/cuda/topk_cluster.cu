@@ -334,7 +334,7 @@ int caps_of(int *max_cs, int *sms) {
 }  // namespace
 
 extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows,
-                                              int32_t n_rows, int32_t k,
+                                              int32_t n_rows, int32_t k, int32_t max_cluster,
                                               fp4idx_cuda_topk_plan_t *p) {
   int max_cs = 0, sms = 0;
   if (k > kMaxK || n_rows < 1 || !caps_of(&max_cs, &sms)) return FP4IDX_ENODEV;
@@ -347,7 +347,8 @@ extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows
   while (cs * 2 <= max_cs && (max_w + cs - 1) / cs > kSliceCap) cs *= 2;
   int64_t slice = (max_w + cs - 1) / cs;
   slice = slice < 4 ? 4 : (slice + 3) & ~(int64_t)3;  // 16-byte steps between blocks
-  if (slice > kSliceCap || (int64_t)n_rows * cs > INT_MAX) return FP4IDX_ENODEV;
+  if (slice > kSliceCap || cs > max_cluster || (int64_t)n_rows * cs > INT_MAX)
+    return FP4IDX_ENODEV;
   p->cluster = cs;
   p->slice = slice;
   p->cluster_smem = smem_bytes(slice, k);
