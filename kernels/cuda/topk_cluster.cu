@@ -18,6 +18,11 @@
  * order. Block 0 sorts the <= k candidates with a stable CUB block radix
  * sort (descending, only the key bits that differ) and writes the row.
  * No host synchronization: capturable in a CUDA graph.
+ *
+ * Measured on the H200 (bench/RESULTS.md, "Round 2"): bit-exact, faster
+ * than the chunked path with clusters of 2 blocks, slower with 4 and 16
+ * (a fixed per-cluster cost not yet explained), so the automatic plan uses
+ * it only up to FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks (topk.cu).
  */
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
