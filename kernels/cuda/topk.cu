@@ -324,27 +324,9 @@ __global__ void __launch_bounds__(kFT)
   }
   // Sort only the key bits that differ among the selected.
   uint32_t diff = all_or ^ all_and;
-  if (C > (uint32_t)k) {
-    __syncthreads();
-    if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
-    __syncthreads();
-    uint32_t kor = 0, kand = 0xFFFFFFFFu;
-    for (uint32_t i = tid; i < n_out; i += kFT) {
-      const uint32_t key = (uint32_t)(sel[i] >> 32);
-      kor |= key;
-      kand &= key;
-    }
-    if (kor) atomicOr(&s.kor, kor);
-    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
-    __syncthreads();
-    diff = s.kor ^ s.kand;
-  }
+  if (C > (uint32_t)k) diff = key_diff<kFT>(sel, n_out, &s.kor, &s.kand);
   if (n_out <= 1) diff = 0;
-  const int begin_bit = diff ? __ffs(diff) - 1 : 0, end_bit = diff ? 32 - __clz(diff) : 0;
-  if (n_out <= 1024) sort_write<kFT, 1>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else if (n_out <= 2048) sort_write<kFT, 2>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else if (n_out <= 4096) sort_write<kFT, 4>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else sort_write<kFT, 8>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
+  sort_write_n<kFT>(smem, sel, n_out, diff, row.logits, po, vo);
   for (int32_t i = (int32_t)n_out + tid; i < k; i += kFT) {
     po[i] = -1;
     vo[i] = -INFINITY;

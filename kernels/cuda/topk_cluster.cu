@@ -258,28 +258,10 @@ __global__ void __launch_bounds__(kT, 2)
   }
   if (q != 0) return;
 
-  // Sort only the key bits that differ among the candidates.
-  if (tid == 0) {
-    s.kor = 0;
-    s.kand = 0xFFFFFFFFu;
-  }
-  __syncthreads();
-  uint32_t kor = 0, kand = 0xFFFFFFFFu;
-  for (uint32_t i = tid; i < n_out; i += kT) {
-    const uint32_t key = (uint32_t)(cand[i] >> 32);
-    kor |= key;
-    kand &= key;
-  }
-  if (kor) atomicOr(&s.kor, kor);
-  if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
-  __syncthreads();
-  const uint32_t diff = n_out > 1 ? s.kor ^ s.kand : 0u;
-  const int begin_bit = diff ? __ffs(diff) - 1 : 0, end_bit = diff ? 32 - __clz(diff) : 0;
-  unsigned char *st = smem + kHead;  // the keys are dead: CUB's storage
-  if (n_out <= kT) sort_write<kT, 1>(st, cand, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else if (n_out <= 2 * kT) sort_write<kT, 2>(st, cand, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else if (n_out <= 4 * kT) sort_write<kT, 4>(st, cand, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else sort_write<kT, 8>(st, cand, n_out, begin_bit, end_bit, row.logits, po, vo);
+  // Sort only the key bits that differ among the candidates; the keys are
+  // dead, so their area holds CUB's storage.
+  const uint32_t diff = key_diff<kT>(cand, n_out, &s.kor, &s.kand);
+  sort_write_n<kT>(smem + kHead, cand, n_out, diff, row.logits, po, vo);
   if (tid == 0) count[r] = (int32_t)n_out;
 #endif
 }

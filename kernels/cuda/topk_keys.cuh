@@ -74,6 +74,42 @@ __device__ void sort_write(unsigned char *smem, const unsigned long long *sel, u
   }
 }
 
+// The key bits that differ among the n candidates c[] (OR ^ AND of their
+// keys; 0 for n <= 1), computed by the whole NT-thread block with *s_or and
+// *s_and as shared scratch. Every thread of the block must call it.
+template <int NT>
+__device__ uint32_t key_diff(const unsigned long long *c, uint32_t n, uint32_t *s_or,
+                             uint32_t *s_and) {
+  __syncthreads();  // the scratch may still be read by an earlier call
+  if (threadIdx.x == 0) {
+    *s_or = 0;
+    *s_and = 0xFFFFFFFFu;
+  }
+  __syncthreads();
+  uint32_t kor = 0, kand = 0xFFFFFFFFu;
+  for (uint32_t i = threadIdx.x; i < n; i += NT) {
+    const uint32_t key = (uint32_t)(c[i] >> 32);
+    kor |= key;
+    kand &= key;
+  }
+  if (kor) atomicOr(s_or, kor);
+  if (kand != 0xFFFFFFFFu) atomicAnd(s_and, kand);
+  __syncthreads();
+  return n > 1 ? *s_or ^ *s_and : 0u;
+}
+
+// sort_write of n_out <= 8 * NT candidates, sorting the bits set in diff,
+// with the fewest items per thread that hold them.
+template <int NT>
+__device__ void sort_write_n(unsigned char *smem, const unsigned long long *sel, uint32_t n_out,
+                             uint32_t diff, const float *logits, int32_t *pos, float *val) {
+  const int b = diff ? __ffs(diff) - 1 : 0, e = diff ? 32 - __clz(diff) : 0;
+  if (n_out <= NT) sort_write<NT, 1>(smem, sel, n_out, b, e, logits, pos, val);
+  else if (n_out <= 2 * NT) sort_write<NT, 2>(smem, sel, n_out, b, e, logits, pos, val);
+  else if (n_out <= 4 * NT) sort_write<NT, 4>(smem, sel, n_out, b, e, logits, pos, val);
+  else sort_write<NT, 8>(smem, sel, n_out, b, e, logits, pos, val);
+}
+
 }  // namespace fp4idx_topk
 
 #endif /* FP4IDX_TOPK_KEYS_CUH */
