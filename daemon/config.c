@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,20 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->threads = 0;
   cfg->log_level = FP4IDX_LOG_INFO;
   cfg->fsync_policy = FP4IDX_FSYNC_EVERYSEC;
+  cfg->socket_mode = 0660;
+  cfg->socket_gid = -1;
+}
+
+/* A group name or number -> gid; -1 when unknown. */
+static long fp4idx__config_group(const char *s) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (!errno && end != s && !*end && v >= 0 && v < INT32_MAX) return v;
+  struct group gr, *res = NULL;
+  char buf[4096];
+  if (getgrnam_r(s, &gr, buf, sizeof buf, &res) || !res) return -1;
+  return (long)res->gr_gid;
 }
 
 int fp4idx__config_parse_size(const char *s, uint64_t *out) {
@@ -79,6 +94,10 @@ static void fp4idx__config_usage(FILE *out) {
     "                         append log in DIR (default: none)\n"
     "      --fsync POLICY     append log flush: always|everysec|no\n"
     "                         (default everysec)\n"
+    "      --socket-mode MODE permissions of the socket file, octal (default\n"
+    "                         0660; the umask is not used)\n"
+    "      --socket-group GRP group of the socket file, a name or a number\n"
+    "                         (default: the daemon's)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -98,6 +117,8 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"log-level", required_argument, NULL, 'l'},
       {"data-dir", required_argument, NULL, 'D'},
       {"fsync", required_argument, NULL, 'F'},
+      {"socket-mode", required_argument, NULL, 'M'},
+      {"socket-group", required_argument, NULL, 'G'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -186,6 +207,22 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         cfg->fsync_policy = (int)pol;
         break;
       }
+      case 'M':
+        errno = 0;
+        v = strtol(optarg, &end, 8);
+        if (errno || end == optarg || *end || v < 0 || v > 0777) {
+          fprintf(err, "fp4idxd: --socket-mode: '%s' is not an octal mode in 0..0777\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->socket_mode = (int)v;
+        break;
+      case 'G':
+        cfg->socket_gid = *optarg ? fp4idx__config_group(optarg) : -1;
+        if (cfg->socket_gid < 0) {
+          fprintf(err, "fp4idxd: --socket-group: no group '%s'\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        break;
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -26,10 +26,13 @@ typedef struct fp4idx_config_s {
   fp4idx_log_level_t log_level;   /* --log-level */
   char data_dir[4096];            /* --data-dir; "" = no persistence */
   int fsync_policy;               /* --fsync: fp4idx_fsync_t (daemon/aof.h) */
+  int socket_mode;                /* --socket-mode, octal (default 0660) */
+  long socket_gid;                /* --socket-group, resolved; -1 = none */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,
- * cache 0 = default share, page size 64, max frame 64 MiB, threads 0, info). */
+ * cache 0 = default share, page size 64, max frame 64 MiB, threads 0, info,
+ * socket mode 0660, no socket group). */
 void fp4idx__config_defaults(fp4idx_config_t *cfg);
 
 /* Parses argv (getopt_long). Returns 0 to run, 1 when --help or --version was

@@ -108,6 +108,8 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->cache_ok = 1;
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
   d->server.data = d;
+  d->server.socket_mode = d->cfg.socket_mode;
+  d->server.socket_gid = d->cfg.socket_gid;
   d->server.submit = fp4idx__daemon_submit_req;
   d->server.error_frame = fp4idx__daemon_error_frame;
   d->server.conn_event = fp4idx__daemon_conn_event;

@@ -24,6 +24,9 @@ void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_fra
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
   srv->max_frame = max_frame;
+  srv->socket_mode = FP4IDX_SERVER_SOCKET_MODE;
+  srv->socket_gid = -1;
+  srv->spare_fd = -1;
 }
 
 void fp4idx__server_req_free(fp4idx_req_t *req) {
@@ -303,35 +306,15 @@ static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
   }
 }
 
-/* ---- accepting ---------------------------------------------------------- */
+/* ---- accepting (the listener side is in listener.c) --------------------- */
 
-static void fp4idx__server_reject_close_cb(uv_handle_t *h) { free(h); }
-
-static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
-  fp4idx_server_t *srv = l->data;
-  if (status < 0) {
-    fp4idx__log_warn("accept: %s", uv_strerror(status));
-    return;
-  }
-  if (srv->stopping || srv->n_conns >= FP4IDX_SERVER_MAX_CONNS) {
-    uv_pipe_t *p = malloc(sizeof *p);
-    if (!p || uv_pipe_init(srv->loop, p, 0)) {
-      free(p);
-      return;
-    }
-    if (uv_accept(l, (uv_stream_t *)p) == 0)
-      fp4idx__log_warn("refusing a connection: %s",
-                       srv->stopping ? "shutting down" : "too many connections");
-    uv_close((uv_handle_t *)p, fp4idx__server_reject_close_cb);
-    return;
-  }
+int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
   fp4idx_conn_t *c = calloc(1, sizeof *c);
   if (!c || !(c->scratch = malloc(FP4IDX_SERVER_SCRATCH)) ||
       uv_pipe_init(srv->loop, &c->pipe, 0)) {
-    fp4idx__log_error("out of memory for a connection");
     if (c) free(c->scratch);
     free(c);
-    return;
+    return FP4IDX_ENOMEM;
   }
   c->srv = srv;
   c->pipe.data = c;
@@ -344,123 +327,10 @@ static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
   if (srv->conn_event) srv->conn_event(srv, +1);
   if (uv_accept(l, (uv_stream_t *)&c->pipe)) {
     fp4idx__server_conn_close(c);
-    return;
+    return FP4IDX_OK; /* the peer left before we took it: nothing to report */
   }
   fp4idx__log_debug("connection %llu opened", (unsigned long long)c->id);
   fp4idx__server_update_reading(c);
-}
-
-/* mkdir -p of the folder holding `path`. */
-static int fp4idx__server_mkdirs(const char *path, mode_t mode) {
-  char dir[108];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return 0;
-  *slash = '\0';
-  for (char *p = dir + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(dir, mode) && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(dir, mode) && errno != EEXIST) return -1;
-  return 0;
-}
-
-/* 1 when a daemon accepts connections on `path`, 0 when nothing answers
- * (stale file removed, or no file). -1 when the path holds something else. */
-static int fp4idx__server_probe(const char *path) {
-  struct stat st;
-  if (lstat(path, &st) != 0) return 0;
-  if (!S_ISSOCK(st.st_mode)) return -1;
-  /* Non-blocking: a live daemon with a full backlog answers EAGAIN instead
-   * of stalling our start. */
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sun_family = AF_UNIX;
-  memcpy(sa.sun_path, path, strlen(path));
-  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-  int err = errno;
-  close(fd);
-  if (rc == 0) return 1;
-  if (err == ECONNREFUSED || err == ENOENT) {
-    fp4idx__log_info("removing stale socket %s", path);
-    unlink(path);
-    return 0;
-  }
-  return 1; /* e.g. EAGAIN: a live daemon with a full backlog */
-}
-
-static int fp4idx__server_listen_handle(fp4idx_server_t *srv, uv_pipe_t *p) {
-  p->data = srv;
-  int rc = uv_listen((uv_stream_t *)p, 128, fp4idx__server_connection_cb);
-  if (rc) {
-    fp4idx__log_error("listen: %s", uv_strerror(rc));
-    return FP4IDX_EIO;
-  }
-  srv->n_listeners++;
-  srv->listeners_open++;
-  return FP4IDX_OK;
-}
-
-int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
-  if (!srv || !path || !*path) return FP4IDX_EINVAL;
-  if (strlen(path) >= sizeof srv->path) return FP4IDX_E2BIG;
-  if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  if (fp4idx__server_mkdirs(path, geteuid() == 0 ? 0755 : 0700)) {
-    fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
-    return FP4IDX_EIO;
-  }
-  int probe = fp4idx__server_probe(path);
-  if (probe == 1) {
-    fp4idx__log_error("another daemon is answering on %s", path);
-    return FP4IDX_EEXIST;
-  }
-  if (probe < 0) {
-    fp4idx__log_error("%s exists and is not a socket", path);
-    return FP4IDX_EEXIST;
-  }
-  uv_pipe_t *p = &srv->listeners[srv->n_listeners];
-  int rc = uv_pipe_init(srv->loop, p, 0);
-  if (rc) return FP4IDX_EIO;
-  rc = uv_pipe_bind(p, path);
-  if (rc) {
-    fp4idx__log_error("bind %s: %s", path, uv_strerror(rc));
-    uv_close((uv_handle_t *)p, NULL);
-    return FP4IDX_EIO;
-  }
-  snprintf(srv->path, sizeof srv->path, "%s", path);
-  rc = fp4idx__server_listen_handle(srv, p);
-  if (rc) {
-    unlink(path);
-    srv->path[0] = '\0';
-    uv_close((uv_handle_t *)p, NULL);
-    return rc;
-  }
-  fp4idx__log_info("listening on %s", path);
-  return FP4IDX_OK;
-}
-
-int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd) {
-  if (!srv || fd < 0) return FP4IDX_EINVAL;
-  if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  uv_pipe_t *p = &srv->listeners[srv->n_listeners];
-  int rc = uv_pipe_init(srv->loop, p, 0);
-  if (rc) return FP4IDX_EIO;
-  rc = uv_pipe_open(p, fd);
-  if (rc) {
-    fp4idx__log_error("adopting socket fd %d: %s", fd, uv_strerror(rc));
-    uv_close((uv_handle_t *)p, NULL);
-    return FP4IDX_EIO;
-  }
-  rc = fp4idx__server_listen_handle(srv, p);
-  if (rc) {
-    uv_close((uv_handle_t *)p, NULL);
-    return rc;
-  }
-  fp4idx__log_info("listening on inherited socket fd %d", fd);
   return FP4IDX_OK;
 }
 
@@ -489,6 +359,8 @@ static void fp4idx__server_listener_close_cb(uv_handle_t *h) {
 void fp4idx__server_stop(fp4idx_server_t *srv) {
   if (srv->stopping) return;
   srv->stopping = 1;
+  if (srv->spare_fd >= 0) close(srv->spare_fd);
+  srv->spare_fd = -1;
   /* Unlink before close: from here on a new daemon may bind the path. */
   if (srv->path[0]) {
     unlink(srv->path);

@@ -29,6 +29,9 @@
 #define FP4IDX_SERVER_MAX_PENDING 32
 #define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
 #define FP4IDX_SERVER_SCRATCH 65536
+/* fds kept free below RLIMIT_NOFILE besides the connections (listener.c) */
+#define FP4IDX_LISTENER_RESERVE_FDS 32
+#define FP4IDX_SERVER_SOCKET_MODE 0660
 
 typedef struct fp4idx_server_s fp4idx_server_t;
 typedef struct fp4idx_conn_s fp4idx_conn_t;
@@ -79,6 +82,17 @@ struct fp4idx_server_s {
   uint64_t n_conns;
   uint64_t next_conn_id;
   int stopping;
+  /* the socket file (listener.c): set after init, before listening */
+  int socket_mode;             /* default FP4IDX_SERVER_SOCKET_MODE */
+  long socket_gid;             /* -1: the daemon's group */
+  /* fd budget and refusals (listener.c) */
+  int fds_planned;
+  uint64_t base_fds;           /* open when listening started */
+  int spare_fd;                /* released to drain the backlog at EMFILE */
+  double refused_log_us;       /* last refusal line (0: none yet) */
+  uint64_t refused_unlogged;   /* refusals since that line */
+  uv_pipe_t reject_pipe;       /* refuses a connection without malloc */
+  int reject_busy;
   /* Set by the daemon. submit: queue req (its done path must call
    * fp4idx__server_req_done). error_frame: encode an error response with
    * id 0 into a malloc'd frame. conn_event: +1 / -1 on open / close. */
@@ -93,16 +107,27 @@ struct fp4idx_server_s {
 /* Initializes an idle server on `loop` (no listener yet). */
 void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame);
 
-/* Binds and listens on `path`: creates the parent folder if missing (0700,
- * or 0755 as root), refuses with FP4IDX_EEXIST when another daemon answers
- * on it, removes a stale socket file. FP4IDX_EIO (bind/listen failed; a log
- * line says why), FP4IDX_E2BIG (path too long), FP4IDX_EINVAL. */
+/* Binds and listens on `path` (listener.c): creates the parent folder if
+ * missing (0700, or 0755 as root), refuses with FP4IDX_EEXIST when another
+ * daemon answers on it, removes a stale socket file; the file gets exactly
+ * srv->socket_mode and, when srv->socket_gid >= 0, that group. FP4IDX_EIO
+ * (bind/chown/chmod/listen failed; a log line says why), FP4IDX_E2BIG (path
+ * too long), FP4IDX_EINVAL. */
 int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path);
 
-/* Listens on an already bound (e.g. systemd-activated) socket fd. The fd is
- * owned by the server afterwards. FP4IDX_EIO, FP4IDX_E2BIG (too many). */
+/* Listens on an already bound (e.g. systemd-activated) socket fd (its mode
+ * is the unit's SocketMode=). The fd is owned by the server afterwards.
+ * FP4IDX_EIO, FP4IDX_E2BIG (too many). */
 int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd);
 
+/* The connection cap now: FP4IDX_SERVER_MAX_CONNS, or less when the current
+ * RLIMIT_NOFILE leaves less room (listener.c). */
+uint64_t fp4idx__listener_conn_cap(const fp4idx_server_t *srv);
+
+/* Accepts the pending connection of listener l as a new connection and
+ * starts reading it (listener.c calls it below the caps). FP4IDX_OK, or
+ * FP4IDX_ENOMEM with nothing accepted. */
+int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l);
 /* Stops accepting (closes the listeners, unlinks the socket file), stops
  * reading, lets every connection finish its in-flight requests and flush,
  * then closes it; srv->on_stopped runs once everything is closed. */

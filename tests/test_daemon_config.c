@@ -110,3 +110,21 @@ Test(config, default_socket_path) {
   cr_assert_str_eq(buf, "/run/fp4idx/fp4idxd.sock");
   cr_assert_eq(fp4idx__config_default_socket(buf, 8), FP4IDX_E2BIG);
 }
+
+Test(config, socket_mode_and_group) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.socket_mode, 0660);
+  cr_assert_eq(cfg.socket_gid, -1);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "0600", "--socket-group", "0", NULL}),
+               0);
+  cr_assert_eq(cfg.socket_mode, 0600);
+  cr_assert_eq(cfg.socket_gid, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-group", "root", NULL}), 0);
+  cr_assert_eq(cfg.socket_gid, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "0888", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "01777", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "rw", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-group", "no-such-group-fp4", NULL}),
+               FP4IDX_EINVAL);
+}
