@@ -26,6 +26,8 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->fsync_policy = FP4IDX_FSYNC_EVERYSEC;
   cfg->socket_mode = 0660;
   cfg->socket_gid = -1;
+  cfg->buffer_budget = 0;
+  cfg->buffer_timeout_s = 30;
 }
 
 /* A group name or number -> gid; -1 when unknown. */
@@ -98,6 +100,12 @@ static void fp4idx__config_usage(FILE *out) {
     "                         0660; the umask is not used)\n"
     "      --socket-group GRP group of the socket file, a name or a number\n"
     "                         (default: the daemon's)\n"
+    "      --buffer-budget SIZE  bytes all connections together may make the\n"
+    "                         daemon buffer (unsent replies, requests not yet\n"
+    "                         run); at the budget the connections holding the\n"
+    "                         most are not read (default: RAM/16, 64M..8G)\n"
+    "      --buffer-timeout S close a connection that holds its share of unsent\n"
+    "                         replies and reads nothing for S seconds (default 30)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -119,6 +127,8 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"fsync", required_argument, NULL, 'F'},
       {"socket-mode", required_argument, NULL, 'M'},
       {"socket-group", required_argument, NULL, 'G'},
+      {"buffer-budget", required_argument, NULL, 'B'},
+      {"buffer-timeout", required_argument, NULL, 'T'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -223,6 +233,24 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
           return FP4IDX_EINVAL;
         }
         break;
+      case 'B':
+        if (fp4idx__config_parse_size(optarg, &sz) || sz < (16u << 20)) {
+          fprintf(err, "fp4idxd: --buffer-budget: '%s' is not a size of at least 16M\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->buffer_budget = sz;
+        break;
+      case 'T': {
+        errno = 0;
+        double t = strtod(optarg, &end);
+        if (errno || end == optarg || *end || !(t >= 0.01 && t <= 86400)) {
+          fprintf(err, "fp4idxd: --buffer-timeout: '%s' is not a number of seconds in 0.01..86400\n",
+                  optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->buffer_timeout_s = t;
+        break;
+      }
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -6,7 +6,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "budget.h"
 #include "commands.h"
 #include "fp4idx_status.h"
 #include "log.h"
@@ -20,7 +22,15 @@ static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
   /* The body (and the views into it) are not needed any more. */
   free(req->body);
   req->body = NULL;
-  if (!req->resp) req->close_after = 1; /* could not even encode an error */
+  if (!req->resp) {
+    req->close_after = 1; /* could not even encode an error */
+    return;
+  }
+  /* The encoder's buffer grows by doubling: give back the slack, since the
+   * reply may wait a long time for a client that does not read, and the
+   * buffer budget counts resp_len. Shrinking keeps the block in place. */
+  uint8_t *fit = realloc(req->resp, req->resp_len);
+  if (fit) req->resp = fit;
 }
 
 static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
@@ -39,6 +49,11 @@ static int fp4idx__daemon_error_frame(fp4idx_server_t *srv, int status, const ch
                                       uint8_t **frame, size_t *len) {
   (void)srv;
   return fp4idx__cmd_error_frame(status, msg, frame, len);
+}
+
+static void fp4idx__daemon_pressure(fp4idx_server_t *srv, int on) {
+  fp4idx_daemon_t *d = srv->data;
+  fp4idx__worker_pause_bulk(&d->worker, on && !srv->stopping);
 }
 
 static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
@@ -110,9 +125,17 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server.data = d;
   d->server.socket_mode = d->cfg.socket_mode;
   d->server.socket_gid = d->cfg.socket_gid;
+  if (!d->cfg.buffer_budget) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    d->cfg.buffer_budget =
+        fp4idx__budget_default(pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0);
+  }
+  d->server.budget = d->cfg.buffer_budget;
+  d->server.buffer_timeout_us = d->cfg.buffer_timeout_s * 1e6;
   d->server.submit = fp4idx__daemon_submit_req;
   d->server.error_frame = fp4idx__daemon_error_frame;
   d->server.conn_event = fp4idx__daemon_conn_event;
+  d->server.pressure = fp4idx__daemon_pressure;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
@@ -179,9 +202,11 @@ int fp4idx__daemon_run(fp4idx_daemon_t *d) {
     fp4idx__log_error("cannot start the worker thread");
     return 1;
   }
-  fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu",
+  fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu, "
+                   "buffer budget %llu MiB",
                    FP4IDXD_VERSION_STRING, d->desc.name, d->cfg.page_size,
-                   (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame);
+                   (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame,
+                   (unsigned long long)(d->cfg.buffer_budget >> 20));
   if (d->hooks.ready) d->hooks.ready(d, d->hooks.arg);
   uv_run(&d->loop, UV_RUN_DEFAULT);
   return d->exit_code;

@@ -10,9 +10,14 @@
  *   leave in request order).
  *
  * Caps: a frame longer than max_frame gets an E2BIG reply and the connection
- * closes after it; a connection with more than FP4IDX_SERVER_MAX_PENDING
- * requests in flight or FP4IDX_SERVER_MAX_OUT_BYTES of unsent replies is not
- * read from until it drains (a slow reader only slows itself).
+ * closes after it; a connection with FP4IDX_SERVER_MAX_PENDING requests
+ * received and not answered, or holding its per-connection cap of buffered
+ * bytes, is not read from until it drains (a slow reader only slows itself).
+ * A parsed request goes to the worker only while its connection has fewer
+ * than FP4IDX_SERVER_MAX_INFLIGHT on it (one: the worker is one thread, so
+ * pipelining gains only the hand-off; and a client that does not read then
+ * has at most one reply coming that it will not read).
+ * Above all connections sits the global buffer budget (budget.c).
  */
 #ifndef FP4IDX_DAEMON_SERVER_H
 #define FP4IDX_DAEMON_SERVER_H
@@ -27,6 +32,7 @@
 #define FP4IDX_SERVER_MAX_LISTENERS 4
 #define FP4IDX_SERVER_MAX_CONNS 1024
 #define FP4IDX_SERVER_MAX_PENDING 32
+#define FP4IDX_SERVER_MAX_INFLIGHT 1
 #define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
 #define FP4IDX_SERVER_SCRATCH 65536
 /* fds kept free below RLIMIT_NOFILE besides the connections (listener.c) */
@@ -44,6 +50,7 @@ typedef struct fp4idx_req_s {
   size_t body_len;
   uint8_t *resp;            /* the whole response frame, 4-byte length first */
   size_t resp_len;
+  int dispatched;           /* handed to srv->submit */
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
   int write_started;
@@ -62,8 +69,16 @@ struct fp4idx_conn_s {
   size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
   /* requests in arrival order; head is the next response to write */
   fp4idx_req_t *head, *tail;
+  fp4idx_req_t *undispatched;  /* first request not yet submitted, or NULL */
   size_t pending;              /* requests in the list */
+  size_t inflight;             /* submitted, not done */
+  int bulk;                    /* the worker lane of the requests in flight */
   size_t out_bytes;            /* response bytes handed to uv_write, unsent */
+  /* buffered bytes counted against the budget (budget.c) */
+  size_t held_in;              /* partial frame + bodies not yet run */
+  size_t held_out;             /* replies done and not yet written out */
+  size_t fr_held;              /* the partial frame's share of held_in */
+  double progress_us;          /* last write completed (or first reply queued) */
   int reading;                 /* uv_read_start active */
   int eof;                     /* peer finished sending (or bad frame) */
   int closing;                 /* uv_close called */
@@ -93,6 +108,15 @@ struct fp4idx_server_s {
   uint64_t refused_unlogged;   /* refusals since that line */
   uv_pipe_t reject_pipe;       /* refuses a connection without malloc */
   int reject_busy;
+  /* the buffer budget (budget.c): set after init, before listening */
+  uint64_t budget;             /* bytes; 0 = FP4IDX_BUDGET_MIN */
+  double buffer_timeout_us;    /* close a full, unread connection after this */
+  uint64_t held;               /* bytes held over all connections */
+  int over_budget;             /* held reached budget (until below 7/8) */
+  fp4idx_conn_t *grant;        /* may finish its frame while over budget */
+  uv_timer_t reaper;           /* closes connections past the timeout */
+  int reaper_on;
+  uint64_t slow_closed;        /* connections closed by the timeout */
   /* Set by the daemon. submit: queue req (its done path must call
    * fp4idx__server_req_done). error_frame: encode an error response with
    * id 0 into a malloc'd frame. conn_event: +1 / -1 on open / close. */
@@ -100,6 +124,9 @@ struct fp4idx_server_s {
   int (*error_frame)(fp4idx_server_t *srv, int status, const char *msg,
                      uint8_t **frame, size_t *len);
   void (*conn_event)(fp4idx_server_t *srv, int delta);
+  /* pressure: 1 when the buffer budget is reached, 0 when it lifts (and at
+   * stop); the daemon holds the worker's bulk lane meanwhile. May be NULL. */
+  void (*pressure)(fp4idx_server_t *srv, int on);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
   void *data;                  /* the daemon's */
 };
@@ -123,6 +150,13 @@ int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd);
 /* The connection cap now: FP4IDX_SERVER_MAX_CONNS, or less when the current
  * RLIMIT_NOFILE leaves less room (listener.c). */
 uint64_t fp4idx__listener_conn_cap(const fp4idx_server_t *srv);
+
+/* Re-checks whether c may be read and its parsed requests dispatched (the
+ * budget calls it when pressure lifts). */
+void fp4idx__server_resume(fp4idx_conn_t *c);
+
+/* Closes c now, dropping unsent replies (the budget's timeout). */
+void fp4idx__server_drop(fp4idx_conn_t *c);
 
 /* Accepts the pending connection of listener l as a new connection and
  * starts reading it (listener.c calls it below the caps). FP4IDX_OK, or

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "config.h"
 #include "fp4idx_status.h"
 
@@ -127,4 +128,28 @@ Test(config, socket_mode_and_group) {
   cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "rw", NULL}), FP4IDX_EINVAL);
   cr_assert_eq(parse(&cfg, (const char *[]){"--socket-group", "no-such-group-fp4", NULL}),
                FP4IDX_EINVAL);
+}
+
+Test(config, buffer_budget_and_timeout) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.buffer_budget, 0, "0: sized from RAM at start");
+  cr_assert_float_eq(cfg.buffer_timeout_s, 30.0, 1e-9);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-budget", "256M", "--buffer-timeout", "2.5",
+                                            NULL}),
+               0);
+  cr_assert_eq(cfg.buffer_budget, 256ull << 20);
+  cr_assert_float_eq(cfg.buffer_timeout_s, 2.5, 1e-9);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-budget", "1M", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-budget", "lots", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "0", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "1e9", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "x", NULL}), FP4IDX_EINVAL);
+}
+
+Test(config, buffer_budget_default_follows_ram) {
+  cr_assert_eq(fp4idx__budget_default(0), 64ull << 20, "unknown RAM: the floor");
+  cr_assert_eq(fp4idx__budget_default(512ull << 20), 64ull << 20);
+  cr_assert_eq(fp4idx__budget_default(24ull << 30), 1536ull << 20);
+  cr_assert_eq(fp4idx__budget_default(1ull << 40), 8ull << 30, "the ceiling");
 }
