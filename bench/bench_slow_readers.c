@@ -13,7 +13,8 @@
  * table shows the median of the runs, [min..max] after it.
  *
  *   fp4idx-bench-slow-readers [-d FP4IDXD] [-c 0,8,128,1000] [-k KEYS]
- *       [-n INFOS] [-w WARMUP] [-R SECONDS] [-r RUNS] [-B BUDGET] [-t TIMEOUT]
+ *       [-n INFOS] [-w WARMUP] [-T SECONDS] [-R SECONDS] [-r RUNS] [-B BUDGET]
+ *       [-t TIMEOUT]
  *       [--old]
  *
  * -B/-t pass --buffer-budget/--buffer-timeout (default timeout 600 s, so the
@@ -54,7 +55,7 @@ typedef struct opts_s {
   int counts[MAX_COUNTS], n_counts;
   long keys;
   int infos, warmup, runs;
-  double ramp_s;
+  double secs, ramp_s;
   const char *budget, *timeout;
   int old;
 } opts_t;
@@ -235,7 +236,7 @@ static void *pump_main(void *arg) {
 /* ---- one run ----------------------------------------------------------------- */
 
 typedef struct result_s {
-  double rss_mib, p50_us, p99_us, max_us;
+  double rss_mib, calls, p50_us, p99_us, max_us;
 } result_t;
 
 static int cmp_double(const void *a, const void *b) {
@@ -275,6 +276,18 @@ static int run_once(const opts_t *o, int n_bad, result_t *res) {
     return -1;
   }
 
+  /* Warm-up infos before any bad connection. */
+  memset(&req, 0, sizeof req);
+  req.op = FP4IDX_OP_INFO;
+  for (int i = 0; i < o->warmup; i++) {
+    req.id = 10 + (uint64_t)i;
+    if (call(good, &req) != 0) {
+      close(good);
+      daemon_stop();
+      return -1;
+    }
+  }
+
   /* The read request, repeated, as the bad connections' byte stream. */
   memset(&req, 0, sizeof req);
   req.id = 2;
@@ -304,28 +317,30 @@ static int run_once(const opts_t *o, int n_bad, result_t *res) {
   pthread_create(&th, NULL, pump_main, &p);
 
   long peak = vm_rss_kib(g_pid);
-  double t_end = now_s() + o->ramp_s;
-  while (now_s() < t_end) {
-    long r = vm_rss_kib(g_pid);
-    if (r > peak) peak = r;
-    usleep(50000);
-  }
   memset(&req, 0, sizeof req);
   req.op = FP4IDX_OP_INFO;
-  double *lat = malloc((size_t)o->infos * sizeof *lat);
-  double last_sample = now_s();
+  size_t cap = 1 << 16, n_lat = 0;
+  double *lat = malloc(cap * sizeof *lat);
+  double last_sample = now_s(), t_stop = now_s() + o->secs;
   int ok = 1;
-  for (int i = 0; i < o->warmup + o->infos && ok; i++) {
-    req.id = 100 + (uint64_t)i;
+  for (int i = 0; ok && (i < o->infos || now_s() < t_stop); i++) {
+    req.id = 100000 + (uint64_t)i;
     double t0 = now_s();
     if (call(good, &req) != 0) ok = 0;
     double dt = now_s() - t0;
-    if (i >= o->warmup) lat[i - o->warmup] = dt * 1e6;
+    if (n_lat == cap) lat = realloc(lat, (cap *= 2) * sizeof *lat);
+    lat[n_lat++] = dt * 1e6;
     if (now_s() - last_sample > 0.05) {
       long r = vm_rss_kib(g_pid);
       if (r > peak) peak = r;
       last_sample = now_s();
     }
+  }
+  double t_end = now_s() + o->ramp_s;
+  while (now_s() < t_end) {
+    long r = vm_rss_kib(g_pid);
+    if (r > peak) peak = r;
+    usleep(50000);
   }
   long r = vm_rss_kib(g_pid);
   if (r > peak) peak = r;
@@ -342,11 +357,12 @@ static int run_once(const opts_t *o, int n_bad, result_t *res) {
     free(lat);
     return -1;
   }
-  qsort(lat, (size_t)o->infos, sizeof *lat, cmp_double);
+  qsort(lat, n_lat, sizeof *lat, cmp_double);
   res->rss_mib = (double)peak / 1024.0;
-  res->p50_us = lat[o->infos / 2];
-  res->p99_us = lat[(size_t)((double)o->infos * 0.99)];
-  res->max_us = lat[o->infos - 1];
+  res->calls = (double)n_lat;
+  res->p50_us = lat[n_lat / 2];
+  res->p99_us = lat[(size_t)((double)n_lat * 0.99)];
+  res->max_us = lat[n_lat - 1];
   free(lat);
   return 0;
 }
@@ -361,19 +377,20 @@ static void med3(double *v, int n, double *med, double *lo, double *hi) {
 static void usage(void) {
   fprintf(stderr,
           "usage: fp4idx-bench-slow-readers [-d FP4IDXD] [-c 0,8,128,1000] [-k KEYS]\n"
-          "       [-n INFOS] [-w WARMUP] [-R RAMP_S] [-r RUNS] [-B BUDGET] [-t TIMEOUT] [--old]\n");
+          "       [-n INFOS] [-w WARMUP] [-T INFO_S] [-R AFTER_S] [-r RUNS] [-B BUDGET]\n"
+          "       [-t TIMEOUT] [--old]\n");
 }
 
 int main(int argc, char **argv) {
   opts_t o = {.daemon = FP4IDXD_PATH, .keys = 16384, .infos = 2000, .warmup = 200,
-              .runs = 3, .ramp_s = 3.0};
+              .runs = 3, .secs = 5.0, .ramp_s = 3.0};
   int defaults[] = {0, 8, 128, 1000};
   memcpy(o.counts, defaults, sizeof defaults);
   o.n_counts = 4;
   static const struct option lo[] = {{"old", no_argument, NULL, 'O'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
-  for (int c; (c = getopt_long(argc, argv, "d:c:k:n:w:R:r:B:t:h", lo, NULL)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, "d:c:k:n:w:R:T:r:B:t:h", lo, NULL)) != -1;) {
     switch (c) {
       case 'd': o.daemon = optarg; break;
       case 'c': {
@@ -386,6 +403,7 @@ int main(int argc, char **argv) {
       case 'n': o.infos = atoi(optarg); break;
       case 'w': o.warmup = atoi(optarg); break;
       case 'R': o.ramp_s = atof(optarg); break;
+      case 'T': o.secs = atof(optarg); break;
       case 'r': o.runs = atoi(optarg); break;
       case 'B': o.budget = optarg; break;
       case 't': o.timeout = optarg; break;
@@ -407,33 +425,35 @@ int main(int argc, char **argv) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   signal(SIGPIPE, SIG_IGN);
-  printf("fp4idx-bench-slow-readers: %s, %ld keys per read reply (%.2f MB), %d info calls, "
-         "%.1f s ramp, median of %d runs\n",
-         o.daemon, o.keys, (double)o.keys * 68 / 1e6, o.infos, o.ramp_s, o.runs);
-  printf("%-9s %-24s %-24s %-24s %-24s\n", "bad", "peak VmRSS MiB", "info p50 us", "info p99 us",
-         "info max us");
+  printf("fp4idx-bench-slow-readers: %s, %ld keys per read reply (%.2f MB), info calls for "
+         "%.1f s (at least %d), then %.1f s more, median of %d runs\n",
+         o.daemon, o.keys, (double)o.keys * 68 / 1e6, o.secs, o.infos, o.ramp_s, o.runs);
+  printf("%-6s %-22s %-22s %-20s %-24s %-24s\n", "bad", "peak VmRSS MiB", "info calls",
+         "info p50 us", "info p99 us", "info max us");
   for (int ci = 0; ci < o.n_counts; ci++) {
-    double rss[MAX_RUNS], p50[MAX_RUNS], p99[MAX_RUNS], mx[MAX_RUNS];
+    double rss[MAX_RUNS], calls[MAX_RUNS], p50[MAX_RUNS], p99[MAX_RUNS], mx[MAX_RUNS];
     int n = 0;
     for (int r = 0; r < o.runs; r++) {
       result_t res;
       if (run_once(&o, o.counts[ci], &res) == 0) {
-        rss[n] = res.rss_mib, p50[n] = res.p50_us, p99[n] = res.p99_us, mx[n] = res.max_us;
+        rss[n] = res.rss_mib, calls[n] = res.calls, p50[n] = res.p50_us, p99[n] = res.p99_us;
+        mx[n] = res.max_us;
         n++;
       }
     }
     if (!n) {
-      printf("%-9d failed\n", o.counts[ci]);
+      printf("%-6d failed\n", o.counts[ci]);
       continue;
     }
     double m, a, b;
-    char cell[4][64];
-    double *cols[4] = {rss, p50, p99, mx};
-    for (int k = 0; k < 4; k++) {
+    char cell[5][64];
+    double *cols[5] = {rss, calls, p50, p99, mx};
+    for (int k = 0; k < 5; k++) {
       med3(cols[k], n, &m, &a, &b);
       snprintf(cell[k], sizeof cell[k], "%.0f [%.0f..%.0f]", m, a, b);
     }
-    printf("%-9d %-24s %-24s %-24s %-24s\n", o.counts[ci], cell[0], cell[1], cell[2], cell[3]);
+    printf("%-6d %-22s %-22s %-20s %-24s %-24s\n", o.counts[ci], cell[0], cell[1], cell[2],
+           cell[3], cell[4]);
     fflush(stdout);
   }
   return 0;

@@ -204,10 +204,10 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     fp4idx_req_t *r = c->undispatched;
     c->undispatched = r->next;
     r->dispatched = 1;
-    /* The bulk lane for a connection that leaves replies unread; all its
-     * requests in flight share one lane, so they run in its order
-     * (worker.h). */
-    if (!c->inflight) c->bulk = c->held_out > 0;
+    /* The bulk lane for a connection that pipelines (more requests wait
+     * behind this one) or leaves replies unread; all its requests in flight
+     * share one lane, so they run in its order (worker.h). */
+    if (!c->inflight) c->bulk = c->held_out > 0 || c->pending > 1;
     r->job.bulk = c->bulk;
     c->inflight++;
     c->srv->submit(c->srv, r);
@@ -269,7 +269,8 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c) {
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
   fp4idx__server_enqueue(c, r);
-  fp4idx__server_pump(c);
+  /* No pump here: the caller parses every frame the read brought first, so
+   * the lane choice sees whether more requests wait (pipelining). */
 }
 
 /* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */
@@ -301,6 +302,7 @@ static void fp4idx__server_parse(fp4idx_conn_t *c) {
     else fp4idx__server_track_frame(c);
   }
   if (c->in_len == 0 || c->eof || c->closing) c->in_off = c->in_len = 0;
+  fp4idx__server_pump(c);
 }
 
 static void fp4idx__server_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -341,6 +343,7 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     fp4idx__server_parse(c);
   } else if (fp4idx_frame_reader_commit(&c->fr, (size_t)nread) == 1) {
     fp4idx__server_take_frame(c);
+    fp4idx__server_pump(c);
   } else {
     fp4idx__server_track_frame(c);
   }

@@ -8,7 +8,7 @@
  * one and the bulk one (job->bulk): the worker takes the normal lane first,
  * and one bulk job after every FP4IDX_WORKER_BULK_EVERY normal ones while
  * both wait, so bulk work never starves. The server puts the requests of a
- * connection that leaves replies unread in the bulk lane (all
+ * connection that pipelines or leaves replies unread in the bulk lane (all
  * of a connection's requests in flight share one lane, so each connection's
  * requests still run in its order), so a client waiting for one reply is not
  * queued behind other clients' backlog. While the server is over its
