@@ -6,8 +6,8 @@
 #include "stats.h"
 
 uint64_t fp4idx__budget_default(uint64_t ram_bytes) {
-  const uint64_t lo = (uint64_t)64 << 20, hi = (uint64_t)8 << 30;
-  uint64_t b = ram_bytes / 16;
+  const uint64_t lo = (uint64_t)64 << 20, hi = (uint64_t)2 << 30;
+  uint64_t b = ram_bytes / 64;
   return b < lo ? lo : b > hi ? hi : b;
 }
 

@@ -1,7 +1,8 @@
 /* budget.h -- the global budget for what connections make the daemon buffer:
  * replies done and not yet written out, and requests read and not yet run
  * (a partial frame, parsed bodies). --buffer-budget sets it (default
- * fp4idx__budget_default: a 16th of RAM, 64 MiB .. 8 GiB).
+ * fp4idx__budget_default: a 64th of RAM, 64 MiB .. 2 GiB: what the
+ * daemon may have to build before it says no is work others wait behind).
  *
  * The policy, in the order it applies (server.c asks at each step):
  *   - per connection: reading stops while it holds its cap,
@@ -32,8 +33,8 @@
 #define FP4IDX_BUDGET_MIN ((uint64_t)16 << 20)
 #define FP4IDX_BUDGET_TIMEOUT_DEFAULT_S 30
 
-/* The default budget for a host with ram_bytes of memory: ram / 16, clamped
- * to 64 MiB .. 8 GiB (64 MiB when ram_bytes is 0, i.e. unknown). */
+/* The default budget for a host with ram_bytes of memory: ram / 64, clamped
+ * to 64 MiB .. 2 GiB (64 MiB when ram_bytes is 0, i.e. unknown). */
 uint64_t fp4idx__budget_default(uint64_t ram_bytes);
 
 /* The per-connection cap and the fair share of srv's budget. */

@@ -103,7 +103,7 @@ static void fp4idx__config_usage(FILE *out) {
     "      --buffer-budget SIZE  bytes all connections together may make the\n"
     "                         daemon buffer (unsent replies, requests not yet\n"
     "                         run); at the budget the connections holding the\n"
-    "                         most are not read (default: RAM/16, 64M..8G)\n"
+    "                         most are not read (default: RAM/64, 64M..2G)\n"
     "      --buffer-timeout S close a connection that holds its share of unsent\n"
     "                         replies and reads nothing for S seconds (default 30)\n"
     "  -h, --help             show this help and exit\n"

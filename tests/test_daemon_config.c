@@ -150,6 +150,6 @@ Test(config, buffer_budget_and_timeout) {
 Test(config, buffer_budget_default_follows_ram) {
   cr_assert_eq(fp4idx__budget_default(0), 64ull << 20, "unknown RAM: the floor");
   cr_assert_eq(fp4idx__budget_default(512ull << 20), 64ull << 20);
-  cr_assert_eq(fp4idx__budget_default(24ull << 30), 1536ull << 20);
-  cr_assert_eq(fp4idx__budget_default(1ull << 40), 8ull << 30, "the ceiling");
+  cr_assert_eq(fp4idx__budget_default(24ull << 30), 384ull << 20);
+  cr_assert_eq(fp4idx__budget_default(1ull << 40), 2ull << 30, "the ceiling");
 }
