@@ -96,6 +96,8 @@ static void fp4idx__config_usage(FILE *out) {
     "                         append log in DIR (default: none)\n"
     "      --fsync POLICY     append log flush: always|everysec|no\n"
     "                         (default everysec)\n"
+    "      --allow-data-loss  start even when the append log is shorter than it\n"
+    "                         is known to have been, or missing (default: refuse)\n"
     "      --socket-mode MODE permissions of the socket file, octal (default\n"
     "                         0660; the umask is not used)\n"
     "      --socket-group GRP group of the socket file, a name or a number\n"
@@ -129,6 +131,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"socket-group", required_argument, NULL, 'G'},
       {"buffer-budget", required_argument, NULL, 'B'},
       {"buffer-timeout", required_argument, NULL, 'T'},
+      {"allow-data-loss", no_argument, NULL, 'A'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -251,6 +254,9 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         cfg->buffer_timeout_s = t;
         break;
       }
+      case 'A':
+        cfg->allow_data_loss = 1;
+        break;
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -30,6 +30,7 @@ typedef struct fp4idx_config_s {
   long socket_gid;                /* --socket-group, resolved; -1 = none */
   uint64_t buffer_budget;         /* --buffer-budget bytes; 0 = from RAM */
   double buffer_timeout_s;        /* --buffer-timeout (default 30) */
+  int allow_data_loss;            /* --allow-data-loss: start on a short log */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,

@@ -9,6 +9,7 @@ add_library(fp4idx_persist STATIC
   ${_fp4idx_persist_dir}/crc32c.c
   ${_fp4idx_persist_dir}/snapshot.c
   ${_fp4idx_persist_dir}/aof.c
+  ${_fp4idx_persist_dir}/logmark.c
   ${_fp4idx_persist_dir}/export.c)
 target_include_directories(fp4idx_persist PUBLIC ${_fp4idx_persist_dir})
 target_link_libraries(fp4idx_persist PUBLIC fp4idx_protocol fp4idx_format Threads::Threads)

@@ -153,3 +153,12 @@ Test(config, buffer_budget_default_follows_ram) {
   cr_assert_eq(fp4idx__budget_default(24ull << 30), 384ull << 20);
   cr_assert_eq(fp4idx__budget_default(1ull << 40), 2ull << 30, "the ceiling");
 }
+
+Test(config, allow_data_loss) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.allow_data_loss, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--allow-data-loss", NULL}), 0);
+  cr_assert_eq(cfg.allow_data_loss, 1);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--allow-data-loss=yes", NULL}), FP4IDX_EINVAL);
+}
