@@ -46,14 +46,19 @@ static void idle_cb(fp4idx_worker_t *w) {
   if (c->n_done == NJOBS) fp4idx__worker_stop(w);
 }
 
+/* A fresh context: nothing run yet, both order flags true until broken. */
+static void ctx_reset(ctx_t *c) {
+  memset(c, 0, sizeof *c);
+  c->done_in_order = 1;
+  c->done_on_loop = 1;
+  c->loop_thread = pthread_self();
+}
+
 Test(worker, fifo_order_and_done_on_the_loop) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   static ctx_t c;
-  memset(&c, 0, sizeof c);
-  c.done_in_order = 1;
-  c.done_on_loop = 1;
-  c.loop_thread = pthread_self();
+  ctx_reset(&c);
   c.w.data = &c;
   c.w.on_idle = idle_cb;
   cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
@@ -81,10 +86,7 @@ Test(worker, stop_drains_the_queue) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   static ctx_t c;
-  memset(&c, 0, sizeof c);
-  c.done_in_order = 1;
-  c.done_on_loop = 1;
-  c.loop_thread = pthread_self();
+  ctx_reset(&c);
   cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
   for (int i = 0; i < 300; i++) {
     c.jobs[i].work = work_cb;
@@ -116,10 +118,7 @@ static void lanes_run(int pause_bulk, int *order, int *n) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   static ctx_t c;
-  memset(&c, 0, sizeof c);
-  c.done_in_order = 1;
-  c.done_on_loop = 1;
-  c.loop_thread = pthread_self();
+  ctx_reset(&c);
   atomic_store(&g_release, 0);
   atomic_store(&g_started, 0);
   cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
