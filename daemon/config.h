@@ -25,7 +25,7 @@ typedef struct fp4idx_config_s {
   int threads;                    /* --threads for the CPU backend (0 = cores) */
   fp4idx_log_level_t log_level;   /* --log-level */
   char data_dir[4096];            /* --data-dir; "" = no persistence */
-  int fsync_policy;               /* --fsync: fp4idx_fsync_t (daemon/aof.h) */
+  int fsync_policy;               /* --fsync: fp4idx_fsync_t (persist/aof.h) */
   int socket_mode;                /* --socket-mode, octal (default 0660) */
   long socket_gid;                /* --socket-group, resolved; -1 = none */
   uint64_t buffer_budget;         /* --buffer-budget bytes; 0 = from RAM */

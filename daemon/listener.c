@@ -32,6 +32,7 @@
 
 #include "fp4idx_status.h"
 #include "log.h"
+#include "mkdirs.h"
 #include "stats.h"
 
 /* ---- fd budget ---------------------------------------------------------- */
@@ -175,23 +176,6 @@ static void fp4idx__listener_connection_cb(uv_stream_t *l, int status) {
 
 /* ---- binding ------------------------------------------------------------ */
 
-/* mkdir -p of the folder holding `path`. */
-static int fp4idx__listener_mkdirs(const char *path, mode_t mode) {
-  char dir[108];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return 0;
-  *slash = '\0';
-  for (char *p = dir + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(dir, mode) && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(dir, mode) && errno != EEXIST) return -1;
-  return 0;
-}
-
 /* 1 when a daemon accepts connections on `path`, 0 when nothing answers
  * (stale file removed, or no file). -1 when the path holds something else. */
 static int fp4idx__listener_probe(const char *path) {
@@ -260,7 +244,7 @@ int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
   if (!srv || !path || !*path) return FP4IDX_EINVAL;
   if (strlen(path) >= sizeof srv->path) return FP4IDX_E2BIG;
   if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  if (fp4idx__listener_mkdirs(path, geteuid() == 0 ? 0755 : 0700)) {
+  if (fp4idx__mkdirs(path, geteuid() == 0 ? 0755 : 0700, 1)) {
     fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "budget.h"
+#include "commands.h"
 #include "fp4idx_status.h"
 #include "log.h"
 #include "stats.h"
@@ -189,6 +190,29 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
 
 /* ---- dispatch: parsed requests to the worker ---------------------------- */
 
+/* Worker thread: the request, from body to response frame. */
+static void fp4idx__server_req_work(fp4idx_job_t *job) {
+  fp4idx_req_t *req = job->data;
+  fp4idx__cmd_execute(req->conn->srv->data, req->body, req->body_len, req->t0_us, &req->resp,
+                      &req->resp_len);
+  /* The body (and the views into it) are not needed any more. */
+  free(req->body);
+  req->body = NULL;
+  if (!req->resp) {
+    req->close_after = 1; /* could not even encode an error */
+    return;
+  }
+  /* The encoder's buffer grows by doubling: give back the slack, since the
+   * reply may wait a long time for a client that does not read, and the
+   * buffer budget counts resp_len. Shrinking keeps the block in place. */
+  uint8_t *fit = realloc(req->resp, req->resp_len);
+  if (fit) req->resp = fit;
+}
+
+static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
+  fp4idx__server_req_done(job->data);
+}
+
 static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
   r->conn = c;
   r->next = NULL;
@@ -210,7 +234,7 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     if (!c->inflight) c->bulk = c->held_out > 0 || c->pending > 1;
     r->job.bulk = c->bulk;
     c->inflight++;
-    c->srv->submit(c->srv, r);
+    fp4idx__worker_submit(c->srv->worker, &r->job);
   }
 }
 
@@ -227,12 +251,11 @@ void fp4idx__server_resume(fp4idx_conn_t *c) {
 /* A frame that cannot be a request (too long, empty): reply with `status`
  * and close after the reply; read nothing more. */
 static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *msg) {
-  fp4idx_server_t *srv = c->srv;
   fp4idx__log_info("connection %llu: %s; closing after the error reply",
                    (unsigned long long)c->id, msg);
   c->eof = 1;
   fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (!r || !srv->error_frame || srv->error_frame(srv, status, msg, &r->resp, &r->resp_len)) {
+  if (!r || fp4idx__cmd_error_frame(status, msg, &r->resp, &r->resp_len)) {
     free(r);
     fp4idx__server_conn_close(c);
     return;
@@ -266,6 +289,8 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c) {
   fp4idx__budget_hold(c, (int64_t)r->body_len - (int64_t)c->fr_held, 0);
   c->fr_held = 0;
   fp4idx__budget_release_grant(c);
+  r->job.work = fp4idx__server_req_work;
+  r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
   fp4idx__server_enqueue(c, r);

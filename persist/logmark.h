@@ -26,19 +26,19 @@ enum { FP4IDX_LOGMARK_BYTES = 40, FP4IDX_LOGMARK_NONE = 1 };
 
 /* The mark's path for the log at log_path ("<log_path>.mark") into buf.
  * Returns FP4IDX_OK or FP4IDX_E2BIG (does not fit in cap). */
-int fp4idx_logmark_path(const char *log_path, char *buf, size_t cap);
+int fp4idx__logmark_path(const char *log_path, char *buf, size_t cap);
 
 /* Records that the log of generation gen had reached `bytes` on disk (the
  * caller synced the log first). Creates the file when missing (and syncs
  * its folder); then pwrite + fdatasync. Returns FP4IDX_OK, FP4IDX_EINVAL or
  * FP4IDX_EIO (message in err). */
-int fp4idx_logmark_write(const char *mark_path, uint64_t gen, uint64_t bytes, char *err,
+int fp4idx__logmark_write(const char *mark_path, uint64_t gen, uint64_t bytes, char *err,
                          size_t errlen);
 
 /* Reads the mark: FP4IDX_OK with *gen and *bytes; FP4IDX_LOGMARK_NONE when
  * there is no mark file; FP4IDX_ECORRUPT when it is not a valid mark (torn
  * or damaged: message in err, treat as absent); FP4IDX_EIO; FP4IDX_EINVAL. */
-int fp4idx_logmark_read(const char *mark_path, uint64_t *gen, uint64_t *bytes, char *err,
+int fp4idx__logmark_read(const char *mark_path, uint64_t *gen, uint64_t *bytes, char *err,
                         size_t errlen);
 
 #endif /* FP4IDX_LOGMARK_H */
