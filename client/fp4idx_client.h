@@ -171,8 +171,8 @@ fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c, fp4idx_client_info_t *out
  *   receive the position of the first new key and the new key count.
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (bad argument, n == 0); FP4IDX_E2BIG
  *   (the request exceeds the daemon's frame limit: send fewer keys per
- *   call); FP4IDX_ENONFINITE (NaN/inf in a key); FP4IDX_EFULL (pool full);
- *   connection errors. On any error nothing was stored. */
+ *   call); FP4IDX_ENONFINITE (NaN/inf in a key, or a packed scale byte 0
+ *   or 255); FP4IDX_EFULL (pool full); connection errors. On any error nothing was stored. */
 fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
                                      fp4idx_client_keys_t dtype,
                                      const void *keys, size_t n,
@@ -275,8 +275,8 @@ typedef struct fp4idx_client_result_s {
  * Returns: FP4IDX_OK with *out an array of nseqs results, in order, in one
  *   block (all arrays inside it) for fp4idx_client_free(); FP4IDX_EINVAL;
  *   FP4IDX_ENOSEQ (a sequence is unknown); FP4IDX_ERANGE (lens[r] above the
- *   key count or negative); FP4IDX_ESHAPE; FP4IDX_E2BIG; connection errors.
- *   On error *out = NULL. */
+ *   key count or negative); FP4IDX_ENONFINITE (NaN or inf in a q or w);
+ *   FP4IDX_ESHAPE; FP4IDX_E2BIG; connection errors. On error *out = NULL. */
 fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
                                     uint32_t topk,
                                     const fp4idx_client_seq_t *seqs,

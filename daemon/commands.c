@@ -86,6 +86,9 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
+  /* Packed keys: scale bytes 1..254 only (PROTOCOL.md, append). */
+  rc = fp4idx_append_keys_check(a, msg, FP4IDX_CMD_MSG);
+  if (rc) goto out;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
   int64_t old_len = s ? s->n_keys : 0;
   rc = fp4idx__cache_append(&d->cache, a->seq, n, &first, slots, &created);

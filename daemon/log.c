@@ -72,6 +72,31 @@ fp4idx_log_format_t fp4idx__log_set_format(fp4idx_log_format_t format) {
   return format;
 }
 
+size_t fp4idx__log_escape(char *out, size_t cap, const char *in, size_t len) {
+  static const char hex[] = "0123456789abcdef";
+  size_t o = 0;
+  if (cap == 0) return 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char ch = (unsigned char)in[i];
+    int plain = ch >= 0x20 && ch < 0x7f && ch != '\\';
+    size_t need = plain ? 1 : (ch == '\\' ? 2 : 4);
+    if (o + need > cap - 1) break; /* whole escapes only */
+    if (plain) {
+      out[o++] = (char)ch;
+    } else if (ch == '\\') {
+      out[o++] = '\\';
+      out[o++] = '\\';
+    } else {
+      out[o++] = '\\';
+      out[o++] = 'x';
+      out[o++] = hex[ch >> 4];
+      out[o++] = hex[ch & 15];
+    }
+  }
+  out[o] = '\0';
+  return o;
+}
+
 int fp4idx__log_enabled(fp4idx_log_level_t level) {
   return (int)level <= atomic_load(&fp4idx__log_level);
 }
@@ -97,15 +122,17 @@ void fp4idx__log(fp4idx_log_level_t level, const char *fmt, ...) {
   }
   if (n < 0) return;
   size_t head = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+  /* The message is formatted apart and copied in escaped: it may quote
+   * client bytes (an op name, a message), and a control byte (ESC, CR, a
+   * newline) must neither reach a terminal nor forge a line. */
+  char msg[768];
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(line + head, sizeof line - head - 1, fmt, ap);
+  int m = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  size_t len = head + (m < 0 ? 0 : (size_t)m);
-  if (len > sizeof line - 2) len = sizeof line - 2; /* truncated message */
-  for (size_t i = head; i < len; i++)
-    if (line[i] == '\n' || line[i] == '\r') line[i] = ' ';
-  line[len++] = '\n';
+  size_t mlen = m < 0 ? 0 : ((size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
+  size_t len = fp4idx__log_escape(line + head, sizeof line - head - 1, msg, mlen) + head;
+  line[len++] = '\n'; /* fits: the escape left one byte */
   /* One write per line: lines from different threads never interleave. */
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;

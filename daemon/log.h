@@ -15,6 +15,7 @@
 #define FP4IDX_DAEMON_LOG_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 typedef enum fp4idx_log_level_e {
   FP4IDX_LOG_ERROR = 0,
@@ -48,11 +49,18 @@ int fp4idx__log_stderr_is_journal(void);
  * JOURNAL). Default before any call: TEXT. */
 fp4idx_log_format_t fp4idx__log_set_format(fp4idx_log_format_t format);
 
+/* Copies len bytes of `in` into `out` (cap bytes, NUL-terminated), printable
+ * ASCII as is, a backslash as two, every other byte as \xNN; stops before an
+ * escape that would not fit. Returns the bytes written (without the NUL). */
+size_t fp4idx__log_escape(char *out, size_t cap, const char *in, size_t len);
+
 /* True when `level` would be written. */
 int fp4idx__log_enabled(fp4idx_log_level_t level);
 
-/* Writes one line (a trailing newline is added; embedded newlines are
- * replaced by spaces so one event stays one line). */
+/* Writes one line (a trailing newline is added). The message is escaped
+ * (fp4idx__log_escape): a control byte, a byte >= 0x7f or a backslash in it
+ * -- e.g. quoted from a client -- never reaches the log raw, so one event
+ * stays one line and a terminal reading the log sees no escape sequence. */
 void fp4idx__log(fp4idx_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -22,6 +22,7 @@
 #include "fp4idx_format.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "logmark.h"
 #include "mkdirs.h"
 #include "notify.h"
 #include "snapshot.h"
@@ -162,6 +163,55 @@ static int fp4idx__service_apply(void *ctx, const fp4idx_aof_record_t *r) {
   return rc;
 }
 
+/* Tail loss (logmark.h): after the replay, compares what is on disk with
+ * what the snapshot and the log's mark say existed. A shorter or missing log
+ * is refused with ECORRUPT naming what is missing, or, with
+ * --allow-data-loss, logged as an ERROR and accepted. */
+static int fp4idx__service_check_tail(fp4idx_service_t *svc, int have_snapshot, uint64_t gen,
+                                      const fp4idx_aof_replay_t *res) {
+  char mark_path[4300], err[4400] = "", what[9000] = "";
+  uint64_t mgen = 0, mbytes = 0;
+  if (fp4idx__logmark_path(svc->log_path, mark_path, sizeof mark_path)) return FP4IDX_OK;
+  int mrc = fp4idx__logmark_read(mark_path, &mgen, &mbytes, err, sizeof err);
+  if (mrc == FP4IDX_ECORRUPT || mrc == FP4IDX_EIO)
+    fp4idx__log_warn("%s; ignoring it (it can only tell of a loss, never cause one)", err);
+  int have_mark = mrc == FP4IDX_OK;
+  if (have_mark && mgen > gen)
+    snprintf(what, sizeof what,
+             "%s says append log generation %" PRIu64 " existed, but %s: the snapshot that "
+             "generation continued is missing",
+             mark_path, mgen,
+             have_snapshot ? "the snapshot continues an older generation" : "there is no snapshot");
+  else if (!res->exists && have_snapshot)
+    snprintf(what, sizeof what,
+             "the snapshot %s is continued by append log generation %" PRIu64
+             ", but the log %s is missing",
+             svc->snap_path, gen, svc->log_path);
+  else if (!res->exists && have_mark && mgen == gen && mbytes > FP4IDX_AOF_HEADER_BYTES)
+    snprintf(what, sizeof what,
+             "the append log %s is missing; it had reached %" PRIu64
+             " bytes (generation %" PRIu64 ") by its last checkpoint (%s)",
+             svc->log_path, mbytes, mgen, mark_path);
+  else if (res->exists && !res->stale && have_mark && mgen == res->gen &&
+           (uint64_t)res->valid_bytes < mbytes)
+    snprintf(what, sizeof what,
+             "the append log %s ends at byte %" PRId64 " (%" PRId64 " records replayed), but it "
+             "had reached byte %" PRIu64 " by its last checkpoint (%s): the last %" PRIu64
+             " bytes of acknowledged writes are missing",
+             svc->log_path, res->valid_bytes, res->records, mbytes, mark_path,
+             mbytes - (uint64_t)res->valid_bytes);
+  if (!what[0]) return FP4IDX_OK;
+  if (svc->d->cfg.allow_data_loss) {
+    fp4idx__log_error("DATA LOSS: %s", what);
+    fp4idx__log_error("starting anyway (--allow-data-loss): those writes are gone");
+    return FP4IDX_OK;
+  }
+  fp4idx__log_error("%s", what);
+  fp4idx__log_error("refusing to start (ECORRUPT): restore the missing data, or start with "
+                    "--allow-data-loss to accept the loss");
+  return FP4IDX_ECORRUPT;
+}
+
 int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
   fp4idx_service_t *svc = arg;
   char err[768] = "";
@@ -201,6 +251,7 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
   int64_t n = 0;
   fp4idx_snap_info_t info;
   uint64_t gen = 1;
+  int have_snapshot = 0;
   fp4idx_notify_status("loading %s", svc->snap_path);
   double t0 = fp4idx__service_now();
   rc = fp4idx__snapshot_load(svc->snap_path, d->cache.page_size, d->cache.n_pages,
@@ -227,6 +278,7 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
     }
     free(seqs);
     gen = info.log_gen;
+    have_snapshot = 1;
     fp4idx__log_info("snapshot loaded: %" PRId64 " sequences, %" PRId64 " keys, %.1f MB "
                      "in %.3f s (%.2f GB/s)",
                      info.n_seqs, info.n_keys, (double)info.file_bytes / 1e6, dt,
@@ -245,6 +297,11 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
     return rc;
   }
   if (res.warning[0]) fp4idx__log_warn("%s", res.warning);
+  rc = fp4idx__service_check_tail(svc, have_snapshot, gen, &res);
+  if (rc) {
+    fp4idx__cache_clear(&d->cache);
+    return rc;
+  }
   if (res.stale)
     fp4idx__log_info("append log generation %" PRIu64 " is already in the snapshot "
                      "(generation %" PRIu64 "): starting a fresh log",

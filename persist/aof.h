@@ -31,8 +31,16 @@
  * cut; a process crash loses nothing since the data is in the kernel), no
  * (the kernel decides).
  *
+ * Checkpoints (logmark.h, "<log>.mark"): after an fdatasync covered the log
+ * up to some length -- the everysec thread's, every record's under always
+ * (a mark once a second at most), at open, rewrite, sync and close -- that
+ * length and the generation are written to the mark, so a start can tell a
+ * log that lost acknowledged records (cut, even at a record boundary, or
+ * deleted) from one that never had them. Under `no` the mark moves only at
+ * open, rewrite, sync and close.
+ *
  * Threading: one thread writes (the daemon's worker); the everysec thread
- * only calls fdatasync.
+ * only calls fdatasync and writes the mark.
  */
 #ifndef FP4IDX_AOF_H
 #define FP4IDX_AOF_H

@@ -409,12 +409,22 @@ int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
 void fp4idx_request_clear(fp4idx_request_t *req);
 
 /* Checks a decoded score entry against its sequence's key count `nkeys`
- * (daemon side, under the sequence lock): every lens[r] in 0..nkeys
- * (FP4IDX_ERANGE otherwise), and the mask width equals W (FP4IDX_ESHAPE).
- * Sets *width to W = max(lens), or nkeys without lens (W of the logits
- * [R,W]). Returns 0, ERANGE, ESHAPE or EINVAL (NULL arguments). */
+ * (daemon side, under the sequence lock): every value of q and w finite
+ * (FP4IDX_ENONFINITE for a NaN or +-inf; the message names the first), every
+ * lens[r] in 0..nkeys (FP4IDX_ERANGE otherwise), and the mask width equals W
+ * (FP4IDX_ESHAPE). Sets *width to W = max(lens), or nkeys without lens (W of
+ * the logits [R,W]). Returns 0, ENONFINITE, ERANGE, ESHAPE or EINVAL (NULL
+ * arguments). */
 int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                            uint64_t *width, char *msg, size_t msgcap);
+
+/* Checks the keys of a decoded append (daemon side, before anything is
+ * stored): packed u8 keys must have every scale byte in 1..254, the range
+ * the quantizer produces and where UE8M0 decoders agree (255 is NaN, 0 is
+ * 2^-127 in torch and 0 in kernels/fp4idx_format.h). Returns 0 (also for
+ * bf16/f32 keys, which the quantizer checks), FP4IDX_ENONFINITE with the
+ * first bad key and byte in msg, or FP4IDX_EINVAL (NULL). */
+int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t msgcap);
 
 /* Appends one request frame (header + body) to `sb` (anything already in sb
  * is kept, so pipelined requests can be batched). Validates like the decoder

@@ -27,7 +27,7 @@ extern "C" {
   X(ESHAPE, -6, "tensor shape or dtype does not match")                        \
   X(ENOSEQ, -7, "unknown sequence")                                            \
   X(ERANGE, -8, "position or visible count out of range")                      \
-  X(ENONFINITE, -9, "non-finite value (NaN or inf) in a key")                  \
+  X(ENONFINITE, -9, "non-finite value (NaN or inf) in a key, q or w")          \
   X(EFULL, -10, "page pool is full")                                           \
   X(ENOMEM, -11, "out of host memory")                                         \
   X(ENODEV, -12, "no such device or backend not available")                    \

@@ -24,7 +24,7 @@ fp4idx_add_test(test_daemon_log SOURCES test_daemon_log.c
 target_compile_definitions(test_daemon_log PRIVATE FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(test_daemon_log fp4idxd)
 
-foreach(t golden errors concurrency lifecycle memory list)
+foreach(t golden errors concurrency lifecycle memory list exposure budget nonfinite)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
     LABELS daemon)
@@ -51,3 +51,17 @@ if(TARGET fp4idxd AND TARGET fp4idx-cli)
                                       $<TARGET_FILE:fp4idxd> $<TARGET_FILE:fp4idx-cli>)
   set_tests_properties(test_promtool PROPERTIES SKIP_RETURN_CODE 77 LABELS daemon TIMEOUT 120)
 endif()
+# Power loss: the daemon under an LD_PRELOAD layer that drops unsynced writes
+# at a random moment (tests/powercut/powercut_preload.c). The layer is built
+# without the sanitizer flags of an ASan build: it runs inside the daemon
+# ahead of the sanitizer runtime.
+add_library(fp4idx_powercut MODULE ${CMAKE_CURRENT_SOURCE_DIR}/powercut/powercut_preload.c)
+set_target_properties(fp4idx_powercut PROPERTIES LINK_OPTIONS ""
+  COMPILE_OPTIONS "-Wall;-Wextra;-Wshadow;$<$<BOOL:${FP4IDX_WERROR}>:-Werror>")
+target_link_libraries(fp4idx_powercut PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)
+fp4idx_add_test(test_daemon_powercut SOURCES test_daemon_powercut.c
+  LIBS fp4idx_daemon_harness Threads::Threads LABELS daemon)
+target_compile_definitions(test_daemon_powercut PRIVATE
+  FP4IDX_POWERCUT_SO="$<TARGET_FILE:fp4idx_powercut>")
+add_dependencies(test_daemon_powercut fp4idx_powercut)
+set_tests_properties(test_daemon_powercut PROPERTIES TIMEOUT 600)

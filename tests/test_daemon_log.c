@@ -62,7 +62,7 @@ Test(log, text_form_on_a_plain_file) {
   cr_assert_eq(regcomp(&re,
                        "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
                        "fp4idxd\\[[0-9]+\\] ERROR boom 7\n"
-                       "[0-9T:.Z-]+ fp4idxd\\[[0-9]+\\] INFO  two lines\n$",
+                       "[0-9T:.Z-]+ fp4idxd\\[[0-9]+\\] INFO  two\\\\x0alines\n$",
                        REG_EXTENDED),
                0);
   cr_assert_eq(regexec(&re, s, 0, NULL, 0), 0, "text lines: [%s]", s);

@@ -166,6 +166,20 @@ int fp4idx_test_daemon_stop(fp4idx_test_daemon_t *d) {
   return code;
 }
 
+long fp4idx_test_proc_kib(pid_t pid, const char *field) {
+  char path[64], line[256];
+  long kib = -1;
+  size_t len = strlen(field);
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, field, len) && line[len] == ':' && sscanf(line + len + 1, "%ld", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}
+
 void fp4idx_test_daemon_dump_log(const fp4idx_test_daemon_t *d) {
   FILE *f = fopen(d->log, "r");
   if (!f) return;

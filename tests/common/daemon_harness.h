@@ -56,6 +56,10 @@ int fp4idx_test_daemon_alive(fp4idx_test_daemon_t *d);
  * code as fp4idx_test_daemon_wait does. */
 int fp4idx_test_daemon_stop(fp4idx_test_daemon_t *d);
 
+/* A "NAME: N kB" field of /proc/PID/status (e.g. "VmRSS", "VmData") in
+ * KiB, or -1. */
+long fp4idx_test_proc_kib(pid_t pid, const char *field);
+
 /* Prints the daemon log to stderr (for failing tests). */
 void fp4idx_test_daemon_dump_log(const fp4idx_test_daemon_t *d);
 

@@ -71,8 +71,8 @@ class OutOfRange(Error):
 
 
 class NonFinite(Error):
-    """ENONFINITE (-9): non-finite value (NaN or inf) in a key."""
-    code, name, text = -9, "ENONFINITE", "non-finite value (NaN or inf) in a key"
+    """ENONFINITE (-9): non-finite value (NaN or inf) in a key, q or w."""
+    code, name, text = -9, "ENONFINITE", "non-finite value (NaN or inf) in a key, q or w"
 
 
 class PoolFull(Error):
