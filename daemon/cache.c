@@ -74,9 +74,10 @@ int fp4idx__cache_init(fp4idx_cache_t *c, int64_t n_pages, int32_t page_size) {
   c->n_pages = n_pages;
   c->free_stack = FP4IDX_CACHE_MALLOC((size_t)n_pages * sizeof *c->free_stack);
   c->free_pos = FP4IDX_CACHE_MALLOC((size_t)n_pages * sizeof *c->free_pos);
+  c->refs = FP4IDX_CACHE_CALLOC((size_t)n_pages, sizeof *c->refs);
   c->table_cap = 64;
   c->table = FP4IDX_CACHE_CALLOC(c->table_cap, sizeof *c->table);
-  if (!c->free_stack || !c->free_pos || !c->table) goto err;
+  if (!c->free_stack || !c->free_pos || !c->refs || !c->table) goto err;
   /* Top of the stack is page 0, so a fresh pool hands out 0, 1, 2, ... */
   for (int64_t i = 0; i < n_pages; i++) {
     c->free_stack[i] = (int32_t)(n_pages - 1 - i);
@@ -101,7 +102,16 @@ void fp4idx__cache_destroy(fp4idx_cache_t *c) {
   free(c->table);
   free(c->free_stack);
   free(c->free_pos);
+  free(c->refs);
   memset(c, 0, sizeof *c);
+}
+
+void fp4idx__cache_set_copy(fp4idx_cache_t *c,
+                            int (*copy_page)(void *ctx, int32_t from, int32_t to),
+                            void *ctx) {
+  if (!c) return;
+  c->copy_page = copy_page;
+  c->copy_ctx = ctx;
 }
 
 const fp4idx_cache_seq_t *fp4idx__cache_find(const fp4idx_cache_t *c, uint64_t id) {
@@ -109,15 +119,29 @@ const fp4idx_cache_seq_t *fp4idx__cache_find(const fp4idx_cache_t *c, uint64_t i
   return c->table[fp4idx__cache_probe(c, id)];
 }
 
+/* Takes the top free page; its one owner is the caller. */
 static int32_t fp4idx__cache_page_pop(fp4idx_cache_t *c) {
   int32_t p = c->free_stack[--c->n_free];
   c->free_pos[p] = -1;
+  c->refs[p] = 1;
   return p;
 }
 
 static void fp4idx__cache_page_push(fp4idx_cache_t *c, int32_t p) {
   c->free_pos[p] = c->n_free;
   c->free_stack[c->n_free++] = p;
+}
+
+/* One more owner of an used page. */
+static void fp4idx__cache_page_ref(fp4idx_cache_t *c, int32_t p) {
+  c->n_shared += c->refs[p]++ == 1;
+}
+
+/* One owner lets go of page p: freed when it was the last. */
+static void fp4idx__cache_page_release(fp4idx_cache_t *c, int32_t p) {
+  uint32_t left = --c->refs[p];
+  if (left == 1) c->n_shared--;
+  else if (left == 0) fp4idx__cache_page_push(c, p);
 }
 
 static int64_t fp4idx__cache_pages_for(const fp4idx_cache_t *c, int64_t keys) {
@@ -173,13 +197,18 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
                          int64_t *first, int64_t *slots, int *created) {
   if (!c || !c->table || n < 1 || !first || !created) return FP4IDX_EINVAL;
   *created = 0;
+  c->cow_valid = 0;
   const fp4idx_cache_seq_t *known = fp4idx__cache_find(c, id);
   int64_t have = known ? known->n_keys : 0;
   if (n > FP4IDX_CACHE_MAX_KEYS - have) return FP4IDX_ERANGE;
   int64_t need = fp4idx__cache_pages_for(c, have + n);
   int64_t old_pages = known ? known->n_pages : 0;
+  /* A partly filled last page that others hold too is copied before the
+   * first new key lands in it: they keep seeing their own bytes. */
+  int cow = known && have % c->page_size != 0 && c->refs[known->pages[old_pages - 1]] > 1;
   /* Check the pool before touching anything: EFULL changes nothing. */
-  if (need - old_pages > c->n_free) return FP4IDX_EFULL;
+  if (need - old_pages + cow > c->n_free) return FP4IDX_EFULL;
+  if (cow && !c->copy_page) return FP4IDX_EINVAL;
   fp4idx_cache_seq_t *s;
   int rc = fp4idx__cache_get_or_create(c, id, &s, created);
   if (rc) return rc;
@@ -188,6 +217,21 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
     if (*created) fp4idx__cache_table_remove(c, fp4idx__cache_probe(c, id)), free(s);
     *created = 0;
     return rc;
+  }
+  if (cow) {
+    int32_t old = s->pages[old_pages - 1], fresh = fp4idx__cache_page_pop(c);
+    rc = c->copy_page(c->copy_ctx, old, fresh);
+    if (rc) {
+      fp4idx__cache_page_release(c, fresh); /* back on top: the stack is as it was */
+      return rc;
+    }
+    s->pages[old_pages - 1] = fresh;
+    fp4idx__cache_page_release(c, old);
+    c->cow_valid = 1;
+    c->cow_seq = id;
+    c->cow_index = old_pages - 1;
+    c->cow_old = old;
+    c->cow_new = fresh;
   }
   for (int64_t p = old_pages; p < need; p++) s->pages[p] = fp4idx__cache_page_pop(c);
   s->n_pages = need;
@@ -200,9 +244,9 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
 
 static void fp4idx__cache_shrink(fp4idx_cache_t *c, fp4idx_cache_seq_t *s, int64_t len) {
   int64_t keep = fp4idx__cache_pages_for(c, len);
-  /* Free in reverse so the page freed last (the sequence's first freed page)
-   * is the next one handed out; order is not a contract. */
-  for (int64_t p = s->n_pages - 1; p >= keep; p--) fp4idx__cache_page_push(c, s->pages[p]);
+  /* Let go in reverse so the page freed last (the sequence's first freed
+   * page) is the next one handed out; order is not a contract. */
+  for (int64_t p = s->n_pages - 1; p >= keep; p--) fp4idx__cache_page_release(c, s->pages[p]);
   s->n_pages = keep;
   c->n_keys -= s->n_keys - len;
   s->n_keys = len;
@@ -214,6 +258,7 @@ int fp4idx__cache_truncate(fp4idx_cache_t *c, uint64_t id, int64_t len) {
   if (!s) return FP4IDX_ENOSEQ;
   if (len < 0 || len > s->n_keys) return FP4IDX_ERANGE;
   fp4idx__cache_shrink(c, s, len);
+  c->cow_valid = 0;
   return FP4IDX_OK;
 }
 
@@ -225,15 +270,60 @@ int fp4idx__cache_drop(fp4idx_cache_t *c, uint64_t id) {
   fp4idx__cache_shrink(c, s, 0);
   fp4idx__cache_table_remove(c, i);
   fp4idx__cache_seq_free(s);
+  c->cow_valid = 0;
   return FP4IDX_OK;
 }
 
 void fp4idx__cache_append_undo(fp4idx_cache_t *c, uint64_t id, int64_t old_len,
                                int created) {
-  if (created)
+  if (!c || !c->table) return;
+  int cow = c->cow_valid && c->cow_seq == id; /* (truncate forgets it) */
+  if (created) {
     (void)fp4idx__cache_drop(c, id);
-  else
-    (void)fp4idx__cache_truncate(c, id, old_len);
+  } else if (fp4idx__cache_truncate(c, id, old_len) == FP4IDX_OK && cow) {
+    /* The copy is the sequence's last page again (old_len ends inside it). */
+    fp4idx_cache_seq_t *s = c->table[fp4idx__cache_probe(c, id)];
+    if (c->cow_index == s->n_pages - 1 && s->pages[c->cow_index] == c->cow_new) {
+      fp4idx__cache_page_ref(c, c->cow_old);
+      s->pages[c->cow_index] = c->cow_old;
+      fp4idx__cache_page_release(c, c->cow_new);
+    }
+  }
+  c->cow_valid = 0;
+}
+
+int fp4idx__cache_fork(fp4idx_cache_t *c, uint64_t src, uint64_t dst, int64_t length) {
+  if (!c || !c->table) return FP4IDX_EINVAL;
+  const fp4idx_cache_seq_t *from = fp4idx__cache_find(c, src);
+  if (!from) return FP4IDX_ENOSEQ;
+  if (length < 0 || length > from->n_keys) return FP4IDX_ERANGE;
+  if (fp4idx__cache_find(c, dst)) return FP4IDX_EEXIST;
+  int64_t np = fp4idx__cache_pages_for(c, length);
+  fp4idx_cache_seq_t *s;
+  int created;
+  /* (Sequences are allocated one by one: a table growth leaves `from` valid.) */
+  int rc = fp4idx__cache_get_or_create(c, dst, &s, &created);
+  if (rc) return rc;
+  rc = fp4idx__cache_reserve_pages(s, np);
+  if (rc) {
+    fp4idx__cache_table_remove(c, fp4idx__cache_probe(c, dst));
+    free(s);
+    return rc;
+  }
+  if (np) memcpy(s->pages, from->pages, (size_t)np * sizeof *s->pages);
+  for (int64_t i = 0; i < np; i++) fp4idx__cache_page_ref(c, s->pages[i]);
+  s->n_pages = np;
+  s->n_keys = length;
+  c->n_keys += length;
+  c->cow_valid = 0;
+  return FP4IDX_OK;
+}
+
+int64_t fp4idx__cache_seq_shared(const fp4idx_cache_t *c, const fp4idx_cache_seq_t *s) {
+  int64_t n = 0;
+  if (!c || !s) return 0;
+  for (int64_t i = 0; i < s->n_pages; i++) n += c->refs[s->pages[i]] > 1;
+  return n;
 }
 
 int fp4idx__cache_foreach(const fp4idx_cache_t *c,
@@ -255,8 +345,7 @@ int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
     return FP4IDX_EINVAL;
   if (fp4idx__cache_find(c, id)) return FP4IDX_EEXIST;
   for (int64_t i = 0; i < n_pages; i++) {
-    if (pages[i] < 0 || pages[i] >= c->n_pages || c->free_pos[pages[i]] < 0)
-      return FP4IDX_EINVAL;
+    if (pages[i] < 0 || pages[i] >= c->n_pages) return FP4IDX_EINVAL;
     for (int64_t j = 0; j < i; j++)
       if (pages[j] == pages[i]) return FP4IDX_EINVAL; /* O(n^2), restore only */
   }
@@ -271,15 +360,20 @@ int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
     return rc;
   }
   for (int64_t i = 0; i < n_pages; i++) {
-    /* Swap-remove the page from the free stack. */
     int32_t p = pages[i];
+    s->pages[i] = p;
+    if (c->refs[p]) { /* held by a sequence adopted before: shared */
+      fp4idx__cache_page_ref(c, p);
+      continue;
+    }
+    /* Swap-remove the page from the free stack. */
     int64_t at = c->free_pos[p];
     int32_t top = c->free_stack[c->n_free - 1];
     c->free_stack[at] = top;
     c->free_pos[top] = at;
     c->n_free--;
     c->free_pos[p] = -1;
-    s->pages[i] = p;
+    c->refs[p] = 1;
   }
   s->n_pages = n_pages;
   s->n_keys = n_keys;
@@ -292,10 +386,11 @@ void fp4idx__cache_clear(fp4idx_cache_t *c) {
   for (uint64_t i = 0; i < c->table_cap; i++) {
     fp4idx_cache_seq_t *s = c->table[i];
     if (!s) continue;
-    for (int64_t p = s->n_pages - 1; p >= 0; p--) fp4idx__cache_page_push(c, s->pages[p]);
+    for (int64_t p = s->n_pages - 1; p >= 0; p--) fp4idx__cache_page_release(c, s->pages[p]);
     fp4idx__cache_seq_free(s);
     c->table[i] = NULL;
   }
   c->n_seqs = 0;
   c->n_keys = 0;
+  c->cow_valid = 0;
 }

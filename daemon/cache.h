@@ -6,6 +6,15 @@
  * position order, key count}. Position l of a sequence is at slot
  * pages[l / P] * P + l % P.
  *
+ * Prefix sharing (fork, protocol/PROTOCOL.md): a page may belong to several
+ * sequences, always at the same index of each page list; refs[page] counts
+ * its owners and a page goes back on the free list when the last one lets go
+ * (truncate, drop). Keys are written only at a sequence's end, so the one
+ * page that can be written while shared is a partly filled last page: the
+ * first append into it copies it (copy-on-write, through the copy callback
+ * the daemon points at the backend), which keeps every other owner's bytes.
+ * Whole shared pages are never copied; fork itself copies no key.
+ *
  * Not thread-safe: the daemon touches it only from its worker thread, in
  * request order, which is what makes every acknowledged append visible to the
  * next score.
@@ -32,7 +41,19 @@ typedef struct fp4idx_cache_s {
   fp4idx_cache_seq_t **table; /* open addressing, linear probing */
   uint64_t table_cap;     /* power of two */
   uint64_t n_seqs;
-  int64_t n_keys;         /* keys over all sequences */
+  int64_t n_keys;         /* keys over all sequences (shared keys once per owner) */
+  uint32_t *refs;         /* [n_pages]; owners of each page, 0 = free */
+  int64_t n_shared;       /* pages with two owners or more */
+  /* Copies pool page `from` to page `to` (copy-on-write); set with
+   * fp4idx__cache_set_copy. Returns FP4IDX_OK or a negative status. */
+  int (*copy_page)(void *ctx, int32_t from, int32_t to);
+  void *copy_ctx;
+  /* The copy-on-write of the last append, so append_undo can put the shared
+   * page back: sequence, index in its page list, old and new page. */
+  int cow_valid;
+  uint64_t cow_seq;
+  int64_t cow_index;
+  int32_t cow_old, cow_new;
 } fp4idx_cache_t;
 
 /* Largest key count of one sequence: positions travel as int32. */
@@ -41,6 +62,13 @@ typedef struct fp4idx_cache_s {
 /* Makes an empty cache of n_pages pages (1..INT32_MAX) of page_size keys (a
  * power of two). Returns FP4IDX_OK, FP4IDX_EINVAL or FP4IDX_ENOMEM. */
 int fp4idx__cache_init(fp4idx_cache_t *c, int64_t n_pages, int32_t page_size);
+
+/* Sets the page copy used by copy-on-write appends (the daemon passes the
+ * backend's copy_pages). Without one, an append that must copy a shared
+ * page fails with FP4IDX_EINVAL and changes nothing. */
+void fp4idx__cache_set_copy(fp4idx_cache_t *c,
+                            int (*copy_page)(void *ctx, int32_t from, int32_t to),
+                            void *ctx);
 
 /* Frees everything the cache holds (not the struct itself). */
 void fp4idx__cache_destroy(fp4idx_cache_t *c);
@@ -51,23 +79,47 @@ const fp4idx_cache_seq_t *fp4idx__cache_find(const fp4idx_cache_t *c, uint64_t i
 /* Reserves n >= 1 new positions at the end of sequence `id` (created when
  * unknown) and writes their slots to slots[0..n) (slots may be NULL).
  * *first = the first new position, *created = 1 when the sequence was made
- * now. All-or-nothing: FP4IDX_EFULL (not enough free pages), FP4IDX_ERANGE
- * (sequence would exceed FP4IDX_CACHE_MAX_KEYS), FP4IDX_EINVAL, FP4IDX_ENOMEM
- * leave the cache exactly as it was. */
+ * now. When the last page is partly filled and shared, it is first copied to
+ * a fresh page (one more page needed) through the copy callback.
+ * All-or-nothing: FP4IDX_EFULL (not enough free pages), FP4IDX_ERANGE
+ * (sequence would exceed FP4IDX_CACHE_MAX_KEYS), FP4IDX_EINVAL (also: a
+ * copy is needed and no callback is set), FP4IDX_ENOMEM, or the callback's
+ * error leave the cache exactly as it was. */
 int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
                          int64_t *first, int64_t *slots, int *created);
 
 /* Undoes the last append of `id` when the backend could not store the keys:
- * truncates back to old_len and drops the sequence if `created`. */
+ * truncates back to old_len and drops the sequence if `created`; a page the
+ * append copied-on-write is given back and the shared one put back. */
 void fp4idx__cache_append_undo(fp4idx_cache_t *c, uint64_t id, int64_t old_len,
                                int created);
 
-/* Keeps the first `len` keys of `id`, freeing whole pages past them.
+/* Keeps the first `len` keys of `id`, letting go of whole pages past them
+ * (a page is freed when its last owner lets go).
  * FP4IDX_ENOSEQ, FP4IDX_ERANGE (len < 0 or len > keys held). */
 int fp4idx__cache_truncate(fp4idx_cache_t *c, uint64_t id, int64_t len);
 
-/* Removes sequence `id` and frees all its pages. FP4IDX_ENOSEQ. */
+/* Removes sequence `id` and lets go of all its pages. FP4IDX_ENOSEQ. */
 int fp4idx__cache_drop(fp4idx_cache_t *c, uint64_t id);
+
+/* Makes the new sequence `dst` the first `length` keys of `src` without
+ * copying a key: dst's page list is src's first ceil(length / P) pages, each
+ * gaining an owner. Appends to either side later never show in the other
+ * (copy-on-write of a shared, partly filled last page). Needs no free page,
+ * so a full pool does not stop a fork. Costs O(ceil(length / P)) host work
+ * (the page list and its owner counts), no device work.
+ * Returns FP4IDX_OK; FP4IDX_ENOSEQ (src unknown), FP4IDX_EEXIST (dst known,
+ * dst == src included), FP4IDX_ERANGE (length < 0 or > src's keys),
+ * FP4IDX_EINVAL, FP4IDX_ENOMEM; nothing changes on error. */
+int fp4idx__cache_fork(fp4idx_cache_t *c, uint64_t src, uint64_t dst, int64_t length);
+
+/* Pages of s that other sequences hold too (refs >= 2). O(s->n_pages). */
+int64_t fp4idx__cache_seq_shared(const fp4idx_cache_t *c, const fp4idx_cache_seq_t *s);
+
+/* Pages in use (each counted once however many sequences hold it). */
+static inline int64_t fp4idx__cache_used_pages(const fp4idx_cache_t *c) {
+  return c->n_pages - c->n_free;
+}
 
 /* Slots of positions [from, from+count) of a sequence into slots[]. */
 void fp4idx__cache_slots(const fp4idx_cache_t *c, const fp4idx_cache_seq_t *s,
@@ -81,9 +133,11 @@ int fp4idx__cache_foreach(const fp4idx_cache_t *c,
                           void *arg);
 
 /* Recreates sequence `id` with n_keys keys on the given pages (restoring a
- * snapshot): every page must be free and in range, and there must be exactly
- * ceil(n_keys / P) of them. FP4IDX_EEXIST (id known), FP4IDX_EINVAL,
- * FP4IDX_ENOMEM; nothing changes on error. */
+ * snapshot): every page must be in range and listed once, and there must be
+ * exactly ceil(n_keys / P) of them. A page that an earlier adopted sequence
+ * holds is shared (it gains an owner), which is how a snapshot restores
+ * forks. FP4IDX_EEXIST (id known), FP4IDX_EINVAL, FP4IDX_ENOMEM; nothing
+ * changes on error. */
 int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
                         const int32_t *pages, int64_t n_pages);
 

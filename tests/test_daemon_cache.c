@@ -246,7 +246,6 @@ Test(cache, adopt_claims_given_pages) {
   cr_assert_eq(c.n_free, 7);
   cr_assert_eq(fp4idx__cache_find(&c, 42)->n_keys, 10);
   cr_assert_eq(fp4idx__cache_adopt(&c, 42, 1, (int32_t[]){0}, 1), FP4IDX_EEXIST);
-  cr_assert_eq(fp4idx__cache_adopt(&c, 43, 1, (int32_t[]){7}, 1), FP4IDX_EINVAL); /* in use */
   cr_assert_eq(fp4idx__cache_adopt(&c, 43, 5, (int32_t[]){0}, 1), FP4IDX_EINVAL); /* count */
   cr_assert_eq(fp4idx__cache_adopt(&c, 43, 5, (int32_t[]){0, 0}, 2), FP4IDX_EINVAL); /* twice */
   cr_assert_eq(fp4idx__cache_adopt(&c, 43, 1, (int32_t[]){10}, 1), FP4IDX_EINVAL); /* range */
@@ -259,5 +258,17 @@ Test(cache, adopt_claims_given_pages) {
   cr_assert_eq(first, 10);
   cr_assert_eq(slots[0], 9 * 4 + 2);
   check_invariants(&c);
+  /* A page an adopted sequence holds is shared by the next one (a snapshot
+   * restoring a fork); it is freed when both have let go. */
+  cr_assert_eq(fp4idx__cache_adopt(&c, 43, 4, (int32_t[]){7}, 1), FP4IDX_OK);
+  cr_assert_eq(c.n_free, 7);
+  cr_assert_eq(c.n_shared, 1);
+  cr_assert_eq(c.refs[7], 2);
+  cr_assert_eq(fp4idx__cache_drop(&c, 42), FP4IDX_OK);
+  cr_assert_eq(c.n_free, 9);
+  cr_assert_eq(c.n_shared, 0);
+  cr_assert_eq(c.refs[7], 1);
+  cr_assert_eq(fp4idx__cache_drop(&c, 43), FP4IDX_OK);
+  cr_assert_eq(c.n_free, 10);
   fp4idx__cache_destroy(&c);
 }
