@@ -5,6 +5,15 @@ fp4idx_add_test(test_daemon_cache SOURCES test_daemon_cache.c
   LIBS fp4idxd_cache LABELS unit)
 fp4idx_add_test(test_daemon_cache_oom SOURCES test_daemon_cache_oom.c
   LIBS fp4idx_format LABELS unit)
+# Prefix sharing (fork, copy-on-write) over a real backend; the CUDA build
+# runs the same cases on the GPU (label gpu, skips without a device).
+fp4idx_add_test(test_cache_fork SOURCES test_cache_fork.c
+  LIBS fp4idxd_cache fp4idx_cpu LABELS unit)
+if(TARGET fp4idx_cuda)
+  fp4idx_add_test(test_cache_fork_cuda SOURCES test_cache_fork.c
+    LIBS fp4idxd_cache fp4idx_cpu fp4idx_cuda LABELS gpu)
+  target_compile_definitions(test_cache_fork_cuda PRIVATE FP4IDX_TEST_FORK_CUDA)
+endif()
 fp4idx_add_test(test_daemon_config SOURCES test_daemon_config.c
   LIBS fp4idxd_core LABELS unit)
 fp4idx_add_test(test_daemon_worker SOURCES test_daemon_worker.c
