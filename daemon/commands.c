@@ -182,9 +182,11 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
       o[2] = l;
     }
     if (fp4idx_tensor_present(&s->mask)) o[3] = fp4idx__cmd_aligned(&s->mask);
-    if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]))
+    const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
+    if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]) ||
+        fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
       return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
+    b->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
     rows_total += s->rows;

@@ -69,16 +69,21 @@ static int fp4idx__service_write_pages(void *ctx, int64_t first, int64_t count,
 /* ---- save: snapshot, then a fresh log ---------------------------------------- */
 
 typedef struct fp4idx__collect_s {
+  fp4idx_cache_t *cache;
   fp4idx_snap_seq_t *seqs;
   int64_t n, cap;
 } fp4idx__collect_t;
 
 static int fp4idx__service_collect(const fp4idx_cache_seq_t *s, void *arg) {
   fp4idx__collect_t *c = arg;
-  if (c->n >= c->cap) return 1; /* cannot happen: cap = n_seqs */
+  const int32_t *pages;
+  if (c->n >= c->cap) return FP4IDX_EINTERNAL; /* cannot happen: cap = n_seqs */
+  /* (Fills the sequence's flat page list, a cache: no state changes.) */
+  int rc = fp4idx__cache_pages(c->cache, s, &pages);
+  if (rc) return rc;
   c->seqs[c->n].id = s->id;
   c->seqs[c->n].n_keys = s->n_keys;
-  c->seqs[c->n].pages = s->pages;
+  c->seqs[c->n].pages = (int32_t *)pages;
   c->n++;
   return 0;
 }
@@ -96,7 +101,13 @@ static int fp4idx__service_save(fp4idx_service_t *svc, char *msg, size_t cap) {
     snprintf(msg, cap, "save: out of memory");
     return FP4IDX_ENOMEM;
   }
-  fp4idx__cache_foreach(&d->cache, fp4idx__service_collect, &c);
+  c.cache = &d->cache;
+  rc = fp4idx__cache_foreach(&d->cache, fp4idx__service_collect, &c);
+  if (rc) {
+    free(c.seqs);
+    snprintf(msg, cap, "save: %s", fp4idx_strerror(rc));
+    return rc;
+  }
   uint64_t gen = fp4idx_aof_gen(svc->aof) + 1;
   fp4idx_snap_info_t info;
   double t0 = fp4idx__service_now();

@@ -9,6 +9,13 @@ fp4idx_add_test(test_daemon_cache_oom SOURCES test_daemon_cache_oom.c
 # runs the same cases on the GPU (label gpu, skips without a device).
 fp4idx_add_test(test_cache_fork SOURCES test_cache_fork.c
   LIBS fp4idxd_cache fp4idx_cpu LABELS unit)
+# The same with chunks of 3 page ids: forks, copies and trims across chunk
+# boundaries all the time.
+fp4idx_add_test(test_cache_fork_chunk3
+  SOURCES test_cache_fork.c ${PROJECT_SOURCE_DIR}/daemon/cache.c
+  LIBS fp4idx_cpu fp4idx_format LABELS unit)
+target_include_directories(test_cache_fork_chunk3 PRIVATE ${PROJECT_SOURCE_DIR}/daemon)
+target_compile_definitions(test_cache_fork_chunk3 PRIVATE FP4IDX_CACHE_CHUNK=3)
 if(TARGET fp4idx_cuda)
   fp4idx_add_test(test_cache_fork_cuda SOURCES test_cache_fork.c
     LIBS fp4idxd_cache fp4idx_cpu fp4idx_cuda LABELS gpu)

@@ -7,8 +7,9 @@
  *   - pages: the model gives each page a token (new page, copy-on-write) that
  *     forks copy; the cache's pages must match the tokens one to one, so the
  *     pool's used pages == distinct tokens and a page is freed exactly when
- *     the last sequence holding its token lets go; refs and the shared count
- *     agree with the holders;
+ *     the last sequence holding its token lets go (a page is on the free list
+ *     iff no sequence sees it); the shared-page figures (pool and per
+ *     sequence) agree with the tokens that two sequences hold;
  *   - scores of every sequence == the same keys stored unshared in a fresh
  *     CPU backend, byte for byte.
  * Built twice: test_cache_fork (CPU backend) and, with CUDA, test_cache_fork_cuda
@@ -252,7 +253,7 @@ static void w_check(world_t *w) {
     keys += m->n;
     seqs++;
     for (int64_t i = 0; i < s->n_pages; i++) {
-      int64_t p = s->pages[i], t = m->tok[i];
+      int64_t p = fp4idx__cache_page(s, i), t = m->tok[i];
       cr_assert(p >= 0 && p < w->pages);
       if (tok2page[t] < 0) tok2page[t] = p;
       if (page2tok[p] < 0) page2tok[p] = t;
@@ -274,15 +275,25 @@ static void w_check(world_t *w) {
   }
   int64_t shared = 0, used = model_used(w, &shared);
   cr_assert_eq(fp4idx__cache_used_pages(&w->c), used, "pool pages in use");
-  cr_assert_eq(w->c.n_shared, shared, "shared pages");
+  cr_assert_eq(fp4idx__cache_shared_pages(&w->c), shared, "shared pages");
   cr_assert_eq(w->c.n_keys, keys);
   cr_assert_eq(w->c.n_seqs, seqs);
-  for (int64_t p = 0; p < w->pages; p++) {
-    int64_t h = page2tok[p] < 0 ? 0 : holders[page2tok[p]];
-    cr_assert_eq((int64_t)w->c.refs[p], h, "page %lld owners", (long long)p);
-  }
+  /* Exactly the pages no sequence sees are free. */
+  for (int64_t p = 0; p < w->pages; p++)
+    cr_assert_eq(w->c.refs[p] > 0, page2tok[p] >= 0, "page %lld: in use iff seen", (long long)p);
   for (int64_t i = 0; i < w->c.n_free; i++)
-    cr_assert_eq(w->c.refs[w->c.free_stack[i]], 0u, "a free page has no owner");
+    cr_assert_eq(w->c.refs[w->c.free_stack[i]], 0u, "a free page is not in use");
+  /* Per sequence: its pages that another sequence sees; its flat page list. */
+  for (int k = 0; k < MAXSEQ; k++) {
+    const fp4idx_cache_seq_t *s = fp4idx__cache_find(&w->c, sid(k));
+    if (!s) continue;
+    int64_t sh = 0;
+    for (int64_t i = 0; i < s->n_pages; i++) sh += holders[w->m[k].tok[i]] >= 2;
+    cr_assert_eq(fp4idx__cache_seq_shared(&w->c, s), sh, "seq %d shared pages", k);
+    const int32_t *flat = NULL;
+    cr_assert_eq(fp4idx__cache_pages(&w->c, s, &flat), FP4IDX_OK);
+    for (int64_t i = 0; i < s->n_pages; i++) cr_assert_eq(flat[i], fp4idx__cache_page(s, i));
+  }
   free(tok2page);
   free(page2tok);
   free(holders);
@@ -310,7 +321,9 @@ static void w_check_scores(world_t *w) {
     cr_assert_eq(o->ops->store(o, m->keys, FP4IDX_DTYPE_FP4, m->n, slots, FP4IDX_ROUND_RNE),
                  FP4IDX_OK);
     int32_t lens = (int32_t)m->n;
-    fp4idx_backend_seq_t sa = {.pages = s->pages, .n_keys = m->n, .rows = 1, .width = m->n,
+    const int32_t *pages = NULL;
+    cr_assert_eq(fp4idx__cache_pages(&w->c, s, &pages), FP4IDX_OK);
+    fp4idx_backend_seq_t sa = {.pages = pages, .n_keys = m->n, .rows = 1, .width = m->n,
                                .q = q, .w = wt, .lens = &lens};
     fp4idx_backend_seq_t sb = sa;
     sb.pages = opages;
@@ -327,6 +340,17 @@ static void w_check_scores(world_t *w) {
   }
 }
 
+/* How many sequences see page i of sequence k. */
+static int seen_by(world_t *w, int k, int64_t i) {
+  int32_t p = fp4idx__cache_page(fp4idx__cache_find(&w->c, sid(k)), i);
+  int n = 0;
+  for (int o = 0; o < MAXSEQ; o++) {
+    const fp4idx_cache_seq_t *s = fp4idx__cache_find(&w->c, sid(o));
+    for (int64_t j = 0; s && j < s->n_pages; j++) n += fp4idx__cache_page(s, j) == p;
+  }
+  return n;
+}
+
 /* ---- the cases of issue 15, item 4 ----------------------------------------- */
 
 Test(cache_fork, fork_then_append_to_both) {
@@ -336,12 +360,12 @@ Test(cache_fork, fork_then_append_to_both) {
   cr_assert_eq(w_fork(&w, 0, 1, 10), FP4IDX_OK);
   w_check(&w);
   cr_assert_eq(fp4idx__cache_used_pages(&w.c), 3, "fork copies no page");
-  cr_assert_eq(w.c.n_shared, 3);
+  cr_assert_eq(fp4idx__cache_shared_pages(&w.c), 3);
   cr_assert_eq(w.copies, 0);
   w_append(&w, 0, 1); /* the shared partial page is copied first */
   cr_assert_eq(w.copies, 1);
   cr_assert_eq(fp4idx__cache_used_pages(&w.c), 4);
-  cr_assert_eq(w.c.n_shared, 2);
+  cr_assert_eq(fp4idx__cache_shared_pages(&w.c), 2);
   w_append(&w, 1, 1); /* now the fork's own page: no copy */
   cr_assert_eq(w.copies, 1);
   w_append(&w, 1, 7);
@@ -362,8 +386,8 @@ Test(cache_fork, fork_at_zero_full_length_boundary_and_one_past) {
   cr_assert_eq(w_fork(&w, 0, 4, 17), FP4IDX_OK); /* one key past it: shares a partial page */
   w_check(&w);
   cr_assert_eq(fp4idx__cache_used_pages(&w.c), 3);
-  cr_assert_eq(w.c.refs[fp4idx__cache_find(&w.c, sid(0))->pages[0]], 4u);
-  cr_assert_eq(w.c.refs[fp4idx__cache_find(&w.c, sid(0))->pages[2]], 3u);
+  cr_assert_eq(seen_by(&w, 0, 0), 4);
+  cr_assert_eq(seen_by(&w, 0, 2), 3);
   int64_t copies = w.copies;
   w_append(&w, 3, 5); /* boundary fork: a new page, no copy */
   cr_assert_eq(w.copies, copies);
@@ -424,7 +448,7 @@ Test(cache_fork, drop_the_source_first_and_the_fork_first) {
   w_drop(&w, 0); /* source first: the fork keeps every shared page */
   w_check(&w);
   cr_assert_eq(fp4idx__cache_used_pages(&w.c), used - 1, "only the source's own copy goes");
-  cr_assert_eq(w.c.n_shared, 0);
+  cr_assert_eq(fp4idx__cache_shared_pages(&w.c), 0);
   w_check_scores(&w);
   w_drop(&w, 1);
   cr_assert_eq(w.c.n_free, 16);
@@ -433,7 +457,7 @@ Test(cache_fork, drop_the_source_first_and_the_fork_first) {
   w_drop(&w, 3); /* fork first: nothing freed */
   w_check(&w);
   cr_assert_eq(fp4idx__cache_used_pages(&w.c), 3);
-  cr_assert_eq(w.c.n_shared, 0);
+  cr_assert_eq(fp4idx__cache_shared_pages(&w.c), 0);
   w_append(&w, 2, 1); /* no copy: the page is the source's alone again */
   cr_assert_eq(w.copies, 1);
   w_drop(&w, 2);
@@ -451,7 +475,7 @@ Test(cache_fork, fork_of_a_fork) {
   cr_assert_eq(w_fork(&w, 1, 2, 13), FP4IDX_OK); /* its last page is the fork's copy */
   cr_assert_eq(w_fork(&w, 2, 3, 4), FP4IDX_OK);
   w_check(&w);
-  cr_assert_eq(w.c.refs[fp4idx__cache_find(&w.c, sid(0))->pages[0]], 4u);
+  cr_assert_eq(seen_by(&w, 0, 0), 4);
   w_append(&w, 2, 6);
   w_append(&w, 3, 1);
   w_drop(&w, 1);
@@ -468,18 +492,25 @@ Test(cache_fork, fork_of_a_fork) {
   w_fini(&w);
 }
 
-/* A fingerprint of the cache's state (for "nothing changes"). */
+/* A fingerprint of what the cache's state means (for "nothing changes"):
+ * counts, the free stack in order, and every sequence's page list. */
 typedef struct fp_s {
   int64_t n_free, n_shared, n_keys;
   uint64_t n_seqs;
   uint64_t refs_hash;
 } fp_t;
 
-static fp_t fingerprint(const fp4idx_cache_t *c) {
-  fp_t f = {c->n_free, c->n_shared, c->n_keys, c->n_seqs, 1469598103934665603ULL};
-  for (int64_t p = 0; p < c->n_pages; p++) f.refs_hash = (f.refs_hash ^ c->refs[p]) * 1099511628211ULL;
+static fp_t fingerprint(fp4idx_cache_t *c) {
+  fp_t f = {c->n_free, fp4idx__cache_shared_pages(c), c->n_keys, c->n_seqs,
+            1469598103934665603ULL};
   for (int64_t i = 0; i < c->n_free; i++)
     f.refs_hash = (f.refs_hash ^ (uint64_t)c->free_stack[i]) * 1099511628211ULL;
+  for (int k = 0; k < MAXSEQ; k++) {
+    const fp4idx_cache_seq_t *s = fp4idx__cache_find(c, sid(k));
+    f.refs_hash = (f.refs_hash ^ (s ? (uint64_t)s->n_keys + 1 : 0)) * 1099511628211ULL;
+    for (int64_t i = 0; s && i < s->n_pages; i++)
+      f.refs_hash = (f.refs_hash ^ (uint64_t)fp4idx__cache_page(s, i)) * 1099511628211ULL;
+  }
   return f;
 }
 
@@ -618,7 +649,7 @@ static void random_run(int32_t P, int64_t pages, int iters, uint64_t seed) {
   for (int k = 0; k < MAXSEQ; k++)
     if (w.m[k].known) w_drop(&w, k);
   cr_assert_eq(w.c.n_free, pages);
-  cr_assert_eq(w.c.n_shared, 0);
+  cr_assert_eq(fp4idx__cache_shared_pages(&w.c), 0);
   w_fini(&w);
 }
 
