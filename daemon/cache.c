@@ -142,15 +142,38 @@ static int32_t fp4idx__cache_use(int64_t np, int64_t j) {
   return u > CH ? CH : (int32_t)u;
 }
 
-static fp4idx_cache_chunk_t *fp4idx__cache_chunk_new(void) {
-  return FP4IDX_CACHE_CALLOC(1, sizeof(fp4idx_cache_chunk_t));
+/* The holder counts of chunk k (after its page ids). */
+#define USE(k) ((uint32_t *)((k)->pages + (k)->cap))
+
+static size_t fp4idx__cache_chunk_bytes(int32_t cap) {
+  return sizeof(fp4idx_cache_chunk_t) + (size_t)cap * 4 + ((size_t)cap + 1) * 4;
+}
+
+static fp4idx_cache_chunk_t *fp4idx__cache_chunk_new(int32_t cap) {
+  fp4idx_cache_chunk_t *k = FP4IDX_CACHE_CALLOC(1, fp4idx__cache_chunk_bytes(cap));
+  if (k) k->cap = cap;
+  return k;
+}
+
+/* Room for `need` entries in a chunk one sequence holds (its pointer
+ * changes: the caller stores the result). NULL (k untouched) on ENOMEM. */
+static fp4idx_cache_chunk_t *fp4idx__cache_chunk_grow(fp4idx_cache_chunk_t *k, int32_t need) {
+  int32_t old = k->cap, cap = old * 2 > CH ? CH : old * 2;
+  if (cap < need) cap = need;
+  fp4idx_cache_chunk_t *g = FP4IDX_CACHE_REALLOC(k, fp4idx__cache_chunk_bytes(cap));
+  if (!g) return NULL;
+  uint32_t *use = (uint32_t *)(g->pages + cap);
+  memmove(use, g->pages + old, ((size_t)old + 1) * 4);
+  memset(use + old + 1, 0, (size_t)(cap - old) * 4);
+  g->cap = cap;
+  return g;
 }
 
 /* Drops the entries past the largest use (in reverse: the lowest freed page
  * ends on top of the free stack); frees the chunk once nobody holds it. */
 static void fp4idx__cache_chunk_trim(fp4idx_cache_t *c, fp4idx_cache_chunk_t *k) {
   int32_t m = k->n;
-  while (m > 0 && k->use[m] == 0) m--;
+  while (m > 0 && USE(k)[m] == 0) m--;
   for (int32_t e = k->n - 1; e >= m; e--) fp4idx__cache_page_release(c, k->pages[e]);
   k->n = m;
   if (k->rc == 0) free(k);
@@ -159,8 +182,8 @@ static void fp4idx__cache_chunk_trim(fp4idx_cache_t *c, fp4idx_cache_chunk_t *k)
 /* A holder using u entries now uses nu (0: leaves). */
 static void fp4idx__cache_chunk_reuse(fp4idx_cache_t *c, fp4idx_cache_chunk_t *k, int32_t u,
                                       int32_t nu) {
-  k->use[u]--;
-  if (nu) k->use[nu]++;
+  USE(k)[u]--;
+  if (nu) USE(k)[nu]++;
   else k->rc--;
   fp4idx__cache_chunk_trim(c, k);
 }
@@ -301,20 +324,25 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
   int64_t old_ch = fp4idx__cache_chunks_for(old_np), need_ch = fp4idx__cache_chunks_for(need_np);
   fp4idx_cache_chunk_t *k = NULL;
   int32_t u = 0;
-  int cow = 0, priv = 0;
+  int cow = 0, priv = 0, grow = 0;
+  int32_t nu_last = 0;
   if (old_np) {
     /* The last chunk k, of which this sequence uses u entries: which of them
      * do other holders see? */
     k = known->chunks[old_ch - 1];
     u = fp4idx__cache_use(old_np, old_ch - 1);
     uint32_t see_last = 0, see_past = 0; /* others seeing entry u-1 / entries >= u */
-    for (int32_t v = u + 1; v <= k->n; v++) see_past += k->use[v];
-    see_last = see_past + k->use[u] - 1;
+    for (int32_t v = u + 1; v <= k->n; v++) see_past += USE(k)[v];
+    see_last = see_past + USE(k)[u] - 1;
     /* A partly filled last page that another sequence sees is copied before
      * the first new key lands in it: they keep seeing their own bytes. */
     cow = have % c->page_size != 0 && (see_last > 0 || c->refs[k->pages[u - 1]] > 1);
-    /* Entries others see are never changed: such a chunk is copied first. */
-    priv = (cow && see_last > 0) || (need_np > old_np && u < CH && see_past > 0);
+    /* New entries into k? Entries others see are never changed, and a
+     * shared chunk never moves (its holders point at it): in both cases this
+     * sequence takes a private copy of k first. */
+    grow = need_np > old_np && u < CH;
+    nu_last = fp4idx__cache_use(need_np, old_ch - 1);
+    priv = (cow && see_last > 0) || (grow && (see_past > 0 || (k->cap < nu_last && k->rc > 1)));
   }
   /* Check the pool before touching anything: EFULL changes nothing. */
   if (need_np - old_np + cow > c->n_free) return FP4IDX_EFULL;
@@ -327,9 +355,17 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
   int64_t made = old_ch;
   int32_t fresh = -1;
   rc = fp4idx__cache_reserve_chunks(s, need_ch);
-  if (rc == FP4IDX_OK && priv && !(k2 = fp4idx__cache_chunk_new())) rc = FP4IDX_ENOMEM;
+  if (rc == FP4IDX_OK && priv && !(k2 = fp4idx__cache_chunk_new(grow ? nu_last : u)))
+    rc = FP4IDX_ENOMEM;
   for (; rc == FP4IDX_OK && made < need_ch; made++)
-    if (!(s->chunks[made] = fp4idx__cache_chunk_new())) rc = FP4IDX_ENOMEM;
+    if (!(s->chunks[made] = fp4idx__cache_chunk_new(fp4idx__cache_use(need_np, made))))
+      rc = FP4IDX_ENOMEM;
+  if (rc == FP4IDX_OK && grow && !priv && k->cap < nu_last) {
+    /* (A larger chunk is no change: keep it even if a later step fails.) */
+    fp4idx_cache_chunk_t *g = fp4idx__cache_chunk_grow(k, nu_last);
+    if (g) s->chunks[old_ch - 1] = k = g;
+    else rc = FP4IDX_ENOMEM;
+  }
   if (rc == FP4IDX_OK && cow) {
     fresh = fp4idx__cache_page_pop(c);
     rc = c->copy_page(c->copy_ctx, k->pages[u - 1], fresh);
@@ -347,7 +383,7 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
     for (int32_t e = 0; e < u; e++) fp4idx__cache_page_ref(c, k2->pages[e]);
     k2->n = u;
     k2->rc = 1;
-    k2->use[u] = 1;
+    USE(k2)[u] = 1;
     fp4idx__cache_chunk_reuse(c, k, u, 0); /* k keeps what its other holders see */
     s->chunks[old_ch - 1] = k = k2;
   }
@@ -362,13 +398,12 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
     c->cow_new = fresh;
     if (s->flat_ok > old_np - 1) s->flat_ok = old_np - 1;
   }
-  if (k && u < CH && need_np > old_np) {
+  if (grow) {
     /* k grows in place: nobody else sees past its u entries (k->n == u). */
-    int32_t nu = fp4idx__cache_use(need_np, old_ch - 1);
-    for (int32_t e = u; e < nu; e++) k->pages[e] = fp4idx__cache_page_pop(c);
-    k->n = nu;
-    k->use[u]--;
-    k->use[nu]++;
+    for (int32_t e = u; e < nu_last; e++) k->pages[e] = fp4idx__cache_page_pop(c);
+    k->n = nu_last;
+    USE(k)[u]--;
+    USE(k)[nu_last]++;
   }
   for (int64_t j = old_ch; j < need_ch; j++) {
     fp4idx_cache_chunk_t *kj = s->chunks[j];
@@ -376,7 +411,7 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
     for (int32_t e = 0; e < nu; e++) kj->pages[e] = fp4idx__cache_page_pop(c);
     kj->n = nu;
     kj->rc = 1;
-    kj->use[nu] = 1;
+    USE(kj)[nu] = 1;
   }
   s->n_pages = need_np;
   s->n_keys = have + n;
@@ -453,7 +488,7 @@ int fp4idx__cache_fork(fp4idx_cache_t *c, uint64_t src, uint64_t dst, int64_t le
   for (int64_t j = 0; j < nch; j++) {
     fp4idx_cache_chunk_t *k = from->chunks[j];
     k->rc++;
-    k->use[fp4idx__cache_use(np, j)]++;
+    USE(k)[fp4idx__cache_use(np, j)]++;
     s->chunks[j] = k;
   }
   s->n_pages = np;
@@ -480,7 +515,7 @@ int64_t fp4idx__cache_shared_pages(fp4idx_cache_t *c) {
       k->mark = mark;
       uint32_t see = 0;
       for (int32_t e = k->n - 1; e >= 0; e--) {
-        see += k->use[e + 1];
+        see += USE(k)[e + 1];
         n += see >= 2 && c->refs[k->pages[e]] == 1;
       }
     }
@@ -496,7 +531,7 @@ int64_t fp4idx__cache_seq_shared(const fp4idx_cache_t *c, const fp4idx_cache_seq
     int32_t u = fp4idx__cache_use(s->n_pages, j);
     uint32_t see = 0;
     for (int32_t e = k->n - 1; e >= 0; e--) {
-      see += k->use[e + 1];
+      see += USE(k)[e + 1];
       n += e < u && (see >= 2 || c->refs[k->pages[e]] >= 2);
     }
   }
@@ -533,7 +568,8 @@ int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
   int64_t nch = fp4idx__cache_chunks_for(n_pages), made = 0;
   rc = fp4idx__cache_reserve_chunks(s, nch);
   for (; rc == FP4IDX_OK && made < nch; made++)
-    if (!(s->chunks[made] = fp4idx__cache_chunk_new())) rc = FP4IDX_ENOMEM;
+    if (!(s->chunks[made] = fp4idx__cache_chunk_new(fp4idx__cache_use(n_pages, made))))
+      rc = FP4IDX_ENOMEM;
   if (rc) {
     while (made > 0) free(s->chunks[--made]);
     fp4idx__cache_uncreate(c, s);
@@ -560,7 +596,7 @@ int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
     int32_t nu = fp4idx__cache_use(n_pages, j);
     s->chunks[j]->n = nu;
     s->chunks[j]->rc = 1;
-    s->chunks[j]->use[nu] = 1;
+    USE(s->chunks[j])[nu] = 1;
   }
   s->n_pages = n_pages;
   s->n_keys = n_keys;

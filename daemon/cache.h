@@ -37,12 +37,15 @@
 #define FP4IDX_CACHE_CHUNK 256
 #endif
 
+/* Sized to what it lists (a one-page sequence costs ~40 bytes, not 2 KiB),
+ * grown by doubling while one sequence holds it. */
 typedef struct fp4idx_cache_chunk_s {
-  uint32_t rc;                          /* sequences holding the chunk */
-  int32_t n;                            /* entries listed = largest use */
-  uint64_t mark;                        /* scratch for walks (shared_pages) */
-  uint32_t use[FP4IDX_CACHE_CHUNK + 1]; /* use[u]: holders of the first u entries */
-  int32_t pages[FP4IDX_CACHE_CHUNK];
+  uint32_t rc;      /* sequences holding the chunk */
+  int32_t n;        /* entries listed = largest use */
+  int32_t cap;      /* room for page ids, <= FP4IDX_CACHE_CHUNK */
+  uint64_t mark;    /* scratch for walks (shared_pages) */
+  int32_t pages[];  /* [cap] page ids, then uint32_t use[cap + 1]: use[u] =
+                       holders using the first u entries */
 } fp4idx_cache_chunk_t;
 
 typedef struct fp4idx_cache_seq_s {
