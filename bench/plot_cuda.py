@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """plot_cuda.py [CSV] [PNG] -- time per call against context for the CUDA
 scorer (fp4idx-bench-cuda --csv), with the SGLang Triton figures and the
-physical floor of DESIGN.md s7. Defaults: bench/cuda_h200.csv ->
+physical floor of bench/RESULTS.md's method. Defaults: bench/cuda_h200.csv ->
 bench/cuda_h200.png."""
 import csv
 import os

@@ -10,6 +10,12 @@
 
 #include "client_internal.h"
 #include "fp4idx_codec.h"
+#include "fp4idx_wire_key.h"
+
+_Static_assert(FP4IDX_CLIENT_SLOT_BYTES == FP4IDX_SLOT_BYTES,
+               "the client's fp4 slots are the key format's (fp4idx_format.h)");
+_Static_assert(FP4IDX_CLIENT_HEAD_DIM == FP4IDX_HEAD_DIM,
+               "the client's head dim is the key format's (fp4idx_format.h)");
 
 /* A finished round trip: the decoded response and the frame body its views
  * point into. Release with exchange_done(). */
@@ -270,7 +276,7 @@ fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   return FP4IDX_OK;
 }
 
-/* "save" (issue 5): the daemon writes its snapshot. */
+/* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};

@@ -12,20 +12,11 @@
 
 #include "daemon.h"
 #include "fp4idx_codec.h"
+#include "fp4idx_fail.h"
+#include "fp4idx_wire_key.h"
 #include "log.h"
 
 #define FP4IDX_CMD_MSG 320
-
-/* Formats an error message into msg and returns status. */
-static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, FP4IDX_CMD_MSG, fmt, ap);
-  va_end(ap);
-  return status;
-}
 
 /* Copies a tensor's bytes into malloc'd (aligned) memory: codec views point
  * into the frame at any byte offset, backends want naturally aligned arrays. */
@@ -35,13 +26,27 @@ static void *fp4idx__cmd_aligned(const fp4idx_tensor_t *t) {
   return p;
 }
 
-/* ---- ops ---------------------------------------------------------------- */
+/* One request in flight through its handler: what a connection is to a
+ * Redis command (the append log replays through the same handlers with
+ * replay = 1: no hooks, no reply). */
+typedef struct fp4idx__cmd_s {
+  fp4idx_daemon_t *d;
+  const fp4idx_request_t *req;
+  fp4idx_response_t *resp;
+  char *msg;                     /* [FP4IDX_CMD_MSG] the error detail */
+  int replay;                    /* from the append log: not logged again */
+  void *scratch;                 /* what resp points into; freed by cleanup */
+  void (*cleanup)(void *scratch); /* after the response is encoded */
+} fp4idx__cmd_t;
 
-static int fp4idx__cmd_hello(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                             fp4idx_response_t *resp, char *msg) {
-  (void)d;
+/* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
+
+static int fp4idx__cmd_hello(fp4idx__cmd_t *c) {
+  const fp4idx_request_t *req = c->req;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
   if (req->u.hello.version != FP4IDX_PROTOCOL_VERSION)
-    return fp4idx__cmd_fail(msg, FP4IDX_EVERSION,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EVERSION,
                             "protocol version %" PRIu64 " not supported (server speaks %u)",
                             req->u.hello.version, FP4IDX_PROTOCOL_VERSION);
   resp->u.hello.version = FP4IDX_PROTOCOL_VERSION;
@@ -50,8 +55,9 @@ static int fp4idx__cmd_hello(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
-  fp4idx_info_t *in = &resp->u.info;
+static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_info_t *in = &c->resp->u.info;
   in->version = FP4IDX_PROTOCOL_VERSION;
   snprintf(in->server, sizeof in->server, "fp4idxd %s", FP4IDXD_VERSION_STRING);
   snprintf(in->backend, sizeof in->backend, "%s", d->desc.name);
@@ -64,12 +70,12 @@ static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                              fp4idx_response_t *resp, char *msg) {
-  const fp4idx_append_req_t *a = &req->u.append;
-  fp4idx_dtype_t dtype = a->keys.dtype == FP4IDX_WIRE_BF16  ? FP4IDX_DTYPE_BF16
-              : a->keys.dtype == FP4IDX_WIRE_F32 ? FP4IDX_DTYPE_F32
-                                                 : FP4IDX_DTYPE_FP4;
+static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_append_req_t *a = &c->req->u.append;
+  fp4idx_dtype_t dtype = fp4idx_wire_key_dtype(a->keys.dtype);
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
   void *keys = fp4idx__cmd_aligned(&a->keys);
@@ -77,7 +83,7 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   int64_t first = 0;
   int created = 0, rc;
   if (!slots || !keys) {
-    rc = fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
@@ -86,20 +92,21 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   if (rc == FP4IDX_EFULL) {
     int64_t need = (old_len + n + d->cache.page_size - 1) / d->cache.page_size -
                    (s ? s->n_pages : 0);
-    rc = fp4idx__cmd_fail(msg, rc,
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc,
                           "page pool is full: %" PRId64 " keys need %" PRId64
                           " new pages, %" PRId64 " of %" PRId64 " free",
                           n, need, d->cache.n_free, d->cache.n_pages);
     goto out;
   }
   if (rc) {
-    rc = fp4idx__cmd_fail(msg, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
                           n, a->seq, fp4idx_strerror(rc));
     goto out;
   }
-  rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots, a->rounding);
-  if (rc == FP4IDX_OK && d->hooks.mutation) {
-    packed = malloc((size_t)n * 68u);
+  rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots,
+                              fp4idx_wire_rounding(a->rounding));
+  if (rc == FP4IDX_OK && d->hooks.mutation && !c->replay) {
+    packed = malloc((size_t)n * FP4IDX_SLOT_BYTES);
     rc = packed ? fp4idx__engine_read(d->engine, slots, n, 0, packed) : FP4IDX_ENOMEM;
     if (rc == FP4IDX_OK)
       rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_APPEND, a->seq, first, n, packed);
@@ -108,9 +115,9 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     /* All-or-nothing: give the reserved positions back. */
     fp4idx__cache_append_undo(&d->cache, a->seq, old_len, created);
     if (rc == FP4IDX_ENONFINITE)
-      rc = fp4idx__cmd_fail(msg, rc, "keys: NaN or inf in a key; nothing was stored");
+      rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "keys: NaN or inf in a key; nothing was stored");
     else
-      rc = fp4idx__cmd_fail(msg, rc, "storing keys: %s; nothing was stored",
+      rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "storing keys: %s; nothing was stored",
                             fp4idx_strerror(rc));
     goto out;
   }
@@ -134,7 +141,8 @@ typedef struct fp4idx__score_bufs_s {
   fp4idx_score_result_t *results;
 } fp4idx__score_bufs_t;
 
-static void fp4idx__score_bufs_free(fp4idx__score_bufs_t *b) {
+static void fp4idx__score_bufs_free(void *arg) {
+  fp4idx__score_bufs_t *b = arg;
   if (b->owned)
     for (size_t i = 0; i < 4 * b->n; i++) free(b->owned[i]);
   free(b->owned);
@@ -143,32 +151,39 @@ static void fp4idx__score_bufs_free(fp4idx__score_bufs_t *b) {
   free(b->pos);
   free(b->val);
   free(b->count);
-  /* results stay alive until the response is encoded: freed by the caller */
+  free(b->results);
+  free(b);
 }
 
-static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                             fp4idx_response_t *resp, char *msg,
-                             fp4idx__score_bufs_t *b) {
-  const fp4idx_score_req_t *sr = &req->u.score;
+static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_score_req_t *sr = &c->req->u.score;
   size_t n = sr->nseqs;
   char detail[FP4IDX_CMD_MSG];
+  fp4idx__score_bufs_t *b = calloc(1, sizeof *b);
+  if (!b)
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+  c->scratch = b;
+  c->cleanup = fp4idx__score_bufs_free;
   b->n = n;
   b->eng = calloc(n, sizeof *b->eng);
   b->owned = calloc(4 * n, sizeof *b->owned);
   b->results = calloc(n, sizeof *b->results);
   if (!b->eng || !b->owned || !b->results)
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
   uint64_t rows_total = 0, cells = 0;
   for (size_t i = 0; i < n; i++) {
     const fp4idx_score_seq_t *s = &sr->seqs[i];
     const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, s->seq);
     if (!cs)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
                               s->seq);
     uint64_t width = 0;
     int rc = fp4idx_score_seq_check(s, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
     if (rc)
-      return fp4idx__cmd_fail(msg, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
                               i, s->seq, cs->n_keys, detail);
     void **o = &b->owned[4 * i];
     o[0] = fp4idx__cmd_aligned(&s->q);
@@ -185,7 +200,7 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
     if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]) ||
         fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
     b->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
@@ -195,7 +210,7 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   uint64_t k = sr->topk;
   uint64_t bytes = k ? rows_total * (k * 8u + 4u) : cells * 4u;
   if ((k && rows_total > FP4IDX_CMD_MAX_RESULT / (k * 8u + 4u)) || bytes > FP4IDX_CMD_MAX_RESULT)
-    return fp4idx__cmd_fail(msg, FP4IDX_E2BIG,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG,
                             "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
                             rows_total, FP4IDX_CMD_MAX_RESULT);
   if (k) {
@@ -203,15 +218,17 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     b->val = malloc(rows_total * k * 4u + 1);
     b->count = malloc(rows_total * 4u + 1);
     if (!b->pos || !b->val || !b->count)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for the top-k output");
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for the top-k output");
   } else {
     b->logits = malloc(cells * 4u + 1);
     if (!b->logits)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
   }
-  int rc = fp4idx__engine_score(d->engine, (int32_t)sr->heads, (int32_t)n, b->eng, (int32_t)k,
-                                b->logits, b->pos, b->val, b->count);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "scoring failed: %s", fp4idx_strerror(rc));
+  fp4idx_backend_batch_t batch = {
+      .heads = (int32_t)sr->heads, .n_seqs = (int32_t)n, .seqs = b->eng, .topk = (int32_t)k,
+      .logits = b->logits, .topk_pos = b->pos, .topk_val = b->val, .topk_count = b->count};
+  int rc = fp4idx__engine_score(d->engine, &batch);
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "scoring failed: %s", fp4idx_strerror(rc));
   uint64_t row = 0, cell = 0;
   for (size_t i = 0; i < n; i++) {
     fp4idx_score_result_t *r = &b->results[i];
@@ -235,73 +252,81 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_truncate(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                                fp4idx_response_t *resp, char *msg) {
-  const fp4idx_truncate_req_t *t = &req->u.truncate;
+static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_truncate_req_t *t = &c->req->u.truncate;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
   if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
                             "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
                             t->length, s->n_keys, t->seq);
-  if (d->hooks.mutation) {
+  if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
-    if (rc) return fp4idx__cmd_fail(msg, rc, "truncate not logged: %s", fp4idx_strerror(rc));
+    if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
   int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "truncate: %s", fp4idx_strerror(rc));
-  resp->u.truncate.length = t->length;
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
+  c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_drop(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *msg) {
-  uint64_t id = req->u.drop.seq;
+static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  uint64_t id = c->req->u.drop.seq;
   if (!fp4idx__cache_find(&d->cache, id))
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
-  if (d->hooks.mutation) {
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
+  if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_DROP, id, 0, 0, NULL);
-    if (rc) return fp4idx__cmd_fail(msg, rc, "drop not logged: %s", fp4idx_strerror(rc));
+    if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
 }
 
-static int fp4idx__cmd_read(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                            fp4idx_response_t *resp, char *msg, void **out) {
-  const fp4idx_read_req_t *r = &req->u.read;
+static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_read_req_t *r = &c->req->u.read;
+  void **out = &c->scratch;
+  c->cleanup = free;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
-  if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
   uint64_t n = (uint64_t)s->n_keys;
   if (r->from > n)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
                             r->from, n);
   uint64_t count = r->has_count ? r->count : n - r->from;
   if (count > n - r->from)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
                             "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
                             r->from, count, n);
-  uint64_t each = r->dequant ? 128u * 4u : 68u;
+  uint64_t each = r->dequant ? FP4IDX_HEAD_DIM * sizeof(float) : FP4IDX_SLOT_BYTES;
   if (count > FP4IDX_CMD_MAX_RESULT / each)
-    return fp4idx__cmd_fail(msg, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
                             count, FP4IDX_CMD_MAX_RESULT);
   int64_t *slots = malloc(count * sizeof *slots + 1);
   *out = malloc(count * each + 1);
   if (!slots || !*out) {
     free(slots);
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " keys", count);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " keys", count);
   }
   fp4idx__cache_slots(&d->cache, s, (int64_t)r->from, (int64_t)count, slots);
   int rc = count ? fp4idx__engine_read(d->engine, slots, (int64_t)count, r->dequant, *out) : 0;
   free(slots);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "reading keys: %s", fp4idx_strerror(rc));
-  uint64_t shp[2] = {count, r->dequant ? 128u : 68u};
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "reading keys: %s", fp4idx_strerror(rc));
+  uint64_t shp[2] = {count, r->dequant ? FP4IDX_HEAD_DIM : FP4IDX_SLOT_BYTES};
   fp4idx_tensor_init(&resp->u.read.keys, r->dequant ? FP4IDX_WIRE_F32 : FP4IDX_WIRE_U8, 2, shp,
                      *out);
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
-                             fp4idx_op_stats_t **ops_out) {
+static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
   fp4idx_daemon_stats_t snap;
   double up = 0;
   fp4idx__stats_snapshot(&d->stats, &snap, &up);
@@ -334,8 +359,65 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
   }
   st->ops = ops;
   st->nops = k;
-  *ops_out = ops;
+  c->scratch = ops;
+  c->cleanup = free;
   return FP4IDX_OK;
+}
+
+static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  if (!d->hooks.save)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "save: persistence is not enabled");
+  return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
+}
+
+/* ---- the command table ---------------------------------------------------- */
+
+typedef int (*fp4idx__cmd_fn)(fp4idx__cmd_t *c);
+
+/* One row per op, from FP4IDX_OP_MAP: the handler and the op's flags. */
+typedef struct fp4idx__command_s {
+  fp4idx_op_t op;
+  fp4idx__cmd_fn proc;
+  unsigned flags;
+} fp4idx__command_t;
+
+#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs, REQ, RESP) \
+  [FP4IDX_OP_##ID] = {FP4IDX_OP_##ID, fp4idx__cmd_##name, (flags)},
+static const fp4idx__command_t fp4idx__commands[FP4IDX_OP__COUNT] = {
+    FP4IDX_OP_MAP(FP4IDX__CMD_ROW)};
+#undef FP4IDX__CMD_ROW
+
+/* Runs req's handler; resp->id/op set. The caller frees c->scratch. */
+static int fp4idx__cmd_call(fp4idx__cmd_t *c) {
+  fp4idx_op_t op = c->req->op;
+  c->resp->id = c->req->id;
+  c->resp->op = op;
+  if ((int)op <= FP4IDX_OP_NONE || op >= FP4IDX_OP__COUNT || !fp4idx__commands[op].proc)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "unknown op");
+  return fp4idx__commands[op].proc(c);
+}
+
+static void fp4idx__cmd_release(fp4idx__cmd_t *c) {
+  if (c->cleanup) c->cleanup(c->scratch);
+  c->scratch = NULL;
+  c->cleanup = NULL;
+}
+
+int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *msg,
+                       size_t msgcap) {
+  fp4idx_response_t resp;
+  char detail[FP4IDX_CMD_MSG] = "";
+  memset(&resp, 0, sizeof resp);
+  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1};
+  int rc;
+  if (!(fp4idx_op_flags(req->op) & FP4IDX_OPF_MUTATES))
+    rc = fp4idx__fail(detail, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
+  else
+    rc = fp4idx__cmd_call(&c);
+  fp4idx__cmd_release(&c);
+  if (rc && msg && msgcap) snprintf(msg, msgcap, "%s", detail[0] ? detail : fp4idx_strerror(rc));
+  return rc;
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
@@ -361,39 +443,14 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
   fp4idx_request_t req;
   fp4idx_response_t resp;
   char msg[FP4IDX_CMD_MSG] = "";
-  fp4idx__score_bufs_t sb_score;
-  fp4idx_op_stats_t *stat_ops = NULL;
-  void *read_buf = NULL;
   memset(&req, 0, sizeof req);
   memset(&resp, 0, sizeof resp);
-  memset(&sb_score, 0, sizeof sb_score);
+  fp4idx__cmd_t c = {.d = d, .req = &req, .resp = &resp, .msg = msg};
   *frame = NULL;
   *frame_len = 0;
 
   int rc = fp4idx_decode_request(body, len, &req, msg, sizeof msg);
-  if (rc == FP4IDX_OK) {
-    resp.id = req.id;
-    resp.op = req.op;
-    switch (req.op) {
-      case FP4IDX_OP_HELLO: rc = fp4idx__cmd_hello(d, &req, &resp, msg); break;
-      case FP4IDX_OP_INFO: rc = fp4idx__cmd_info(d, &resp); break;
-      case FP4IDX_OP_APPEND: rc = fp4idx__cmd_append(d, &req, &resp, msg); break;
-      case FP4IDX_OP_SCORE: rc = fp4idx__cmd_score(d, &req, &resp, msg, &sb_score); break;
-      case FP4IDX_OP_TRUNCATE: rc = fp4idx__cmd_truncate(d, &req, &resp, msg); break;
-      case FP4IDX_OP_DROP: rc = fp4idx__cmd_drop(d, &req, msg); break;
-      case FP4IDX_OP_READ: rc = fp4idx__cmd_read(d, &req, &resp, msg, &read_buf); break;
-      case FP4IDX_OP_STATS: rc = fp4idx__cmd_stats(d, &resp, &stat_ops); break;
-      case FP4IDX_OP_SAVE:
-        if (d->hooks.save)
-          rc = d->hooks.save(d, d->hooks.arg, msg, sizeof msg);
-        else
-          rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "save: persistence is not enabled");
-        break;
-      default:
-        rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "unknown op");
-        break;
-    }
-  }
+  if (rc == FP4IDX_OK) rc = fp4idx__cmd_call(&c);
 
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
@@ -402,7 +459,7 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
     erc = fp4idx_encode_response(&out, &resp);
     if (erc) {
       rc = erc;
-      fp4idx__cmd_fail(msg, erc, "encoding the response: %s", fp4idx_strerror(erc));
+      fp4idx__fail(msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s", fp4idx_strerror(erc));
     }
   }
   if (rc != FP4IDX_OK) {
@@ -421,9 +478,6 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
   msgpack_sbuffer_destroy(&out);
 
   fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
-  fp4idx__score_bufs_free(&sb_score);
-  free(sb_score.results);
-  free(stat_ops);
-  free(read_buf);
+  fp4idx__cmd_release(&c);
   fp4idx_request_clear(&req);
 }

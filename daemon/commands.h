@@ -1,6 +1,8 @@
 /* commands.h -- the request path, in a straight line:
- *   frame body -> fp4idx_decode_request (strict) -> validate against the
- *   cache (ENOSEQ, ERANGE, ESHAPE) -> cache -> engine -> response frame.
+ *   frame body -> fp4idx_decode_request (strict) -> the op's row of the
+ *   command table (generated from FP4IDX_OP_MAP) -> its handler: validate
+ *   against the cache (ENOSEQ, ERANGE, ESHAPE) -> cache -> engine ->
+ *   response frame.
  * Runs on the worker thread only (it owns the cache there), so requests run
  * one at a time in arrival order.
  */
@@ -24,6 +26,17 @@ struct fp4idx_daemon_s;
  * caller closes the connection). */
 void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, const uint8_t *body, size_t len,
                          double t0_us, uint8_t **frame, size_t *frame_len);
+
+struct fp4idx_request_s;
+
+/* Runs a logged op (FP4IDX_OPF_MUTATES: append, truncate, drop) read back
+ * from the append log through the same handler as a client's request, in a
+ * replay context: same checks and effect, no mutation hook (it is not logged
+ * again), no stats, no reply. Worker thread or startup (no request running).
+ * Returns FP4IDX_OK or the handler's status with its message in msg;
+ * FP4IDX_EINVAL for an op that is not logged. */
+int fp4idx__cmd_replay(struct fp4idx_daemon_s *d, const struct fp4idx_request_s *req,
+                       char *msg, size_t msgcap);
 
 /* Encodes an error response frame {"id": 0, "status", "error"} (for frames
  * the server rejects before decoding). Returns FP4IDX_OK or FP4IDX_ENOMEM. */

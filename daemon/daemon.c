@@ -7,39 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "commands.h"
 #include "fp4idx_status.h"
 #include "log.h"
 
-/* ---- requests: server -> worker -> server ------------------------------- */
-
-static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
-  fp4idx_req_t *req = job->data;
-  fp4idx_daemon_t *d = req->conn->srv->data;
-  fp4idx__cmd_execute(d, req->body, req->body_len, req->t0_us, &req->resp, &req->resp_len);
-  /* The body (and the views into it) are not needed any more. */
-  free(req->body);
-  req->body = NULL;
-  if (!req->resp) req->close_after = 1; /* could not even encode an error */
-}
-
-static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
-  fp4idx__server_req_done(job->data);
-}
-
-static void fp4idx__daemon_submit_req(fp4idx_server_t *srv, fp4idx_req_t *req) {
-  fp4idx_daemon_t *d = srv->data;
-  req->job.work = fp4idx__daemon_req_work;
-  req->job.done = fp4idx__daemon_req_done;
-  req->job.data = req;
-  fp4idx__worker_submit(&d->worker, &req->job);
-}
-
-static int fp4idx__daemon_error_frame(fp4idx_server_t *srv, int status, const char *msg,
-                                      uint8_t **frame, size_t *len) {
-  (void)srv;
-  return fp4idx__cmd_error_frame(status, msg, frame, len);
-}
+/* ---- server events ------------------------------------------------------ */
 
 static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
   fp4idx_daemon_t *d = srv->data;
@@ -109,8 +80,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   fp4idx__cache_set_copy(&d->cache, fp4idx__engine_copy_page, d->engine);
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
   d->server.data = d;
-  d->server.submit = fp4idx__daemon_submit_req;
-  d->server.error_frame = fp4idx__daemon_error_frame;
+  d->server.worker = &d->worker;
   d->server.conn_event = fp4idx__daemon_conn_event;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;

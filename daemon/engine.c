@@ -85,7 +85,7 @@ int fp4idx__engine_open(fp4idx_engine_t **out, const fp4idx_config_t *cfg,
       if (bytes > (4ull << 30)) bytes = 4ull << 30;
     }
   }
-  uint64_t page_bytes = (uint64_t)cfg->page_size * 68u;
+  uint64_t page_bytes = (uint64_t)cfg->page_size * FP4IDX_SLOT_BYTES;
   uint64_t pages = bytes / page_bytes;
   if (pages > INT32_MAX) pages = INT32_MAX; /* page ids are int32 */
   if (pages < 1) {
@@ -142,11 +142,6 @@ int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to) {
   return e->b->ops->copy_pages(e->b, from, to, 1);
 }
 
-int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
-                         const fp4idx_backend_seq_t *seqs, int32_t topk, float *logits,
-                         int32_t *topk_pos, float *topk_val, int32_t *topk_count) {
-  fp4idx_backend_batch_t batch = {
-      .heads = heads, .n_seqs = n_seqs, .seqs = seqs, .topk = topk, .logits = logits,
-      .topk_pos = topk_pos, .topk_val = topk_val, .topk_count = topk_count};
-  return e->b->ops->score(e->b, &batch);
+int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch) {
+  return e->b->ops->score(e->b, batch);
 }

@@ -50,10 +50,9 @@ int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
  * ctx is the engine). Returns FP4IDX_OK or the backend's status. */
 int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to);
 
-/* backend->score on one batch; outputs as fp4idx_backend_batch_t says.
- * seqs[i] pointers must be aligned host buffers. */
-int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
-                         const fp4idx_backend_seq_t *seqs, int32_t topk, float *logits,
-                         int32_t *topk_pos, float *topk_val, int32_t *topk_count);
+/* backend->score on one batch, passed through; outputs as
+ * fp4idx_backend_batch_t says. seqs[i] pointers must be aligned host
+ * buffers. */
+int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch);
 
 #endif /* FP4IDX_DAEMON_ENGINE_H */

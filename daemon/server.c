@@ -11,8 +11,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "mkdirs.h"
 #include "stats.h"
 
 static void fp4idx__server_flush(fp4idx_conn_t *c);
@@ -174,12 +176,11 @@ static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
 /* A frame that cannot be a request (too long, empty): reply with `status`
  * and close after the reply; read nothing more. */
 static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *msg) {
-  fp4idx_server_t *srv = c->srv;
   fp4idx__log_info("connection %llu: %s; closing after the error reply",
                    (unsigned long long)c->id, msg);
   c->eof = 1;
   fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (!r || !srv->error_frame || srv->error_frame(srv, status, msg, &r->resp, &r->resp_len)) {
+  if (!r || fp4idx__cmd_error_frame(status, msg, &r->resp, &r->resp_len)) {
     free(r);
     fp4idx__server_conn_close(c);
     return;
@@ -190,6 +191,21 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
   fp4idx__server_flush(c);
 }
 
+/* Worker thread: the request, from body to response frame. */
+static void fp4idx__server_req_work(fp4idx_job_t *job) {
+  fp4idx_req_t *req = job->data;
+  fp4idx__cmd_execute(req->conn->srv->data, req->body, req->body_len, req->t0_us, &req->resp,
+                      &req->resp_len);
+  /* The body (and the views into it) are not needed any more. */
+  free(req->body);
+  req->body = NULL;
+  if (!req->resp) req->close_after = 1; /* could not even encode an error */
+}
+
+static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
+  fp4idx__server_req_done(job->data);
+}
+
 /* A whole frame is in the reader: hand its body to a request and queue it. */
 static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   fp4idx_req_t *r = calloc(1, sizeof *r);
@@ -198,10 +214,12 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
     fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
     return;
   }
+  r->job.work = fp4idx__server_req_work;
+  r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
   fp4idx__server_enqueue(c, r);
-  c->srv->submit(c->srv, r);
+  fp4idx__worker_submit(c->srv->worker, &r->job);
 }
 
 /* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */
@@ -350,23 +368,6 @@ static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
   fp4idx__server_update_reading(c);
 }
 
-/* mkdir -p of the folder holding `path`. */
-static int fp4idx__server_mkdirs(const char *path, mode_t mode) {
-  char dir[108];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return 0;
-  *slash = '\0';
-  for (char *p = dir + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(dir, mode) && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(dir, mode) && errno != EEXIST) return -1;
-  return 0;
-}
-
 /* 1 when a daemon accepts connections on `path`, 0 when nothing answers
  * (stale file removed, or no file). -1 when the path holds something else. */
 static int fp4idx__server_probe(const char *path) {
@@ -409,7 +410,7 @@ int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
   if (!srv || !path || !*path) return FP4IDX_EINVAL;
   if (strlen(path) >= sizeof srv->path) return FP4IDX_E2BIG;
   if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  if (fp4idx__server_mkdirs(path, geteuid() == 0 ? 0755 : 0700)) {
+  if (fp4idx__mkdirs(path, geteuid() == 0 ? 0755 : 0700, 1)) {
     fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }

@@ -82,17 +82,55 @@ extern "C" {
 
 /* ---- operations ----------------------------------------------------------- */
 
+/* Flags of an op (third column of FP4IDX_OP_MAP). */
+#define FP4IDX_OPF_MUTATES 1u /* changes the cache: logged before the reply,
+                                 replayed from the append log */
+#define FP4IDX_OPF_PERSIST 2u /* needs the daemon's persistence (--data-dir) */
+#define FP4IDX_OPF_LOOP 4u    /* reads no cache or engine state: may be
+                                 answered on the loop thread */
+
+/* The op list: one row per operation of PROTOCOL.md "Requests and
+ * responses", in wire-name order of the spec. Everything per-op is generated
+ * from it: the enum (FP4IDX_OP_<ID>), the names, the field tables the codec
+ * matches maps against (fields are looked up by name), the codec dispatch
+ * (protocol/ops.c) and the daemon's command table (daemon/commands.c).
+ *
+ *   X(ID, name, flags, request fields, response fields, REQ, RESP)
+ *
+ * REQ names the request codec: fp4idx__REQ_req_decode / _req_pack (REQ
+ * `none`: no fields); RESP the response codec: fp4idx__RESP_resp_decode /
+ * _resp_pack (protocol/codec_ops.c). The daemon's handler is
+ * fp4idx__cmd_<name> (daemon/commands.c). Adding an op: a row here, its
+ * request/response structs below (and their union members), its codec
+ * functions, its handler and its client call. */
+#define FP4IDX_OP_MAP(X)                                                      \
+  X(HELLO, hello, FP4IDX_OPF_LOOP, ("version", "client"),                     \
+    ("version", "server"), hello, hello)                                      \
+  X(INFO, info, 0, (),                                                        \
+    ("version", "server", "backend", "device", "page_size", "pages_total",    \
+     "pages_free", "sequences", "max_frame"),                                 \
+    none, info)                                                               \
+  X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
+    ("first", "length"), append, append)                                      \
+  X(SCORE, score, 0, ("heads", "topk", "seqs"), ("results"), score, score)    \
+  X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
+    truncate, truncate)                                                       \
+  X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
+  X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
+  X(STATS, stats, 0, (),                                                      \
+    ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
+     "pages_total", "pages_free", "requests"),                                \
+    none, stats)                                                              \
+  X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)
+
+/* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
+#define FP4IDX_OP_MAX_FIELDS 12u
+
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
-  FP4IDX_OP_HELLO,
-  FP4IDX_OP_INFO,
-  FP4IDX_OP_APPEND,
-  FP4IDX_OP_SCORE,
-  FP4IDX_OP_TRUNCATE,
-  FP4IDX_OP_DROP,
-  FP4IDX_OP_READ,
-  FP4IDX_OP_STATS,
-  FP4IDX_OP_SAVE,
+#define FP4IDX__OP_ENUM(ID, name, flags, rq, rs, REQ, RESP) FP4IDX_OP_##ID,
+  FP4IDX_OP_MAP(FP4IDX__OP_ENUM)
+#undef FP4IDX__OP_ENUM
   FP4IDX_OP__COUNT
 } fp4idx_op_t;
 
@@ -102,6 +140,9 @@ const char *fp4idx_op_name(fp4idx_op_t op);
 /* Returns the op named by the `len` bytes at `name` (not NUL-terminated), or
  * FP4IDX_OP_NONE if no op has that name. */
 fp4idx_op_t fp4idx_op_from_name(const char *name, size_t len);
+
+/* Returns the FP4IDX_OPF_* flags of `op` (0 for NONE/unknown). */
+unsigned fp4idx_op_flags(fp4idx_op_t op);
 
 /* ---- tensors -------------------------------------------------------------- */
 

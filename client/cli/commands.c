@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fp4idx_codec.h"
+#include "fp4idx_format.h"
 
 /* ---- shared helpers -------------------------------------------------------- */
 
@@ -442,7 +444,7 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
       case 'o': out = optarg; break;
       case 'H':
         if (fp4idx__cli_parse_num(cli, "--heads", optarg, &heads)) return FP4IDX_EINVAL;
-        if (heads < 1 || heads > 128)
+        if (heads < 1 || heads > FP4IDX_PROTO_MAX_HEADS)
           return fp4idx__cli_usage(&cli->err, "--heads: H must be 1..128");
         break;
       case 'k':

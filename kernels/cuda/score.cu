@@ -1,4 +1,4 @@
-/* score.cu -- the FP4 index scorer (DESIGN.md s3) on tensor cores: the
+/* score.cu -- the FP4 index scorer (PROTOCOL.md appendix, "Scorer") on tensor cores: the
  * portable mma.sync kernel (sm_80+), the planner and the launcher. On
  * compute capability 9.0 the launcher runs score_sm90.cu (wgmma) instead.
  *

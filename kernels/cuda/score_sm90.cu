@@ -1,6 +1,6 @@
 /* score_sm90.cu -- the FP4 index scorer on Hopper: wgmma (sm_90a).
  *
- * Same contract as score.cu (DESIGN.md s3); the matrix engine and the
+ * Same contract as score.cu (PROTOCOL.md appendix, "Scorer"); the matrix engine and the
  * epilogue change. One warpgroup (4 warps, 128 threads) per block takes a
  * 64-key tile: warp w owns keys 16w..16w+15, and lane (g, t) decodes keys
  * 16w+g and 16w+g+8 (scale block t of each: one LDG.128 + one byte) straight

@@ -1,4 +1,4 @@
-/* topk.cu -- per-row top-k of scorer logits (DESIGN.md s3 order and ties).
+/* topk.cu -- per-row top-k of scorer logits (PROTOCOL.md "score": top-k order and ties).
  *
  * One 1024-thread block per row. Logits map to order-preserving 32-bit keys
  * (negative: all bits flipped; positive: sign bit set), so unsigned order is
