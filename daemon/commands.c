@@ -67,6 +67,7 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   in->pages_free = (uint64_t)d->cache.n_free;
   in->sequences = d->cache.n_seqs;
   in->max_frame = d->cfg.max_frame;
+  in->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
   return FP4IDX_OK;
 }
 
@@ -286,6 +287,36 @@ static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
   return fp4idx__cache_drop(&d->cache, id);
 }
 
+/* Forked first, then logged (a fork can fail for memory, a logged record
+ * must not): a log failure drops dst again, which lets go of exactly what
+ * the fork took. */
+static int fp4idx__cmd_fork(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_fork_req_t *f = &c->req->u.fork;
+  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, f->src);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, f->src);
+  if (f->length > (uint64_t)s->n_keys)
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
+                        f->length, s->n_keys, f->src);
+  if (fp4idx__cache_find(&d->cache, f->dst))
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EEXIST, "sequence %" PRIu64 " already exists",
+                        f->dst);
+  int rc = fp4idx__cache_fork(&d->cache, f->src, f->dst, (int64_t)f->length);
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork: %s", fp4idx_strerror(rc));
+  if (d->hooks.mutation && !c->replay) {
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_FORK, f->dst, (int64_t)f->length,
+                           (int64_t)f->src, NULL);
+    if (rc) {
+      (void)fp4idx__cache_drop(&d->cache, f->dst);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork not logged: %s", fp4idx_strerror(rc));
+    }
+  }
+  c->resp->u.fork.length = f->length;
+  return FP4IDX_OK;
+}
+
 static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   fp4idx_response_t *resp = c->resp;
@@ -337,6 +368,7 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   st->keys = (uint64_t)d->cache.n_keys;
   st->pages_total = (uint64_t)d->cache.n_pages;
   st->pages_free = (uint64_t)d->cache.n_free;
+  st->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
   fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS, sizeof *ops);

@@ -166,6 +166,12 @@ static int fp4idx__service_apply(void *ctx, const fp4idx_aof_record_t *r) {
       req.op = FP4IDX_OP_DROP;
       req.u.drop.seq = r->seq;
       break;
+    case FP4IDX_AOF_FORK:
+      req.op = FP4IDX_OP_FORK;
+      req.u.fork.src = r->src;
+      req.u.fork.dst = r->seq;
+      req.u.fork.length = (uint64_t)r->pos;
+      break;
     default: return FP4IDX_ECORRUPT;
   }
   int rc = fp4idx__cmd_replay(d, &req, msg, sizeof msg);
@@ -262,8 +268,8 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
                      res.gen, gen);
   else if (res.records)
     fp4idx__log_info("append log replayed: %" PRId64 " records (%" PRId64 " appends, %" PRId64
-                     " keys, %" PRId64 " truncates, %" PRId64 " drops)",
-                     res.records, res.appends, res.keys, res.truncates, res.drops);
+                     " keys, %" PRId64 " truncates, %" PRId64 " drops, %" PRId64 " forks)",
+                     res.records, res.appends, res.keys, res.truncates, res.drops, res.forks);
   int64_t keep = (res.exists && !res.stale) ? res.valid_bytes : 0;
   rc = fp4idx__aof_open(&svc->aof, svc->log_path, gen, (fp4idx_fsync_t)d->cfg.fsync_policy,
                        keep, err, sizeof err);
@@ -295,6 +301,7 @@ int fp4idx__service_mutation(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op
     case FP4IDX_MUT_APPEND: rc = fp4idx__aof_append(svc->aof, seq, pos, count, slots); break;
     case FP4IDX_MUT_TRUNCATE: rc = fp4idx__aof_truncate(svc->aof, seq, pos); break;
     case FP4IDX_MUT_DROP: rc = fp4idx__aof_drop(svc->aof, seq); break;
+    case FP4IDX_MUT_FORK: rc = fp4idx__aof_fork(svc->aof, (uint64_t)count, seq, pos); break;
     default: rc = FP4IDX_EINVAL; break;
   }
   if (rc) {

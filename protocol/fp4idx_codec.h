@@ -108,7 +108,7 @@ extern "C" {
     ("version", "server"), hello, hello)                                      \
   X(INFO, info, 0, (),                                                        \
     ("version", "server", "backend", "device", "page_size", "pages_total",    \
-     "pages_free", "sequences", "max_frame"),                                 \
+     "pages_free", "sequences", "max_frame", "pages_shared"),                 \
     none, info)                                                               \
   X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
     ("first", "length"), append, append)                                      \
@@ -116,15 +116,17 @@ extern "C" {
   X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
     truncate, truncate)                                                       \
   X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
+  X(FORK, fork, FP4IDX_OPF_MUTATES, ("src", "dst", "length"), ("length"),     \
+    fork, fork)                                                               \
   X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
   X(STATS, stats, 0, (),                                                      \
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
-     "pages_total", "pages_free", "requests"),                                \
+     "pages_total", "pages_free", "requests", "pages_shared"),                \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
-#define FP4IDX_OP_MAX_FIELDS 12u
+#define FP4IDX_OP_MAX_FIELDS 14u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
@@ -342,6 +344,14 @@ typedef struct fp4idx_drop_req_s {
   uint64_t seq;
 } fp4idx_drop_req_t;
 
+/* "fork" {"src", "dst", "length"}: dst (new) starts as src's first length
+ * keys, sharing their pages. */
+typedef struct fp4idx_fork_req_s {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t length;
+} fp4idx_fork_req_t;
+
 /* "read" {"seq", "from"?, "count"?, "dequant"?}. */
 typedef struct fp4idx_read_req_s {
   uint64_t seq;
@@ -361,6 +371,7 @@ typedef struct fp4idx_request_s {
     fp4idx_score_req_t score;
     fp4idx_truncate_req_t truncate;
     fp4idx_drop_req_t drop;
+    fp4idx_fork_req_t fork;
     fp4idx_read_req_t read;
   } u;
   void *owned_; /* private: what the decoder allocated (score seqs) */
@@ -426,6 +437,8 @@ typedef struct fp4idx_info_s {
   char backend[FP4IDX_PROTO_SHORT_CAP]; /* "cpu" | "cuda" */
   char device[FP4IDX_PROTO_DEVICE_CAP];
   uint64_t page_size, pages_total, pages_free, sequences, max_frame;
+  uint64_t pages_shared; /* pages two sequences or more see (0 from a
+                            daemon that predates fork) */
 } fp4idx_info_t;
 
 /* "append" -> {"first", "length"}: position of the first new key and the
@@ -455,6 +468,11 @@ typedef struct fp4idx_truncate_resp_s {
   uint64_t length;
 } fp4idx_truncate_resp_t;
 
+/* "fork" -> {"length"}: the new sequence's length. */
+typedef struct fp4idx_fork_resp_s {
+  uint64_t length;
+} fp4idx_fork_resp_t;
+
 /* "read" -> {"keys": u8 [n,68] | f32 [n,128]} (n may be 0). */
 typedef struct fp4idx_read_resp_s {
   fp4idx_tensor_t keys;
@@ -477,6 +495,7 @@ typedef struct fp4idx_op_stats_s {
 typedef struct fp4idx_stats_s {
   double uptime_s;
   uint64_t connections, sequences, keys, pages_total, pages_free;
+  uint64_t pages_shared; /* as in info */
   char backend[FP4IDX_PROTO_SHORT_CAP];
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
@@ -496,6 +515,7 @@ typedef struct fp4idx_response_s {
     fp4idx_append_resp_t append;
     fp4idx_score_resp_t score;
     fp4idx_truncate_resp_t truncate;
+    fp4idx_fork_resp_t fork;
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
   } u;

@@ -156,11 +156,12 @@ static double quantile_us(const fp4idx_client_op_stats_t *o, double q) {
 static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
   fprintf(f,
           "uptime_s: %.3f\nbackend: %s\ndevice: %s\nconnections: %llu\n"
-          "sequences: %llu\nkeys: %llu\npages_total: %llu\npages_free: %llu\n",
+          "sequences: %llu\nkeys: %llu\npages_total: %llu\npages_free: %llu\n"
+          "pages_shared: %llu\n",
           s->uptime_s, s->backend, s->device,
           (unsigned long long)s->connections, (unsigned long long)s->sequences,
           (unsigned long long)s->keys, (unsigned long long)s->pages_total,
-          (unsigned long long)s->pages_free);
+          (unsigned long long)s->pages_free, (unsigned long long)s->pages_shared);
   fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", "op", "requests", "errors",
           "mean_us", "p50<=us", "p99<=us");
   for (uint32_t i = 0; i < s->nops; i++) {
@@ -559,6 +560,38 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   if (st) client_fail(cli, c, st);
   else printf("seq %llu: length %llu\n", (unsigned long long)seq,
               (unsigned long long)len);
+  fp4idx_client_close(c);
+  return st;
+}
+
+int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] fork SRC DST LENGTH\n"
+           "Makes the new sequence DST the first LENGTH keys of SRC without\n"
+           "copying them (the pages are shared; appends to either never show\n"
+           "in the other). DST must not exist (EEXIST); LENGTH above SRC's\n"
+           "key count is an error (ERANGE).");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  uint64_t src, dst, n;
+  if (argc - optind != 3)
+    return fp4idx__cli_usage(&cli->err, "expected SRC DST LENGTH");
+  if (parse_seq(cli, argv[optind], &src) || parse_seq(cli, argv[optind + 1], &dst) ||
+      fp4idx__cli_parse_num(cli, "LENGTH", argv[optind + 2], &n))
+    return FP4IDX_EINVAL;
+  fp4idx_client_t *c;
+  int st = fp4idx__cli_connect(cli, &c);
+  if (st) return st;
+  uint64_t len;
+  st = fp4idx_client_fork(c, src, dst, n, &len);
+  if (st) client_fail(cli, c, st);
+  else printf("seq %llu: length %llu, forked from seq %llu\n", (unsigned long long)dst,
+              (unsigned long long)len, (unsigned long long)src);
   fp4idx_client_close(c);
   return st;
 }
