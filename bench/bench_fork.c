@@ -1,6 +1,8 @@
-/* bench_fork.c -- fp4idx-bench-fork: prefix sharing (fork) measured in the
- * daemon's cache, in process, over the CPU backend (issue 15).
+/* bench_fork.c -- fp4idx-bench-fork: prefix sharing (fork), in the daemon's
+ * cache in process (CPU backend) and, with -s SOCKET, through a running
+ * fp4idxd (bench/run_fork.sh starts one on the CPU backend).
  *
+ * In process:
  *   (a) fork latency p50/p90 at a prefix of 1,000 and 1,000,000 keys (plus
  *       one key, so the last page is partly filled and shared): the cache
  *       copies the page list and counts one more owner per page, no key;
@@ -11,9 +13,15 @@
  *       every fork instead;
  *   (c) pool pages for 16 forks of a 100,000-key prompt, each extended by
  *       1,000 keys, with fork vs with 16 separate copies of the prompt.
+ * Through the socket (-s), with libfp4idx-client, one request in flight:
+ *   (d) fork round trip p50/p90 at a prefix of 1,000 and 1,000,000 keys
+ *       (fork, then an untimed drop of the fork);
+ *   (e) 16 forks of a 100,000-key prompt, each extended by 1,000 keys of its
+ *       own, next to 16 unshared sequences of the same keys: pool pages used
+ *       (info), and a score of R=4 x H=32 of every fork compared byte for
+ *       byte with its unshared twin.
  * Every measurement runs -r times (default 3); the table prints the median
- * of the per-run p50s. The socket side (the fork op through fp4idxd) is
- * fp4idx-bench-socket's business once the op exists.
+ * of the per-run p50s.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -26,6 +34,7 @@
 
 #include "cache.h"
 #include "fp4idx_backend.h"
+#include "fp4idx_client.h"
 #include "fp4idx_status.h"
 
 static double now_ns(void) {
@@ -153,16 +162,149 @@ static double copy_page_cost(env_t *e, int iters) {
   return r;
 }
 
+/* ---- through the socket ------------------------------------------------------ */
+
+#define CCHECK(c, x)                                                          \
+  do {                                                                        \
+    fp4idx_status_t st_ = (x);                                                \
+    if (st_) {                                                                \
+      fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #x,         \
+              fp4idx_client_last_error(c), fp4idx_status_name(st_));          \
+      exit(1);                                                                \
+    }                                                                         \
+  } while (0)
+
+/* n packed keys of a pattern of `seed` to seq, in 8192-key requests. */
+static void sock_put(fp4idx_client_t *c, uint64_t seq, int64_t n, uint32_t seed) {
+  enum { CH = 8192 };
+  static uint8_t keys[CH * FP4IDX_SLOT_BYTES];
+  uint32_t x = seed * 2654435761u + 1;
+  while (n > 0) {
+    int64_t k = n < CH ? n : CH;
+    for (int64_t i = 0; i < k * FP4IDX_SLOT_BYTES; i++) {
+      x = x * 1664525u + 1013904223u;
+      /* finite keys: any payload nibble, scales near 1.0 */
+      keys[i] = (i % FP4IDX_SLOT_BYTES) >= FP4IDX_PAYLOAD_BYTES ? (uint8_t)(124 + (x >> 29))
+                                                                : (uint8_t)(x >> 24);
+    }
+    CCHECK(c, fp4idx_client_append_fp4(c, seq, keys, (size_t)k, NULL, NULL));
+    n -= k;
+  }
+}
+
+static int64_t sock_used(fp4idx_client_t *c, int64_t *shared) {
+  fp4idx_client_info_t in;
+  CCHECK(c, fp4idx_client_info(c, &in));
+  if (shared) {
+    fp4idx_client_stats_t *st = NULL;
+    CCHECK(c, fp4idx_client_stats(c, &st));
+    *shared = (int64_t)st->pages_shared;
+    fp4idx_client_free(st);
+  }
+  return (int64_t)(in.pages_total - in.pages_free);
+}
+
+static void sock_fork_latency(fp4idx_client_t *c, uint64_t src, int64_t len, int iters,
+                              double *p50, double *p90) {
+  double *t = malloc((size_t)iters * sizeof *t);
+  for (int i = -iters / 10; i < iters; i++) {
+    double t0 = now_ns();
+    CCHECK(c, fp4idx_client_fork(c, src, 999, (uint64_t)len, NULL));
+    double t1 = now_ns();
+    CCHECK(c, fp4idx_client_drop(c, 999));
+    if (i >= 0) t[i] = t1 - t0;
+  }
+  *p50 = pct(t, iters, 50);
+  *p90 = pct(t, iters, 90);
+  free(t);
+}
+
+static int run_socket(const char *sock, int reps, int iters) {
+  fp4idx_client_t *c = fp4idx_client_new();
+  if (!c || fp4idx_client_connect(c, sock) != FP4IDX_OK) {
+    fprintf(stderr, "cannot connect to %s\n", sock);
+    return 1;
+  }
+  fp4idx_client_info_t in;
+  CCHECK(c, fp4idx_client_info(c, &in));
+  const int64_t P = (int64_t)in.page_size;
+  /* (d) */
+  const int64_t lens[2] = {1000, 1000000};
+  sock_put(c, 1, lens[0], 1);
+  sock_put(c, 2, lens[1], 2);
+  double p50[2][99], p90[2][99];
+  for (int r = 0; r < reps; r++)
+    for (int l = 0; l < 2; l++) sock_fork_latency(c, 1 + (uint64_t)l, lens[l], iters, &p50[l][r], &p90[l][r]);
+  CCHECK(c, fp4idx_client_drop(c, 1));
+  CCHECK(c, fp4idx_client_drop(c, 2));
+  printf("fp4idx-bench-fork -s: %s (backend %s, page size %lld), one connection, %d runs x %d "
+         "forks, median of the runs (us)\n\n",
+         sock, in.backend, (long long)P, reps, iters);
+  printf("| prefix keys | fork round trip p50 | p90 |\n|---|---|---|\n");
+  for (int l = 0; l < 2; l++)
+    printf("| %lld | %.1f | %.1f |\n", (long long)lens[l], median3(p50[l], reps) / 1e3,
+           median3(p90[l], reps) / 1e3);
+
+  /* (e) */
+  enum { FORKS = 16, PROMPT = 100000, EXTRA = 1000, H = 32, R = 4 };
+  int64_t base = sock_used(c, NULL), shared = 0;
+  sock_put(c, 10, PROMPT, 10);
+  for (int f = 0; f < FORKS; f++) {
+    CCHECK(c, fp4idx_client_fork(c, 10, 100 + (uint64_t)f, PROMPT, NULL));
+    sock_put(c, 100 + (uint64_t)f, EXTRA, 1000 + (uint32_t)f);
+  }
+  int64_t forked = sock_used(c, &shared) - base;
+  for (int f = 0; f < FORKS; f++) {
+    sock_put(c, 200 + (uint64_t)f, PROMPT, 10);
+    sock_put(c, 200 + (uint64_t)f, EXTRA, 1000 + (uint32_t)f);
+  }
+  int64_t copies = sock_used(c, NULL) - base - forked;
+  static uint16_t q[R * H * FP4IDX_HEAD_DIM], w[R * H];
+  for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = (uint16_t)(0x3c00 + (i * 37) % 0x300);
+  for (size_t i = 0; i < sizeof w / sizeof *w; i++) w[i] = 0x3f80;
+  size_t cap = (size_t)R * (PROMPT + EXTRA);
+  float *la = malloc(cap * sizeof *la), *lb = malloc(cap * sizeof *lb);
+  int equal = 0;
+  for (int f = 0; f < FORKS; f++) {
+    uint32_t wa = 0, wb = 0;
+    CCHECK(c, fp4idx_client_score_into(c, 100 + (uint64_t)f, H, R, q, w, NULL, la, cap, &wa));
+    CCHECK(c, fp4idx_client_score_into(c, 200 + (uint64_t)f, H, R, q, w, NULL, lb, cap, &wb));
+    equal += wa == wb && memcmp(la, lb, (size_t)R * wa * sizeof *la) == 0;
+  }
+  free(la);
+  free(lb);
+  printf("\n16 sequences of a %d-key prompt + %d keys each, through the socket:\n", PROMPT, EXTRA);
+  printf("| layout | pool pages used | keys of pool (pages x P) | x the prompt |\n|---|---|---|---|\n");
+  printf("| 16 forks of the prompt (prompt stored once) | %lld | %lld | %.2f |\n", (long long)forked,
+         (long long)(forked * P), (double)(forked * P) / PROMPT);
+  printf("| 16 unshared sequences | %lld | %lld | %.2f |\n", (long long)copies,
+         (long long)(copies * P), (double)(copies * P) / PROMPT);
+  printf("| 1 x prompt + 16 x %d keys | | %d | %.2f |\n", EXTRA, PROMPT + FORKS * EXTRA,
+         (double)(PROMPT + FORKS * EXTRA) / PROMPT);
+  printf("\npages_shared while forked: %lld; scores R=%d x H=%d of each fork == its unshared "
+         "twin byte for byte: %d of %d\n",
+         (long long)shared, R, H, equal, FORKS);
+  for (int f = 0; f < FORKS; f++) {
+    CCHECK(c, fp4idx_client_drop(c, 100 + (uint64_t)f));
+    CCHECK(c, fp4idx_client_drop(c, 200 + (uint64_t)f));
+  }
+  CCHECK(c, fp4idx_client_drop(c, 10));
+  fp4idx_client_close(c);
+  return equal == FORKS ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   int reps = 3, iters = 2000, opt;
   int32_t P = 64;
-  while ((opt = getopt(argc, argv, "r:n:p:h")) != -1) {
+  const char *sock = NULL;
+  while ((opt = getopt(argc, argv, "r:n:p:s:h")) != -1) {
     switch (opt) {
       case 'r': reps = atoi(optarg); break;
       case 'n': iters = atoi(optarg); break;
       case 'p': P = atoi(optarg); break;
+      case 's': sock = optarg; break;
       default:
-        fprintf(stderr, "usage: %s [-r RUNS] [-n CALLS] [-p PAGE_SIZE]\n", argv[0]);
+        fprintf(stderr, "usage: %s [-r RUNS] [-n CALLS] [-p PAGE_SIZE] [-s SOCKET]\n", argv[0]);
         return opt == 'h' ? 0 : 2;
     }
   }
@@ -170,6 +312,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bad -r, -n or -p\n");
     return 2;
   }
+  if (sock) return run_socket(sock, reps, iters);
   const int64_t lens[2] = {1000 + 1, 1000000 + 1};
   double fp50[2][99], fp90[2][99], cow[99], plain[99], copy[99];
   for (int r = 0; r < reps; r++) {
