@@ -253,22 +253,30 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   return FP4IDX_OK;
 }
 
+/* A known sequence holding at least `length` keys (truncate, fork), else
+ * ENOSEQ / ERANGE with the message. */
+static int fp4idx__cmd_check_length(fp4idx__cmd_t *c, uint64_t seq, uint64_t length) {
+  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&c->d->cache, seq);
+  if (!s) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, seq);
+  if (length > (uint64_t)s->n_keys)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
+                        length, s->n_keys, seq);
+  return FP4IDX_OK;
+}
+
 static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   char *msg = c->msg;
   const fp4idx_truncate_req_t *t = &c->req->u.truncate;
-  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
-  if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
-                            "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
-                            t->length, s->n_keys, t->seq);
+  int rc = fp4idx__cmd_check_length(c, t->seq, t->length);
+  if (rc) return rc;
   if (d->hooks.mutation && !c->replay) {
-    int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
-  int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
+  rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
   if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
   c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
@@ -294,16 +302,12 @@ static int fp4idx__cmd_fork(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   char *msg = c->msg;
   const fp4idx_fork_req_t *f = &c->req->u.fork;
-  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, f->src);
-  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, f->src);
-  if (f->length > (uint64_t)s->n_keys)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
-                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
-                        f->length, s->n_keys, f->src);
+  int rc = fp4idx__cmd_check_length(c, f->src, f->length);
+  if (rc) return rc;
   if (fp4idx__cache_find(&d->cache, f->dst))
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EEXIST, "sequence %" PRIu64 " already exists",
                         f->dst);
-  int rc = fp4idx__cache_fork(&d->cache, f->src, f->dst, (int64_t)f->length);
+  rc = fp4idx__cache_fork(&d->cache, f->src, f->dst, (int64_t)f->length);
   if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork: %s", fp4idx_strerror(rc));
   if (d->hooks.mutation && !c->replay) {
     rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_FORK, f->dst, (int64_t)f->length,
