@@ -302,6 +302,40 @@ fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
   return FP4IDX_OK;
 }
 
+fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
+                                   uint32_t count, uint64_t *next_cursor,
+                                   fp4idx_client_seq_info_t **seqs, size_t *n) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (next_cursor == NULL || seqs == NULL || n == NULL)
+    return bad_arg(c, "next_cursor, seqs or n is NULL");
+  *next_cursor = 0;
+  *seqs = NULL;
+  *n = 0;
+  fp4idx_request_t req = {.op = FP4IDX_OP_LIST};
+  req.u.list.cursor = cursor;
+  req.u.list.count = count;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_list_resp_t *l = &x.resp.u.list;
+  if (l->nseqs > 0) {
+    fp4idx_client_seq_info_t *out = malloc(l->nseqs * sizeof *out);
+    if (out == NULL) {
+      exchange_done(&x);
+      return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                                 "no memory for %zu sequences", l->nseqs);
+    }
+    for (size_t i = 0; i < l->nseqs; i++)
+      out[i] = (fp4idx_client_seq_info_t){
+          .seq = l->seqs[i].seq, .keys = l->seqs[i].keys, .pages = l->seqs[i].pages};
+    *seqs = out;
+  }
+  *n = l->nseqs;
+  *next_cursor = l->cursor;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 fp4idx_status_t fp4idx_client_read(fp4idx_client_t *c, uint64_t seq,
                                    uint64_t from, uint64_t count, int dequant,
                                    void **keys, size_t *n) {

@@ -407,6 +407,43 @@ static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
   return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
 }
 
+/* The sequences of one "list" step, collected by the cache scan. */
+typedef struct fp4idx__list_s {
+  fp4idx_list_entry_t *seqs;
+  size_t n, cap;
+} fp4idx__list_t;
+
+static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
+  fp4idx__list_t *l = arg;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    fp4idx_list_entry_t *p = realloc(l->seqs, cap * sizeof *p);
+    if (!p) return FP4IDX_ENOMEM;
+    l->seqs = p;
+    l->cap = cap;
+  }
+  l->seqs[l->n++] = (fp4idx_list_entry_t){
+      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages};
+  return 0;
+}
+
+/* "list": one SCAN step over the sequence table (fp4idx__cache_scan): bounded
+ * work per call, stable under inserts and drops between the calls. */
+static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
+  const fp4idx_list_req_t *r = &c->req->u.list;
+  fp4idx__list_t l = {0};
+  uint64_t next = 0;
+  int rc = fp4idx__cache_scan(&c->d->cache, r->cursor,
+                              r->count ? r->count : FP4IDX_PROTO_LIST_COUNT,
+                              fp4idx__list_add, &l, &next);
+  c->scratch = l.seqs;
+  c->cleanup = free;
+  if (rc)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, rc, "list: %s", fp4idx_strerror(rc));
+  c->resp->u.list = (fp4idx_list_resp_t){.cursor = next, .seqs = l.seqs, .nseqs = l.n};
+  return FP4IDX_OK;
+}
+
 /* ---- the command table ---------------------------------------------------- */
 
 typedef int (*fp4idx__cmd_fn)(fp4idx__cmd_t *c);

@@ -68,6 +68,34 @@ static int get_fixstr(const fp4idx__fields_t *f, const char *name, char *out,
                             cap);
 }
 
+/* The entries of response field `name` (an array of maps, or a map when
+ * is_map) at `a`: checks presence, type and at most `max` entries (0: only
+ * the frame's own bound), then allocates that many zeroed entries of `size`
+ * bytes, owned by resp (*out NULL and *n 0 when empty). */
+static int decode_entries(const msgpack_object *a, const char *name,
+                          bool is_map, uint32_t max, size_t size,
+                          fp4idx_response_t *resp, void **out, size_t *n,
+                          char *msg, size_t cap) {
+  *out = NULL;
+  *n = 0;
+  if (a == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: missing field", name);
+  if (a->type != (is_map ? MSGPACK_OBJECT_MAP : MSGPACK_OBJECT_ARRAY))
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: expected %s", name,
+                        is_map ? "a map" : "an array of maps");
+  uint32_t count = is_map ? a->via.map.size : a->via.array.size;
+  if (max > 0 && count > max)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %u entries, at most %u",
+                        name, count, max);
+  if (count == 0) return 0;
+  /* the scan of the frame bounded count by the bytes it has */
+  if ((*out = calloc(count, size)) == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
+  resp->owned_ = *out;
+  *n = count;
+  return 0;
+}
+
 /* ---- ops without fields ------------------------------------------------------ */
 
 int fp4idx__none_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
@@ -510,21 +538,12 @@ int fp4idx__score_resp_decode(const fp4idx__fields_t *f,
   fp4idx_score_resp_t *sc = &resp->u.score;
   int rc;
 
-  if (a == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "results: missing field");
-  if (a->type != MSGPACK_OBJECT_ARRAY)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "results: expected an array of maps");
-  if (a->via.array.size > FP4IDX_PROTO_MAX_SCORE_SEQS)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG,
-                        "results: %u entries, at most %u", a->via.array.size,
-                        FP4IDX_PROTO_MAX_SCORE_SEQS);
-  if (a->via.array.size == 0) return 0;
-  sc->results = calloc(a->via.array.size, sizeof(sc->results[0]));
-  if (sc->results == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  resp->owned_ = sc->results;
-  sc->nresults = a->via.array.size;
+  void *p;
+  if ((rc = decode_entries(a, "results", false, FP4IDX_PROTO_MAX_SCORE_SEQS,
+                           sizeof(sc->results[0]), resp, &p, &sc->nresults,
+                           msg, cap)) != 0)
+    return rc;
+  sc->results = p;
   for (size_t i = 0; i < sc->nresults; i++)
     if ((rc = decode_result(&a->via.array.ptr[i], i, &sc->results[i], msg,
                             cap)) != 0)
@@ -751,20 +770,12 @@ int fp4idx__stats_resp_decode(const fp4idx__fields_t *f,
       (rc = get_opt_uint(f, "pages_shared", &st->pages_shared, msg, cap)))
     return rc;
   const msgpack_object *m = fp4idx__fv(f, "requests");
-  if (m == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: missing field");
-  if (m->type != MSGPACK_OBJECT_MAP)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: expected a map");
-  if (m->via.map.size > FP4IDX_PROTO_MAX_STATS_OPS)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG,
-                        "requests: %u entries, at most %u", m->via.map.size,
-                        FP4IDX_PROTO_MAX_STATS_OPS);
-  if (m->via.map.size == 0) return 0;
-  st->ops = calloc(m->via.map.size, sizeof(st->ops[0]));
-  if (st->ops == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  resp->owned_ = st->ops;
-  st->nops = m->via.map.size;
+  void *p;
+  if ((rc = decode_entries(m, "requests", true, FP4IDX_PROTO_MAX_STATS_OPS,
+                           sizeof(st->ops[0]), resp, &p, &st->nops, msg,
+                           cap)) != 0)
+    return rc;
+  st->ops = p;
   for (size_t i = 0; i < st->nops; i++)
     if ((rc = decode_op_stats(&m->via.map.ptr[i], &st->ops[i], msg, cap)))
       return rc;
@@ -805,6 +816,94 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
       rc |= msgpack_pack_uint64(pk, o->hist[b]);
     rc |= fp4idx__pack_cstr(pk, "latency_sum_us") |
           msgpack_pack_double(pk, o->sum_us);
+  }
+  return packed(rc);
+}
+
+/* ---- list ------------------------------------------------------------------------ */
+
+static int check_list_count(uint64_t n, char *msg, size_t cap) {
+  if (n < 1)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                        "count: 0, must be >= 1 (leave it out for %u)",
+                        FP4IDX_PROTO_LIST_COUNT);
+  if (n > FP4IDX_PROTO_MAX_LIST_COUNT)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "count: %llu, at most %u",
+                        (unsigned long long)n, FP4IDX_PROTO_MAX_LIST_COUNT);
+  return 0;
+}
+
+int fp4idx__list_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
+                            char *msg, size_t cap) {
+  fp4idx_list_req_t *l = &req->u.list;
+  const msgpack_object *v;
+  uint64_t n;
+  int rc;
+  if ((v = fp4idx__fv(f, "cursor")) != NULL &&
+      (rc = fp4idx__get_uint(v, "", "cursor", &l->cursor, msg, cap)) != 0)
+    return rc;
+  if ((v = fp4idx__fv(f, "count")) != NULL) {
+    if ((rc = fp4idx__get_uint(v, "", "count", &n, msg, cap)) ||
+        (rc = check_list_count(n, msg, cap)))
+      return rc;
+    l->count = (uint32_t)n;
+  }
+  return 0;
+}
+
+int fp4idx__list_req_pack(msgpack_packer *pk, const fp4idx_request_t *req) {
+  const fp4idx_list_req_t *l = &req->u.list;
+  int rc;
+  if (l->count > 0 && (rc = check_list_count(l->count, NULL, 0)) != 0)
+    return pack_refused(rc);
+  rc = fp4idx__pack_req_head(pk, req, 1 + (l->count > 0));
+  rc |= fp4idx__pack_kv_uint(pk, "cursor", l->cursor);
+  if (l->count > 0) rc |= fp4idx__pack_kv_uint(pk, "count", l->count);
+  return packed(rc);
+}
+
+int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
+                             fp4idx_response_t *resp, char *msg, size_t cap) {
+  fp4idx_list_resp_t *l = &resp->u.list;
+  int rc;
+  if ((rc = get_uint(f, "cursor", &l->cursor, msg, cap)) != 0) return rc;
+  const msgpack_object *a = fp4idx__fv(f, "seqs");
+  void *p;
+  if ((rc = decode_entries(a, "seqs", false, 0, sizeof(l->seqs[0]), resp, &p,
+                           &l->nseqs, msg, cap)) != 0)
+    return rc;
+  l->seqs = p;
+  for (size_t i = 0; i < l->nseqs; i++) {
+    char path[32];
+    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL}};
+    fp4idx__fields_t es = {ef, NF(ef)};
+    fp4idx_list_entry_t *e = &l->seqs[i];
+    snprintf(path, sizeof(path), "seqs[%zu]", i);
+    if ((rc = fp4idx__map_fields(&a->via.array.ptr[i], path, ef, NF(ef), false,
+                                 msg, cap)) ||
+        (rc = fp4idx__get_uint(fp4idx__fv(&es, "seq"), path, "seq", &e->seq,
+                               msg, cap)) ||
+        (rc = fp4idx__get_uint(fp4idx__fv(&es, "keys"), path, "keys", &e->keys,
+                               msg, cap)) ||
+        (rc = fp4idx__get_uint(fp4idx__fv(&es, "pages"), path, "pages",
+                               &e->pages, msg, cap)))
+      return rc;
+  }
+  return 0;
+}
+
+int fp4idx__list_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
+  const fp4idx_list_resp_t *l = &r->u.list;
+  if (l->seqs == NULL && l->nseqs > 0) return FP4IDX_EINVAL;
+  int rc = fp4idx__pack_resp_head(pk, r, 2);
+  rc |= fp4idx__pack_kv_uint(pk, "cursor", l->cursor);
+  rc |= fp4idx__pack_cstr(pk, "seqs");
+  rc |= msgpack_pack_array(pk, l->nseqs);
+  for (size_t i = 0; i < l->nseqs && rc == 0; i++) {
+    rc |= msgpack_pack_map(pk, 3);
+    rc |= fp4idx__pack_kv_uint(pk, "seq", l->seqs[i].seq);
+    rc |= fp4idx__pack_kv_uint(pk, "keys", l->seqs[i].keys);
+    rc |= fp4idx__pack_kv_uint(pk, "pages", l->seqs[i].pages);
   }
   return packed(rc);
 }

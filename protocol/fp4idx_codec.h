@@ -72,6 +72,8 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_STRING 256u               /* "client", "error", ... */
 #define FP4IDX_PROTO_MAX_STATS_OPS 32u             /* entries of "requests" */
 #define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
+#define FP4IDX_PROTO_LIST_COUNT 100u               /* "list" default count */
+#define FP4IDX_PROTO_MAX_LIST_COUNT 10000u         /* "list" "count" bound */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
  * strings on the wire are truncated (they are informational). */
@@ -123,7 +125,8 @@ extern "C" {
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
      "pages_total", "pages_free", "requests", "pages_shared"),                \
     none, stats)                                                              \
-  X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)
+  X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
+  X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
 #define FP4IDX_OP_MAX_FIELDS 14u
@@ -361,6 +364,12 @@ typedef struct fp4idx_read_req_s {
   bool dequant;    /* default false: packed u8 [n,68]; true: f32 [n,128] */
 } fp4idx_read_req_t;
 
+/* "list" {"cursor"?, "count"?}: one step of a scan over the sequences. */
+typedef struct fp4idx_list_req_s {
+  uint64_t cursor; /* 0 (the default) starts a scan */
+  uint32_t count;  /* 1..FP4IDX_PROTO_MAX_LIST_COUNT; 0: absent (default) */
+} fp4idx_list_req_t;
+
 /* A request. "info", "stats" and "save" have no fields. */
 typedef struct fp4idx_request_s {
   uint64_t id;    /* echoed by the response; 0 when it could not be read */
@@ -373,6 +382,7 @@ typedef struct fp4idx_request_s {
     fp4idx_drop_req_t drop;
     fp4idx_fork_req_t fork;
     fp4idx_read_req_t read;
+    fp4idx_list_req_t list;
   } u;
   void *owned_; /* private: what the decoder allocated (score seqs) */
 } fp4idx_request_t;
@@ -502,6 +512,21 @@ typedef struct fp4idx_stats_s {
   size_t nops;
 } fp4idx_stats_t;
 
+/* One entry of "list" "seqs". */
+typedef struct fp4idx_list_entry_s {
+  uint64_t seq;
+  uint64_t keys;  /* keys held */
+  uint64_t pages; /* pages they take */
+} fp4idx_list_entry_t;
+
+/* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is
+ * complete) and the sequences of this step (any order, possibly none). */
+typedef struct fp4idx_list_resp_s {
+  uint64_t cursor;
+  fp4idx_list_entry_t *seqs;
+  size_t nseqs;
+} fp4idx_list_resp_t;
+
 /* A response. When status < 0 only id, status and error are meaningful.
  * "drop" and "save" have no fields. */
 typedef struct fp4idx_response_s {
@@ -518,6 +543,7 @@ typedef struct fp4idx_response_s {
     fp4idx_fork_resp_t fork;
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
+    fp4idx_list_resp_t list;
   } u;
   void *owned_; /* private: what the decoder allocated */
 } fp4idx_response_t;

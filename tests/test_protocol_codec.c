@@ -738,6 +738,10 @@ static bool sample_request(fp4idx_op_t op, fp4idx_request_t *r,
       r->u.read = (fp4idx_read_req_t){.seq = 7, .from = 1, .count = 2,
                                       .has_count = true, .dequant = true};
       return true;
+    case FP4IDX_OP_LIST:
+      r->u.list.cursor = 0x8000000000000001ull;
+      r->u.list.count = 25;
+      return true;
     case FP4IDX_OP_INFO: case FP4IDX_OP_STATS: case FP4IDX_OP_SAVE:
       return true;
     default: return false;
@@ -858,4 +862,66 @@ Test(codec, op_flags) {
     const char *n = fp4idx_op_name((fp4idx_op_t)op);
     cr_assert_eq(fp4idx_op_from_name(n, strlen(n)), (fp4idx_op_t)op);
   }
+}
+
+/* "list": the response round trip, and what the encoder refuses. */
+Test(codec, list_round_trip_and_encoder_checks) {
+  fp4idx_list_entry_t e[3] = {{7, 130, 3}, {0, 0, 0}, {UINT64_MAX, 1, 1}};
+  fp4idx_response_t in = {.id = 9, .op = FP4IDX_OP_LIST};
+  in.u.list = (fp4idx_list_resp_t){.cursor = 12345, .seqs = e, .nseqs = 3};
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), 0);
+  fp4idx_response_t out;
+  char msg[256];
+  cr_assert_eq(fp4idx_decode_response(sb.data + 4, sb.size - 4, FP4IDX_OP_LIST,
+                                      &out, msg, sizeof(msg)),
+               0, "%s", msg);
+  cr_assert_eq(out.u.list.cursor, 12345u);
+  cr_assert_eq(out.u.list.nseqs, 3u);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(out.u.list.seqs[i].seq, e[i].seq);
+    cr_assert_eq(out.u.list.seqs[i].keys, e[i].keys);
+    cr_assert_eq(out.u.list.seqs[i].pages, e[i].pages);
+  }
+  fp4idx_response_clear(&out);
+  /* an empty step: cursor not 0, no sequences */
+  msgpack_sbuffer_clear(&sb);
+  in.u.list = (fp4idx_list_resp_t){.cursor = 5};
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), 0);
+  cr_assert_eq(fp4idx_decode_response(sb.data + 4, sb.size - 4, FP4IDX_OP_LIST,
+                                      &out, msg, sizeof(msg)),
+               0);
+  cr_assert_eq(out.u.list.nseqs, 0u);
+  cr_assert_null(out.u.list.seqs);
+  cr_assert_eq(out.u.list.cursor, 5u);
+  fp4idx_response_clear(&out);
+  /* seqs NULL with a count: refused, buffer unchanged */
+  msgpack_sbuffer_clear(&sb);
+  in.u.list = (fp4idx_list_resp_t){.cursor = 5, .nseqs = 2};
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), FP4IDX_EINVAL);
+  cr_assert_eq(sb.size, 0u);
+  /* requests: count 0 is "absent", above the bound E2BIG */
+  fp4idx_request_t r = {.id = 1, .op = FP4IDX_OP_LIST};
+  r.u.list.count = FP4IDX_PROTO_MAX_LIST_COUNT + 1;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_E2BIG);
+  cr_assert_eq(sb.size, 0u);
+  r.u.list.count = 0;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), 0);
+  fp4idx_request_t back;
+  cr_assert_eq(fp4idx_decode_request(sb.data + 4, sb.size - 4, &back, msg,
+                                     sizeof(msg)),
+               0, "%s", msg);
+  cr_assert_eq(back.u.list.count, 0u);
+  cr_assert_eq(back.u.list.cursor, 0u);
+  fp4idx_request_clear(&back);
+  /* a malformed reply: an entry without "pages" */
+  msgpack_sbuffer_clear(&sb);
+  cr_assert_eq(mp_build(&sb, "{id: 9, status: 0, cursor: 0, seqs: [{seq: 1, keys: 2}]}"), 0);
+  cr_assert_eq(fp4idx_decode_response(sb.data, sb.size, FP4IDX_OP_LIST, &out,
+                                      msg, sizeof(msg)),
+               FP4IDX_EPROTO);
+  cr_assert(strstr(msg, "pages") != NULL, "%s", msg);
+  fp4idx_response_clear(&out);
+  msgpack_sbuffer_destroy(&sb);
 }

@@ -192,6 +192,7 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv);
 /* service_cmds.c: save, export, import (what persistence adds). */
 int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv);
