@@ -327,7 +327,8 @@ fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
     }
     for (size_t i = 0; i < l->nseqs; i++)
       out[i] = (fp4idx_client_seq_info_t){
-          .seq = l->seqs[i].seq, .keys = l->seqs[i].keys, .pages = l->seqs[i].pages};
+          .seq = l->seqs[i].seq, .keys = l->seqs[i].keys, .pages = l->seqs[i].pages,
+          .pages_shared = l->seqs[i].pages_shared};
     *seqs = out;
   }
   *n = l->nseqs;

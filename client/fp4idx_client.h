@@ -227,6 +227,7 @@ typedef struct fp4idx_client_seq_info_s {
   uint64_t seq;   /* sequence id */
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_client_seq_info_t;
 
 /* One step of a scan over the daemon's sequences, like Redis SCAN: start

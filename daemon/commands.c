@@ -409,6 +409,7 @@ static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
 
 /* The sequences of one "list" step, collected by the cache scan. */
 typedef struct fp4idx__list_s {
+  const fp4idx_cache_t *cache;
   fp4idx_list_entry_t *seqs;
   size_t n, cap;
 } fp4idx__list_t;
@@ -423,7 +424,8 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
     l->cap = cap;
   }
   l->seqs[l->n++] = (fp4idx_list_entry_t){
-      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages};
+      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages,
+      .pages_shared = (uint64_t)fp4idx__cache_seq_shared(l->cache, s)};
   return 0;
 }
 
@@ -431,7 +433,7 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
  * work per call, stable under inserts and drops between the calls. */
 static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
   const fp4idx_list_req_t *r = &c->req->u.list;
-  fp4idx__list_t l = {0};
+  fp4idx__list_t l = {.cache = &c->d->cache};
   uint64_t next = 0;
   int rc = fp4idx__cache_scan(&c->d->cache, r->cursor,
                               r->count ? r->count : FP4IDX_PROTO_LIST_COUNT,

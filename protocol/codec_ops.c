@@ -875,7 +875,8 @@ int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
   l->seqs = p;
   for (size_t i = 0; i < l->nseqs; i++) {
     char path[32];
-    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL}};
+    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL},
+                            {"pages_shared", NULL}};
     fp4idx__fields_t es = {ef, NF(ef)};
     fp4idx_list_entry_t *e = &l->seqs[i];
     snprintf(path, sizeof(path), "seqs[%zu]", i);
@@ -886,7 +887,8 @@ int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
         (rc = fp4idx__get_uint(fp4idx__fv(&es, "keys"), path, "keys", &e->keys,
                                msg, cap)) ||
         (rc = fp4idx__get_uint(fp4idx__fv(&es, "pages"), path, "pages",
-                               &e->pages, msg, cap)))
+                               &e->pages, msg, cap)) ||
+        (rc = get_opt_uint(&es, "pages_shared", &e->pages_shared, msg, cap)))
       return rc;
   }
   return 0;
@@ -900,10 +902,11 @@ int fp4idx__list_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   rc |= fp4idx__pack_cstr(pk, "seqs");
   rc |= msgpack_pack_array(pk, l->nseqs);
   for (size_t i = 0; i < l->nseqs && rc == 0; i++) {
-    rc |= msgpack_pack_map(pk, 3);
+    rc |= msgpack_pack_map(pk, 4);
     rc |= fp4idx__pack_kv_uint(pk, "seq", l->seqs[i].seq);
     rc |= fp4idx__pack_kv_uint(pk, "keys", l->seqs[i].keys);
     rc |= fp4idx__pack_kv_uint(pk, "pages", l->seqs[i].pages);
+    rc |= fp4idx__pack_kv_uint(pk, "pages_shared", l->seqs[i].pages_shared);
   }
   return packed(rc);
 }

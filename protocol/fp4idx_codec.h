@@ -517,6 +517,7 @@ typedef struct fp4idx_list_entry_s {
   uint64_t seq;
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_list_entry_t;
 
 /* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is

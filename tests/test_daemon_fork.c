@@ -85,6 +85,31 @@ static void same_seq(int fd, uint64_t a, uint64_t b, uint64_t n) {
 
 static void info_of(int fd, fp4idx_info_t *in) { cr_assert_eq(fp4idx_test_info(fd, in), 0); }
 
+/* The list entry of seq (a whole scan), as pages and shared pages. */
+static void list_of(int fd, uint64_t seq, uint64_t *pages, uint64_t *shared) {
+  uint64_t cursor = 0;
+  int found = 0;
+  do {
+    fp4idx_request_t req = {.id = 5, .op = FP4IDX_OP_LIST};
+    req.u.list.cursor = cursor;
+    req.u.list.count = 1000;
+    fp4idx_response_t resp;
+    unsigned char *body = NULL;
+    cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
+    cr_assert_eq(resp.status, 0);
+    for (size_t i = 0; i < resp.u.list.nseqs; i++)
+      if (resp.u.list.seqs[i].seq == seq) {
+        *pages = resp.u.list.seqs[i].pages;
+        *shared = resp.u.list.seqs[i].pages_shared;
+        found = 1;
+      }
+    cursor = resp.u.list.cursor;
+    fp4idx_response_clear(&resp);
+    free(body);
+  } while (cursor != 0);
+  cr_assert(found, "seq %llu not listed", (unsigned long long)seq);
+}
+
 /* Source 1 holds the prompt; forks 11..14 of it and unshared copies
  * 21..24 each get the prompt (copies: appended again) and EXTRA keys of
  * their own; then the source gets EXTRA keys too. */
@@ -134,6 +159,15 @@ Test(daemon_fork, forks_score_like_copies_and_share_pages) {
                (unsigned long long)used);
   cr_assert_eq(in.pages_shared, shared_pages);
   cr_assert_eq(in.sequences, 2 * FORKS + 2);
+  uint64_t lp, ls;
+  list_of(fd, 11, &lp, &ls); /* a fork: the prompt's whole pages are shared */
+  cr_assert_eq(lp, own);
+  cr_assert_eq(ls, shared_pages);
+  list_of(fd, 1, &lp, &ls); /* the source likewise */
+  cr_assert_eq(ls, shared_pages);
+  list_of(fd, 21, &lp, &ls); /* an unshared copy */
+  cr_assert_eq(lp, own);
+  cr_assert_eq(ls, 0);
 
   /* Bad forks: nothing changes. */
   cr_assert_eq(fork_call(fd, 999, 50, 0), FP4IDX_ENOSEQ);

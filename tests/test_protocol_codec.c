@@ -866,7 +866,7 @@ Test(codec, op_flags) {
 
 /* "list": the response round trip, and what the encoder refuses. */
 Test(codec, list_round_trip_and_encoder_checks) {
-  fp4idx_list_entry_t e[3] = {{7, 130, 3}, {0, 0, 0}, {UINT64_MAX, 1, 1}};
+  fp4idx_list_entry_t e[3] = {{7, 130, 3, 2}, {0, 0, 0, 0}, {UINT64_MAX, 1, 1, 1}};
   fp4idx_response_t in = {.id = 9, .op = FP4IDX_OP_LIST};
   in.u.list = (fp4idx_list_resp_t){.cursor = 12345, .seqs = e, .nseqs = 3};
   msgpack_sbuffer sb;
@@ -883,6 +883,7 @@ Test(codec, list_round_trip_and_encoder_checks) {
     cr_assert_eq(out.u.list.seqs[i].seq, e[i].seq);
     cr_assert_eq(out.u.list.seqs[i].keys, e[i].keys);
     cr_assert_eq(out.u.list.seqs[i].pages, e[i].pages);
+    cr_assert_eq(out.u.list.seqs[i].pages_shared, e[i].pages_shared);
   }
   fp4idx_response_clear(&out);
   /* an empty step: cursor not 0, no sequences */

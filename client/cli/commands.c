@@ -772,15 +772,16 @@ int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv) {
     if (one_step) printf("\"cursor\":%llu,", (unsigned long long)cursor);
     printf("\"sequences\":[");
     for (size_t i = 0; i < u; i++)
-      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu}", i ? "," : "",
-             (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
-             (unsigned long long)all[i].pages);
+      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu,\"pages_shared\":%llu}",
+             i ? "," : "", (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
+             (unsigned long long)all[i].pages, (unsigned long long)all[i].pages_shared);
     printf("]}\n");
   } else {
-    printf("seq keys pages\n");
+    printf("seq keys pages shared\n");
     for (size_t i = 0; i < u; i++)
-      printf("%llu %llu %llu\n", (unsigned long long)all[i].seq,
-             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages);
+      printf("%llu %llu %llu %llu\n", (unsigned long long)all[i].seq,
+             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages,
+             (unsigned long long)all[i].pages_shared);
     if (one_step) printf("cursor: %llu\n", (unsigned long long)cursor);
   }
 out:
