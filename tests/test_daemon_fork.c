@@ -304,3 +304,51 @@ Test(daemon_fork, sharing_survives_restart_and_kill9) {
   free(prompt);
   for (int f = 0; f <= FORKS; f++) free(extra[f]);
 }
+
+/* When the append log cannot take the fork's record (file size limit:
+ * EFBIG), the fork fails with EIO and changes nothing: no new sequence, no
+ * page taken; after a kill -9 the restarted daemon has no trace of it. */
+#include <sys/resource.h>
+
+Test(daemon_fork, log_write_failure_fails_the_fork_cleanly) {
+  char root[64], data[128];
+  tmpdir_make(root, sizeof root);
+  snprintf(data, sizeof data, "%s/state", root);
+  unsigned char *keys = malloc(100 * FP4IDX_SLOT_BYTES);
+  fill_random(keys, 100 * FP4IDX_SLOT_BYTES, 17);
+  for (int i = 0; i < 100; i++) /* finite scales */
+    for (int b = 0; b < 4; b++) keys[i * FP4IDX_SLOT_BYTES + 64 + b] = 127;
+  signal(SIGXFSZ, SIG_IGN); /* inherited: the daemon gets EFBIG, not a signal */
+  /* Room for the log header and one append of 100 keys, not for a fork. */
+  struct rlimit rl = {.rlim_cur = 32 + (40 + 100 * FP4IDX_SLOT_BYTES + 4) + 20,
+                      .rlim_max = RLIM_INFINITY};
+  cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+  fp4idx_test_daemon_t d;
+  start_persist(&d, data);
+  int fd = fp4idx_test_connect(d.sock);
+  uint64_t first, len;
+  cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, 100, keys, &first, &len), 0);
+  fp4idx_info_t before, after;
+  info_of(fd, &before);
+  cr_assert_eq(fork_call(fd, 1, 2, 50), FP4IDX_EIO);
+  info_of(fd, &after);
+  cr_assert_eq(after.sequences, 1, "the failed fork made no sequence");
+  cr_assert_eq(after.pages_free, before.pages_free);
+  cr_assert_eq(after.pages_shared, 0);
+  cr_assert_eq(fp4idx_test_drop(fd, 2), FP4IDX_ENOSEQ);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGKILL), 0);
+  cr_assert_eq(fp4idx_test_daemon_wait(&d, 5000), 128 + SIGKILL);
+  start_persist(&d, data);
+  fd = fp4idx_test_connect(d.sock);
+  info_of(fd, &after);
+  cr_assert_eq(after.sequences, 1);
+  unsigned char *back = malloc(100 * FP4IDX_SLOT_BYTES);
+  cr_assert_eq(fp4idx_test_read(fd, 1, 0, 100, back, &len), 0);
+  cr_assert_eq(memcmp(back, keys, 100 * FP4IDX_SLOT_BYTES), 0);
+  close(fd);
+  fp4idx_test_daemon_stop(&d); /* (its final snapshot may hit the limit too) */
+  free(back);
+  free(keys);
+  tmpdir_rm(root);
+}
