@@ -1,4 +1,4 @@
-/* aof.h -- the append log: every acknowledged append, truncate and drop,
+/* aof.h -- the append log: every acknowledged append, truncate, drop and fork,
  * written before the reply, replayed on start after the snapshot.
  *
  * Appends are logged as the packed 68-byte slots that were stored (64 payload
