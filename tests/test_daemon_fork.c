@@ -8,6 +8,7 @@
 #include "persist_util.h"
 
 #include <signal.h>
+#include <time.h>
 
 #include "daemon_harness.h"
 #include "fp4idx_codec.h"
@@ -136,12 +137,10 @@ static void setup_queries(void) {
   make_bf16(g_w, sizeof g_w / sizeof *g_w, 6);
 }
 
-Test(daemon_fork, forks_score_like_copies_and_share_pages) {
+/* The forks case on a started daemon d (CPU or CUDA backend); stops it. */
+static void forks_case(fp4idx_test_daemon_t *d) {
   setup_queries();
-  fp4idx_test_daemon_t d;
-  memset(&d, 0, sizeof d);
-  cr_assert_eq(fp4idx_test_daemon_start(&d, NULL), 0);
-  int fd = fp4idx_test_connect(d.sock);
+  int fd = fp4idx_test_connect(d->sock);
   cr_assert_geq(fd, 0);
   uint16_t *prompt = keys_of(PROMPT, 1), *extra[FORKS + 1];
   for (int f = 0; f <= FORKS; f++) extra[f] = keys_of(EXTRA, 100 + (uint64_t)f);
@@ -203,9 +202,44 @@ Test(daemon_fork, forks_score_like_copies_and_share_pages) {
   info_of(fd, &after);
   cr_assert_eq(after.pages_free, in0.pages_free, "every page back");
   close(fd);
-  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  cr_assert_eq(fp4idx_test_daemon_stop(d), 0);
   free(prompt);
   for (int f = 0; f <= FORKS; f++) free(extra[f]);
+}
+
+Test(daemon_fork, forks_score_like_copies_and_share_pages) {
+  fp4idx_test_daemon_t d;
+  memset(&d, 0, sizeof d);
+  cr_assert_eq(fp4idx_test_daemon_start(&d, NULL), 0);
+  forks_case(&d);
+}
+
+/* The same through --backend cuda: shared pages scored on the GPU, the
+ * copy-on-write through the CUDA backend's copy_pages (skips without one). */
+Test(daemon_fork, forks_on_the_cuda_backend) {
+#ifndef FP4IDX_TEST_HAVE_CUDA
+  cr_skip_test("built without the CUDA backend");
+#else
+  fp4idx_test_daemon_t d;
+  memset(&d, 0, sizeof d);
+  cr_assert_eq(fp4idx_test_daemon_prepare(&d), 0);
+  cr_assert_eq(fp4idx_test_daemon_spawn(&d, d.sock, (const char *[]){"--backend", "cuda",
+               "--cache-bytes", "64M", "--log-level", "debug", NULL}), 0);
+  int fd = -1;
+  for (int i = 0; i < 3000 && fd < 0 && fp4idx_test_daemon_alive(&d); i++) {
+    fd = fp4idx_test_connect(d.sock);
+    if (fd < 0) nanosleep(&(struct timespec){0, 10000000L}, NULL);
+  }
+  if (fd < 0) {
+    int code = fp4idx_test_daemon_stop(&d);
+    cr_skip_test("no usable GPU (fp4idxd --backend cuda exited %d)", code);
+  }
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(fd, &info), 0);
+  cr_assert_str_eq(info.backend, "cuda");
+  close(fd);
+  forks_case(&d);
+#endif
 }
 
 Test(daemon_fork, full_pool_fork_then_copy_on_write_is_efull) {
