@@ -47,8 +47,8 @@ static int fp4idx__cmd_hello(fp4idx__cmd_t *c) {
   char *msg = c->msg;
   if (req->u.hello.version != FP4IDX_PROTOCOL_VERSION)
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EVERSION,
-                            "protocol version %" PRIu64 " not supported (server speaks %u)",
-                            req->u.hello.version, FP4IDX_PROTOCOL_VERSION);
+                        "protocol version %" PRIu64 " not supported (server speaks %u)",
+                        req->u.hello.version, FP4IDX_PROTOCOL_VERSION);
   resp->u.hello.version = FP4IDX_PROTOCOL_VERSION;
   snprintf(resp->u.hello.server, sizeof resp->u.hello.server, "fp4idxd %s",
            FP4IDXD_VERSION_STRING);
@@ -94,14 +94,14 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
     int64_t need = (old_len + n + d->cache.page_size - 1) / d->cache.page_size -
                    (s ? s->n_pages : 0);
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc,
-                          "page pool is full: %" PRId64 " keys need %" PRId64
-                          " new pages, %" PRId64 " of %" PRId64 " free",
-                          n, need, d->cache.n_free, d->cache.n_pages);
+                      "page pool is full: %" PRId64 " keys need %" PRId64
+                      " new pages, %" PRId64 " of %" PRId64 " free",
+                      n, need, d->cache.n_free, d->cache.n_pages);
     goto out;
   }
   if (rc) {
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
-                          n, a->seq, fp4idx_strerror(rc));
+                      n, a->seq, fp4idx_strerror(rc));
     goto out;
   }
   rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots,
@@ -119,7 +119,7 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
       rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "keys: NaN or inf in a key; nothing was stored");
     else
       rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "storing keys: %s; nothing was stored",
-                            fp4idx_strerror(rc));
+                        fp4idx_strerror(rc));
     goto out;
   }
   resp->u.append.first = (uint64_t)first;
@@ -180,12 +180,12 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, s->seq);
     if (!cs)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
-                              s->seq);
+                          s->seq);
     uint64_t width = 0;
     int rc = fp4idx_score_seq_check(s, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
     if (rc)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
-                              i, s->seq, cs->n_keys, detail);
+                          i, s->seq, cs->n_keys, detail);
     void **o = &b->owned[4 * i];
     o[0] = fp4idx__cmd_aligned(&s->q);
     o[1] = fp4idx__cmd_aligned(&s->w);
@@ -212,8 +212,8 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   uint64_t bytes = k ? rows_total * (k * 8u + 4u) : cells * 4u;
   if ((k && rows_total > FP4IDX_CMD_MAX_RESULT / (k * 8u + 4u)) || bytes > FP4IDX_CMD_MAX_RESULT)
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG,
-                            "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
-                            rows_total, FP4IDX_CMD_MAX_RESULT);
+                        "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
+                        rows_total, FP4IDX_CMD_MAX_RESULT);
   if (k) {
     b->pos = malloc(rows_total * k * 4u + 1);
     b->val = malloc(rows_total * k * 4u + 1);
@@ -333,16 +333,16 @@ static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
   uint64_t n = (uint64_t)s->n_keys;
   if (r->from > n)
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
-                            r->from, n);
+                        r->from, n);
   uint64_t count = r->has_count ? r->count : n - r->from;
   if (count > n - r->from)
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
-                            "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
-                            r->from, count, n);
+                        "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
+                        r->from, count, n);
   uint64_t each = r->dequant ? FP4IDX_HEAD_DIM * sizeof(float) : FP4IDX_SLOT_BYTES;
   if (count > FP4IDX_CMD_MAX_RESULT / each)
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
-                            count, FP4IDX_CMD_MAX_RESULT);
+                        count, FP4IDX_CMD_MAX_RESULT);
   int64_t *slots = malloc(count * sizeof *slots + 1);
   *out = malloc(count * each + 1);
   if (!slots || !*out) {

@@ -130,8 +130,8 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
   if (n == 0) return 0;
   if (n != 1) {
     return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "socket activation passed %d file descriptors; fp4idxd takes exactly "
-           "one listening Unix stream socket",
-           n);
+                        "one listening Unix stream socket",
+                        n);
   }
   int f = LISTEN_FDS_START;
   int type = 0, listening = 0, ok;
@@ -146,7 +146,7 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
        ss.ss_family == AF_UNIX;
   if (!ok) {
     return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "socket activation: fd 3 is not a listening Unix stream socket "
-           "(use ListenStream=/path in the .socket unit)");
+                        "(use ListenStream=/path in the .socket unit)");
   }
   fcntl(f, F_SETFD, FD_CLOEXEC);
   *fd = f;

@@ -102,7 +102,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
   }
   if (fp4idx__get32(map + 8) != 1) {
     rc = fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: append log version %u, this build reads 1", path,
-           fp4idx__get32(map + 8));
+                      fp4idx__get32(map + 8));
     goto out;
   }
   res->gen = fp4idx__get64(map + 16);
@@ -113,8 +113,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
   }
   if (res->gen > expect_gen) {
     rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: append log generation %llu is newer than the snapshot's (%llu): "
-           "the snapshot it continues is missing; refusing to replay",
-           path, (unsigned long long)res->gen, (unsigned long long)expect_gen);
+                      "the snapshot it continues is missing; refusing to replay",
+                      path, (unsigned long long)res->gen, (unsigned long long)expect_gen);
     goto out;
   }
 
@@ -137,7 +137,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
         break;
       }
       rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: corrupt append log record header at offset %zu (of %zu bytes)",
-             path, off, size);
+                        path, off, size);
       goto out;
     }
     uint32_t magic = fp4idx__get32(r), op = fp4idx__get32(r + 4);
@@ -167,8 +167,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
         break;
       }
       rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: corrupt append log record at offset %zu (checksum mismatch, "
-             "%zu bytes follow it)",
-             path, off, (size_t)(size - off - rlen));
+                        "%zu bytes follow it)",
+                        path, off, (size_t)(size - off - rlen));
       goto out;
     }
     fp4idx_aof_record_t rec = {
@@ -183,9 +183,9 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
     rc = apply(ctx, &rec);
     if (rc != FP4IDX_OK) {
       rc = fp4idx__fail(err, errlen, rc, "%s: record at offset %zu (op %u, seq %llu, pos %lld) does not "
-             "apply: %s",
-             path, off, op, (unsigned long long)rec.seq, (long long)rec.pos,
-             fp4idx_strerror(rc));
+                        "apply: %s",
+                        path, off, op, (unsigned long long)rec.seq, (long long)rec.pos,
+                        fp4idx_strerror(rc));
       goto out;
     }
     res->records++;

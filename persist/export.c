@@ -141,7 +141,7 @@ int fp4idx__export_read(const char *path, int flags, fp4idx_export_info_t *info,
     }
     if (fp4idx__get32(h + 8) != 1) {
       rc = fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: export format version %u, this build reads 1",
-             path, fp4idx__get32(h + 8));
+                        path, fp4idx__get32(h + 8));
       goto out;
     }
     in.page_size = (int32_t)fp4idx__get32(h + 16);
@@ -166,9 +166,9 @@ int fp4idx__export_read(const char *path, int flags, fp4idx_export_info_t *info,
   int64_t bytes = fp4idx__export_pages_bytes(in.n_keys, in.page_size);
   if (size != hbytes + (uint64_t)bytes) {
     rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: %s: expected %llu bytes, file has %llu", path,
-           size < hbytes + (uint64_t)bytes ? "truncated" : "wrong size",
-           (unsigned long long)(hbytes + (uint64_t)bytes),
-           (unsigned long long)size);
+                      size < hbytes + (uint64_t)bytes ? "truncated" : "wrong size",
+                      (unsigned long long)(hbytes + (uint64_t)bytes),
+                      (unsigned long long)size);
     goto out;
   }
   pages = malloc(bytes ? (size_t)bytes : 1);

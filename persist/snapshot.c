@@ -268,7 +268,7 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
   hd->info.version = fp4idx__get32(h + 8);
   if (hd->info.version < 1 || hd->info.version > FP4IDX_SNAPSHOT_VERSION) {
     return fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: snapshot format version %u, this build reads %d",
-           path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
+                        path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
   }
   uint32_t hbytes = fp4idx__get32(h + 12), psize = fp4idx__get32(h + 16), slot = fp4idx__get32(h + 20);
   hd->info.n_seqs = (int64_t)fp4idx__get64(h + 24);
@@ -294,8 +294,8 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
   uint64_t want = FP4IDX_SNAPSHOT_HEADER_BYTES + hd->table_bytes + hd->pool_bytes;
   if (want != file_bytes) {
     return fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: snapshot is %s: header says %llu bytes, file has %llu", path,
-           file_bytes < want ? "truncated" : "longer than its header says",
-           (unsigned long long)want, (unsigned long long)file_bytes);
+                        file_bytes < want ? "truncated" : "longer than its header says",
+                        (unsigned long long)want, (unsigned long long)file_bytes);
   }
   return FP4IDX_OK;
 }
@@ -338,14 +338,14 @@ int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_page
     int64_t np = pages_of(seqs[s].n_keys, page_size);
     if (seqs[s].n_keys < 0 || (np && !seqs[s].pages)) {
       rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: sequence %llu: bad key count",
-             (unsigned long long)seqs[s].id);
+                        (unsigned long long)seqs[s].id);
       goto out;
     }
     for (int64_t i = 0; i < np; i++) {
       int32_t p = seqs[s].pages[i];
       if (p < 0 || p >= pool_pages || last[p] == s) {
         rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: sequence %llu: page %d out of range or listed twice",
-               (unsigned long long)seqs[s].id, (int)p);
+                          (unsigned long long)seqs[s].id, (int)p);
         goto out;
       }
       shared |= file_index[p] == 0;
@@ -423,7 +423,7 @@ int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_page
     rc = read_fn(ctx, p, n, out + fill * page_bytes);
     if (rc != FP4IDX_OK) {
       rc = fp4idx__fail(err, errlen, rc, "snapshot save: reading pages %lld..%lld: %s",
-             (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+                        (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       iopipe_finish(&pipe, 0);
       goto out;
     }
@@ -501,7 +501,7 @@ static int open_and_header(const char *path, int *fd_out, header_t *hd,
   }
   if (got < (ssize_t)sizeof h) {
     (void)fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: snapshot is truncated (%lld bytes, header needs %d)",
-           path, (long long)got, FP4IDX_SNAPSHOT_HEADER_BYTES);
+                       path, (long long)got, FP4IDX_SNAPSHOT_HEADER_BYTES);
     close(fd);
     return FP4IDX_ECORRUPT;
   }
@@ -546,14 +546,14 @@ int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_page
   if (rc != FP4IDX_OK) return rc;
   if (hd.info.page_size != page_size) {
     rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "%s: snapshot page size is %d, the daemon runs with %d "
-           "(start with --page-size %d to load it)",
-           path, (int)hd.info.page_size, (int)page_size, (int)hd.info.page_size);
+                      "(start with --page-size %d to load it)",
+                      path, (int)hd.info.page_size, (int)page_size, (int)hd.info.page_size);
     goto out;
   }
   if (hd.info.n_pages > pool_pages) {
     rc = fp4idx__fail(err, errlen, FP4IDX_EFULL, "%s: snapshot holds %lld pages, the pool has only %lld "
-           "(raise --cache-bytes)",
-           path, (long long)hd.info.n_pages, (long long)pool_pages);
+                      "(raise --cache-bytes)",
+                      path, (long long)hd.info.n_pages, (long long)pool_pages);
     goto out;
   }
 
@@ -644,7 +644,7 @@ int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_page
     if (rc != FP4IDX_OK) {
       iopipe_finish(&pipe, 0);
       rc = fp4idx__fail(err, errlen, rc, "%s: writing pages %lld..%lld into the pool: %s",
-             path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+                        path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       goto out;
     }
     iopipe_pass(&pipe, cur, 0);
@@ -653,7 +653,7 @@ int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_page
   iopipe_finish(&pipe, 0);
   if (crc != hd.pool_crc) {
     rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: pool checksum mismatch (corrupt page data); nothing loaded",
-           path);
+                      path);
     goto out;
   }
   *seqs_out = seqs;

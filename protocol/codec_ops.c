@@ -379,14 +379,22 @@ static int check_score_heads(uint64_t heads, char *msg, size_t cap) {
   return 0;
 }
 
-static int check_score_topk(uint64_t k, char *msg, size_t cap) {
-  if (k < 1)
+/* An optional count field `name` that is 1..max when given: 0 is EPROTO
+ * (leaving the field out means `absent`), above max E2BIG. */
+static int check_count(const char *name, uint64_t n, uint32_t max,
+                       const char *absent, char *msg, size_t cap) {
+  if (n < 1)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "topk: 0, must be >= 1 (leave it out for logits)");
-  if (k > FP4IDX_PROTO_MAX_TOPK)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "topk: %llu, at most %u",
-                        (unsigned long long)k, FP4IDX_PROTO_MAX_TOPK);
+                        "%s: 0, must be >= 1 (leave it out for %s)", name,
+                        absent);
+  if (n > max)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %llu, at most %u", name,
+                        (unsigned long long)n, max);
   return 0;
+}
+
+static int check_score_topk(uint64_t k, char *msg, size_t cap) {
+  return check_count("topk", k, FP4IDX_PROTO_MAX_TOPK, "logits", msg, cap);
 }
 
 static int check_score_nseqs(uint64_t n, char *msg, size_t cap) {
@@ -823,14 +831,8 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
 /* ---- list ------------------------------------------------------------------------ */
 
 static int check_list_count(uint64_t n, char *msg, size_t cap) {
-  if (n < 1)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "count: 0, must be >= 1 (leave it out for %u)",
-                        FP4IDX_PROTO_LIST_COUNT);
-  if (n > FP4IDX_PROTO_MAX_LIST_COUNT)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "count: %llu, at most %u",
-                        (unsigned long long)n, FP4IDX_PROTO_MAX_LIST_COUNT);
-  return 0;
+  return check_count("count", n, FP4IDX_PROTO_MAX_LIST_COUNT, "the default",
+                     msg, cap);
 }
 
 int fp4idx__list_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
