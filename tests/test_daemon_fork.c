@@ -8,7 +8,6 @@
 #include "persist_util.h"
 
 #include <signal.h>
-#include <time.h>
 
 #include "daemon_harness.h"
 #include "fp4idx_codec.h"
@@ -221,19 +220,11 @@ Test(daemon_fork, forks_on_the_cuda_backend) {
   cr_skip_test("built without the CUDA backend");
 #else
   fp4idx_test_daemon_t d;
-  memset(&d, 0, sizeof d);
-  cr_assert_eq(fp4idx_test_daemon_prepare(&d), 0);
-  cr_assert_eq(fp4idx_test_daemon_spawn(&d, d.sock, (const char *[]){"--backend", "cuda",
-               "--cache-bytes", "64M", "--log-level", "debug", NULL}), 0);
-  int fd = -1;
-  for (int i = 0; i < 3000 && fd < 0 && fp4idx_test_daemon_alive(&d); i++) {
-    fd = fp4idx_test_connect(d.sock);
-    if (fd < 0) nanosleep(&(struct timespec){0, 10000000L}, NULL);
-  }
-  if (fd < 0) {
-    int code = fp4idx_test_daemon_stop(&d);
-    cr_skip_test("no usable GPU (fp4idxd --backend cuda exited %d)", code);
-  }
+  int code = 0, up = fp4idx_test_daemon_start_cuda(&d, "64M", &code);
+  cr_assert_geq(up, 0);
+  if (up) cr_skip_test("no usable GPU (fp4idxd --backend cuda exited %d)", code);
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
   fp4idx_info_t info;
   cr_assert_eq(fp4idx_test_info(fd, &info), 0);
   cr_assert_str_eq(info.backend, "cuda");
