@@ -199,6 +199,20 @@ fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
 fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
                                        uint64_t length, uint64_t *new_length);
 
+/* Makes the new sequence dst the first `length` keys of src without copying
+ * them: the daemon shares src's pages, and appends, truncates and drops of
+ * either sequence later never show in the other (prompt prefixes, parallel
+ * sampling, beam search; PROTOCOL.md "fork"). Takes no free page; the first
+ * append into a shared, partly filled last page takes one (EFULL then).
+ * Takes: length <= src's key count; dst not yet known; new_length (may be
+ *   NULL) receives dst's length.
+ * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown src); FP4IDX_EEXIST (dst
+ *   exists, dst == src included); FP4IDX_ERANGE (length above src's key
+ *   count); FP4IDX_ENOMEM (daemon out of host memory); connection errors.
+ *   On any error nothing changed. */
+fp4idx_status_t fp4idx_client_fork(fp4idx_client_t *c, uint64_t src, uint64_t dst,
+                                   uint64_t length, uint64_t *new_length);
+
 /* Drops sequence seq and frees its pages.
  * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); connection errors. */
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
@@ -214,6 +228,7 @@ typedef struct fp4idx_client_seq_info_s {
   uint64_t seq;   /* sequence id */
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_client_seq_info_t;
 
 /* One step of a scan over the daemon's sequences, like Redis SCAN: start
@@ -346,6 +361,8 @@ typedef struct fp4idx_client_stats_s {
   uint64_t queue_depth;            /* requests waiting for the worker */
   uint64_t device_mem_total;       /* bytes of device (CPU: host) memory */
   uint64_t device_mem_free;        /* of which free */
+  uint64_t pages_shared;           /* pages two sequences or more see (forks;
+                                      0 from a daemon without fork) */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

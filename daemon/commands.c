@@ -67,6 +67,7 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   in->pages_free = (uint64_t)d->cache.n_free;
   in->sequences = d->cache.n_seqs;
   in->max_frame = d->cfg.max_frame;
+  in->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
   return FP4IDX_OK;
 }
 
@@ -200,9 +201,11 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
       o[2] = l;
     }
     if (fp4idx_tensor_present(&s->mask)) o[3] = fp4idx__cmd_aligned(&s->mask);
-    if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]))
+    const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
+    if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]) ||
+        fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
+    b->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
     rows_total += s->rows;
@@ -253,22 +256,30 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   return FP4IDX_OK;
 }
 
+/* A known sequence holding at least `length` keys (truncate, fork), else
+ * ENOSEQ / ERANGE with the message. */
+static int fp4idx__cmd_check_length(fp4idx__cmd_t *c, uint64_t seq, uint64_t length) {
+  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&c->d->cache, seq);
+  if (!s) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, seq);
+  if (length > (uint64_t)s->n_keys)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
+                        length, s->n_keys, seq);
+  return FP4IDX_OK;
+}
+
 static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   char *msg = c->msg;
   const fp4idx_truncate_req_t *t = &c->req->u.truncate;
-  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
-  if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
-                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
-                        t->length, s->n_keys, t->seq);
+  int rc = fp4idx__cmd_check_length(c, t->seq, t->length);
+  if (rc) return rc;
   if (d->hooks.mutation && !c->replay) {
-    int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
-  int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
+  rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
   if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
   c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
@@ -285,6 +296,32 @@ static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
+}
+
+/* Forked first, then logged (a fork can fail for memory, a logged record
+ * must not): a log failure drops dst again, which lets go of exactly what
+ * the fork took. */
+static int fp4idx__cmd_fork(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_fork_req_t *f = &c->req->u.fork;
+  int rc = fp4idx__cmd_check_length(c, f->src, f->length);
+  if (rc) return rc;
+  if (fp4idx__cache_find(&d->cache, f->dst))
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EEXIST, "sequence %" PRIu64 " already exists",
+                        f->dst);
+  rc = fp4idx__cache_fork(&d->cache, f->src, f->dst, (int64_t)f->length);
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork: %s", fp4idx_strerror(rc));
+  if (d->hooks.mutation && !c->replay) {
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_FORK, f->dst, (int64_t)f->length,
+                           (int64_t)f->src, NULL);
+    if (rc) {
+      (void)fp4idx__cache_drop(&d->cache, f->dst);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork not logged: %s", fp4idx_strerror(rc));
+    }
+  }
+  c->resp->u.fork.length = f->length;
+  return FP4IDX_OK;
 }
 
 static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
@@ -338,6 +375,7 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   st->keys = (uint64_t)d->cache.n_keys;
   st->pages_total = (uint64_t)d->cache.n_pages;
   st->pages_free = (uint64_t)d->cache.n_free;
+  st->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
   fp4idx__stats_to_wire(&snap, st);
@@ -381,6 +419,7 @@ static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
 
 /* The sequences of one "list" step, collected by the cache scan. */
 typedef struct fp4idx__list_s {
+  const fp4idx_cache_t *cache;
   fp4idx_list_entry_t *seqs;
   size_t n, cap;
 } fp4idx__list_t;
@@ -395,7 +434,8 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
     l->cap = cap;
   }
   l->seqs[l->n++] = (fp4idx_list_entry_t){
-      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages};
+      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages,
+      .pages_shared = (uint64_t)fp4idx__cache_seq_shared(l->cache, s)};
   return 0;
 }
 
@@ -403,7 +443,7 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
  * work per call, stable under inserts and drops between the calls. */
 static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
   const fp4idx_list_req_t *r = &c->req->u.list;
-  fp4idx__list_t l = {0};
+  fp4idx__list_t l = {.cache = &c->d->cache};
   uint64_t next = 0;
   int rc = fp4idx__cache_scan(&c->d->cache, r->cursor,
                               r->count ? r->count : FP4IDX_PROTO_LIST_COUNT,

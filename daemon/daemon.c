@@ -84,6 +84,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
     goto err;
   }
   d->cache_ok = 1;
+  fp4idx__cache_set_copy(&d->cache, fp4idx__engine_copy_page, d->engine);
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
   d->server.data = d;
   d->server.socket_mode = d->cfg.socket_mode;

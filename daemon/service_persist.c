@@ -61,16 +61,21 @@ static int fp4idx__service_write_pages(void *ctx, int64_t first, int64_t count,
 /* ---- save: snapshot, then a fresh log ---------------------------------------- */
 
 typedef struct fp4idx__collect_s {
+  fp4idx_cache_t *cache;
   fp4idx_snap_seq_t *seqs;
   int64_t n, cap;
 } fp4idx__collect_t;
 
 static int fp4idx__service_collect(const fp4idx_cache_seq_t *s, void *arg) {
   fp4idx__collect_t *c = arg;
-  if (c->n >= c->cap) return 1; /* cannot happen: cap = n_seqs */
+  const int32_t *pages;
+  if (c->n >= c->cap) return FP4IDX_EINTERNAL; /* cannot happen: cap = n_seqs */
+  /* (Fills the sequence's flat page list, a cache: no state changes.) */
+  int rc = fp4idx__cache_pages(c->cache, s, &pages);
+  if (rc) return rc;
   c->seqs[c->n].id = s->id;
   c->seqs[c->n].n_keys = s->n_keys;
-  c->seqs[c->n].pages = s->pages;
+  c->seqs[c->n].pages = (int32_t *)pages;
   c->n++;
   return 0;
 }
@@ -88,7 +93,13 @@ static int fp4idx__service_save(fp4idx_service_t *svc, char *msg, size_t cap) {
     snprintf(msg, cap, "save: out of memory");
     return FP4IDX_ENOMEM;
   }
-  fp4idx__cache_foreach(&d->cache, fp4idx__service_collect, &c);
+  c.cache = &d->cache;
+  rc = fp4idx__cache_foreach(&d->cache, fp4idx__service_collect, &c);
+  if (rc) {
+    free(c.seqs);
+    snprintf(msg, cap, "save: %s", fp4idx_strerror(rc));
+    return rc;
+  }
   uint64_t gen = fp4idx__aof_gen(svc->aof) + 1;
   fp4idx_snap_info_t info;
   double t0 = fp4idx__service_now();
@@ -155,6 +166,12 @@ static int fp4idx__service_apply(void *ctx, const fp4idx_aof_record_t *r) {
     case FP4IDX_AOF_DROP:
       req.op = FP4IDX_OP_DROP;
       req.u.drop.seq = r->seq;
+      break;
+    case FP4IDX_AOF_FORK:
+      req.op = FP4IDX_OP_FORK;
+      req.u.fork.src = r->src;
+      req.u.fork.dst = r->seq;
+      req.u.fork.length = (uint64_t)r->pos;
       break;
     default: return FP4IDX_ECORRUPT;
   }
@@ -308,8 +325,8 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
                      res.gen, gen);
   else if (res.records)
     fp4idx__log_info("append log replayed: %" PRId64 " records (%" PRId64 " appends, %" PRId64
-                     " keys, %" PRId64 " truncates, %" PRId64 " drops)",
-                     res.records, res.appends, res.keys, res.truncates, res.drops);
+                     " keys, %" PRId64 " truncates, %" PRId64 " drops, %" PRId64 " forks)",
+                     res.records, res.appends, res.keys, res.truncates, res.drops, res.forks);
   int64_t keep = (res.exists && !res.stale) ? res.valid_bytes : 0;
   rc = fp4idx__aof_open(&svc->aof, svc->log_path, gen, (fp4idx_fsync_t)d->cfg.fsync_policy,
                        keep, err, sizeof err);
@@ -341,6 +358,7 @@ int fp4idx__service_mutation(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op
     case FP4IDX_MUT_APPEND: rc = fp4idx__aof_append(svc->aof, seq, pos, count, slots); break;
     case FP4IDX_MUT_TRUNCATE: rc = fp4idx__aof_truncate(svc->aof, seq, pos); break;
     case FP4IDX_MUT_DROP: rc = fp4idx__aof_drop(svc->aof, seq); break;
+    case FP4IDX_MUT_FORK: rc = fp4idx__aof_fork(svc->aof, (uint64_t)count, seq, pos); break;
     default: rc = FP4IDX_EINVAL; break;
   }
   if (rc) {

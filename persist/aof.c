@@ -162,14 +162,15 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
     }
     uint32_t magic = fp4idx__get32(r), op = fp4idx__get32(r + 4);
     uint64_t count = fp4idx__get64(r + 24);
-    if (magic != REC_MAGIC || op < FP4IDX_AOF_APPEND || op > FP4IDX_AOF_DROP ||
+    if (magic != REC_MAGIC || op < FP4IDX_AOF_APPEND || op > FP4IDX_AOF_FORK ||
         (op == FP4IDX_AOF_APPEND ? (count < 1 || count > (uint64_t)INT64_MAX / 128)
-                                 : count != 0) ||
+                                 : op != FP4IDX_AOF_FORK && count != 0) ||
         fp4idx__get64(r + 16) > (uint64_t)INT64_MAX) {
       rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: invalid append log record at offset %zu", path, off);
       goto out;
     }
-    uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD + count * FP4IDX_SLOT_BYTES;
+    uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD +
+                    (op == FP4IDX_AOF_APPEND ? count * FP4IDX_SLOT_BYTES : 0);
     if (rlen > rem) {
       snprintf(res->warning, sizeof res->warning,
                "append log %s: dropped an incomplete last record at offset %zu "
@@ -194,7 +195,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
         .op = (fp4idx_aof_op_t)op,
         .seq = fp4idx__get64(r + 8),
         .pos = (int64_t)fp4idx__get64(r + 16),
-        .count = (int64_t)count,
+        .count = op == FP4IDX_AOF_FORK ? 0 : (int64_t)count,
+        .src = op == FP4IDX_AOF_FORK ? count : 0,
         .slots = op == FP4IDX_AOF_APPEND ? r + REC_HEAD : NULL,
         .offset = (int64_t)off,
     };
@@ -212,6 +214,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
       res->keys += (int64_t)count;
     } else if (op == FP4IDX_AOF_TRUNCATE) {
       res->truncates++;
+    } else if (op == FP4IDX_AOF_FORK) {
+      res->forks++;
     } else {
       res->drops++;
     }
@@ -348,7 +352,7 @@ static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
   fp4idx__put64(head + 16, pos);
   fp4idx__put64(head + 24, count);
   fp4idx__put32(head + 32, fp4idx__crc32c(0, head, 32));
-  size_t plen = (size_t)count * FP4IDX_SLOT_BYTES;
+  size_t plen = op == FP4IDX_AOF_APPEND ? (size_t)count * FP4IDX_SLOT_BYTES : 0;
   uint32_t crc = fp4idx__crc32c(0, head, REC_HEAD);
   if (op == FP4IDX_AOF_APPEND) crc = fp4idx__crc32c(crc, slots, plen);
   fp4idx__put32(tail, crc);
@@ -406,6 +410,11 @@ int fp4idx__aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length) {
 int fp4idx__aof_drop(fp4idx_aof_t *a, uint64_t seq) {
   if (!a) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_DROP, seq, 0, 0, NULL);
+}
+
+int fp4idx__aof_fork(fp4idx_aof_t *a, uint64_t src, uint64_t dst, int64_t length) {
+  if (!a || length < 0) return FP4IDX_EINVAL;
+  return put_record(a, FP4IDX_AOF_FORK, dst, (uint64_t)length, src, NULL);
 }
 
 int fp4idx__aof_sync(fp4idx_aof_t *a) {

@@ -111,7 +111,7 @@ extern "C" {
     ("version", "server"), hello, hello)                                      \
   X(INFO, info, 0, (),                                                        \
     ("version", "server", "backend", "device", "page_size", "pages_total",    \
-     "pages_free", "sequences", "max_frame"),                                 \
+     "pages_free", "sequences", "max_frame", "pages_shared"),                 \
     none, info)                                                               \
   X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
     ("first", "length"), append, append)                                      \
@@ -119,18 +119,20 @@ extern "C" {
   X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
     truncate, truncate)                                                       \
   X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
+  X(FORK, fork, FP4IDX_OPF_MUTATES, ("src", "dst", "length"), ("length"),     \
+    fork, fork)                                                               \
   X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
   X(STATS, stats, 0, (),                                                      \
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
-     "pages_total", "pages_free", "requests", "keys_appended", "rows_scored", \
-     "request_bytes", "response_bytes", "queue_depth", "device_mem_total",    \
-     "device_mem_free", "errors_by_status"),                                  \
+     "pages_total", "pages_free", "requests", "pages_shared", "keys_appended", \
+     "rows_scored", "request_bytes", "response_bytes", "queue_depth",         \
+     "device_mem_total", "device_mem_free", "errors_by_status"),              \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
   X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
-#define FP4IDX_OP_MAX_FIELDS 20u
+#define FP4IDX_OP_MAX_FIELDS 24u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
@@ -348,6 +350,14 @@ typedef struct fp4idx_drop_req_s {
   uint64_t seq;
 } fp4idx_drop_req_t;
 
+/* "fork" {"src", "dst", "length"}: dst (new) starts as src's first length
+ * keys, sharing their pages. */
+typedef struct fp4idx_fork_req_s {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t length;
+} fp4idx_fork_req_t;
+
 /* "read" {"seq", "from"?, "count"?, "dequant"?}. */
 typedef struct fp4idx_read_req_s {
   uint64_t seq;
@@ -373,6 +383,7 @@ typedef struct fp4idx_request_s {
     fp4idx_score_req_t score;
     fp4idx_truncate_req_t truncate;
     fp4idx_drop_req_t drop;
+    fp4idx_fork_req_t fork;
     fp4idx_read_req_t read;
     fp4idx_list_req_t list;
   } u;
@@ -449,6 +460,8 @@ typedef struct fp4idx_info_s {
   char backend[FP4IDX_PROTO_SHORT_CAP]; /* "cpu" | "cuda" */
   char device[FP4IDX_PROTO_DEVICE_CAP];
   uint64_t page_size, pages_total, pages_free, sequences, max_frame;
+  uint64_t pages_shared; /* pages two sequences or more see (0 from a
+                            daemon that predates fork) */
 } fp4idx_info_t;
 
 /* "append" -> {"first", "length"}: position of the first new key and the
@@ -478,6 +491,11 @@ typedef struct fp4idx_truncate_resp_s {
   uint64_t length;
 } fp4idx_truncate_resp_t;
 
+/* "fork" -> {"length"}: the new sequence's length. */
+typedef struct fp4idx_fork_resp_s {
+  uint64_t length;
+} fp4idx_fork_resp_t;
+
 /* "read" -> {"keys": u8 [n,68] | f32 [n,128]} (n may be 0). */
 typedef struct fp4idx_read_resp_s {
   fp4idx_tensor_t keys;
@@ -500,6 +518,7 @@ typedef struct fp4idx_op_stats_s {
 typedef struct fp4idx_stats_s {
   double uptime_s;
   uint64_t connections, sequences, keys, pages_total, pages_free;
+  uint64_t pages_shared; /* as in info */
   char backend[FP4IDX_PROTO_SHORT_CAP];
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
@@ -518,6 +537,7 @@ typedef struct fp4idx_list_entry_s {
   uint64_t seq;
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_list_entry_t;
 
 /* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is
@@ -541,6 +561,7 @@ typedef struct fp4idx_response_s {
     fp4idx_append_resp_t append;
     fp4idx_score_resp_t score;
     fp4idx_truncate_resp_t truncate;
+    fp4idx_fork_resp_t fork;
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
     fp4idx_list_resp_t list;

@@ -5,6 +5,22 @@ fp4idx_add_test(test_daemon_cache SOURCES test_daemon_cache.c
   LIBS fp4idxd_cache LABELS unit)
 fp4idx_add_test(test_daemon_cache_oom SOURCES test_daemon_cache_oom.c
   LIBS fp4idx_format LABELS unit)
+# Prefix sharing (fork, copy-on-write) over a real backend; the CUDA build
+# runs the same cases on the GPU (label gpu, skips without a device).
+fp4idx_add_test(test_cache_fork SOURCES test_cache_fork.c
+  LIBS fp4idxd_cache fp4idx_cpu LABELS unit)
+# The same with chunks of 3 page ids: forks, copies and trims across chunk
+# boundaries all the time.
+fp4idx_add_test(test_cache_fork_chunk3
+  SOURCES test_cache_fork.c ${PROJECT_SOURCE_DIR}/daemon/cache.c
+  LIBS fp4idx_cpu fp4idx_format LABELS unit)
+target_include_directories(test_cache_fork_chunk3 PRIVATE ${PROJECT_SOURCE_DIR}/daemon)
+target_compile_definitions(test_cache_fork_chunk3 PRIVATE FP4IDX_CACHE_CHUNK=3)
+if(TARGET fp4idx_cuda)
+  fp4idx_add_test(test_cache_fork_cuda SOURCES test_cache_fork.c
+    LIBS fp4idxd_cache fp4idx_cpu fp4idx_cuda LABELS gpu)
+  target_compile_definitions(test_cache_fork_cuda PRIVATE FP4IDX_TEST_FORK_CUDA)
+endif()
 fp4idx_add_test(test_daemon_config SOURCES test_daemon_config.c
   LIBS fp4idxd_core LABELS unit)
 fp4idx_add_test(test_daemon_worker SOURCES test_daemon_worker.c
@@ -24,7 +40,7 @@ fp4idx_add_test(test_daemon_log SOURCES test_daemon_log.c
 target_compile_definitions(test_daemon_log PRIVATE FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(test_daemon_log fp4idxd)
 
-foreach(t golden errors concurrency lifecycle memory list exposure budget nonfinite)
+foreach(t golden errors concurrency lifecycle memory list fork exposure budget nonfinite)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
     LABELS daemon)
@@ -37,6 +53,7 @@ endforeach()
 if(TARGET fp4idx_cuda)
   target_compile_definitions(test_daemon_lifecycle PRIVATE FP4IDX_TEST_HAVE_CUDA)
   target_compile_definitions(test_daemon_golden PRIVATE FP4IDX_TEST_HAVE_CUDA)
+  target_compile_definitions(test_daemon_fork PRIVATE FP4IDX_TEST_HAVE_CUDA)
 endif()
 
 # Metrics: counters and gauges, the --metrics-listen scrape endpoint

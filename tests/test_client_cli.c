@@ -333,7 +333,7 @@ Test(cli, truncate_drop_and_errors) {
 
 Test(cli, list_text_json_and_steps) {
   cr_assert_eq(cli("list"), 0, "%s", err_);
-  cr_expect_str_eq(out_, "seq keys pages\n");
+  cr_expect_str_eq(out_, "seq keys pages shared\n");
   cr_assert_eq(cli("list --format json"), 0, "%s", err_);
   cr_expect_str_eq(out_, "{\"sequences\":[]}\n");
   cr_assert_eq(cli("append 9 --random 130 --seed 1"), 0, "%s", err_);
@@ -342,15 +342,16 @@ Test(cli, list_text_json_and_steps) {
   cr_assert_eq(cli("drop 120"), 0, "%s", err_);
   /* every sequence once, sorted, through several steps of 5 */
   cr_assert_eq(cli("list --count 5"), 0, "%s", err_);
-  static const char head[] = "seq keys pages\n3 1 1\n9 130 3\n100 1 1\n";
+  static const char head[] = "seq keys pages shared\n3 1 1 0\n9 130 3 0\n100 1 1 0\n";
   cr_expect(strncmp(out_, head, strlen(head)) == 0, "%s", out_);
   int lines = 0;
   for (const char *p = out_; *p; p++) lines += *p == '\n';
   cr_expect_eq(lines, 1 + 41, "%s", out_);
   cr_expect(strstr(out_, "\n120 ") == NULL, "dropped 120 listed: %s", out_);
   cr_assert_eq(cli("list --format json --count 3"), 0, "%s", err_);
-  static const char jhead[] = "{\"sequences\":[{\"seq\":3,\"keys\":1,\"pages\":1},"
-                              "{\"seq\":9,\"keys\":130,\"pages\":3},";
+  static const char jhead[] =
+      "{\"sequences\":[{\"seq\":3,\"keys\":1,\"pages\":1,\"pages_shared\":0},"
+      "{\"seq\":9,\"keys\":130,\"pages\":3,\"pages_shared\":0},";
   cr_expect(strncmp(out_, jhead, strlen(jhead)) == 0, "%s", out_);
   /* one step: the next cursor is printed; walking the cursors by hand
    * finds all 41 */

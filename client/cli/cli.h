@@ -160,7 +160,7 @@ const char *fp4idx__fmt_f32(char *buf, float v);
 /* The integer fields of stats, by name, in the order the text and JSON
  * forms print them (connections .. device_mem_free). Fills out[] (room for
  * FP4IDX_CLI_STATS_COUNTS) and returns how many. */
-#define FP4IDX_CLI_STATS_COUNTS 12
+#define FP4IDX_CLI_STATS_COUNTS 13
 typedef struct fp4idx_cli_count_s {
   const char *name;
   uint64_t value;
@@ -236,6 +236,7 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv);
 /* service_cmds.c: save, export, import (what persistence adds). */

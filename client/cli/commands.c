@@ -665,6 +665,38 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   return st;
 }
 
+int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] fork SRC DST LENGTH\n"
+           "Makes the new sequence DST the first LENGTH keys of SRC without\n"
+           "copying them (the pages are shared; appends to either never show\n"
+           "in the other). DST must not exist (EEXIST); LENGTH above SRC's\n"
+           "key count is an error (ERANGE).");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  uint64_t src, dst, n;
+  if (argc - optind != 3)
+    return fp4idx__cli_usage(&cli->err, "expected SRC DST LENGTH");
+  if (parse_seq(cli, argv[optind], &src) || parse_seq(cli, argv[optind + 1], &dst) ||
+      fp4idx__cli_parse_num(cli, "LENGTH", argv[optind + 2], &n))
+    return FP4IDX_EINVAL;
+  fp4idx_client_t *c;
+  int st = fp4idx__cli_connect(cli, &c);
+  if (st) return st;
+  uint64_t len;
+  st = fp4idx_client_fork(c, src, dst, n, &len);
+  if (st) client_fail(cli, c, st);
+  else printf("seq %llu: length %llu, forked from seq %llu\n", (unsigned long long)dst,
+              (unsigned long long)len, (unsigned long long)src);
+  fp4idx_client_close(c);
+  return st;
+}
+
 int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
@@ -841,15 +873,16 @@ int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv) {
     if (one_step) printf("\"cursor\":%llu,", (unsigned long long)cursor);
     printf("\"sequences\":[");
     for (size_t i = 0; i < u; i++)
-      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu}", i ? "," : "",
-             (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
-             (unsigned long long)all[i].pages);
+      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu,\"pages_shared\":%llu}",
+             i ? "," : "", (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
+             (unsigned long long)all[i].pages, (unsigned long long)all[i].pages_shared);
     printf("]}\n");
   } else {
-    printf("seq keys pages\n");
+    printf("seq keys pages shared\n");
     for (size_t i = 0; i < u; i++)
-      printf("%llu %llu %llu\n", (unsigned long long)all[i].seq,
-             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages);
+      printf("%llu %llu %llu %llu\n", (unsigned long long)all[i].seq,
+             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages,
+             (unsigned long long)all[i].pages_shared);
     if (one_step) printf("cursor: %llu\n", (unsigned long long)cursor);
   }
 out:

@@ -31,6 +31,7 @@ static const struct {
     {"score", fp4idx__cmd_score, "score verify rows (full logits or top-k)"},
     {"truncate", fp4idx__cmd_truncate, "keep the first N keys of a sequence"},
     {"drop", fp4idx__cmd_drop, "drop a sequence"},
+    {"fork", fp4idx__cmd_fork, "start a sequence as another's prefix (shared)"},
     {"read", fp4idx__cmd_read, "read keys back (packed or dequantized)"},
     {"list", fp4idx__cmd_list, "list the sequences with their keys and pages"},
     {"save", fp4idx__cmd_save, "make the daemon write its snapshot now"},

@@ -131,7 +131,8 @@ size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *
   const fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS] = {
       {"connections", s->connections},       {"sequences", s->sequences},
       {"keys", s->keys},                     {"pages_total", s->pages_total},
-      {"pages_free", s->pages_free},         {"keys_appended", s->keys_appended},
+      {"pages_free", s->pages_free},         {"pages_shared", s->pages_shared},
+      {"keys_appended", s->keys_appended},
       {"rows_scored", s->rows_scored},       {"request_bytes", s->request_bytes},
       {"response_bytes", s->response_bytes}, {"queue_depth", s->queue_depth},
       {"device_mem_total", s->device_mem_total},

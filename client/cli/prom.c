@@ -64,6 +64,9 @@ int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
         (double)s->pages_total);
   gauge(f, "fp4idx_pool_pages_free", "Free pages in the key pool.",
         (double)s->pages_free);
+  gauge(f, "fp4idx_pool_pages_shared",
+        "Pages in use that two sequences or more see (forks).",
+        (double)s->pages_shared);
   if (info != NULL && info->page_size != 0)
     gauge(f, "fp4idx_pool_page_size_keys", "Keys per page.",
           (double)info->page_size);

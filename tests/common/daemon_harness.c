@@ -105,6 +105,25 @@ int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra) 
   return -1;
 }
 
+int fp4idx_test_daemon_start_cuda(fp4idx_test_daemon_t *d, const char *cache_bytes,
+                                  int *exit_code) {
+  const char *args[] = {"--backend", "cuda", "--cache-bytes", cache_bytes, "--log-level",
+                        "debug", NULL};
+  memset(d, 0, sizeof *d);
+  if (fp4idx_test_daemon_prepare(d) || fp4idx_test_daemon_spawn(d, d->sock, args)) return -1;
+  for (int waited = 0; waited < 30000 && fp4idx_test_daemon_alive(d); waited += 10) {
+    int fd = fp4idx_test_connect(d->sock);
+    if (fd >= 0) {
+      close(fd);
+      return 0;
+    }
+    fp4idx__harness_sleep_ms(10);
+  }
+  int code = fp4idx_test_daemon_stop(d);
+  if (exit_code) *exit_code = code;
+  return 1;
+}
+
 int fp4idx_test_daemon_kill(fp4idx_test_daemon_t *d, int sig) {
   if (d->pid <= 0 || d->collected) return -1;
   return kill(d->pid, sig);

@@ -33,6 +33,13 @@ typedef struct fp4idx_test_daemon_s {
  * or -1 when the daemon did not come up (its log is printed to stderr). */
 int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra);
 
+/* Starts fp4idxd --backend cuda --cache-bytes cache_bytes --log-level debug
+ * (zero *d first) and waits up to 30 s for its socket. Returns 0 when it
+ * answers, 1 when it exited first (no usable GPU: *exit_code tells its exit
+ * code, d is stopped), -1 on other failures. */
+int fp4idx_test_daemon_start_cuda(fp4idx_test_daemon_t *d, const char *cache_bytes,
+                                  int *exit_code);
+
 /* Makes d's temporary folder and fills d->dir, d->sock and d->log (once;
  * zero *d first). 0 or -1. */
 int fp4idx_test_daemon_prepare(fp4idx_test_daemon_t *d);

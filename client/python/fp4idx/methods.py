@@ -11,7 +11,7 @@ class Methods:
 
     def info(self):
         """-> dict: version, server, backend, device, page_size, pages_total,
-        pages_free, sequences, max_frame."""
+        pages_free, sequences, max_frame, pages_shared (forks)."""
         return self._run(ops.info())
 
     def stats(self):
@@ -45,6 +45,12 @@ class Methods:
     def truncate(self, seq, length):
         """Keeps the first `length` keys -> the new length. OutOfRange."""
         return self._run(ops.truncate(seq, length))
+
+    def fork(self, src, dst, length):
+        """Makes the new sequence dst the first `length` keys of src without
+        copying them (shared pages; later appends to either never show in
+        the other) -> dst's length. NoSequence, AlreadyExists, OutOfRange."""
+        return self._run(ops.fork(src, dst, length))
 
     def drop(self, seq):
         """Removes the sequence. NoSequence."""

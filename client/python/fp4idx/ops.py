@@ -67,6 +67,11 @@ def truncate(seq, length):
     return Request("truncate", f, lambda r: r["length"], f["seq"])
 
 
+def fork(src, dst, length):
+    f = {"src": _uint("src", src), "dst": _uint("dst", dst), "length": _uint("length", length)}
+    return Request("fork", f, lambda r: r["length"], f["src"])
+
+
 def drop(seq):
     seq = _uint("seq", seq)
     return Request("drop", {"seq": seq}, lambda r: None, seq)

@@ -6,7 +6,7 @@ adding a daemon moves only the sequences the new one wins.
 import concurrent.futures
 import hashlib
 
-from . import ops
+from . import arrays, ops
 from .client import Client
 from .errors import Error
 from .methods import Methods, Queue, first_error
@@ -81,6 +81,11 @@ class ShardedClient(Methods):
 
     # ---- planning: request -> per-shard requests + merge -----------------------
     def _plan(self, req):
+        if req.op == "fork" and self.shard_of(req.fields["dst"]) != self.shard_of(req.seq):
+            # The pages live on src's daemon; dst's calls would go elsewhere.
+            raise arrays._invalid(
+                f"fork: sequence {req.fields['dst']} lives on another shard than "
+                f"{req.seq}; pick a dst with shard_of(dst) == shard_of(src)")
         if req.seq is not None:
             return [(self.shard_of(req.seq), req)], lambda rs: rs[0]
         if req.many is not None:
