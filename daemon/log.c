@@ -131,6 +131,8 @@ void fp4idx__log(fp4idx_log_level_t level, const char *fmt, ...) {
   int m = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   size_t mlen = m < 0 ? 0 : ((size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
+  /* A library's message may end in its own newline: the line ends once. */
+  while (mlen && msg[mlen - 1] == '\n') mlen--;
   size_t len = fp4idx__log_escape(line + head, sizeof line - head - 1, msg, mlen) + head;
   line[len++] = '\n'; /* fits: the escape left one byte */
   /* One write per line: lines from different threads never interleave. */
