@@ -27,7 +27,7 @@ the median of --repeat rounds [min..max]; --csv writes the same rows.
   python3 bench/two_daemons.py [--build build] [--backend cpu|cuda]
       [--devices 0,1] [--seqs 64] [--keys 100000] [--cache-bytes SIZE]
       [--threads 1] [--repeat 3] [--latency-n 50] [--csv FILE] [--check-only]
-      [--socket-dir DIR]
+      [--socket-dir DIR] [--balance]
 
 CPU daemons each get --threads worker threads (default 1: a daemon stands
 for one device); --devices then only counts the daemons. --check-only
@@ -70,6 +70,9 @@ def parse_args():
         os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "fp4idx-two-daemons"),
         help="where the sockets go (the split of the sequences follows their paths)")
     ap.add_argument("--csv", help="write the table's rows there")
+    ap.add_argument("--balance", action="store_true",
+                    help="pick sequence ids that split S evenly over the daemons "
+                         "(default: ids 0..S-1, split as rendezvous hashing falls)")
     ap.add_argument("--check-only", action="store_true",
                     help="one round, no timing: the byte-equality check alone")
     a = ap.parse_args()
@@ -138,22 +141,38 @@ def keys_of(args, i):
         (args.keys, 128), dtype=np.float32)
 
 
-def entries_of(args):
+def entries_of(args, ids):
     rng = np.random.default_rng([args.seed, 1 << 32])
     out = []
-    for i in range(args.seqs):
+    for i in ids:
         q = fp4idx.bf16_bits(rng.standard_normal((args.rows, args.heads, 128), dtype=np.float32))
         w = fp4idx.bf16_bits(rng.random((args.rows, args.heads), dtype=np.float32))
         out.append({"seq": i, "q": q, "w": w})
     return out
 
 
-def inject(args, clients):
+def seq_ids(args, scn):
+    """Sequence ids: 0..S-1, or with --balance the first ids that give each
+    daemon S/N (its share rounded) of them."""
+    if not args.balance:
+        return list(range(args.seqs))
+    n = len(scn.shards)
+    room = [args.seqs // n + (i < args.seqs % n) for i in range(n)]
+    ids, i = [], 0
+    while len(ids) < args.seqs:
+        if room[scn.shard_of(i)]:
+            room[scn.shard_of(i)] -= 1
+            ids.append(i)
+        i += 1
+    return ids
+
+
+def inject(args, clients, ids):
     """Appends every sequence to every ShardedClient of `clients`, in chunks
     that fit the frame limit -> seconds per client."""
     chunk = max(1, (32 << 20) // (128 * 4))
     took = [0.0] * len(clients)
-    for i in range(args.seqs):
+    for i in ids:
         k = keys_of(args, i)
         for j, sc in enumerate(clients):
             t0 = time.perf_counter()
@@ -194,15 +213,16 @@ def main():
             print(f"{os.path.basename(sock)}: {args.backend} {dev}")
         sc1 = fp4idx.ShardedClient([one.socket], timeout=600)
         scn = fp4idx.ShardedClient([d.socket for d in shards], timeout=600)
+        ids = seq_ids(args, scn)
         split = [0] * n
-        for i in range(args.seqs):
+        for i in ids:
             split[scn.shard_of(i)] += 1
         print(f"{args.seqs} sequences x {args.keys} keys, split {split} over {n} daemons")
-        t_one, t_n = inject(args, [sc1, scn])
+        t_one, t_n = inject(args, [sc1, scn], ids)
         print(f"inject: one daemon {t_one:.2f} s, {n} daemons {t_n:.2f} s "
               f"({args.seqs * args.keys / t_one / 1e6:.2f} vs "
               f"{args.seqs * args.keys / t_n / 1e6:.2f} M keys/s)")
-        entries = entries_of(args)
+        entries = entries_of(args, ids)
         parts = [[e for e in entries if scn.shard_of(e["seq"]) == i] for i in range(n)]
         ref = sc1.score_many(entries, args.heads, topk=args.topk)
         got = scn.score_many(entries, args.heads, topk=args.topk)
