@@ -22,6 +22,14 @@ add_test(NAME test_units
                  ${PROJECT_SOURCE_DIR}/deploy ${_fp4idx_units_daemon} ${_fp4idx_units_cli})
 set_tests_properties(test_units PROPERTIES SKIP_RETURN_CODE 77 LABELS unit)
 
+# The man pages name every command and option the programs' --help shows.
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_man COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_man.sh
+                                 ${PROJECT_SOURCE_DIR}/deploy/man
+                                 $<TARGET_FILE:fp4idxd> $<TARGET_FILE:fp4idx-cli>)
+  set_tests_properties(test_man PROPERTIES LABELS unit)
+endif()
+
 # The .deb: CPack builds it from this tree, its contents are checked and the
 # daemon it carries is started the way the units say (no system change; see
 # the script for the real dpkg -i variant).

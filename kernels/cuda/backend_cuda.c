@@ -466,7 +466,11 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   struct cudaDeviceProp prop;
   CK(cudaSetDevice(device), "set device");
   CK(cudaGetDeviceProperties(&prop, device), "device properties");
-  snprintf(c->name, sizeof c->name, "%.127s", prop.name);
+  /* The PCI bus id tells the GPUs of one host apart: info's device of two
+   * daemons on two GPUs differ (protocol/PROTOCOL.md, info). */
+  char bus[32];
+  CK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device), "PCI bus id");
+  snprintf(c->name, sizeof c->name, "%.90s (%.31s)", prop.name, bus);
   c->sms = prop.multiProcessorCount;
   if ((rc = fp4idx_cuda_scorer_for_device(device, &c->scorer))) goto out;
   CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");
