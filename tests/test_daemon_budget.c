@@ -90,6 +90,18 @@ static void small_asan_quarantine(void) {
   setenv("ASAN_OPTIONS", buf, 1);
 }
 
+/* The bound on the daemon's RSS growth: budget + one 4.4 kB reply per
+ * connection + connection overhead. Under AddressSanitizer every block the
+ * daemon holds costs more (redzones, size-class rounding, shadow): the same
+ * run measured 81 MiB there against 50 MiB in a plain build, so its bound
+ * is 1.5x; without the budget the daemon held 141 MB (plain), so both
+ * bounds still fail the unbudgeted daemon. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_BOUND_MIB 96
+#else
+#define RSS_BOUND_MIB 64
+#endif
+
 Test(daemon_budget, non_reading_clients_hold_no_more_than_the_budget) {
   raise_nofile(N_BAD + 64);
   small_asan_quarantine();
@@ -119,8 +131,7 @@ Test(daemon_budget, non_reading_clients_hold_no_more_than_the_budget) {
   long grew_mib = (peak - before) / 1024;
   cr_log_info("VmRSS grew by %ld MiB with %d non-reading clients (budget 32 MiB)", grew_mib,
               N_BAD);
-  /* budget + one 4.4 kB reply per connection + connection overhead */
-  cr_assert_lt(grew_mib, 64, "VmRSS grew by %ld MiB with %d non-reading clients, budget 32 MiB",
+  cr_assert_lt(grew_mib, RSS_BOUND_MIB, "VmRSS grew by %ld MiB with %d non-reading clients, budget 32 MiB",
                grew_mib, N_BAD);
   cr_assert_eq(info.sequences, 1);
   for (int i = 0; i < N_BAD; i++) close(bad[i]);
