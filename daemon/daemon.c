@@ -80,6 +80,8 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
   d->server.data = d;
   d->server.worker = &d->worker;
+  /* host regions are pinned and CUDA regions opened on the backend's device */
+  d->server.cuda_device = strcmp(d->desc.name, "cuda") == 0 ? d->cfg.device : -1;
   d->server.conn_event = fp4idx__daemon_conn_event;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;

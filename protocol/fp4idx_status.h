@@ -38,7 +38,9 @@ extern "C" {
   X(ECORRUPT, -17, "corrupt snapshot or log")                                  \
   X(ESHUTDOWN, -18, "daemon is shutting down")                                 \
   X(EEXIST, -19, "already exists")                                             \
-  X(EINTERNAL, -20, "internal error")
+  X(EINTERNAL, -20, "internal error")                                         \
+  X(ENOREGION, -21, "unknown region")                                          \
+  X(EREGION, -22, "region refused or reference out of bounds")
 
 typedef enum fp4idx_status_e {
 #define FP4IDX__STATUS_ENUM(name, num, msg) FP4IDX_##name = (num),
