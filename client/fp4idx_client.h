@@ -415,7 +415,7 @@ fp4idx_status_t fp4idx_client_topk_region(
     uint64_t region, uint64_t positions_offset, uint64_t logits_offset,
     uint64_t counts_offset);
 
-#ifdef __CUDA_RUNTIME_H__
+#if defined(__CUDA_RUNTIME_H__) || defined(__CUDA_RUNTIME_API_H__)
 /* With cuda_runtime.h included first: registers the device allocation that
  * starts at dptr (size bytes, from cudaMalloc) on the current device.
  * Returns: FP4IDX_EDEVICE when CUDA cannot export the handle; else as

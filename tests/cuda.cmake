@@ -9,3 +9,11 @@ if(TARGET fp4idx_cuda)
                    $<TARGET_OBJECTS:fp4idx_cuda_score_obj>)
   set_tests_properties(cuda_sass_check PROPERTIES SKIP_RETURN_CODE 77 LABELS unit)
 endif()
+if(TARGET fp4idx_cuda AND TARGET fp4idx_daemon_harness)
+  # CUDA regions on the GPU: device buffers registered by IPC handle, scored
+  # into, compared with the CPU backend through the socket. Skips without a GPU.
+  fp4idx_add_test(test_cuda_regions SOURCES test_cuda_regions.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util CUDA::cudart
+    LABELS gpu daemon)
+  set_tests_properties(test_cuda_regions PROPERTIES TIMEOUT 600)
+endif()
