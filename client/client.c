@@ -203,33 +203,45 @@ fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c,
 
 /* ---- keys ---------------------------------------------------------------- */
 
-fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
-                                     fp4idx_client_keys_t dtype,
-                                     const void *keys, size_t n,
-                                     fp4idx_client_rounding_t rounding,
-                                     uint64_t *first, uint64_t *length) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  if (keys == NULL) return bad_arg(c, "keys is NULL");
+/* The wire dtype and shape [n,128] or [n,68] of an append's keys. */
+static int keys_shape(fp4idx_client_keys_t dtype, size_t n,
+                      fp4idx_wire_dtype_t *wt, uint64_t shape[2]) {
+  shape[0] = n;
+  shape[1] = FP4IDX_CLIENT_HEAD_DIM;
+  switch (dtype) {
+    case FP4IDX_KEYS_BF16: *wt = FP4IDX_WIRE_BF16; return 0;
+    case FP4IDX_KEYS_F32: *wt = FP4IDX_WIRE_F32; return 0;
+    case FP4IDX_KEYS_FP4:
+      *wt = FP4IDX_WIRE_U8;
+      shape[1] = FP4IDX_CLIENT_SLOT_BYTES;
+      return 0;
+    default: return -1;
+  }
+}
+
+/* An append of n keys, inline from `keys` (region 0) or by reference to
+ * `offset` of `region`. */
+static fp4idx_status_t append_keys(fp4idx_client_t *c, uint64_t seq,
+                                   fp4idx_client_keys_t dtype,
+                                   const void *keys, uint64_t region,
+                                   uint64_t offset, size_t n,
+                                   fp4idx_client_rounding_t rounding,
+                                   uint64_t *first, uint64_t *length) {
   if (n == 0) return bad_arg(c, "n is 0 (append at least one key)");
   if (rounding != FP4IDX_ROUNDING_RNE && rounding != FP4IDX_ROUNDING_THRESHOLD)
     return bad_arg(c, "unknown rounding mode");
   fp4idx_wire_dtype_t wt;
-  uint64_t shape[2] = {n, FP4IDX_CLIENT_HEAD_DIM};
-  switch (dtype) {
-    case FP4IDX_KEYS_BF16: wt = FP4IDX_WIRE_BF16; break;
-    case FP4IDX_KEYS_F32: wt = FP4IDX_WIRE_F32; break;
-    case FP4IDX_KEYS_FP4:
-      wt = FP4IDX_WIRE_U8;
-      shape[1] = FP4IDX_CLIENT_SLOT_BYTES;
-      break;
-    default: return bad_arg(c, "unknown key dtype");
-  }
+  uint64_t shape[2];
+  if (keys_shape(dtype, n, &wt, shape) != 0)
+    return bad_arg(c, "unknown key dtype");
   fp4idx_request_t req = {.op = FP4IDX_OP_APPEND};
   req.u.append.seq = seq;
   req.u.append.rounding = rounding == FP4IDX_ROUNDING_THRESHOLD
                               ? FP4IDX_WIRE_ROUND_THRESHOLD
                               : FP4IDX_WIRE_ROUND_RNE;
-  int rc = fp4idx_tensor_init(&req.u.append.keys, wt, 2, shape, keys);
+  int rc = region ? fp4idx_tensor_ref(&req.u.append.keys, wt, 2, shape, region,
+                                      offset)
+                  : fp4idx_tensor_init(&req.u.append.keys, wt, 2, shape, keys);
   if (rc != 0)
     return fp4idx__client_fail(c, (fp4idx_status_t)rc, "%zu keys: %s", n,
                                fp4idx_strerror(rc));
@@ -240,6 +252,16 @@ fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
   if (length) *length = x.resp.u.append.length;
   exchange_done(&x);
   return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
+                                     fp4idx_client_keys_t dtype,
+                                     const void *keys, size_t n,
+                                     fp4idx_client_rounding_t rounding,
+                                     uint64_t *first, uint64_t *length) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (keys == NULL) return bad_arg(c, "keys is NULL");
+  return append_keys(c, seq, dtype, keys, 0, 0, n, rounding, first, length);
 }
 
 fp4idx_status_t fp4idx_client_append_bf16(fp4idx_client_t *c, uint64_t seq,
@@ -674,51 +696,14 @@ fp4idx_status_t fp4idx_client_region_destroy(fp4idx_client_t *c,
   return st;
 }
 
-/* The key tensor of an append: wire dtype and shape [n,128] or [n,68]. */
-static int keys_shape(fp4idx_client_keys_t dtype, size_t n,
-                      fp4idx_wire_dtype_t *wt, uint64_t shape[2]) {
-  shape[0] = n;
-  shape[1] = FP4IDX_CLIENT_HEAD_DIM;
-  switch (dtype) {
-    case FP4IDX_KEYS_BF16: *wt = FP4IDX_WIRE_BF16; return 0;
-    case FP4IDX_KEYS_F32: *wt = FP4IDX_WIRE_F32; return 0;
-    case FP4IDX_KEYS_FP4:
-      *wt = FP4IDX_WIRE_U8;
-      shape[1] = FP4IDX_CLIENT_SLOT_BYTES;
-      return 0;
-    default: return -1;
-  }
-}
-
 fp4idx_status_t fp4idx_client_append_region(
     fp4idx_client_t *c, uint64_t seq, fp4idx_client_keys_t dtype,
     uint64_t region, uint64_t offset, size_t n,
     fp4idx_client_rounding_t rounding, uint64_t *first, uint64_t *length) {
   if (c == NULL) return FP4IDX_EINVAL;
   if (region == 0) return bad_arg(c, "region 0");
-  if (n == 0) return bad_arg(c, "n is 0 (append at least one key)");
-  if (rounding != FP4IDX_ROUNDING_RNE && rounding != FP4IDX_ROUNDING_THRESHOLD)
-    return bad_arg(c, "unknown rounding mode");
-  fp4idx_wire_dtype_t wt;
-  uint64_t shape[2];
-  if (keys_shape(dtype, n, &wt, shape) != 0)
-    return bad_arg(c, "unknown key dtype");
-  fp4idx_request_t req = {.op = FP4IDX_OP_APPEND};
-  req.u.append.seq = seq;
-  req.u.append.rounding = rounding == FP4IDX_ROUNDING_THRESHOLD
-                              ? FP4IDX_WIRE_ROUND_THRESHOLD
-                              : FP4IDX_WIRE_ROUND_RNE;
-  int rc = fp4idx_tensor_ref(&req.u.append.keys, wt, 2, shape, region, offset);
-  if (rc != 0)
-    return fp4idx__client_fail(c, (fp4idx_status_t)rc, "%zu keys: %s", n,
-                               fp4idx_strerror(rc));
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  if (first) *first = x.resp.u.append.first;
-  if (length) *length = x.resp.u.append.length;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  return append_keys(c, seq, dtype, NULL, region, offset, n, rounding, first,
+                     length);
 }
 
 fp4idx_status_t fp4idx_client_score_region(

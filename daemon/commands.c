@@ -606,7 +606,7 @@ int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *ms
   fp4idx_response_t resp;
   char detail[FP4IDX_CMD_MSG] = "";
   memset(&resp, 0, sizeof resp);
-  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1};
+  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1, .fd = -1};
   int rc;
   if (!(fp4idx_op_flags(req->op) & FP4IDX_OPF_MUTATES))
     rc = fp4idx__fail(detail, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
