@@ -20,6 +20,7 @@
 #endif
 
 #include "bench_socket_regions.h"
+#include "bench_time.h"
 
 #define R_ROWS 4
 #define R_HEADS 32
@@ -28,19 +29,9 @@
 #define R_REGION_CHUNK (1L << 20)
 #define R_CASES 6
 
-static double r_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-static int r_cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
+/* Sorts v[n] and returns its median (upper middle). */
 static double r_median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, r_cmp);
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
   return v[n / 2];
 }
 
@@ -120,7 +111,7 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
         if (kind == 2 && !ncuda) continue;
         uint64_t reg = kind == 1 ? hreg : dreg;
         uint32_t width;
-        double t0 = r_now_us();
+        double t0 = now_us();
         if (!topk && kind == 0)
           RCHECK(fp4idx_client_score_into(c, seq, R_HEADS, R_ROWS, q, w, NULL, logits,
                                           (size_t)R_ROWS * W, &width));
@@ -133,7 +124,7 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
         else
           RCHECK(fp4idx_client_topk_region(c, seq, R_HEADS, R_ROWS, q, w, NULL, R_TOPK, reg,
                                            lbytes, lbytes + tk, lbytes + 2 * tk));
-        if (i >= 0) s[(size_t)k * (size_t)o->iters + (size_t)i] = r_now_us() - t0;
+        if (i >= 0) s[(size_t)k * (size_t)o->iters + (size_t)i] = now_us() - t0;
       }
     }
     for (int k = 0; k < R_CASES; k++) {
@@ -152,7 +143,7 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   for (int rep = 0; rep < o->reps; rep++) {
     const uint64_t aseq = 12;
     fp4idx_client_drop(c, aseq);
-    double t0 = r_now_us();
+    double t0 = now_us();
     for (long done = 0; done < o->append_keys;) {
       long m = o->append_keys - done < (long)(ksize / 256) ? o->append_keys - done
                                                            : (long)(ksize / 256);
@@ -160,7 +151,7 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
                                          FP4IDX_ROUNDING_RNE, NULL, NULL));
       done += m;
     }
-    app[rep] = (double)o->append_keys / ((r_now_us() - t0) * 1e-6);
+    app[rep] = (double)o->append_keys / ((now_us() - t0) * 1e-6);
     RCHECK(fp4idx_client_drop(c, aseq));
   }
   double app_rate = r_median(app, o->reps);

@@ -9,8 +9,8 @@
  * failure logs "fp4idx cuda: <what>: <error>" to stderr and returns
  * FP4IDX_EDEVICE (FP4IDX_ENOMEM when device memory runs out).
  */
-#include <math.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +22,7 @@
 typedef struct fp4idx__cuda_s {
   int device;
   int sms;
+  fp4idx_cuda_scorer_t scorer; /* chosen once, from the device's capability */
   char name[128];
   cudaStream_t stream;
   uint8_t *pool;          /* device */
@@ -204,28 +205,34 @@ out:
   return rc;
 }
 
-/* Host top-k for k above the GPU kernel's limit (same order and ties). */
-typedef struct { float v; int32_t p; } fp4idx__pair_t;
-static int fp4idx__pair_cmp(const void *a, const void *b) {
-  const fp4idx__pair_t *x = a, *y = b;
-  if (x->v != y->v) return x->v > y->v ? -1 : 1;
-  return x->p < y->p ? -1 : (x->p > y->p);
+/* 1 when no row of the batch sees any key (every visible count is 0). */
+static int fp4idx__all_lens_zero(const fp4idx_backend_batch_t *bt) {
+  for (int32_t i = 0; i < bt->n_seqs; i++)
+    for (int32_t r = 0; r < bt->seqs[i].rows; r++)
+      if (bt->seqs[i].lens[r] > 0) return 0;
+  return 1;
 }
-static int fp4idx__host_topk(const float *lg, int64_t width, int32_t k, int32_t *pos, float *val,
-                             int32_t *count) {
-  fp4idx__pair_t *v = malloc(sizeof *v * (size_t)(width ? width : 1));
-  if (!v) return FP4IDX_ENOMEM;
-  int64_t m = 0;
-  for (int64_t l = 0; l < width; l++)
-    if (!(isinf(lg[l]) && lg[l] < 0) && !isnan(lg[l])) v[m++] = (fp4idx__pair_t){lg[l], (int32_t)l};
-  qsort(v, (size_t)m, sizeof *v, fp4idx__pair_cmp);
-  if (m > k) m = k;
-  for (int32_t i = 0; i < k; i++) {
-    pos[i] = i < m ? v[i].p : -1;
-    val[i] = i < m ? v[i].v : -INFINITY;
+
+/* The result of such a batch, on the host at once (no upload, no launch):
+ * every logit -inf; top-k: count 0, positions -1, logits -inf. */
+static int fp4idx__score_nothing_visible(const fp4idx_backend_batch_t *bt) {
+  size_t rows = 0, cells = 0;
+  for (int32_t i = 0; i < bt->n_seqs; i++) {
+    rows += (size_t)bt->seqs[i].rows;
+    cells += (size_t)bt->seqs[i].rows * (size_t)bt->seqs[i].width;
   }
-  *count = (int32_t)m;
-  free(v);
+  if (bt->topk == 0) {
+    for (size_t j = 0; j < cells; j++) bt->logits[j] = -INFINITY;
+  } else {
+    const size_t k = (size_t)bt->topk;
+    for (size_t j = 0; j < rows; j++) {
+      bt->topk_count[j] = 0;
+      for (size_t e = 0; e < k; e++) {
+        bt->topk_pos[j * k + e] = -1;
+        bt->topk_val[j * k + e] = -INFINITY;
+      }
+    }
+  }
   return FP4IDX_OK;
 }
 
@@ -242,7 +249,9 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   int64_t *widths = NULL;
   fp4idx_cuda_work_t *works = NULL;
   size_t *o_pages = NULL;
+  fp4idx_cuda_topk_row_t *trows_plan = NULL;
   if (ns == 0) return FP4IDX_OK;
+  if (!stage && fp4idx__all_lens_zero(bt)) return fp4idx__score_nothing_visible(bt);
   rows = malloc(sizeof *rows * (size_t)ns);
   widths = malloc(sizeof *widths * (size_t)ns);
   if (!rows || !widths) { rc = FP4IDX_ENOMEM; goto out; }
@@ -271,23 +280,37 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   fp4idx_cuda_score_params_t prm;
   memset(&prm, 0, sizeof prm);
   CK(cudaSetDevice(c->device), "set device");
-  int nw = fp4idx_cuda_score_plan(H, ns, rows, widths, c->sms, works, max_works, &prm);
+  int nw = fp4idx_cuda_score_plan(c->scorer, H, ns, rows, widths, c->sms, works, max_works,
+                                  &prm);
   if (nw < 0) { rc = nw; goto out; }
   const size_t o_descs = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_seq_t) * (size_t)ns);
   const size_t o_works = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_work_t) * (size_t)(nw ? nw : 1));
   const size_t o_trows = off;
-  if (bt->topk) off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
+  fp4idx_cuda_topk_plan_t tp;
+  memset(&tp, 0, sizeof tp);
+  if (bt->topk) {
+    /* Plan on a host copy (widths in, chunk0 out); logits pointers come later. */
+    trows_plan = malloc(sizeof *trows_plan * (total_rows ? total_rows : 1));
+    if (!trows_plan) { rc = FP4IDX_ENOMEM; goto out; }
+    size_t ra = 0;
+    for (int32_t i = 0; i < ns; i++)
+      for (int32_t r = 0; r < bt->seqs[i].rows; r++) trows_plan[ra++].width = bt->seqs[i].width;
+    if ((rc = fp4idx_cuda_topk_plan(trows_plan, (int32_t)total_rows, bt->topk, &tp))) goto out;
+    off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
+  }
   const size_t in_bytes = off;
   const size_t o_logits = off; off = fp4idx__align(off + total_out * 4);
-  const int gpu_topk = bt->topk > 0 && bt->topk <= FP4IDX_CUDA_TOPK_MAX;
   const size_t o_tpos = off, kk = (size_t)bt->topk;
-  if (gpu_topk) off = fp4idx__align(off + total_rows * kk * 4);
+  off = fp4idx__align(off + total_rows * kk * 4);
   const size_t o_tval = off;
-  if (gpu_topk) off = fp4idx__align(off + total_rows * kk * 4);
+  off = fp4idx__align(off + total_rows * kk * 4);
   const size_t o_tcnt = off;
-  if (gpu_topk) off = fp4idx__align(off + total_rows * 4);
+  off = fp4idx__align(off + total_rows * 4);
+  const size_t o_tws = off;
+  off = fp4idx__align(off + tp.ws_bytes);
   const size_t all = off;
-  if ((rc = fp4idx__grow(c, all, all))) goto out;
+  /* The top-k workspace stays on the device: no host staging for it. */
+  if ((rc = fp4idx__grow(c, o_tws, all))) goto out;
 
   uint8_t *h = c->h_stage, *d = c->d_stage;
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
@@ -313,8 +336,8 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     q->rows = s->rows;
     if (bt->topk)
       for (int32_t r = 0; r < s->rows; r++) {
+        trows[row_at] = trows_plan[row_at];
         trows[row_at].logits = q->out + (size_t)r * (size_t)s->width;
-        trows[row_at].width = s->width;
         row_at++;
       }
     out_at += (size_t)s->rows * (size_t)s->width;
@@ -331,9 +354,9 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     goto out;
   }
   if ((rc = fp4idx_cuda_score_launch(&prm, c->stream))) goto out;
-  if (gpu_topk) {
-    rc = fp4idx_cuda_topk_launch((const fp4idx_cuda_topk_row_t *)(d + o_trows), (int32_t)total_rows,
-                                 bt->topk, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
+  if (bt->topk) {
+    rc = fp4idx_cuda_topk_launch(&tp, (const fp4idx_cuda_topk_row_t *)(d + o_trows),
+                                 d + o_tws, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
                                  (int32_t *)(d + o_tcnt), c->stream);
     if (rc) goto out;
     CK(cudaMemcpyAsync(h + o_tpos, d + o_tpos, o_tcnt + total_rows * 4 - o_tpos,
@@ -346,21 +369,10 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     CK(cudaMemcpyAsync(h + o_logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: download");
     CK(cudaStreamSynchronize(c->stream), "score: sync");
-    const float *lg = (const float *)(h + o_logits);
-    if (bt->topk == 0) {
-      memcpy(bt->logits, lg, total_out * 4);
-    } else {
-      size_t ra = 0, la = 0;
-      for (int32_t i = 0; i < ns; i++)
-        for (int32_t r = 0; r < bt->seqs[i].rows; r++, ra++) {
-          rc = fp4idx__host_topk(lg + la, bt->seqs[i].width, bt->topk, bt->topk_pos + ra * kk,
-                                 bt->topk_val + ra * kk, bt->topk_count + ra);
-          if (rc) goto out;
-          la += (size_t)bt->seqs[i].width;
-        }
-    }
+    memcpy(bt->logits, h + o_logits, total_out * 4);
   }
 out:
+  free(trows_plan);
   free(o_pages);
   free(works);
   free(rows);
@@ -436,6 +448,7 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   CK(cudaGetDeviceProperties(&prop, device), "device properties");
   snprintf(c->name, sizeof c->name, "%.127s", prop.name);
   c->sms = prop.multiProcessorCount;
+  if ((rc = fp4idx_cuda_scorer_for_device(device, &c->scorer))) goto out;
   CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");
   CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
   *out = b;

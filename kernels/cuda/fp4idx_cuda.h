@@ -18,7 +18,19 @@
 extern "C" {
 #endif
 
-/* ---- scorer (score.cu) -------------------------------------------------- */
+/* ---- scorer (score.cu, score_sm90.cu) ---------------------------------- */
+
+/* Which scorer kernel a plan is for: one per architecture, chosen once per
+ * device (fp4idx_cuda_scorer_for_device), passed to the planner by argument. */
+typedef enum fp4idx_cuda_scorer_e {
+  FP4IDX_CUDA_SCORER_MMA = 0,   /* mma.sync, 32-key tiles (score.cu): sm_80+ */
+  FP4IDX_CUDA_SCORER_WGMMA = 1  /* wgmma, 64-key tiles (score_sm90.cu): sm_90a only */
+} fp4idx_cuda_scorer_t;
+
+/* The scorer of device `device`: WGMMA on compute capability 9.0, else MMA.
+ * Returns FP4IDX_OK, or FP4IDX_EDEVICE when the capability cannot be read
+ * (*out is MMA then). */
+int fp4idx_cuda_scorer_for_device(int device, fp4idx_cuda_scorer_t *out);
 
 /* One sequence of a score launch. */
 typedef struct fp4idx_cuda_seq_s {
@@ -54,46 +66,72 @@ typedef struct fp4idx_cuda_score_params_s {
   int32_t ntp;        /* n-tiles (8 query vectors) per work, padded to 4 */
   int32_t log2_page;  /* log2(P) */
   int32_t grid;       /* blocks launched (set by the planner) */
-  int32_t tile_keys;  /* 64: sm_90 wgmma kernel; 32: mma.sync kernel (planner) */
-  int32_t _pad2;
+  int32_t tile_keys;  /* 64: wgmma kernel; 32: mma.sync kernel (planner) */
+  int32_t scorer;     /* fp4idx_cuda_scorer_t the plan was made for */
   int64_t total_tiles;
 } fp4idx_cuda_score_params_t;
 
-/* Host-side plan: for n_seqs sequences with rows[i] rows and width[i]
- * columns and H heads, fills works (capacity max_works) and the launch
- * shape in *p (n_works, hp, ntp, total_tiles, grid; `sms` = multiprocessor
- * count). Returns the number of works needed (> max_works means: call again
- * with more room), or FP4IDX_EINVAL. */
-int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32_t *rows,
+/* Host-side plan for scorer `scorer`: for n_seqs sequences with rows[i]
+ * rows and width[i] columns and H heads, fills works (capacity max_works)
+ * and the launch shape in *p (n_works, hp, ntp, total_tiles, grid, scorer;
+ * `sms` = multiprocessor count of the current device). Returns the number
+ * of works needed (> max_works means: call again with more room), or
+ * FP4IDX_EINVAL (bad shape or unknown scorer). */
+int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads, int32_t n_seqs,
+                           const int32_t *rows,
                            const int64_t *width, int sms,
                            fp4idx_cuda_work_t *works, int32_t max_works,
                            fp4idx_cuda_score_params_t *p);
 
-/* Enqueues the scorer. p->pool, seqs, works must be set (device pointers). */
+/* Enqueues the scorer the plan was made for. p->pool, seqs, works must be
+ * set (device pointers). Returns FP4IDX_OK (also for a plan with no tiles:
+ * nothing is launched), FP4IDX_EINVAL for a malformed plan, FP4IDX_EDEVICE. */
 int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
-
-/* Benchmark only: stage-removal variants (skip = 1 no decode, 2 no MMA,
- * 4 no bf16 epilogue, 7 none of them; 0 = the real scorer). Wrong results. */
-int fp4idx_cuda_score_launch_variant(const fp4idx_cuda_score_params_t *p, cudaStream_t stream,
-                                     int skip);
 
 /* Largest n_works a plan makes for a batch (an upper bound for allocation). */
 int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t *rows);
 
 /* ---- top-k (topk.cu) ---------------------------------------------------- */
 
-enum { FP4IDX_CUDA_TOPK_MAX = 4096 }; /* larger k: the caller does it on the host */
+enum {
+  FP4IDX_CUDA_TOPK_MAX = 1 << 20,     /* every k the protocol allows */
+  FP4IDX_CUDA_TOPK_SMEM_K = 8192      /* k above this: CUB segmented sort */
+};
 
 typedef struct fp4idx_cuda_topk_row_s {
-  const float *logits;  /* [width] */
-  int64_t width;
+  const float *logits;  /* [width] device */
+  int64_t width;        /* 0 .. INT32_MAX positions */
+  int64_t chunk0;       /* first chunk of the row: set by fp4idx_cuda_topk_plan */
 } fp4idx_cuda_topk_row_t;
 
-/* One block per row: the k largest visible logits (not -inf), sorted by
- * logit descending then position ascending; pos/val [n_rows, k] (unused:
- * -1 / -inf), count [n_rows]. FP4IDX_EINVAL if k > FP4IDX_CUDA_TOPK_MAX. */
-int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows,
-                            int32_t k, int32_t *pos, float *val, int32_t *count,
+/* Launch shape and workspace layout of one top-k launch (host-side). */
+typedef struct fp4idx_cuda_topk_plan_s {
+  int32_t n_rows, k;
+  int64_t chunk_len;     /* positions per block of the histogram/compact passes */
+  int64_t total_chunks;  /* blocks of those passes, all rows together */
+  int32_t large_k;       /* k > FP4IDX_CUDA_TOPK_SMEM_K */
+  int32_t _pad;
+  size_t memset_bytes;   /* zeroed at the start of every launch */
+  size_t o_hist, o_seg, o_ccount, o_cand, o_sorted, o_cub, cub_bytes;
+  size_t ws_bytes;       /* device workspace the launch needs (256-aligned) */
+} fp4idx_cuda_topk_plan_t;
+
+/* Plans a top-k of k over n_rows rows: reads rows[i].width, sets
+ * rows[i].chunk0 (rows is a HOST array; upload it afterwards) and fills *p.
+ * Returns FP4IDX_OK, FP4IDX_EINVAL (k outside 1..FP4IDX_CUDA_TOPK_MAX, a
+ * width outside 0..INT32_MAX), FP4IDX_E2BIG (the large-k sort's 2^31
+ * candidate limit) or FP4IDX_EDEVICE (CUB's size query failed). */
+int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                          fp4idx_cuda_topk_plan_t *p);
+
+/* Enqueues the top-k planned in *p: rows is the DEVICE copy of the planned
+ * rows, ws a device workspace of p->ws_bytes. Per row, the k largest visible
+ * logits (not -inf, not NaN), logit descending then position ascending;
+ * pos/val [n_rows, k] (unused: -1 / -inf), count [n_rows]. No host
+ * synchronization (capturable). FP4IDX_EINVAL on a bad plan or NULL
+ * pointer, FP4IDX_E2BIG when the large-k write grid would overflow. */
+int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p, const fp4idx_cuda_topk_row_t *rows,
+                            void *ws, int32_t *pos, float *val, int32_t *count,
                             cudaStream_t stream);
 
 /* ---- store / read (store.cu) -------------------------------------------- */
