@@ -130,6 +130,16 @@ class InternalError(Error):
     code, name, text = -20, "EINTERNAL", "internal error"
 
 
+class NoRegion(Error, LookupError):
+    """ENOREGION (-21): unknown region."""
+    code, name, text = -21, "ENOREGION", "unknown region"
+
+
+class RegionError(Error):
+    """EREGION (-22): region refused or reference out of bounds."""
+    code, name, text = -22, "EREGION", "region refused or reference out of bounds"
+
+
 # In the header's order.
 CLASSES = (
     InvalidArgument,
@@ -152,6 +162,8 @@ CLASSES = (
     ShuttingDown,
     AlreadyExists,
     InternalError,
+    NoRegion,
+    RegionError,
 )
 __all__ += [k.__name__ for k in CLASSES]
 BY_CODE = {k.code: k for k in CLASSES}
