@@ -143,10 +143,10 @@ static int make_memfd(size_t size, int seals) {
   return fd;
 }
 
-/* Sends a register request for a host region of `size` bytes with `fd`
- * (-1: none) as SCM_RIGHTS; returns the status, *id the region. */
-static int raw_register(int sock, int fd, uint64_t size, uint64_t *id) {
-  fp4idx_request_t req = {.id = 77, .op = FP4IDX_OP_REGISTER};
+/* Sends a register request (id `id`) for a host region of `size` bytes
+ * with `fd` (-1: none) as SCM_RIGHTS in the same sendmsg. */
+static void raw_send_register(int sock, uint64_t id, int fd, uint64_t size) {
+  fp4idx_request_t req = {.id = id, .op = FP4IDX_OP_REGISTER};
   req.u.register_ = (fp4idx_register_req_t){.kind = FP4IDX_REGION_HOST, .size = size};
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
@@ -169,6 +169,10 @@ static int raw_register(int sock, int fd, uint64_t size, uint64_t *id) {
   }
   cr_assert_eq(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t)sb.size);
   msgpack_sbuffer_destroy(&sb);
+}
+
+/* Receives a register reply: its status, *id the region. */
+static int raw_recv_register(int sock, uint64_t *id) {
   fp4idx_response_t resp;
   unsigned char *body = NULL;
   cr_assert_eq(fp4idx_test_recv_response(sock, FP4IDX_OP_REGISTER, &resp, &body), 0);
@@ -178,6 +182,11 @@ static int raw_register(int sock, int fd, uint64_t size, uint64_t *id) {
   fp4idx_response_clear(&resp);
   free(body);
   return st;
+}
+
+static int raw_register(int sock, int fd, uint64_t size, uint64_t *id) {
+  raw_send_register(sock, 77, fd, size);
+  return raw_recv_register(sock, id);
 }
 
 static int raw_call(int sock, const fp4idx_request_t *req, fp4idx_response_t *resp,
@@ -575,5 +584,30 @@ Test(regions, an_fd_with_another_request_is_closed_and_ignored) {
   cr_assert_eq(daemon_mappings(), before);
   cr_assert_eq(daemon_memfds(), 0, "the daemon kept the fd of the info frame open");
   close(fd);
+  close(sock);
+}
+
+/* Pipelined registers (each its own sendmsg, no reply read in between) get
+ * their own fds: the sizes tell them apart. */
+Test(regions, pipelined_registers_each_get_their_fd) {
+  int sock = fp4idx_test_connect(daemon_.sock);
+  int fds[3] = {make_memfd(4096, F_SEAL_SHRINK), -1, make_memfd(3 * 4096, F_SEAL_SHRINK)};
+  raw_send_register(sock, 1, fds[0], 4096);
+  raw_send_register(sock, 2, -1, 4096);        /* no fd: refused */
+  raw_send_register(sock, 3, fds[2], 3 * 4096); /* would fail with fds[0] (too short) */
+  uint64_t id[3] = {0, 0, 0};
+  cr_assert_eq(raw_recv_register(sock, &id[0]), 0);
+  cr_assert_eq(raw_recv_register(sock, &id[1]), FP4IDX_EREGION);
+  cr_assert_eq(raw_recv_register(sock, &id[2]), 0);
+  cr_assert_eq(id[0], 1);
+  cr_assert_eq(id[2], 2);
+  /* region 2 is the 12 KiB one: a reference at 8 KiB fits only there */
+  uint16_t *keys = make_keys(16, 41);
+  cr_assert_eq(pwrite(fds[2], keys, 16 * 256, 8192), 16 * 256);
+  cr_assert_eq(append_ref(sock, 80, 16, id[2], 8192), 0);
+  cr_assert_eq(append_ref(sock, 81, 16, id[0], 8192), FP4IDX_EREGION);
+  close(fds[0]);
+  close(fds[2]);
+  free(keys);
   close(sock);
 }
