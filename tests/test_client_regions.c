@@ -541,6 +541,17 @@ Test(regions, closing_the_connection_releases_its_regions) {
     close(fd);
   }
   cr_assert_eq(daemon_mappings(), before + 3);
+  /* each register is logged with the peer's SO_PEERCRED */
+  char want[64];
+  snprintf(want, sizeof want, "(pid %d uid %d gid %d): registered host region 3", (int)getpid(),
+           (int)getuid(), (int)getgid());
+  size_t n = 0;
+  char *log = fp4idx_test_load_file(daemon_.log, &n);
+  cr_assert_not_null(log);
+  log = realloc(log, n + 1);
+  log[n] = 0;
+  cr_assert(strstr(log, want) != NULL, "the log lacks \"%s\"", want);
+  free(log);
   close(sock);
   /* the release job runs on the worker after the close is seen */
   int now = -1;
