@@ -301,26 +301,28 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
   return FP4IDX_OK;
 }
 
+/* A round trip whose reply has no fields (drop, save, unregister). */
+static fp4idx_status_t roundtrip_empty(fp4idx_client_t *c,
+                                       fp4idx_request_t *req) {
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, req, &x);
+  if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_DROP};
   req.u.drop.seq = seq;
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  return roundtrip_empty(c, &req);
 }
 
 /* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  return roundtrip_empty(c, &req);
 }
 
 fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
@@ -679,11 +681,7 @@ fp4idx_status_t fp4idx_client_region_unregister(fp4idx_client_t *c,
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_UNREGISTER};
   req.u.unregister.region = region;
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  return roundtrip_empty(c, &req);
 }
 
 fp4idx_status_t fp4idx_client_region_destroy(fp4idx_client_t *c,
