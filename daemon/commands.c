@@ -83,10 +83,15 @@ static int fp4idx__cmd_check_refs(fp4idx__cmd_t *c, const fp4idx__cmd_ref_t *ref
 
 /* A checked input tensor as an aligned host array in *ptr: inline data is
  * copied (codec views are unaligned); a host region is read in place (its
- * mapping is page-aligned and the offset a multiple of the item size); a
- * CUDA region is copied to the host. *owned is what to free (may be NULL). */
-static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, const void **ptr,
-                             void **owned) {
+ * mapping is page-aligned and the offset a multiple of the item size)
+ * unless `copy`; a CUDA region is copied to the host. *owned is what to
+ * free (may be NULL). `copy` is for values that are validated and then used
+ * as bounds (lens): the client can rewrite its region at any time, so
+ * those must be a private snapshot. Values read in place (keys, q, w, mask)
+ * only ever feed arithmetic, so a client that rewrites them changes its own
+ * results, never what the daemon touches. */
+static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, int copy,
+                             const void **ptr, void **owned) {
   const fp4idx_region_t *r = NULL;
   *owned = NULL;
   if (t->region == 0) {
@@ -95,7 +100,7 @@ static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, const v
   }
   int rc = fp4idx__regions_check(c->regions, t, "input", &r, c->msg, FP4IDX_CMD_MSG);
   if (rc) return rc;
-  if (r->kind == FP4IDX_REGION_HOST) {
+  if (r->kind == FP4IDX_REGION_HOST && !copy) {
     *ptr = r->base + t->offset;
     return FP4IDX_OK;
   }
@@ -105,7 +110,10 @@ static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, const v
 }
 
 /* The host address results for a checked output reference can be written
- * to directly (a host region), or NULL (stage, then fp4idx__cmd_output). */
+ * to directly (a host region), or NULL (stage, then fp4idx__cmd_output).
+ * Safe because the backends only write their outputs (and the CUDA backend
+ * copies them out at the end): nothing the client writes there meanwhile is
+ * read back by the daemon. */
 static void *fp4idx__cmd_direct(fp4idx__cmd_t *c, const fp4idx_tensor_t *t) {
   const fp4idx_region_t *r = NULL;
   if (fp4idx__regions_check(c->regions, t, "output", &r, NULL, 0) || r->kind != FP4IDX_REGION_HOST)
@@ -172,7 +180,7 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
     goto out;
   }
   /* keys may come from a region (bulk ingest): checked before anything moves */
-  rc = fp4idx__cmd_input(c, &a->keys, &keys, &owned);
+  rc = fp4idx__cmd_input(c, &a->keys, 0, &keys, &owned);
   if (rc == FP4IDX_ENOMEM)
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for %" PRId64 " keys", n);
   if (rc) goto out;
@@ -306,7 +314,7 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     for (int j = 0; j < 4; j++) {
       const fp4idx_tensor_t *t = j == 0 ? &s->q : j == 1 ? &s->w : j == 2 ? &s->lens : &s->mask;
       if (!fp4idx_tensor_present(t)) continue;
-      rc = fp4idx__cmd_input(c, t, &in[j], &o[j]);
+      rc = fp4idx__cmd_input(c, t, j == 2, &in[j], &o[j]); /* lens: a snapshot */
       if (rc == FP4IDX_ENOMEM)
         return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for seqs[%zu]", i);
       if (rc) return rc;

@@ -9,6 +9,8 @@
  * releases its regions (the daemon's own mappings disappear). */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -620,5 +622,62 @@ Test(regions, pipelined_registers_each_get_their_fd) {
   close(fds[0]);
   close(fds[2]);
   free(keys);
+  close(sock);
+}
+
+/* A client that rewrites its lens while the daemon validates and uses them
+ * (a time-of-check/time-of-use attack on the bounds): every reply is OK or
+ * ERANGE, and the daemon survives. */
+typedef struct {
+  volatile int32_t *lens;
+  atomic_int stop;
+} flipper_t;
+
+static void *flip_lens(void *arg) {
+  flipper_t *f = arg;
+  for (unsigned i = 0; !atomic_load(&f->stop); i++) {
+    f->lens[0] = (i & 1) ? INT32_MAX : 64;
+    f->lens[1] = (i & 1) ? 64 : INT32_MAX;
+  }
+  return NULL;
+}
+
+Test(regions, lens_rewritten_during_a_score_cannot_escape) {
+  enum { R = 2, H = 4, N = 64 };
+  int sock = fp4idx_test_connect(daemon_.sock);
+  uint16_t *keys = make_keys(N, 51);
+  uint16_t *q = make_bf16(R * H * 128, 52, -8, 8), *w = make_bf16(R * H, 53, 0, 8);
+  cr_assert_eq(fp4idx_test_append(sock, 90, FP4IDX_WIRE_BF16, N, keys, NULL, NULL), 0);
+  size_t size = 4096;
+  int mfd = make_memfd(size, F_SEAL_SHRINK);
+  uint8_t *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+  cr_assert_neq(mem, MAP_FAILED);
+  uint64_t id = 0;
+  cr_assert_eq(raw_register(sock, mfd, size, &id), 0);
+  close(mfd);
+  flipper_t f = {.lens = (volatile int32_t *)mem};
+  atomic_init(&f.stop, 0);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, flip_lens, &f), 0);
+  score_t x;
+  score_init(&x, 90, R, H, q, w, 0);
+  ref2(&x.s.lens, FP4IDX_WIRE_I32, R, 0, id, 0);
+  int ok = 0, range = 0;
+  for (int i = 0; i < 300; i++) {
+    int st = raw_status(sock, &x.req);
+    cr_assert(st == 0 || st == FP4IDX_ERANGE, "status %d", st);
+    ok += st == 0;
+    range += st == FP4IDX_ERANGE;
+  }
+  atomic_store(&f.stop, 1);
+  pthread_join(th, NULL);
+  cr_log_info("lens flipped under 300 scores: %d OK, %d ERANGE", ok, range);
+  cr_assert(fp4idx_test_daemon_alive(&daemon_));
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(sock, &info), 0);
+  munmap(mem, size);
+  free(keys);
+  free(q);
+  free(w);
   close(sock);
 }
