@@ -69,7 +69,10 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   double *s = malloc((size_t)R_CASES * (size_t)o->iters * sizeof *s);
   double per[R_CASES][16], res[R_CASES];
   uint64_t hreg = 0, dreg = 0, kreg = 0;
-  void *hmem = NULL, *kmem = NULL, *dmem = NULL;
+  void *hmem = NULL, *kmem = NULL;
+#ifdef FP4IDX_BENCH_REGION_CUDA
+  void *dmem = NULL;
+#endif
   size_t ksize = 0;
   int rc = -1, ncuda = o->cuda;
   if (!pos || !val || !logits || !s || o->reps > 16) goto fail;
