@@ -85,11 +85,10 @@ static int fp4idx__cmd_check_refs(fp4idx__cmd_t *c, const fp4idx__cmd_ref_t *ref
  * copied (codec views are unaligned); a host region is read in place (its
  * mapping is page-aligned and the offset a multiple of the item size)
  * unless `copy`; a CUDA region is copied to the host. *owned is what to
- * free (may be NULL). `copy` is for values that are validated and then used
- * as bounds (lens): the client can rewrite its region at any time, so
- * those must be a private snapshot. Values read in place (keys, q, w, mask)
- * only ever feed arithmetic, so a client that rewrites them changes its own
- * results, never what the daemon touches. */
+ * free (may be NULL). `copy` is for values that are checked and then used
+ * (score inputs: lens are bounds, q and w must be finite; packed keys): the
+ * client can rewrite its region at any time, so those are a private
+ * snapshot. Only bf16/f32 keys are read in place (see the append). */
 static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, int copy,
                              const void **ptr, void **owned) {
   const fp4idx_region_t *r = NULL;
@@ -159,6 +158,7 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   in->pages_free = (uint64_t)d->cache.n_free;
   in->sequences = d->cache.n_seqs;
   in->max_frame = d->cfg.max_frame;
+  in->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
   return FP4IDX_OK;
 }
 
@@ -179,10 +179,19 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
-  /* keys may come from a region (bulk ingest): checked before anything moves */
-  rc = fp4idx__cmd_input(c, &a->keys, 0, &keys, &owned);
+  /* keys may come from a region (bulk ingest): checked before anything
+   * moves. Packed keys are copied: their scale bytes are checked (1..254,
+   * PROTOCOL.md append) and then stored verbatim, so they must not change
+   * in between; bf16/f32 keys are read in place (the quantizer derives the
+   * scales once and never stores a value it did not check). */
+  rc = fp4idx__cmd_input(c, &a->keys, a->keys.dtype == FP4IDX_WIRE_U8, &keys, &owned);
   if (rc == FP4IDX_ENOMEM)
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for %" PRId64 " keys", n);
+  if (rc == FP4IDX_OK) {
+    fp4idx_append_req_t view = *a;
+    view.keys.data = keys;
+    rc = fp4idx_append_keys_check(&view, msg, FP4IDX_CMD_MSG);
+  }
   if (rc) goto out;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
   int64_t old_len = s ? s->n_keys : 0;
@@ -314,12 +323,15 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     for (int j = 0; j < 4; j++) {
       const fp4idx_tensor_t *t = j == 0 ? &s->q : j == 1 ? &s->w : j == 2 ? &s->lens : &s->mask;
       if (!fp4idx_tensor_present(t)) continue;
-      rc = fp4idx__cmd_input(c, t, j == 2, &in[j], &o[j]); /* lens: a snapshot */
+      rc = fp4idx__cmd_input(c, t, 1, &in[j], &o[j]); /* checked, then used: a snapshot */
       if (rc == FP4IDX_ENOMEM)
         return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for seqs[%zu]", i);
       if (rc) return rc;
     }
+    view.q.data = in[0];
+    view.w.data = in[1];
     view.lens.data = in[2];
+    view.mask.data = in[3];
     uint64_t width = 0;
     rc = fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
     if (rc == FP4IDX_OK) rc = fp4idx_score_out_check(s, width, sr->topk, detail, sizeof detail);
@@ -332,7 +344,10 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
       for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
       in[2] = o[2] = l;
     }
-    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
+    const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
+    if (fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
+    b->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = in[0], .w = in[1], .lens = in[2], .mask = in[3]};
     rows_total += s->rows;
@@ -397,22 +412,30 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   return FP4IDX_OK;
 }
 
+/* A known sequence holding at least `length` keys (truncate, fork), else
+ * ENOSEQ / ERANGE with the message. */
+static int fp4idx__cmd_check_length(fp4idx__cmd_t *c, uint64_t seq, uint64_t length) {
+  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&c->d->cache, seq);
+  if (!s) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, seq);
+  if (length > (uint64_t)s->n_keys)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
+                        length, s->n_keys, seq);
+  return FP4IDX_OK;
+}
+
 static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   char *msg = c->msg;
   const fp4idx_truncate_req_t *t = &c->req->u.truncate;
-  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
-  if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
-                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
-                        t->length, s->n_keys, t->seq);
+  int rc = fp4idx__cmd_check_length(c, t->seq, t->length);
+  if (rc) return rc;
   if (d->hooks.mutation && !c->replay) {
-    int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
-  int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
+  rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
   if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
   c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
@@ -429,6 +452,32 @@ static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
+}
+
+/* Forked first, then logged (a fork can fail for memory, a logged record
+ * must not): a log failure drops dst again, which lets go of exactly what
+ * the fork took. */
+static int fp4idx__cmd_fork(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_fork_req_t *f = &c->req->u.fork;
+  int rc = fp4idx__cmd_check_length(c, f->src, f->length);
+  if (rc) return rc;
+  if (fp4idx__cache_find(&d->cache, f->dst))
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EEXIST, "sequence %" PRIu64 " already exists",
+                        f->dst);
+  rc = fp4idx__cache_fork(&d->cache, f->src, f->dst, (int64_t)f->length);
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork: %s", fp4idx_strerror(rc));
+  if (d->hooks.mutation && !c->replay) {
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_FORK, f->dst, (int64_t)f->length,
+                           (int64_t)f->src, NULL);
+    if (rc) {
+      (void)fp4idx__cache_drop(&d->cache, f->dst);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork not logged: %s", fp4idx_strerror(rc));
+    }
+  }
+  c->resp->u.fork.length = f->length;
+  return FP4IDX_OK;
 }
 
 static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
@@ -482,8 +531,15 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   st->keys = (uint64_t)d->cache.n_keys;
   st->pages_total = (uint64_t)d->cache.n_pages;
   st->pages_free = (uint64_t)d->cache.n_free;
+  st->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
+  fp4idx__stats_to_wire(&snap, st);
+  fp4idx_engine_desc_t now; /* device memory at this moment */
+  if (fp4idx__engine_describe(d->engine, &now) == FP4IDX_OK) {
+    st->device_mem_total = now.mem_total;
+    st->device_mem_free = now.mem_free;
+  }
   fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS, sizeof *ops);
   if (!ops) return FP4IDX_ENOMEM;
   size_t k = 0;
@@ -512,12 +568,14 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
 static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   if (!d->hooks.save)
-    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "save: persistence is not enabled");
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EDISABLED,
+                        "persistence is not enabled: start fp4idxd with --data-dir");
   return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
 }
 
 /* The sequences of one "list" step, collected by the cache scan. */
 typedef struct fp4idx__list_s {
+  const fp4idx_cache_t *cache;
   fp4idx_list_entry_t *seqs;
   size_t n, cap;
 } fp4idx__list_t;
@@ -532,7 +590,8 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
     l->cap = cap;
   }
   l->seqs[l->n++] = (fp4idx_list_entry_t){
-      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages};
+      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages,
+      .pages_shared = (uint64_t)fp4idx__cache_seq_shared(l->cache, s)};
   return 0;
 }
 
@@ -540,7 +599,7 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
  * work per call, stable under inserts and drops between the calls. */
 static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
   const fp4idx_list_req_t *r = &c->req->u.list;
-  fp4idx__list_t l = {0};
+  fp4idx__list_t l = {.cache = &c->d->cache};
   uint64_t next = 0;
   int rc = fp4idx__cache_scan(&c->d->cache, r->cursor,
                               r->count ? r->count : FP4IDX_PROTO_LIST_COUNT,
@@ -688,6 +747,7 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, fp4idx_regions_t *regions, int fd,
   msgpack_sbuffer_destroy(&out);
 
   fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
+  fp4idx__stats_request(&d->stats, &req, rc, len + FP4IDX_FRAME_HEADER, *frame_len);
   fp4idx__cmd_release(&c);
   fp4idx_request_clear(&req);
 }

@@ -1,4 +1,4 @@
-/* worker.c -- the compute thread and its FIFO queue (see worker.h). */
+/* worker.c -- the compute thread and its two FIFO lanes (see worker.h). */
 #define _GNU_SOURCE
 #include "worker.h"
 
@@ -29,11 +29,25 @@ static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
   pthread_mutex_lock(&w->mu);
   for (;;) {
-    while (!w->todo_head && !w->stopping) pthread_cond_wait(&w->cv, &w->mu);
-    fp4idx_job_t *j = w->todo_head;
-    if (!j) break; /* stopping and nothing left */
-    w->todo_head = j->next;
-    if (!w->todo_head) w->todo_tail = NULL;
+    int bulk;
+    while (!w->todo_head && !(bulk = w->bulk_head && (!w->bulk_paused || w->stopping)) &&
+           !w->stopping)
+      pthread_cond_wait(&w->cv, &w->mu);
+    bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
+    fp4idx_job_t *j;
+    if (w->todo_head && (!bulk || w->normal_streak < FP4IDX_WORKER_BULK_EVERY)) {
+      j = w->todo_head;
+      w->todo_head = j->next;
+      if (!w->todo_head) w->todo_tail = NULL;
+      w->normal_streak = bulk ? w->normal_streak + 1 : 0;
+    } else if (bulk) {
+      j = w->bulk_head;
+      w->bulk_head = j->next;
+      if (!w->bulk_head) w->bulk_tail = NULL;
+      w->normal_streak = 0;
+    } else {
+      break; /* stopping and nothing left */
+    }
     pthread_mutex_unlock(&w->mu);
     j->work(j);
     j->next = NULL;
@@ -74,8 +88,18 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job) {
   job->next = NULL;
   w->queued++;
   pthread_mutex_lock(&w->mu);
-  if (w->todo_tail) w->todo_tail->next = job; else w->todo_head = job;
-  w->todo_tail = job;
+  fp4idx_job_t **head = job->bulk ? &w->bulk_head : &w->todo_head;
+  fp4idx_job_t **tail = job->bulk ? &w->bulk_tail : &w->todo_tail;
+  if (*tail) (*tail)->next = job; else *head = job;
+  *tail = job;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void fp4idx__worker_pause_bulk(fp4idx_worker_t *w, int on) {
+  if (!w->started) return;
+  pthread_mutex_lock(&w->mu);
+  w->bulk_paused = on;
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
 }

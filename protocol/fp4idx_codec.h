@@ -77,6 +77,7 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_REGIONS 16u               /* regions per connection */
 #define FP4IDX_PROTO_MAX_REGION_BYTES ((uint64_t)64 << 30) /* their bytes */
 #define FP4IDX_PROTO_CUDA_HANDLE 64u   /* bytes of a cudaIpcMemHandle_t */
+#define FP4IDX_PROTO_MAX_STATUSES 64u /* "errors_by_status": codes 0..-63 */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
  * strings on the wire are truncated (they are informational). */
@@ -113,7 +114,7 @@ extern "C" {
     ("version", "server"), hello, hello)                                      \
   X(INFO, info, 0, (),                                                        \
     ("version", "server", "backend", "device", "page_size", "pages_total",    \
-     "pages_free", "sequences", "max_frame"),                                 \
+     "pages_free", "sequences", "max_frame", "pages_shared"),                 \
     none, info)                                                               \
   X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
     ("first", "length"), append, append)                                      \
@@ -121,10 +122,14 @@ extern "C" {
   X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
     truncate, truncate)                                                       \
   X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
+  X(FORK, fork, FP4IDX_OPF_MUTATES, ("src", "dst", "length"), ("length"),     \
+    fork, fork)                                                               \
   X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
   X(STATS, stats, 0, (),                                                      \
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
-     "pages_total", "pages_free", "requests"),                                \
+     "pages_total", "pages_free", "requests", "pages_shared", "keys_appended", \
+     "rows_scored", "request_bytes", "response_bytes", "queue_depth",         \
+     "device_mem_total", "device_mem_free", "errors_by_status"),              \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
   X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)     \
@@ -133,7 +138,7 @@ extern "C" {
   X(UNREGISTER, unregister, 0, ("region"), (), unregister, none)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
-#define FP4IDX_OP_MAX_FIELDS 12u
+#define FP4IDX_OP_MAX_FIELDS 24u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
@@ -374,6 +379,14 @@ typedef struct fp4idx_drop_req_s {
   uint64_t seq;
 } fp4idx_drop_req_t;
 
+/* "fork" {"src", "dst", "length"}: dst (new) starts as src's first length
+ * keys, sharing their pages. */
+typedef struct fp4idx_fork_req_s {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t length;
+} fp4idx_fork_req_t;
+
 /* "read" {"seq", "from"?, "count"?, "dequant"?}. */
 typedef struct fp4idx_read_req_s {
   uint64_t seq;
@@ -420,6 +433,7 @@ typedef struct fp4idx_request_s {
     fp4idx_score_req_t score;
     fp4idx_truncate_req_t truncate;
     fp4idx_drop_req_t drop;
+    fp4idx_fork_req_t fork;
     fp4idx_read_req_t read;
     fp4idx_list_req_t list;
     fp4idx_register_req_t register_;
@@ -458,10 +472,12 @@ int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
 void fp4idx_request_clear(fp4idx_request_t *req);
 
 /* Checks a decoded score entry against its sequence's key count `nkeys`
- * (daemon side, under the sequence lock): every lens[r] in 0..nkeys
- * (FP4IDX_ERANGE otherwise), and the mask width equals W (FP4IDX_ESHAPE).
- * Sets *width to W = max(lens), or nkeys without lens (W of the logits
- * [R,W]). Returns 0, ERANGE, ESHAPE or EINVAL (NULL arguments). */
+ * (daemon side, under the sequence lock): every value of q and w finite
+ * (FP4IDX_ENONFINITE for a NaN or +-inf; the message names the first), every
+ * lens[r] in 0..nkeys (FP4IDX_ERANGE otherwise), and the mask width equals W
+ * (FP4IDX_ESHAPE). Sets *width to W = max(lens), or nkeys without lens (W of
+ * the logits [R,W]). Returns 0, ENONFINITE, ERANGE, ESHAPE or EINVAL (NULL
+ * arguments). */
 int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                            uint64_t *width, char *msg, size_t msgcap);
 
@@ -473,6 +489,13 @@ int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
  * alignment and overlap inside the regions are the daemon's checks. */
 int fp4idx_score_out_check(const fp4idx_score_seq_t *s, uint64_t width,
                            uint32_t topk, char *msg, size_t msgcap);
+/* Checks the keys of a decoded append (daemon side, before anything is
+ * stored): packed u8 keys must have every scale byte in 1..254, the range
+ * the quantizer produces and where UE8M0 decoders agree (255 is NaN, 0 is
+ * 2^-127 in torch and 0 in kernels/fp4idx_format.h). Returns 0 (also for
+ * bf16/f32 keys, which the quantizer checks), FP4IDX_ENONFINITE with the
+ * first bad key and byte in msg, or FP4IDX_EINVAL (NULL). */
+int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t msgcap);
 
 /* Appends one request frame (header + body) to `sb` (anything already in sb
  * is kept, so pipelined requests can be batched). Validates like the decoder
@@ -497,6 +520,8 @@ typedef struct fp4idx_info_s {
   char backend[FP4IDX_PROTO_SHORT_CAP]; /* "cpu" | "cuda" */
   char device[FP4IDX_PROTO_DEVICE_CAP];
   uint64_t page_size, pages_total, pages_free, sequences, max_frame;
+  uint64_t pages_shared; /* pages two sequences or more see (0 from a
+                            daemon that predates fork) */
 } fp4idx_info_t;
 
 /* "append" -> {"first", "length"}: position of the first new key and the
@@ -526,6 +551,11 @@ typedef struct fp4idx_truncate_resp_s {
   uint64_t length;
 } fp4idx_truncate_resp_t;
 
+/* "fork" -> {"length"}: the new sequence's length. */
+typedef struct fp4idx_fork_resp_s {
+  uint64_t length;
+} fp4idx_fork_resp_t;
+
 /* "read" -> {"keys": u8 [n,68] | f32 [n,128]} (n may be 0). */
 typedef struct fp4idx_read_resp_s {
   fp4idx_tensor_t keys;
@@ -548,10 +578,18 @@ typedef struct fp4idx_op_stats_s {
 typedef struct fp4idx_stats_s {
   double uptime_s;
   uint64_t connections, sequences, keys, pages_total, pages_free;
+  uint64_t pages_shared; /* as in info */
   char backend[FP4IDX_PROTO_SHORT_CAP];
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
   size_t nops;
+  /* Counters since start and gauges now. Optional on the wire (absent from
+   * daemons before them): 0 when absent. */
+  uint64_t keys_appended, rows_scored, request_bytes, response_bytes;
+  uint64_t queue_depth, device_mem_total, device_mem_free;
+  /* "errors_by_status": status name -> count, held by -code (index 0
+   * unused); names this build does not know are skipped when decoding. */
+  uint64_t status_errors[FP4IDX_PROTO_MAX_STATUSES];
 } fp4idx_stats_t;
 
 /* One entry of "list" "seqs". */
@@ -559,6 +597,7 @@ typedef struct fp4idx_list_entry_s {
   uint64_t seq;
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_list_entry_t;
 
 /* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is
@@ -589,6 +628,7 @@ typedef struct fp4idx_response_s {
     fp4idx_append_resp_t append;
     fp4idx_score_resp_t score;
     fp4idx_truncate_resp_t truncate;
+    fp4idx_fork_resp_t fork;
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
     fp4idx_list_resp_t list;

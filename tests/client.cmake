@@ -39,3 +39,11 @@ if(TARGET fp4idx_daemon_harness)
     LABELS daemon client)
   set_tests_properties(test_client_regions PROPERTIES TIMEOUT 300)
 endif()
+
+# README.md's library example, compiled against the build tree's
+# uninstalled .pc and run against the daemon it starts, as written.
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_readme COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_readme.sh
+                                    ${PROJECT_SOURCE_DIR}/README.md ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_readme PROPERTIES LABELS "daemon;client" TIMEOUT 180)
+endif()

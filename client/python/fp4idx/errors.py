@@ -71,8 +71,8 @@ class OutOfRange(Error):
 
 
 class NonFinite(Error):
-    """ENONFINITE (-9): non-finite value (NaN or inf) in a key."""
-    code, name, text = -9, "ENONFINITE", "non-finite value (NaN or inf) in a key"
+    """ENONFINITE (-9): non-finite value (NaN or inf) in a key, q or w."""
+    code, name, text = -9, "ENONFINITE", "non-finite value (NaN or inf) in a key, q or w"
 
 
 class PoolFull(Error):
@@ -130,14 +130,19 @@ class InternalError(Error):
     code, name, text = -20, "EINTERNAL", "internal error"
 
 
+class NotEnabled(Error):
+    """EDISABLED (-21): not enabled in this daemon (e.g. save without --data-dir)."""
+    code, name, text = -21, "EDISABLED", "not enabled in this daemon"
+
+
 class NoRegion(Error, LookupError):
-    """ENOREGION (-21): unknown region."""
-    code, name, text = -21, "ENOREGION", "unknown region"
+    """ENOREGION (-22): unknown region."""
+    code, name, text = -22, "ENOREGION", "unknown region"
 
 
 class RegionError(Error):
-    """EREGION (-22): region refused or reference out of bounds."""
-    code, name, text = -22, "EREGION", "region refused or reference out of bounds"
+    """EREGION (-23): region refused or reference out of bounds."""
+    code, name, text = -23, "EREGION", "region refused or reference out of bounds"
 
 
 # In the header's order.
@@ -162,6 +167,7 @@ CLASSES = (
     ShuttingDown,
     AlreadyExists,
     InternalError,
+    NotEnabled,
     NoRegion,
     RegionError,
 )
