@@ -145,14 +145,12 @@ static int make_memfd(size_t size, int seals) {
   return fd;
 }
 
-/* Sends a register request (id `id`) for a host region of `size` bytes
- * with `fd` (-1: none) as SCM_RIGHTS in the same sendmsg. */
-static void raw_send_register(int sock, uint64_t id, int fd, uint64_t size) {
-  fp4idx_request_t req = {.id = id, .op = FP4IDX_OP_REGISTER};
-  req.u.register_ = (fp4idx_register_req_t){.kind = FP4IDX_REGION_HOST, .size = size};
+/* Encodes req and sends it in one sendmsg with `fd` (-1: none) as
+ * SCM_RIGHTS. */
+static void send_with_fd(int sock, const fp4idx_request_t *req, int fd) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
-  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  cr_assert_eq(fp4idx_encode_request(&sb, req), 0);
   union {
     struct cmsghdr h;
     char buf[CMSG_SPACE(sizeof(int))];
@@ -171,6 +169,14 @@ static void raw_send_register(int sock, uint64_t id, int fd, uint64_t size) {
   }
   cr_assert_eq(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t)sb.size);
   msgpack_sbuffer_destroy(&sb);
+}
+
+/* Sends a register request (id `id`) for a host region of `size` bytes
+ * with `fd` (-1: none) in the same sendmsg. */
+static void raw_send_register(int sock, uint64_t id, int fd, uint64_t size) {
+  fp4idx_request_t req = {.id = id, .op = FP4IDX_OP_REGISTER};
+  req.u.register_ = (fp4idx_register_req_t){.kind = FP4IDX_REGION_HOST, .size = size};
+  send_with_fd(sock, &req, fd);
 }
 
 /* Receives a register reply: its status, *id the region. */
@@ -567,24 +573,7 @@ Test(regions, an_fd_with_another_request_is_closed_and_ignored) {
   int fd = make_memfd(4096, F_SEAL_SHRINK);
   /* an info frame carrying an fd, then a register without one */
   fp4idx_request_t req = {.id = 1, .op = FP4IDX_OP_INFO};
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
-  union {
-    struct cmsghdr h;
-    char buf[CMSG_SPACE(sizeof(int))];
-  } ctl;
-  memset(&ctl, 0, sizeof ctl);
-  struct iovec iov = {.iov_base = sb.data, .iov_len = sb.size};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                      .msg_controllen = sizeof ctl.buf};
-  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  cr_assert_eq(sendmsg(sock, &mh, MSG_NOSIGNAL), (ssize_t)sb.size);
-  msgpack_sbuffer_destroy(&sb);
+  send_with_fd(sock, &req, fd);
   fp4idx_response_t resp;
   unsigned char *body = NULL;
   cr_assert_eq(fp4idx_test_recv_response(sock, FP4IDX_OP_INFO, &resp, &body), 0);
