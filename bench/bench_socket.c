@@ -11,7 +11,11 @@
  *   (c) a score of R=4 x H=32 rows at context 100,000 through the socket,
  *       full logits and top-k 16, next to the same score computed in this
  *       process by the CPU backend (no socket, no codec): the difference is
- *       what the socket path costs at that size.
+ *       what the socket path costs at that size;
+ *   (d) the region cases (bench_socket_regions.c): full logits and top-2048
+ *       through the socket, into a host region, into a CUDA region
+ *       (--region-cuda), at context --region-ctx (default 100,000), and the
+ *       append rate of bf16 keys from a host region.
  * Every measurement runs -r times (default 3) and the table shows the median
  * of the per-run figures. --csv writes every raw sample, --hist a log-binned
  * latency histogram of (a) (bench/plot_socket.py draws both).
@@ -36,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_socket_regions.h"
 #include "bench_time.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_client.h"
@@ -61,6 +66,8 @@ typedef struct opts_s {
   long append_keys;    /* -k keys per append run */
   int big_iters;       /* -b 100k scores per run */
   int reps;            /* -r runs of everything */
+  long region_ctx;     /* --region-ctx: context of (d) */
+  int region_cuda;     /* --region-cuda: CUDA regions in (d) */
 } opts_t;
 
 static FILE *g_csv;
@@ -483,15 +490,19 @@ static void usage(FILE *f) {
           "  -b N       context-100k scores per case and run (default 20)\n"
           "  -r N       runs of everything, median reported (default 3, max 15)\n"
           "  --csv FILE raw samples: case,run,index,us\n"
-          "  --hist FILE latency histogram of (a): lo_us,hi_us,counts per case\n");
+          "  --hist FILE latency histogram of (a): lo_us,hi_us,counts per case\n"
+          "  --region-ctx N  context of (d), the region cases (default 100000)\n"
+          "  --region-cuda   (d) also into CUDA regions (the daemon must run CUDA)\n");
 }
 
 int main(int argc, char **argv) {
   opts_t o = {.iters = 5000, .warmup = 500, .append_keys = 1L << 20, .big_iters = 20,
-              .reps = 3};
+              .reps = 3, .region_ctx = BIG_CTX};
   static const struct option lo[] = {{"csv", required_argument, NULL, 'C'},
                                      {"hist", required_argument, NULL, 'H'},
                                      {"help", no_argument, NULL, 'h'},
+                                     {"region-ctx", required_argument, NULL, 'X'},
+                                     {"region-cuda", no_argument, NULL, 'U'},
                                      {NULL, 0, NULL, 0}};
   int opt;
   o.daemon = getenv("FP4IDXD") && *getenv("FP4IDXD") ? getenv("FP4IDXD") : FP4IDXD_PATH;
@@ -506,12 +517,14 @@ int main(int argc, char **argv) {
     case 'r': o.reps = atoi(optarg); break;
     case 'C': o.csv = optarg; break;
     case 'H': o.hist = optarg; break;
+    case 'X': o.region_ctx = atol(optarg); break;
+    case 'U': o.region_cuda = 1; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   if (o.iters < 1 || o.warmup < 0 || o.append_keys < 1 || o.big_iters < 1 || o.reps < 1 ||
-      o.reps > 15 || optind != argc) {
+      o.reps > 15 || o.region_ctx < 1 || optind != argc) {
     usage(stderr);
     return 2;
   }
@@ -580,6 +593,12 @@ int main(int argc, char **argv) {
   printf("    (p50s. socket: client round trip; in daemon: frame read to response\n"
          "     encoded (stats); compute: this process's CPU backend, no socket, no\n"
          "     codec, interleaved with the socket calls; socket - daemon: per call)\n");
+
+  fflush(stdout);
+  fp4idx_bench_regions_opts_t ro = {.ctx = o.region_ctx, .iters = o.big_iters,
+                                    .reps = o.reps, .append_keys = o.append_keys,
+                                    .cuda = o.region_cuda, .csv = g_csv};
+  if (fp4idx_bench_regions(c, &ro)) goto fail;
 
   if (o.hist) {
     FILE *f = fopen(o.hist, "w");

@@ -7,6 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 #include "fp4idx_codec.h"
@@ -14,6 +18,8 @@
 
 _Static_assert(FP4IDX_CLIENT_SLOT_BYTES == FP4IDX_SLOT_BYTES,
                "the client's fp4 slots are the key format's (fp4idx_format.h)");
+_Static_assert(FP4IDX_CLIENT_CUDA_HANDLE_BYTES == FP4IDX_PROTO_CUDA_HANDLE,
+               "a cudaIpcMemHandle_t is 64 bytes on the wire");
 _Static_assert(FP4IDX_CLIENT_HEAD_DIM == FP4IDX_HEAD_DIM,
                "the client's head dim is the key format's (fp4idx_format.h)");
 
@@ -65,10 +71,11 @@ static fp4idx_status_t take_response(fp4idx_client_t *c, exchange_t *x,
   return FP4IDX_OK;
 }
 
-/* One request/response exchange. On OK the caller reads x->resp and then
- * calls exchange_done(x); on error x is already released. */
-static fp4idx_status_t roundtrip(fp4idx_client_t *c, fp4idx_request_t *req,
-                                 exchange_t *x) {
+/* One request/response exchange, with `fd` (>= 0) passed along the frame
+ * as SCM_RIGHTS. On OK the caller reads x->resp and then calls
+ * exchange_done(x); on error x is already released. */
+static fp4idx_status_t roundtrip_fd(fp4idx_client_t *c, fp4idx_request_t *req,
+                                    int fd, exchange_t *x) {
   memset(x, 0, sizeof *x);
   if (c->fd < 0)
     return fp4idx__client_fail(c, FP4IDX_ECONN,
@@ -95,7 +102,9 @@ static fp4idx_status_t roundtrip(fp4idx_client_t *c, fp4idx_request_t *req,
                                fp4idx_op_name(req->op), body_len,
                                (unsigned long long)c->max_frame);
   }
-  fp4idx_status_t st = fp4idx__client_send(c, sb.data, sb.size, deadline);
+  fp4idx_status_t st =
+      fd >= 0 ? fp4idx__client_send_fd(c, sb.data, sb.size, fd, deadline)
+              : fp4idx__client_send(c, sb.data, sb.size, deadline);
   msgpack_sbuffer_destroy(&sb);
   size_t len = 0;
   if (st == FP4IDX_ECONN && c->fd >= 0) {
@@ -128,6 +137,11 @@ static fp4idx_status_t roundtrip(fp4idx_client_t *c, fp4idx_request_t *req,
   }
   fp4idx__client_fail(c, FP4IDX_OK, NULL);
   return FP4IDX_OK;
+}
+
+static fp4idx_status_t roundtrip(fp4idx_client_t *c, fp4idx_request_t *req,
+                                 exchange_t *x) {
+  return roundtrip_fd(c, req, -1, x);
 }
 
 static fp4idx_status_t bad_arg(fp4idx_client_t *c, const char *what) {
@@ -189,33 +203,45 @@ fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c,
 
 /* ---- keys ---------------------------------------------------------------- */
 
-fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
-                                     fp4idx_client_keys_t dtype,
-                                     const void *keys, size_t n,
-                                     fp4idx_client_rounding_t rounding,
-                                     uint64_t *first, uint64_t *length) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  if (keys == NULL) return bad_arg(c, "keys is NULL");
+/* The wire dtype and shape [n,128] or [n,68] of an append's keys. */
+static int keys_shape(fp4idx_client_keys_t dtype, size_t n,
+                      fp4idx_wire_dtype_t *wt, uint64_t shape[2]) {
+  shape[0] = n;
+  shape[1] = FP4IDX_CLIENT_HEAD_DIM;
+  switch (dtype) {
+    case FP4IDX_KEYS_BF16: *wt = FP4IDX_WIRE_BF16; return 0;
+    case FP4IDX_KEYS_F32: *wt = FP4IDX_WIRE_F32; return 0;
+    case FP4IDX_KEYS_FP4:
+      *wt = FP4IDX_WIRE_U8;
+      shape[1] = FP4IDX_CLIENT_SLOT_BYTES;
+      return 0;
+    default: return -1;
+  }
+}
+
+/* An append of n keys, inline from `keys` (region 0) or by reference to
+ * `offset` of `region`. */
+static fp4idx_status_t append_keys(fp4idx_client_t *c, uint64_t seq,
+                                   fp4idx_client_keys_t dtype,
+                                   const void *keys, uint64_t region,
+                                   uint64_t offset, size_t n,
+                                   fp4idx_client_rounding_t rounding,
+                                   uint64_t *first, uint64_t *length) {
   if (n == 0) return bad_arg(c, "n is 0 (append at least one key)");
   if (rounding != FP4IDX_ROUNDING_RNE && rounding != FP4IDX_ROUNDING_THRESHOLD)
     return bad_arg(c, "unknown rounding mode");
   fp4idx_wire_dtype_t wt;
-  uint64_t shape[2] = {n, FP4IDX_CLIENT_HEAD_DIM};
-  switch (dtype) {
-    case FP4IDX_KEYS_BF16: wt = FP4IDX_WIRE_BF16; break;
-    case FP4IDX_KEYS_F32: wt = FP4IDX_WIRE_F32; break;
-    case FP4IDX_KEYS_FP4:
-      wt = FP4IDX_WIRE_U8;
-      shape[1] = FP4IDX_CLIENT_SLOT_BYTES;
-      break;
-    default: return bad_arg(c, "unknown key dtype");
-  }
+  uint64_t shape[2];
+  if (keys_shape(dtype, n, &wt, shape) != 0)
+    return bad_arg(c, "unknown key dtype");
   fp4idx_request_t req = {.op = FP4IDX_OP_APPEND};
   req.u.append.seq = seq;
   req.u.append.rounding = rounding == FP4IDX_ROUNDING_THRESHOLD
                               ? FP4IDX_WIRE_ROUND_THRESHOLD
                               : FP4IDX_WIRE_ROUND_RNE;
-  int rc = fp4idx_tensor_init(&req.u.append.keys, wt, 2, shape, keys);
+  int rc = region ? fp4idx_tensor_ref(&req.u.append.keys, wt, 2, shape, region,
+                                      offset)
+                  : fp4idx_tensor_init(&req.u.append.keys, wt, 2, shape, keys);
   if (rc != 0)
     return fp4idx__client_fail(c, (fp4idx_status_t)rc, "%zu keys: %s", n,
                                fp4idx_strerror(rc));
@@ -226,6 +252,16 @@ fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
   if (length) *length = x.resp.u.append.length;
   exchange_done(&x);
   return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
+                                     fp4idx_client_keys_t dtype,
+                                     const void *keys, size_t n,
+                                     fp4idx_client_rounding_t rounding,
+                                     uint64_t *first, uint64_t *length) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (keys == NULL) return bad_arg(c, "keys is NULL");
+  return append_keys(c, seq, dtype, keys, 0, 0, n, rounding, first, length);
 }
 
 fp4idx_status_t fp4idx_client_append_bf16(fp4idx_client_t *c, uint64_t seq,
@@ -265,6 +301,16 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
   return FP4IDX_OK;
 }
 
+/* A round trip whose reply has no fields (drop, save, unregister). */
+static fp4idx_status_t roundtrip_empty(fp4idx_client_t *c,
+                                       fp4idx_request_t *req) {
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, req, &x);
+  if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 fp4idx_status_t fp4idx_client_fork(fp4idx_client_t *c, uint64_t src, uint64_t dst,
                                    uint64_t length, uint64_t *new_length) {
   if (c == NULL) return FP4IDX_EINVAL;
@@ -284,22 +330,14 @@ fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_DROP};
   req.u.drop.seq = seq;
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  return roundtrip_empty(c, &req);
 }
 
 /* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  return roundtrip_empty(c, &req);
 }
 
 fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
@@ -403,10 +441,13 @@ static int64_t result_width(const fp4idx_score_result_t *r,
 }
 
 /* Sends the score request; on OK x holds the checked response. */
+/* out: NULL, or the region references of seqs[0]'s results (logits,
+ * positions, counts; see fp4idx_score_seq_t). */
 static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
                                       uint32_t topk,
                                       const fp4idx_client_seq_t *seqs,
-                                      size_t nseqs, exchange_t *x) {
+                                      size_t nseqs, const fp4idx_tensor_t *out,
+                                      exchange_t *x) {
   if (seqs == NULL || nseqs == 0) return bad_arg(c, "no sequences to score");
   if (heads < 1 || heads > FP4IDX_PROTO_MAX_HEADS)
     return fp4idx__client_fail(c, FP4IDX_EINVAL,
@@ -447,6 +488,11 @@ static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
       goto out;
     }
   }
+  if (out) {
+    ws[0].out_logits = out[0];
+    ws[0].out_positions = out[1];
+    ws[0].out_counts = out[2];
+  }
   fp4idx_request_t req = {.op = FP4IDX_OP_SCORE};
   req.u.score.heads = heads;
   req.u.score.topk = topk;
@@ -479,7 +525,7 @@ fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
   if (out == NULL) return bad_arg(c, "out is NULL");
   *out = NULL;
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, &x);
+  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, NULL, &x);
   if (st != FP4IDX_OK) return st;
   const fp4idx_score_resp_t *sr = &x.resp.u.score;
 
@@ -531,7 +577,7 @@ fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, &x);
+  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, NULL, &x);
   if (st != FP4IDX_OK) return st;
   const fp4idx_tensor_t *l = &x.resp.u.score.results[0].logits;
   *width = (uint32_t)l->shape[1];
@@ -561,12 +607,162 @@ fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, &x);
+  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, NULL, &x);
   if (st != FP4IDX_OK) return st;
   const fp4idx_score_result_t *r = &x.resp.u.score.results[0];
   memcpy(positions, r->positions.data, r->positions.nbytes);
   memcpy(logits, r->logits.data, r->logits.nbytes);
   if (counts) memcpy(counts, r->counts.data, r->counts.nbytes);
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+/* ---- regions ------------------------------------------------------------- */
+
+static fp4idx_status_t register_region(fp4idx_client_t *c,
+                                       fp4idx_request_t *req, int fd,
+                                       uint64_t *region) {
+  exchange_t x;
+  fp4idx_status_t st = roundtrip_fd(c, req, fd, &x);
+  if (st != FP4IDX_OK) return st;
+  *region = x.resp.u.register_.region;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_region_register_fd(fp4idx_client_t *c, int fd,
+                                                 size_t size,
+                                                 uint64_t *region) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (fd < 0 || size == 0 || region == NULL)
+    return bad_arg(c, "fd < 0, size 0 or region NULL");
+  fp4idx_request_t req = {.op = FP4IDX_OP_REGISTER};
+  req.u.register_ = (fp4idx_register_req_t){.kind = FP4IDX_REGION_HOST,
+                                            .size = size};
+  return register_region(c, &req, fd, region);
+}
+
+fp4idx_status_t fp4idx_client_region_create(fp4idx_client_t *c, size_t size,
+                                            uint64_t *region, void **ptr) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (size == 0 || region == NULL || ptr == NULL)
+    return bad_arg(c, "size 0, region or ptr NULL");
+  *ptr = NULL;
+  *region = 0;
+  int fd = memfd_create("fp4idx-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM, "memfd_create: %s",
+                               strerror(errno));
+  void *p = MAP_FAILED;
+  if (ftruncate(fd, (off_t)size) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0 ||
+      (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+          MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                               "cannot make a %zu-byte region: %s", size,
+                               strerror(e));
+  }
+  fp4idx_status_t st = fp4idx_client_region_register_fd(c, fd, size, region);
+  close(fd); /* both sides hold their own mapping now */
+  if (st != FP4IDX_OK) {
+    munmap(p, size);
+    return st;
+  }
+  *ptr = p;
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_region_register_cuda(fp4idx_client_t *c,
+                                                   const void *ipc_handle,
+                                                   size_t size,
+                                                   uint32_t device,
+                                                   uint64_t *region) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (ipc_handle == NULL || size == 0 || region == NULL)
+    return bad_arg(c, "ipc_handle NULL, size 0 or region NULL");
+  fp4idx_request_t req = {.op = FP4IDX_OP_REGISTER};
+  req.u.register_ = (fp4idx_register_req_t){
+      .kind = FP4IDX_REGION_CUDA,
+      .size = size,
+      .handle = ipc_handle,
+      .handle_len = FP4IDX_CLIENT_CUDA_HANDLE_BYTES,
+      .device = device};
+  return register_region(c, &req, -1, region);
+}
+
+fp4idx_status_t fp4idx_client_region_unregister(fp4idx_client_t *c,
+                                                uint64_t region) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  fp4idx_request_t req = {.op = FP4IDX_OP_UNREGISTER};
+  req.u.unregister.region = region;
+  return roundtrip_empty(c, &req);
+}
+
+fp4idx_status_t fp4idx_client_region_destroy(fp4idx_client_t *c,
+                                             uint64_t region, void *ptr,
+                                             size_t size) {
+  fp4idx_status_t st = FP4IDX_OK;
+  if (c != NULL && fp4idx_client_connected(c))
+    st = fp4idx_client_region_unregister(c, region);
+  if (ptr != NULL && size > 0) munmap(ptr, size);
+  return st;
+}
+
+fp4idx_status_t fp4idx_client_append_region(
+    fp4idx_client_t *c, uint64_t seq, fp4idx_client_keys_t dtype,
+    uint64_t region, uint64_t offset, size_t n,
+    fp4idx_client_rounding_t rounding, uint64_t *first, uint64_t *length) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (region == 0) return bad_arg(c, "region 0");
+  return append_keys(c, seq, dtype, NULL, region, offset, n, rounding, first,
+                     length);
+}
+
+fp4idx_status_t fp4idx_client_score_region(
+    fp4idx_client_t *c, uint64_t seq, uint32_t heads, uint32_t rows,
+    const uint16_t *q, const uint16_t *w, const int32_t *lens, uint32_t width,
+    uint64_t region, uint64_t offset) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (region == 0 || rows == 0) return bad_arg(c, "region 0 or rows 0");
+  fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
+                           .lens = lens};
+  fp4idx_tensor_t out[3];
+  memset(out, 0, sizeof out);
+  uint64_t shp[2] = {rows, width};
+  if (fp4idx_tensor_ref(&out[0], FP4IDX_WIRE_F32, 2, shp, region, offset))
+    return bad_arg(c, "logits do not fit in memory");
+  exchange_t x;
+  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, out, &x);
+  if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_topk_region(
+    fp4idx_client_t *c, uint64_t seq, uint32_t heads, uint32_t rows,
+    const uint16_t *q, const uint16_t *w, const int32_t *lens, uint32_t k,
+    uint64_t region, uint64_t positions_offset, uint64_t logits_offset,
+    uint64_t counts_offset) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (region == 0 || rows == 0 || k == 0)
+    return bad_arg(c, "region 0, rows 0 or k 0");
+  fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
+                           .lens = lens};
+  fp4idx_tensor_t out[3];
+  memset(out, 0, sizeof out);
+  uint64_t shp[2] = {rows, k}, rs[1] = {rows};
+  if (fp4idx_tensor_ref(&out[0], FP4IDX_WIRE_F32, 2, shp, region,
+                        logits_offset) ||
+      fp4idx_tensor_ref(&out[1], FP4IDX_WIRE_I32, 2, shp, region,
+                        positions_offset) ||
+      fp4idx_tensor_ref(&out[2], FP4IDX_WIRE_I32, 1, rs, region,
+                        counts_offset))
+    return bad_arg(c, "top-k outputs do not fit in memory");
+  exchange_t x;
+  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, out, &x);
+  if (st != FP4IDX_OK) return st;
   exchange_done(&x);
   return FP4IDX_OK;
 }

@@ -39,6 +39,11 @@ int64_t fp4idx__client_deadline(const fp4idx_client_t *c);
 fp4idx_status_t fp4idx__client_send(fp4idx_client_t *c, const void *frame,
                                     size_t len, int64_t deadline);
 
+/* Like fp4idx__client_send, with `fd` passed as SCM_RIGHTS on the frame's
+ * first bytes (the same sendmsg), for "register" of a host region. */
+fp4idx_status_t fp4idx__client_send_fd(fp4idx_client_t *c, const void *frame,
+                                       size_t len, int fd, int64_t deadline);
+
 /* Receives one frame; *body is malloc'ed (caller frees), *len its length.
  * Returns OK, ECONN (closed, even mid-frame), ETIMEDOUT, E2BIG (announced
  * length above FP4IDX_CLIENT_MAX_RESPONSE), ENOMEM; on error the connection

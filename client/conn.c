@@ -283,6 +283,43 @@ fp4idx_status_t fp4idx__client_send(fp4idx_client_t *c, const void *frame,
   return write_all(c, frame, len, deadline);
 }
 
+fp4idx_status_t fp4idx__client_send_fd(fp4idx_client_t *c, const void *frame,
+                                       size_t len, int fd, int64_t deadline) {
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  /* The fd rides on the first bytes of the frame (the daemon gives it to
+   * the frame those bytes belong to); the rest, if the socket took only
+   * part, follows with plain sends. */
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {.iov_base = (void *)frame, .iov_len = len};
+  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                      .msg_controllen = sizeof ctl.buf};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  for (;;) {
+    ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    if (w > 0)
+      return write_all(c, (const char *)frame + w, len - (size_t)w, deadline);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      fp4idx_status_t st = wait_fd(c->fd, POLLOUT, deadline);
+      if (st == FP4IDX_OK) continue;
+      fp4idx__client_disconnect(c);
+      return fp4idx__client_fail(c, st, "timed out sending the request");
+    }
+    int e = w < 0 ? errno : EPIPE;
+    return fp4idx__client_fail(c, FP4IDX_ECONN,
+                               "connection lost while sending: %s", ERRTEXT(e));
+  }
+}
+
 fp4idx_status_t fp4idx__client_recv_frame(fp4idx_client_t *c, char **body,
                                           size_t *len, int64_t deadline) {
   *body = NULL;

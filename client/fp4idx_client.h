@@ -321,6 +321,133 @@ fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
                                    int32_t *positions, float *logits,
                                    int32_t *counts);
 
+/* ---- regions: zero copy on the same host (PROTOCOL.md "Regions") ---------- */
+
+/* A region is memory the daemon and this process share: host memory (a
+ * sealed memfd both map) or a CUDA allocation (opened by the daemon through
+ * CUDA IPC). Once registered, append can read its keys from a region and
+ * score can write its results into one, instead of copying them through the
+ * socket.
+ *
+ * Lifetimes: a region belongs to the connection that registered it: no
+ * other connection (not even another handle of this process) can name it,
+ * and the daemon releases it when fp4idx_client_region_unregister succeeds
+ * or the connection closes (fp4idx_client_close, a connection error, a
+ * reconnect). The daemon keeps its own mapping of a host region, so
+ * unmapping or closing this side never affects it; the memory the caller
+ * sees stays valid until the caller unmaps it (fp4idx_client_region_destroy
+ * does both). While a request runs the daemon reads or writes the region:
+ * do not change the bytes of a request's inputs, or read its outputs, until
+ * the call has returned.
+ *
+ * Errors common to the calls below: FP4IDX_ENOREGION (the id is not
+ * registered on this connection), FP4IDX_EREGION (the daemon refused the
+ * region, or a reference is misaligned, outside the region, or an output
+ * overlaps another tensor of the request), FP4IDX_E2BIG (more than 16
+ * regions or 64 GiB of regions on one connection), FP4IDX_EINVAL (bad
+ * argument, connection kept), and the connection errors at the top of this
+ * file. A refused request changes nothing in the cache or the region. */
+
+/* Bytes of a cudaIpcMemHandle_t. */
+#define FP4IDX_CLIENT_CUDA_HANDLE_BYTES 64
+
+/* Creates a host region of `size` bytes: a memfd sealed against shrinking,
+ * mapped here read-write, passed to the daemon (which maps it too).
+ * Takes: size >= 1; region and ptr required.
+ * Returns: FP4IDX_OK with *region its id and *ptr this process's mapping
+ *   (zero-filled, page-aligned, `size` bytes; release it with
+ *   fp4idx_client_region_destroy); FP4IDX_ENOMEM (memfd or mmap failed);
+ *   the common errors. On error *region = 0 and *ptr = NULL. */
+fp4idx_status_t fp4idx_client_region_create(fp4idx_client_t *c, size_t size,
+                                            uint64_t *region, void **ptr);
+
+/* Registers the caller's own memfd (first `size` bytes) as a host region.
+ * The daemon requires it to be sealed with F_SEAL_SHRINK (fcntl
+ * F_ADD_SEALS; create it with MFD_ALLOW_SEALING) and at least size bytes
+ * long; POSIX shm objects and plain files are refused (they can shrink under
+ * the daemon's mapping). The caller keeps fd (it may close it at once).
+ * Returns: FP4IDX_OK with *region; FP4IDX_EREGION (unsealed, too short, not
+ *   a memfd, not mappable read-write); the common errors. */
+fp4idx_status_t fp4idx_client_region_register_fd(fp4idx_client_t *c, int fd,
+                                                 size_t size,
+                                                 uint64_t *region);
+
+/* Registers CUDA device memory by its IPC handle: the 64 bytes of a
+ * cudaIpcMemHandle_t from cudaIpcGetMemHandle (this library does not link
+ * CUDA; see fp4idx_client_region_register_device below), `size` bytes from
+ * the start of the handle's allocation, on `device`, an ordinal in the
+ * daemon's numbering (the same as this process's when both see the same
+ * CUDA_VISIBLE_DEVICES).
+ * Returns: FP4IDX_OK with *region; FP4IDX_EREGION (the daemon runs the CPU
+ *   backend or another device, the driver refuses the handle, size is above
+ *   the allocation); the common errors. */
+fp4idx_status_t fp4idx_client_region_register_cuda(fp4idx_client_t *c,
+                                                   const void *ipc_handle,
+                                                   size_t size,
+                                                   uint32_t device,
+                                                   uint64_t *region);
+
+/* Releases region `region` on the daemon (the caller's memory is not
+ * touched). Returns: FP4IDX_OK; FP4IDX_ENOREGION; connection errors. */
+fp4idx_status_t fp4idx_client_region_unregister(fp4idx_client_t *c,
+                                                uint64_t region);
+
+/* Unregisters `region` (when c is connected) and unmaps ptr[0..size) (when
+ * ptr is not NULL): the undo of fp4idx_client_region_create. The memory is
+ * unmapped even when the unregister fails. Returns what unregister
+ * returned (FP4IDX_OK when not connected). */
+fp4idx_status_t fp4idx_client_region_destroy(fp4idx_client_t *c,
+                                             uint64_t region, void *ptr,
+                                             size_t size);
+
+/* Appends n keys read from `region` at byte `offset` (bulk ingest; the
+ * keys never cross the socket). Layout as fp4idx_client_append; offset a
+ * multiple of the element size (2 for bf16, 4 for f32, 1 for fp4).
+ * Returns: as fp4idx_client_append, plus the common region errors. */
+fp4idx_status_t fp4idx_client_append_region(
+    fp4idx_client_t *c, uint64_t seq, fp4idx_client_keys_t dtype,
+    uint64_t region, uint64_t offset, size_t n,
+    fp4idx_client_rounding_t rounding, uint64_t *first, uint64_t *length);
+
+/* Full logits of one sequence written into `region` at `offset` as f32
+ * [rows,width] (C order); the reply carries no logits.
+ * Takes: as fp4idx_client_score_into; width = W of the result, max(lens)
+ *   (or the sequence's key count without lens); offset a multiple of 4.
+ * Returns: FP4IDX_OK once the logits are in the region; FP4IDX_ESHAPE
+ *   (width is not W); else as fp4idx_client_score plus the region errors. */
+fp4idx_status_t fp4idx_client_score_region(
+    fp4idx_client_t *c, uint64_t seq, uint32_t heads, uint32_t rows,
+    const uint16_t *q, const uint16_t *w, const int32_t *lens, uint32_t width,
+    uint64_t region, uint64_t offset);
+
+/* Top-k of one sequence written into `region`: positions i32 [rows,k] at
+ * positions_offset, logits f32 [rows,k] at logits_offset, counts i32
+ * [rows] at counts_offset (offsets multiples of 4, the three ranges
+ * disjoint). Order and padding as fp4idx_client_result_t.
+ * Returns: as fp4idx_client_topk plus the region errors. */
+fp4idx_status_t fp4idx_client_topk_region(
+    fp4idx_client_t *c, uint64_t seq, uint32_t heads, uint32_t rows,
+    const uint16_t *q, const uint16_t *w, const int32_t *lens, uint32_t k,
+    uint64_t region, uint64_t positions_offset, uint64_t logits_offset,
+    uint64_t counts_offset);
+
+#if defined(__CUDA_RUNTIME_H__) || defined(__CUDA_RUNTIME_API_H__)
+/* With cuda_runtime.h included first: registers the device allocation that
+ * starts at dptr (size bytes, from cudaMalloc) on the current device.
+ * Returns: FP4IDX_EDEVICE when CUDA cannot export the handle; else as
+ * fp4idx_client_region_register_cuda. */
+static inline fp4idx_status_t fp4idx_client_region_register_device(
+    fp4idx_client_t *c, void *dptr, size_t size, uint64_t *region) {
+  cudaIpcMemHandle_t h;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaIpcGetMemHandle(&h, dptr) != cudaSuccess)
+    return FP4IDX_EDEVICE;
+  return fp4idx_client_region_register_cuda(c, &h, size, (uint32_t)dev,
+                                            region);
+}
+#endif
+
 /* ---- stats ---------------------------------------------------------------- */
 
 /* Per-op counters. Latency histogram: hist[i] requests took <= bounds_us[i]

@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "fp4idx_codec.h"
 #include "fp4idx_fail.h"
 #include "fp4idx_wire_key.h"
 #include "log.h"
+#include "regions.h"
 
 #define FP4IDX_CMD_MSG 320
 
@@ -35,9 +37,98 @@ typedef struct fp4idx__cmd_s {
   fp4idx_response_t *resp;
   char *msg;                     /* [FP4IDX_CMD_MSG] the error detail */
   int replay;                    /* from the append log: not logged again */
+  fp4idx_regions_t *regions;     /* the connection's regions (NULL: none) */
+  int fd;                        /* fd that came with the request, or -1 */
   void *scratch;                 /* what resp points into; freed by cleanup */
   void (*cleanup)(void *scratch); /* after the response is encoded */
 } fp4idx__cmd_t;
+
+/* ---- region references ------------------------------------------------------ */
+
+/* One tensor an op reads or writes, for the overlap check. */
+typedef struct fp4idx__cmd_ref_s {
+  const fp4idx_tensor_t *t;
+  int out;
+} fp4idx__cmd_ref_t;
+
+/* Checks every reference of a request before anything runs: each against
+ * its region (fp4idx__regions_check), then no output overlaps another
+ * reference in the same region (a score must not read what it overwrites,
+ * nor write two results on top of each other). */
+static int fp4idx__cmd_check_refs(fp4idx__cmd_t *c, const fp4idx__cmd_ref_t *refs, size_t n) {
+  char what[32];
+  const fp4idx_region_t *r;
+  for (size_t i = 0; i < n; i++) {
+    if (refs[i].t->region == 0) continue;
+    snprintf(what, sizeof what, "%s %zu", refs[i].out ? "output" : "input", i);
+    int rc = fp4idx__regions_check(c->regions, refs[i].t, what, &r, c->msg, FP4IDX_CMD_MSG);
+    if (rc) return rc;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const fp4idx_tensor_t *a = refs[i].t;
+    if (a->region == 0 || !refs[i].out || a->nbytes == 0) continue;
+    for (size_t j = 0; j < n; j++) {
+      const fp4idx_tensor_t *b = refs[j].t;
+      if (j == i || b->region != a->region || b->nbytes == 0) continue;
+      if (a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes)
+        return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EREGION,
+                            "output bytes [%" PRIu64 ", +%zu) of region %" PRIu64
+                            " overlap the %s at [%" PRIu64 ", +%zu)",
+                            a->offset, a->nbytes, a->region,
+                            refs[j].out ? "output" : "input", b->offset, b->nbytes);
+    }
+  }
+  return FP4IDX_OK;
+}
+
+/* A checked input tensor as an aligned host array in *ptr: inline data is
+ * copied (codec views are unaligned); a host region is read in place (its
+ * mapping is page-aligned and the offset a multiple of the item size)
+ * unless `copy`; a CUDA region is copied to the host. *owned is what to
+ * free (may be NULL). `copy` is for values that are checked and then used
+ * (score inputs: lens are bounds, q and w must be finite; packed keys): the
+ * client can rewrite its region at any time, so those are a private
+ * snapshot. Only bf16/f32 keys are read in place (see the append). */
+static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, int copy,
+                             const void **ptr, void **owned) {
+  const fp4idx_region_t *r = NULL;
+  *owned = NULL;
+  if (t->region == 0) {
+    *ptr = *owned = fp4idx__cmd_aligned(t);
+    return *ptr ? FP4IDX_OK : FP4IDX_ENOMEM;
+  }
+  int rc = fp4idx__regions_check(c->regions, t, "input", &r, c->msg, FP4IDX_CMD_MSG);
+  if (rc) return rc;
+  if (r->kind == FP4IDX_REGION_HOST && !copy) {
+    *ptr = r->base + t->offset;
+    return FP4IDX_OK;
+  }
+  if (!(*owned = malloc(t->nbytes ? t->nbytes : 1))) return FP4IDX_ENOMEM;
+  *ptr = *owned;
+  return fp4idx__region_read(r, t->offset, *owned, t->nbytes);
+}
+
+/* The host address results for a checked output reference can be written
+ * to directly (a host region), or NULL (stage, then fp4idx__cmd_output).
+ * Safe because the backends only write their outputs (and the CUDA backend
+ * copies them out at the end): nothing the client writes there meanwhile is
+ * read back by the daemon. */
+static void *fp4idx__cmd_direct(fp4idx__cmd_t *c, const fp4idx_tensor_t *t) {
+  const fp4idx_region_t *r = NULL;
+  if (fp4idx__regions_check(c->regions, t, "output", &r, NULL, 0) || r->kind != FP4IDX_REGION_HOST)
+    return NULL;
+  return r->base + t->offset;
+}
+
+/* Writes a staged result to a checked output reference (no-op when the
+ * backend already wrote there). */
+static int fp4idx__cmd_output(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, const void *src) {
+  const fp4idx_region_t *r = NULL;
+  int rc = fp4idx__regions_check(c->regions, t, "output", &r, c->msg, FP4IDX_CMD_MSG);
+  if (rc) return rc;
+  if (r->kind == FP4IDX_REGION_HOST && r->base + t->offset == src) return FP4IDX_OK;
+  return fp4idx__region_write(r, t->offset, src, t->nbytes);
+}
 
 /* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
 
@@ -79,16 +170,28 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
   fp4idx_dtype_t dtype = fp4idx_wire_key_dtype(a->keys.dtype);
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
-  void *keys = fp4idx__cmd_aligned(&a->keys);
+  const void *keys = NULL;
+  void *owned = NULL;
   uint8_t *packed = NULL;
   int64_t first = 0;
   int created = 0, rc;
-  if (!slots || !keys) {
+  if (!slots) {
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
-  /* Packed keys: scale bytes 1..254 only (PROTOCOL.md, append). */
-  rc = fp4idx_append_keys_check(a, msg, FP4IDX_CMD_MSG);
+  /* keys may come from a region (bulk ingest): checked before anything
+   * moves. Packed keys are copied: their scale bytes are checked (1..254,
+   * PROTOCOL.md append) and then stored verbatim, so they must not change
+   * in between; bf16/f32 keys are read in place (the quantizer derives the
+   * scales once and never stores a value it did not check). */
+  rc = fp4idx__cmd_input(c, &a->keys, a->keys.dtype == FP4IDX_WIRE_U8, &keys, &owned);
+  if (rc == FP4IDX_ENOMEM)
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for %" PRId64 " keys", n);
+  if (rc == FP4IDX_OK) {
+    fp4idx_append_req_t view = *a;
+    view.keys.data = keys;
+    rc = fp4idx_append_keys_check(&view, msg, FP4IDX_CMD_MSG);
+  }
   if (rc) goto out;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
   int64_t old_len = s ? s->n_keys : 0;
@@ -129,7 +232,7 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
   resp->u.append.length = (uint64_t)(first + n);
 out:
   free(packed);
-  free(keys);
+  free(owned);
   free(slots);
   return rc;
 }
@@ -138,7 +241,8 @@ out:
 typedef struct fp4idx__score_bufs_s {
   size_t n;
   fp4idx_backend_seq_t *eng;
-  void **owned;            /* [4 * n] q, w, lens, mask copies */
+  void **owned;            /* [4 * n] q, w, lens, mask copies (NULL: read in place) */
+  fp4idx__cmd_ref_t *refs; /* [7 * n] every tensor, for the region checks */
   float *logits;
   int32_t *pos, *count;
   float *val;
@@ -150,6 +254,7 @@ static void fp4idx__score_bufs_free(void *arg) {
   if (b->owned)
     for (size_t i = 0; i < 4 * b->n; i++) free(b->owned[i]);
   free(b->owned);
+  free(b->refs);
   free(b->eng);
   free(b->logits);
   free(b->pos);
@@ -157,6 +262,21 @@ static void fp4idx__score_bufs_free(void *arg) {
   free(b->count);
   free(b->results);
   free(b);
+}
+
+/* One entry's results written to its "out" references (after the backend
+ * ran), and the reply's tensors turned into the same references. */
+static int fp4idx__score_outputs(fp4idx__cmd_t *c, const fp4idx_score_seq_t *s,
+                                 fp4idx_score_result_t *r) {
+  const fp4idx_tensor_t *out[3] = {&s->out_logits, &s->out_positions, &s->out_counts};
+  fp4idx_tensor_t *res[3] = {&r->logits, &r->positions, &r->counts};
+  for (int j = 0; j < (r->topk ? 3 : 1); j++) {
+    int rc = fp4idx__cmd_output(c, out[j], res[j]->data);
+    if (rc) return rc;
+    fp4idx_tensor_ref(res[j], out[j]->dtype, out[j]->ndim, out[j]->shape, out[j]->region,
+                      out[j]->offset);
+  }
+  return FP4IDX_OK;
 }
 
 static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
@@ -174,9 +294,22 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   b->n = n;
   b->eng = calloc(n, sizeof *b->eng);
   b->owned = calloc(4 * n, sizeof *b->owned);
+  b->refs = calloc(7 * n, sizeof *b->refs);
   b->results = calloc(n, sizeof *b->results);
-  if (!b->eng || !b->owned || !b->results)
+  if (!b->eng || !b->owned || !b->refs || !b->results)
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+  /* Region references first (bounds, alignment, overlap of outputs with
+   * anything else): a bad one fails the request before it reads anything. */
+  size_t nrefs = 0;
+  for (size_t i = 0; i < n; i++) {
+    const fp4idx_score_seq_t *s = &sr->seqs[i];
+    const fp4idx_tensor_t *t[7] = {&s->q, &s->w, &s->lens, &s->mask,
+                                   &s->out_logits, &s->out_positions, &s->out_counts};
+    for (int j = 0; j < 7; j++)
+      if (t[j]->region) b->refs[nrefs++] = (fp4idx__cmd_ref_t){t[j], j >= 4};
+  }
+  int rc = fp4idx__cmd_check_refs(c, b->refs, nrefs);
+  if (rc) return rc;
   uint64_t rows_total = 0, cells = 0;
   for (size_t i = 0; i < n; i++) {
     const fp4idx_score_seq_t *s = &sr->seqs[i];
@@ -184,30 +317,39 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     if (!cs)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
                           s->seq);
+    void **o = &b->owned[4 * i];
+    const void *in[4] = {NULL, NULL, NULL, NULL};
+    fp4idx_score_seq_t view = *s; /* lens readable from the host for the check */
+    for (int j = 0; j < 4; j++) {
+      const fp4idx_tensor_t *t = j == 0 ? &s->q : j == 1 ? &s->w : j == 2 ? &s->lens : &s->mask;
+      if (!fp4idx_tensor_present(t)) continue;
+      rc = fp4idx__cmd_input(c, t, 1, &in[j], &o[j]); /* checked, then used: a snapshot */
+      if (rc == FP4IDX_ENOMEM)
+        return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for seqs[%zu]", i);
+      if (rc) return rc;
+    }
+    view.q.data = in[0];
+    view.w.data = in[1];
+    view.lens.data = in[2];
+    view.mask.data = in[3];
     uint64_t width = 0;
-    int rc = fp4idx_score_seq_check(s, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
+    rc = fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
+    if (rc == FP4IDX_OK) rc = fp4idx_score_out_check(s, width, sr->topk, detail, sizeof detail);
     if (rc)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
                           i, s->seq, cs->n_keys, detail);
-    void **o = &b->owned[4 * i];
-    o[0] = fp4idx__cmd_aligned(&s->q);
-    o[1] = fp4idx__cmd_aligned(&s->w);
-    if (fp4idx_tensor_present(&s->lens)) {
-      o[2] = fp4idx__cmd_aligned(&s->lens);
-    } else {
+    if (!fp4idx_tensor_present(&s->lens)) {
       int32_t *l = malloc((size_t)s->rows * sizeof *l);
-      if (l)
-        for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
-      o[2] = l;
+      if (!l) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
+      for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
+      in[2] = o[2] = l;
     }
-    if (fp4idx_tensor_present(&s->mask)) o[3] = fp4idx__cmd_aligned(&s->mask);
     const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
-    if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]) ||
-        fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
+    if (fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
     b->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
-                                      .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
+                                      .q = in[0], .w = in[1], .lens = in[2], .mask = in[3]};
     rows_total += s->rows;
     cells += (uint64_t)s->rows * width;
   }
@@ -217,21 +359,31 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG,
                         "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
                         rows_total, FP4IDX_CMD_MAX_RESULT);
+  /* One entry writing to a host region: the backend writes there directly
+   * (on the CUDA backend, a pinned region takes the device-to-host copy
+   * itself). Otherwise it writes to staging buffers, copied out below. */
+  const fp4idx_score_seq_t *s0 = &sr->seqs[0];
+  int direct = n == 1 && fp4idx_tensor_present(&s0->out_logits);
+  fp4idx_backend_batch_t batch = {
+      .heads = (int32_t)sr->heads, .n_seqs = (int32_t)n, .seqs = b->eng, .topk = (int32_t)k};
+  if (direct) {
+    batch.logits = k ? NULL : fp4idx__cmd_direct(c, &s0->out_logits);
+    batch.topk_val = k ? fp4idx__cmd_direct(c, &s0->out_logits) : NULL;
+    batch.topk_pos = k ? fp4idx__cmd_direct(c, &s0->out_positions) : NULL;
+    batch.topk_count = k ? fp4idx__cmd_direct(c, &s0->out_counts) : NULL;
+  }
   if (k) {
-    b->pos = malloc(rows_total * k * 4u + 1);
-    b->val = malloc(rows_total * k * 4u + 1);
-    b->count = malloc(rows_total * 4u + 1);
-    if (!b->pos || !b->val || !b->count)
+    if (!batch.topk_pos) batch.topk_pos = b->pos = malloc(rows_total * k * 4u + 1);
+    if (!batch.topk_val) batch.topk_val = b->val = malloc(rows_total * k * 4u + 1);
+    if (!batch.topk_count) batch.topk_count = b->count = malloc(rows_total * 4u + 1);
+    if (!batch.topk_pos || !batch.topk_val || !batch.topk_count)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for the top-k output");
   } else {
-    b->logits = malloc(cells * 4u + 1);
-    if (!b->logits)
+    if (!batch.logits) batch.logits = b->logits = malloc(cells * 4u + 1);
+    if (!batch.logits)
       return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
   }
-  fp4idx_backend_batch_t batch = {
-      .heads = (int32_t)sr->heads, .n_seqs = (int32_t)n, .seqs = b->eng, .topk = (int32_t)k,
-      .logits = b->logits, .topk_pos = b->pos, .topk_val = b->val, .topk_count = b->count};
-  int rc = fp4idx__engine_score(d->engine, &batch);
+  rc = fp4idx__engine_score(d->engine, &batch);
   if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "scoring failed: %s", fp4idx_strerror(rc));
   uint64_t row = 0, cell = 0;
   for (size_t i = 0; i < n; i++) {
@@ -241,13 +393,17 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
     r->topk = k != 0;
     if (k) {
       uint64_t shp[2] = {R, k};
-      fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, b->pos + row * k);
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, b->val + row * k);
-      fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, b->count + row);
+      fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, batch.topk_pos + row * k);
+      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, batch.topk_val + row * k);
+      fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, batch.topk_count + row);
     } else {
       uint64_t shp[2] = {R, W};
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, b->logits + cell);
+      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, batch.logits + cell);
     }
+    if (fp4idx_tensor_present(&sr->seqs[i].out_logits) &&
+        (rc = fp4idx__score_outputs(c, &sr->seqs[i], r)) != 0)
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "writing the results of seqs[%zu]: %s", i,
+                          fp4idx_strerror(rc));
     row += R;
     cell += R * W;
   }
@@ -456,6 +612,29 @@ static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
   return FP4IDX_OK;
 }
 
+/* "register": a host region from the fd that came with the request, or a
+ * CUDA region from IPC handle bytes; owned by this connection. */
+static int fp4idx__cmd_register(fp4idx__cmd_t *c) {
+  const fp4idx_register_req_t *r = &c->req->u.register_;
+  uint64_t id = 0;
+  int rc;
+  if (!c->regions)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EREGION, "regions need a connection");
+  if (r->kind == FP4IDX_REGION_HOST) {
+    rc = fp4idx__regions_add_host(c->regions, c->fd, r->size, &id, c->msg, FP4IDX_CMD_MSG);
+  } else {
+    rc = fp4idx__regions_add_cuda(c->regions, r->handle, r->handle_len, r->device, r->size, &id,
+                                  c->msg, FP4IDX_CMD_MSG);
+  }
+  if (rc) return rc;
+  c->resp->u.register_ = (fp4idx_register_resp_t){.region = id, .size = r->size};
+  return FP4IDX_OK;
+}
+
+static int fp4idx__cmd_unregister(fp4idx__cmd_t *c) {
+  return fp4idx__regions_remove(c->regions, c->req->u.unregister.region, c->msg, FP4IDX_CMD_MSG);
+}
+
 /* ---- the command table ---------------------------------------------------- */
 
 typedef int (*fp4idx__cmd_fn)(fp4idx__cmd_t *c);
@@ -494,7 +673,7 @@ int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *ms
   fp4idx_response_t resp;
   char detail[FP4IDX_CMD_MSG] = "";
   memset(&resp, 0, sizeof resp);
-  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1};
+  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1, .fd = -1};
   int rc;
   if (!(fp4idx_op_flags(req->op) & FP4IDX_OPF_MUTATES))
     rc = fp4idx__fail(detail, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
@@ -523,19 +702,24 @@ int fp4idx__cmd_error_frame(int status, const char *msg, uint8_t **frame,
   return rc;
 }
 
-void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
-                         double t0_us, uint8_t **frame, size_t *frame_len) {
+void fp4idx__cmd_execute(fp4idx_daemon_t *d, fp4idx_regions_t *regions, int fd,
+                         const uint8_t *body, size_t len, double t0_us, uint8_t **frame,
+                         size_t *frame_len) {
   fp4idx_request_t req;
   fp4idx_response_t resp;
   char msg[FP4IDX_CMD_MSG] = "";
   memset(&req, 0, sizeof req);
   memset(&resp, 0, sizeof resp);
-  fp4idx__cmd_t c = {.d = d, .req = &req, .resp = &resp, .msg = msg};
+  fp4idx__cmd_t c = {.d = d, .req = &req, .resp = &resp, .msg = msg, .regions = regions,
+                     .fd = fd};
   *frame = NULL;
   *frame_len = 0;
 
   int rc = fp4idx_decode_request(body, len, &req, msg, sizeof msg);
   if (rc == FP4IDX_OK) rc = fp4idx__cmd_call(&c);
+  /* The region (if any) holds its own mapping; an fd sent with another
+   * request is not used. */
+  if (fd >= 0) close(fd);
 
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);

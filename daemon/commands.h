@@ -18,14 +18,21 @@ struct fp4idx_daemon_s;
  * answer would be larger gets E2BIG. */
 #define FP4IDX_CMD_MAX_RESULT ((uint64_t)1 << 30)
 
+struct fp4idx_regions_s;
+
 /* Executes the request in body[0..len) and returns its whole response frame
- * (4-byte length first) in *frame (malloc'd) / *frame_len. Records the
+ * (4-byte length first) in *frame (malloc'd) / *frame_len. `regions` is the
+ * connection's region table (register/unregister change it, references are
+ * resolved against it; NULL: the request may not name regions); `fd` the
+ * file descriptor that came with the frame (SCM_RIGHTS) or -1: "register"
+ * of a host region maps it, and it is closed in every case. Records the
  * request in d->stats with latency measured from t0_us
  * (fp4idx__stats_now_us clock). Never fails: on out-of-memory while encoding
  * it returns a short error frame; if even that fails *frame is NULL (the
  * caller closes the connection). */
-void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, const uint8_t *body, size_t len,
-                         double t0_us, uint8_t **frame, size_t *frame_len);
+void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, struct fp4idx_regions_s *regions, int fd,
+                         const uint8_t *body, size_t len, double t0_us, uint8_t **frame,
+                         size_t *frame_len);
 
 struct fp4idx_request_s;
 

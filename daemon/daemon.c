@@ -97,6 +97,8 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server.budget = d->cfg.buffer_budget;
   d->server.buffer_timeout_us = d->cfg.buffer_timeout_s * 1e6;
   d->server.worker = &d->worker;
+  /* host regions are pinned and CUDA regions opened on the backend's device */
+  d->server.cuda_device = strcmp(d->desc.name, "cuda") == 0 ? d->cfg.device : -1;
   d->server.conn_event = fp4idx__daemon_conn_event;
   d->server.pressure = fp4idx__daemon_pressure;
   d->server.on_stopped = fp4idx__daemon_server_stopped;

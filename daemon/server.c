@@ -5,6 +5,7 @@
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@ void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_fra
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
   srv->max_frame = max_frame;
+  srv->cuda_device = -1;
   srv->socket_mode = FP4IDX_SERVER_SOCKET_MODE;
   srv->socket_gid = -1;
   srv->spare_fd = -1;
@@ -35,6 +37,7 @@ void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_fra
 
 void fp4idx__server_req_free(fp4idx_req_t *req) {
   if (!req) return;
+  if (req->fd >= 0) close(req->fd);
   free(req->body);
   free(req->resp);
   free(req);
@@ -42,8 +45,26 @@ void fp4idx__server_req_free(fp4idx_req_t *req) {
 
 /* ---- connection lifetime ---------------------------------------------- */
 
+/* The release job of a closed connection's regions: on the worker, after
+ * every request that could still use them. */
+static void fp4idx__server_regions_work(fp4idx_job_t *job) { fp4idx__regions_clear(job->data); }
+static void fp4idx__server_regions_done(fp4idx_job_t *job) { free(job->data); }
+
 static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
   fp4idx_server_t *srv = c->srv;
+  for (int i = 0; i < c->nfds; i++) close(c->fds[i]);
+  if (c->regions) {
+    fp4idx_job_t *job = &c->regions->release;
+    *job = (fp4idx_job_t){.work = fp4idx__server_regions_work,
+                          .done = fp4idx__server_regions_done,
+                          .data = c->regions};
+    if (srv->worker && srv->worker->started) {
+      fp4idx__worker_submit(srv->worker, job);
+    } else {
+      fp4idx__regions_clear(c->regions);
+      free(c->regions);
+    }
+  }
   fp4idx__budget_hold(c, -(int64_t)c->held_in, -(int64_t)c->held_out);
   fp4idx__budget_release_grant(c);
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
@@ -195,8 +216,9 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
 static void fp4idx__server_req_work(fp4idx_job_t *job) {
   fp4idx_req_t *req = job->data;
   fp4idx__stats_queue(&((fp4idx_daemon_t *)req->conn->srv->data)->stats, -1); /* running now */
-  fp4idx__cmd_execute(req->conn->srv->data, req->body, req->body_len, req->t0_us, &req->resp,
-                      &req->resp_len);
+  fp4idx__cmd_execute(req->conn->srv->data, req->conn->regions, req->fd, req->body,
+                      req->body_len, req->t0_us, &req->resp, &req->resp_len);
+  req->fd = -1; /* closed by fp4idx__cmd_execute */
   /* The body (and the views into it) are not needed any more. */
   free(req->body);
   req->body = NULL;
@@ -258,6 +280,7 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
                    (unsigned long long)c->id, msg);
   c->eof = 1;
   fp4idx_req_t *r = calloc(1, sizeof *r);
+  if (r) r->fd = -1;
   if (!r || fp4idx__cmd_error_frame(status, msg, &r->resp, &r->resp_len)) {
     free(r);
     fp4idx__server_conn_close(c);
@@ -271,6 +294,51 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
   fp4idx__server_flush(c);
 }
 
+/* Gives the frame that ends at stream position `end` (its header starts
+ * at end - 4 - body_len) the fd that came with it; fds of earlier bytes
+ * that no frame took are closed. */
+static void fp4idx__server_take_fd(fp4idx_conn_t *c, fp4idx_req_t *r, uint64_t end) {
+  uint64_t start = end - FP4IDX_FRAME_HEADER - r->body_len;
+  int k = 0;
+  while (k < c->nfds && c->fd_pos[k] < end) {
+    if (c->fd_pos[k] >= start && r->fd < 0)
+      r->fd = c->fds[k];
+    else
+      close(c->fds[k]);
+    k++;
+  }
+  memmove(c->fds, c->fds + k, (size_t)(c->nfds - k) * sizeof c->fds[0]);
+  memmove(c->fd_pos, c->fd_pos + k, (size_t)(c->nfds - k) * sizeof c->fd_pos[0]);
+  c->nfds -= k;
+}
+
+/* Takes the fds libuv received with the last read (ipc mode queues them on
+ * the pipe) and tags them with the position of that read's last byte. */
+static void fp4idx__server_pending_fd_close_cb(uv_handle_t *h) { free(h); }
+
+static void fp4idx__server_collect_fds(fp4idx_conn_t *c) {
+  while (uv_pipe_pending_count(&c->pipe) > 0) {
+    uv_pipe_t *p = malloc(sizeof *p);
+    int fd = -1;
+    if (!p || uv_pipe_init(c->srv->loop, p, 0)) {
+      free(p);
+      return; /* libuv closes what is still queued when the pipe closes */
+    }
+    uv_os_fd_t raw;
+    if (uv_accept((uv_stream_t *)&c->pipe, (uv_stream_t *)p) == 0 &&
+        uv_fileno((uv_handle_t *)p, &raw) == 0)
+      fd = fcntl(raw, F_DUPFD_CLOEXEC, 3);
+    uv_close((uv_handle_t *)p, fp4idx__server_pending_fd_close_cb);
+    if (fd < 0) continue;
+    if (c->nfds == FP4IDX_SERVER_MAX_FDS) {
+      close(fd); /* more than a request can use: the client's loss */
+      continue;
+    }
+    c->fds[c->nfds] = fd;
+    c->fd_pos[c->nfds++] = c->rx_pos - 1;
+  }
+}
+
 /* The partial frame's memory, counted against the budget. */
 static void fp4idx__server_track_frame(fp4idx_conn_t *c) {
   size_t cap = 0;
@@ -280,14 +348,17 @@ static void fp4idx__server_track_frame(fp4idx_conn_t *c) {
   c->fr_held = cap;
 }
 
-/* A whole frame is in the reader: hand its body to a request and queue it. */
-static void fp4idx__server_take_frame(fp4idx_conn_t *c) {
+/* A whole frame is in the reader, ending at stream position `end`: hand its
+ * body (and the fd that came with it) to a request and queue it. */
+static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
   fp4idx_req_t *r = calloc(1, sizeof *r);
+  if (r) r->fd = -1;
   if (!r || fp4idx_frame_reader_take(&c->fr, &r->body, &r->body_len)) {
     free(r);
     fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
     return;
   }
+  fp4idx__server_take_fd(c, r, end);
   /* The frame's bytes move from the reader to the request. */
   fp4idx__budget_hold(c, (int64_t)r->body_len - (int64_t)c->fr_held, 0);
   c->fr_held = 0;
@@ -326,7 +397,7 @@ static void fp4idx__server_parse(fp4idx_conn_t *c) {
       fp4idx__server_frame_error(c, rc);
       break;
     }
-    if (rc == 1) fp4idx__server_take_frame(c);
+    if (rc == 1) fp4idx__server_take_frame(c, c->scratch_pos + c->in_off);
     else fp4idx__server_track_frame(c);
   }
   if (c->in_len == 0 || c->eof || c->closing) c->in_off = c->in_len = 0;
@@ -365,12 +436,15 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     fp4idx__server_maybe_close(c);
     return;
   }
+  c->rx_pos += (uint64_t)nread;
+  fp4idx__server_collect_fds(c);
   if (buf->base == (char *)c->scratch) {
+    c->scratch_pos = c->rx_pos - (uint64_t)nread;
     c->in_off = 0;
     c->in_len = (size_t)nread;
     fp4idx__server_parse(c);
   } else if (fp4idx_frame_reader_commit(&c->fr, (size_t)nread) == 1) {
-    fp4idx__server_take_frame(c);
+    fp4idx__server_take_frame(c, c->rx_pos);
     fp4idx__server_pump(c);
   } else {
     fp4idx__server_track_frame(c);
@@ -399,9 +473,10 @@ static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
 
 int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
   fp4idx_conn_t *c = calloc(1, sizeof *c);
+  /* ipc mode: libuv reads with recvmsg and keeps SCM_RIGHTS fds for us */
   if (!c || !(c->scratch = malloc(FP4IDX_SERVER_SCRATCH)) ||
-      uv_pipe_init(srv->loop, &c->pipe, 0)) {
-    if (c) free(c->scratch);
+      !(c->regions = calloc(1, sizeof *c->regions)) || uv_pipe_init(srv->loop, &c->pipe, 1)) {
+    if (c) free(c->scratch), free(c->regions);
     free(c);
     return FP4IDX_ENOMEM;
   }
@@ -415,10 +490,21 @@ int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
   srv->conns = c;
   srv->n_conns++;
   if (srv->conn_event) srv->conn_event(srv, +1);
+  fp4idx__regions_init(c->regions, c->id, srv->cuda_device);
   fp4idx__budget_start(srv);
   if (uv_accept(l, (uv_stream_t *)&c->pipe)) {
     fp4idx__server_conn_close(c);
     return FP4IDX_OK; /* the peer left before we took it: nothing to report */
+  }
+  /* who connected, for the log line of each register */
+  uv_os_fd_t sfd;
+  struct ucred cred;
+  socklen_t clen = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &sfd) == 0 &&
+      getsockopt(sfd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+    c->regions->pid = cred.pid;
+    c->regions->uid = cred.uid;
+    c->regions->gid = cred.gid;
   }
   fp4idx__log_debug("connection %llu opened", (unsigned long long)c->id);
   fp4idx__server_update_reading(c);

@@ -9,6 +9,11 @@
  *   finished response at the head of the connection's list, so responses
  *   leave in request order).
  *
+ * File descriptors: connections are libuv pipes in ipc mode, so the
+ * SCM_RIGHTS fds of a "register" request are received with its bytes
+ * (recvmsg inside libuv) and taken with uv_accept; each is handed to the
+ * request of the frame it came with (fp4idx__cmd_execute closes it).
+ *
  * Caps: a frame longer than max_frame gets an E2BIG reply and the connection
  * closes after it; a connection with FP4IDX_SERVER_MAX_PENDING requests
  * received and not answered, or holding its per-connection cap of buffered
@@ -27,6 +32,7 @@
 #include <uv.h>
 
 #include "fp4idx_codec.h"
+#include "regions.h"
 #include "worker.h"
 
 #define FP4IDX_SERVER_MAX_LISTENERS 4
@@ -35,6 +41,7 @@
 #define FP4IDX_SERVER_MAX_INFLIGHT 1
 #define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
 #define FP4IDX_SERVER_SCRATCH 65536
+#define FP4IDX_SERVER_MAX_FDS 4 /* fds received and not yet given to a frame */
 /* fds kept free below RLIMIT_NOFILE besides the connections (listener.c) */
 #define FP4IDX_LISTENER_RESERVE_FDS 32
 #define FP4IDX_SERVER_SOCKET_MODE 0660
@@ -48,6 +55,7 @@ typedef struct fp4idx_req_s {
   fp4idx_conn_t *conn;
   uint8_t *body;            /* the frame body (msgpack map), owned */
   size_t body_len;
+  int fd;                   /* fd that came with the frame (SCM_RIGHTS), or -1 */
   uint8_t *resp;            /* the whole response frame, 4-byte length first */
   size_t resp_len;
   int dispatched;           /* handed to srv->submit */
@@ -67,6 +75,16 @@ struct fp4idx_conn_s {
   fp4idx_frame_reader_t fr;     /* framing state (the codec's reader) */
   uint8_t *scratch;            /* [FP4IDX_SERVER_SCRATCH] */
   size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
+  /* Stream positions, for matching received fds to frames: rx_pos bytes
+   * read so far, scratch_pos the position of scratch[0]. An fd belongs to
+   * the frame holding the last byte of the read that brought it (the kernel
+   * ends a read after the segment carrying fds, and that segment starts the
+   * sendmsg of the frame). */
+  uint64_t rx_pos, scratch_pos;
+  int fds[FP4IDX_SERVER_MAX_FDS];
+  uint64_t fd_pos[FP4IDX_SERVER_MAX_FDS];
+  int nfds;
+  fp4idx_regions_t *regions;   /* worker thread only; freed by a worker job */
   /* requests in arrival order; head is the next response to write */
   fp4idx_req_t *head, *tail;
   fp4idx_req_t *undispatched;  /* first request not yet submitted, or NULL */
@@ -126,6 +144,7 @@ struct fp4idx_server_s {
   void (*pressure)(fp4idx_server_t *srv, int on);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
   void *data;                  /* the daemon's */
+  int cuda_device;             /* regions: the CUDA backend's device, or -1 */
 };
 
 /* Initializes an idle server on `loop` (no listener yet). */

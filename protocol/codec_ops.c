@@ -335,11 +335,54 @@ static int check_score_mask(const fp4idx_tensor_t *m, const char *path,
                             msg, cap, "u8 [%u,W]", rows);
 }
 
+/* The "out" map of a score entry: region references only, logits alone
+ * without topk, positions + logits + counts with it. */
+static int decode_score_out(const msgpack_object *o, const char *path,
+                            bool topk, fp4idx_score_seq_t *s, char *msg,
+                            size_t cap) {
+  char where[48];
+  fp4idx__field_t f[] = {{"logits", NULL}, {"positions", NULL},
+                         {"counts", NULL}};
+  fp4idx_tensor_t *t[] = {&s->out_logits, &s->out_positions, &s->out_counts};
+  int rc;
+  snprintf(where, sizeof(where), "%s.out", path);
+  if (o->type != MSGPACK_OBJECT_MAP)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                        "%s: expected a map of region references", where);
+  if ((rc = fp4idx__map_fields(o, where, f, NF(f), true, msg, cap)) != 0)
+    return rc;
+  for (size_t j = 0; j < NF(f); j++) {
+    if (f[j].val == NULL) {
+      if (j == 0 || topk)
+        return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s.%s: missing field%s",
+                            where, f[j].name,
+                            topk ? " (top-k writes positions, logits and "
+                                   "counts)"
+                                 : "");
+      continue;
+    }
+    if (!topk && j > 0)
+      return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                          "%s.%s: only with topk (full logits write logits)",
+                          where, f[j].name);
+    if ((rc = fp4idx__get_tensor(f[j].val, where, f[j].name, true, t[j], msg,
+                                 cap)) != 0)
+      return rc;
+    if (t[j]->region == 0)
+      return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                          "%s.%s: must be a region reference {region, "
+                          "offset, dtype, shape}",
+                          where, f[j].name);
+  }
+  return 0;
+}
+
 static int decode_score_seq(const msgpack_object *o, size_t i, uint32_t heads,
-                            fp4idx_score_seq_t *s, char *msg, size_t cap) {
+                            bool topk, fp4idx_score_seq_t *s, char *msg,
+                            size_t cap) {
   char path[32];
-  fp4idx__field_t f[] = {{"seq", NULL}, {"q", NULL}, {"w", NULL},
-                         {"lens", NULL}, {"mask", NULL}};
+  fp4idx__field_t f[] = {{"seq", NULL}, {"q", NULL},    {"w", NULL},
+                         {"lens", NULL}, {"mask", NULL}, {"out", NULL}};
   fp4idx__fields_t fs = {f, NF(f)};
   int rc;
 
@@ -369,6 +412,9 @@ static int decode_score_seq(const msgpack_object *o, size_t i, uint32_t heads,
   if (mv != NULL &&
       ((rc = fp4idx__get_tensor(mv, path, "mask", true, &s->mask, msg, cap)) ||
        (rc = check_score_mask(&s->mask, path, s->rows, msg, cap))))
+    return rc;
+  const msgpack_object *ov = fp4idx__fv(&fs, "out");
+  if (ov != NULL && (rc = decode_score_out(ov, path, topk, s, msg, cap)) != 0)
     return rc;
   return 0;
 }
@@ -437,7 +483,7 @@ int fp4idx__score_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
   sc->nseqs = a->via.array.size;
   for (size_t i = 0; i < sc->nseqs; i++)
     if ((rc = decode_score_seq(&a->via.array.ptr[i], i, sc->heads,
-                               &sc->seqs[i], msg, cap)) != 0)
+                               sc->topk > 0, &sc->seqs[i], msg, cap)) != 0)
       return rc;
   return 0;
 }
@@ -459,6 +505,18 @@ static int check_score_req(const fp4idx_score_req_t *sc) {
         (hm && !fp4idx__tensor_sane(&x->mask)))
       return FP4IDX_EINVAL;
     if ((rc = check_score_q(&x->q, "", sc->heads, NULL, 0)) != 0) return rc;
+    bool ol = fp4idx_tensor_present(&x->out_logits);
+    bool op = fp4idx_tensor_present(&x->out_positions);
+    bool oc = fp4idx_tensor_present(&x->out_counts);
+    if (ol && (sc->topk > 0 ? !(op && oc) : (op || oc))) return FP4IDX_EINVAL;
+    if (!ol && (op || oc)) return FP4IDX_EINVAL;
+    if ((ol && (x->out_logits.region == 0 ||
+                !fp4idx__tensor_sane(&x->out_logits))) ||
+        (op && (x->out_positions.region == 0 ||
+                !fp4idx__tensor_sane(&x->out_positions))) ||
+        (oc && (x->out_counts.region == 0 ||
+                !fp4idx__tensor_sane(&x->out_counts))))
+      return FP4IDX_EINVAL;
     uint32_t rows = (uint32_t)x->q.shape[0];
     if ((rc = check_score_w(&x->w, "", rows, sc->heads, NULL, 0)) ||
         (hl && (rc = check_score_lens(&x->lens, "", rows, NULL, 0))) ||
@@ -481,12 +539,23 @@ int fp4idx__score_req_pack(msgpack_packer *pk, const fp4idx_request_t *req) {
     const fp4idx_score_seq_t *s = &sc->seqs[i];
     bool hl = fp4idx_tensor_present(&s->lens);
     bool hm = fp4idx_tensor_present(&s->mask);
-    rc |= msgpack_pack_map(pk, 3 + hl + hm);
+    bool ho = fp4idx_tensor_present(&s->out_logits);
+    rc |= msgpack_pack_map(pk, 3 + hl + hm + ho);
     rc |= fp4idx__pack_kv_uint(pk, "seq", s->seq);
     rc |= fp4idx__pack_kv_tensor(pk, "q", &s->q);
     rc |= fp4idx__pack_kv_tensor(pk, "w", &s->w);
     if (hl) rc |= fp4idx__pack_kv_tensor(pk, "lens", &s->lens);
     if (hm) rc |= fp4idx__pack_kv_tensor(pk, "mask", &s->mask);
+    if (ho) {
+      bool k = sc->topk > 0;
+      rc |= fp4idx__pack_cstr(pk, "out");
+      rc |= msgpack_pack_map(pk, k ? 3 : 1);
+      rc |= fp4idx__pack_kv_tensor(pk, "logits", &s->out_logits);
+      if (k) {
+        rc |= fp4idx__pack_kv_tensor(pk, "positions", &s->out_positions);
+        rc |= fp4idx__pack_kv_tensor(pk, "counts", &s->out_counts);
+      }
+    }
   }
   return packed(rc);
 }
@@ -968,5 +1037,102 @@ int fp4idx__list_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
     rc |= fp4idx__pack_kv_uint(pk, "pages", l->seqs[i].pages);
     rc |= fp4idx__pack_kv_uint(pk, "pages_shared", l->seqs[i].pages_shared);
   }
+  return packed(rc);
+}
+
+/* ---- register -------------------------------------------------------------------- */
+
+int fp4idx__register_req_decode(const fp4idx__fields_t *f,
+                                fp4idx_request_t *req, char *msg, size_t cap) {
+  fp4idx_register_req_t *r = &req->u.register_;
+  fp4idx_strview_t kind;
+  int rc;
+  if ((rc = fp4idx__get_str(fp4idx__fv(f, "kind"), "", "kind", &kind, msg,
+                            cap)) != 0)
+    return rc;
+  if (kind.len == 4 && memcmp(kind.ptr, "host", 4) == 0)
+    r->kind = FP4IDX_REGION_HOST;
+  else if (kind.len == 4 && memcmp(kind.ptr, "cuda", 4) == 0)
+    r->kind = FP4IDX_REGION_CUDA;
+  else
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                        "kind: '%.*s' is not \"host\" or \"cuda\"",
+                        kind.len > 16 ? 16 : (int)kind.len, kind.ptr);
+  if ((rc = get_uint(f, "size", &r->size, msg, cap)) != 0) return rc;
+  if (r->size == 0)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "size: 0, must be >= 1");
+  const msgpack_object *h = fp4idx__fv(f, "handle");
+  const msgpack_object *d = fp4idx__fv(f, "device");
+  if (r->kind == FP4IDX_REGION_HOST) {
+    if (h != NULL || d != NULL)
+      return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                          "%s: only for kind \"cuda\" (a host region's fd "
+                          "travels as SCM_RIGHTS)",
+                          h != NULL ? "handle" : "device");
+    return 0;
+  }
+  if (h == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "handle: missing field");
+  if (h->type != MSGPACK_OBJECT_BIN)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "handle: expected bin");
+  if (h->via.bin.size != FP4IDX_PROTO_CUDA_HANDLE)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                        "handle: %u bytes, a cudaIpcMemHandle_t has %u",
+                        h->via.bin.size, FP4IDX_PROTO_CUDA_HANDLE);
+  r->handle = h->via.bin.ptr;
+  r->handle_len = h->via.bin.size;
+  return get_uint(f, "device", &r->device, msg, cap);
+}
+
+int fp4idx__register_req_pack(msgpack_packer *pk, const fp4idx_request_t *req) {
+  const fp4idx_register_req_t *r = &req->u.register_;
+  bool cuda = r->kind == FP4IDX_REGION_CUDA;
+  if ((r->kind != FP4IDX_REGION_HOST && !cuda) || r->size == 0 ||
+      (cuda && (r->handle == NULL ||
+                r->handle_len != FP4IDX_PROTO_CUDA_HANDLE)))
+    return FP4IDX_EINVAL;
+  int rc = fp4idx__pack_req_head(pk, req, cuda ? 4 : 2);
+  rc |= fp4idx__pack_cstr(pk, "kind");
+  rc |= fp4idx__pack_cstr(pk, cuda ? "cuda" : "host");
+  rc |= fp4idx__pack_kv_uint(pk, "size", r->size);
+  if (cuda) {
+    rc |= fp4idx__pack_cstr(pk, "handle");
+    rc |= msgpack_pack_bin(pk, r->handle_len);
+    rc |= msgpack_pack_bin_body(pk, r->handle, r->handle_len);
+    rc |= fp4idx__pack_kv_uint(pk, "device", r->device);
+  }
+  return packed(rc);
+}
+
+int fp4idx__register_resp_decode(const fp4idx__fields_t *f,
+                                 fp4idx_response_t *resp, char *msg,
+                                 size_t cap) {
+  int rc;
+  if ((rc = get_uint(f, "region", &resp->u.register_.region, msg, cap)) ||
+      (rc = get_uint(f, "size", &resp->u.register_.size, msg, cap)))
+    return rc;
+  return 0;
+}
+
+int fp4idx__register_resp_pack(msgpack_packer *pk,
+                               const fp4idx_response_t *r) {
+  int rc = fp4idx__pack_resp_head(pk, r, 2);
+  rc |= fp4idx__pack_kv_uint(pk, "region", r->u.register_.region);
+  rc |= fp4idx__pack_kv_uint(pk, "size", r->u.register_.size);
+  return packed(rc);
+}
+
+/* ---- unregister ------------------------------------------------------------------ */
+
+int fp4idx__unregister_req_decode(const fp4idx__fields_t *f,
+                                  fp4idx_request_t *req, char *msg,
+                                  size_t cap) {
+  return get_uint(f, "region", &req->u.unregister.region, msg, cap);
+}
+
+int fp4idx__unregister_req_pack(msgpack_packer *pk,
+                                const fp4idx_request_t *req) {
+  int rc = fp4idx__pack_req_head(pk, req, 1);
+  rc |= fp4idx__pack_kv_uint(pk, "region", req->u.unregister.region);
   return packed(rc);
 }

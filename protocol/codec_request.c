@@ -127,6 +127,45 @@ int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
   return 0;
 }
 
+/* One "out" reference against the result it receives: dtype, then shape. */
+static int check_out(const fp4idx_tensor_t *t, const fp4idx_score_seq_t *s,
+                     const char *field, fp4idx_wire_dtype_t dt, uint32_t ndim,
+                     uint64_t cols, char *msg, size_t cap) {
+  bool ok = t->dtype == dt && t->ndim == ndim && t->shape[0] == s->rows &&
+            (ndim == 1 || t->shape[1] == cols);
+  if (ok) return 0;
+  char got[96];
+  fp4idx__tensor_desc(t, got, sizeof(got));
+  if (ndim == 1)
+    return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
+                        "seq %llu: out.%s is %s, the result is %s [%u]",
+                        (unsigned long long)s->seq, field, got,
+                        fp4idx_wire_dtype_name(dt), s->rows);
+  return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
+                      "seq %llu: out.%s is %s, the result is %s [%u,%llu]",
+                      (unsigned long long)s->seq, field, got,
+                      fp4idx_wire_dtype_name(dt), s->rows,
+                      (unsigned long long)cols);
+}
+
+int fp4idx_score_out_check(const fp4idx_score_seq_t *s, uint64_t width,
+                           uint32_t topk, char *msg, size_t cap) {
+  int rc;
+  if (s == NULL) return FP4IDX_EINVAL;
+  if (!fp4idx_tensor_present(&s->out_logits)) return 0;
+  if (topk == 0)
+    return check_out(&s->out_logits, s, "logits", FP4IDX_WIRE_F32, 2, width,
+                     msg, cap);
+  if ((rc = check_out(&s->out_positions, s, "positions", FP4IDX_WIRE_I32, 2,
+                      topk, msg, cap)) ||
+      (rc = check_out(&s->out_logits, s, "logits", FP4IDX_WIRE_F32, 2, topk,
+                      msg, cap)) ||
+      (rc = check_out(&s->out_counts, s, "counts", FP4IDX_WIRE_I32, 1, 0, msg,
+                      cap)))
+    return rc;
+  return 0;
+}
+
 int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t cap) {
   if (a == NULL) return FP4IDX_EINVAL;
   if (a->keys.dtype != FP4IDX_WIRE_U8) return 0; /* bf16/f32: the quantizer checks */

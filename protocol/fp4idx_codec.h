@@ -74,6 +74,9 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
 #define FP4IDX_PROTO_LIST_COUNT 100u               /* "list" default count */
 #define FP4IDX_PROTO_MAX_LIST_COUNT 10000u         /* "list" "count" bound */
+#define FP4IDX_PROTO_MAX_REGIONS 16u               /* regions per connection */
+#define FP4IDX_PROTO_MAX_REGION_BYTES ((uint64_t)64 << 30) /* their bytes */
+#define FP4IDX_PROTO_CUDA_HANDLE 64u   /* bytes of a cudaIpcMemHandle_t */
 #define FP4IDX_PROTO_MAX_STATUSES 64u /* "errors_by_status": codes 0..-63 */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
@@ -129,7 +132,10 @@ extern "C" {
      "device_mem_total", "device_mem_free", "errors_by_status"),              \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
-  X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)
+  X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)     \
+  X(REGISTER, register, 0, ("kind", "size", "handle", "device"),             \
+    ("region", "size"), register, register)                                  \
+  X(UNREGISTER, unregister, 0, ("region"), (), unregister, none)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
 #define FP4IDX_OP_MAX_FIELDS 24u
@@ -173,14 +179,29 @@ const char *fp4idx_wire_dtype_name(fp4idx_wire_dtype_t dt);
 /* A tensor: C-order, little-endian, `nbytes` == prod(shape) * itemsize.
  * Decoded tensors point into the frame body (see "Zero copy" above; data is
  * unaligned). For encoding, `data` points to the caller's bytes, which the
- * encoder copies into the output buffer. dtype NONE = absent. */
+ * encoder copies into the output buffer. dtype NONE = absent.
+ *
+ * A region reference (PROTOCOL.md "Regions"): region != 0 names a region
+ * the connection registered; the elements are at byte `offset` of it and
+ * travel outside the frame. data is then NULL (the daemon resolves the
+ * reference against its own mapping) and nbytes is still prod(shape) *
+ * itemsize. On the wire: {"region", "offset", "dtype", "shape"}. */
 typedef struct fp4idx_tensor_s {
   fp4idx_wire_dtype_t dtype;
   uint32_t ndim;                          /* 1..FP4IDX_PROTO_MAX_NDIM */
   uint64_t shape[FP4IDX_PROTO_MAX_NDIM];  /* unused dims are 0 */
   const void *data;                       /* may be NULL when nbytes == 0 */
   size_t nbytes;
+  uint64_t region;                        /* 0: inline data; else a region id */
+  uint64_t offset;                        /* byte offset in the region */
 } fp4idx_tensor_t;
+
+/* Makes *t a reference to `offset` of region `region` (>= 1) with the given
+ * dtype and shape. Returns 0, FP4IDX_EINVAL (t NULL, region 0, ndim 0 or
+ * > 4, NONE dtype) or FP4IDX_E2BIG (size overflows size_t). */
+int fp4idx_tensor_ref(fp4idx_tensor_t *t, fp4idx_wire_dtype_t dtype,
+                      uint32_t ndim, const uint64_t *shape, uint64_t region,
+                      uint64_t offset);
 
 /* Fills *t with a view of `data` (dtype, ndim dims from shape[]) and computes
  * nbytes. Returns 0, FP4IDX_EINVAL (t NULL, ndim 0 or > 4, NONE dtype, or
@@ -329,6 +350,14 @@ typedef struct fp4idx_score_seq_s {
   fp4idx_tensor_t w;      /* bf16 [R,H] */
   fp4idx_tensor_t lens;   /* i32 [R], or absent (every row sees all keys) */
   fp4idx_tensor_t mask;   /* u8 [R,W], or absent (all visible) */
+  /* "out" (optional): region references the results are written to instead
+   * of the reply. Full logits: out_logits f32 [R,W]; top-k: out_positions
+   * i32 [R,k], out_logits f32 [R,k], out_counts i32 [R]. The decoder checks
+   * that they are references and which are present; dtype and shape against
+   * the result are the daemon's check (fp4idx_score_out_check). */
+  fp4idx_tensor_t out_logits;
+  fp4idx_tensor_t out_positions;
+  fp4idx_tensor_t out_counts;
 } fp4idx_score_seq_t;
 
 /* "score" {"heads", "topk"?, "seqs"}. */
@@ -373,6 +402,27 @@ typedef struct fp4idx_list_req_s {
   uint32_t count;  /* 1..FP4IDX_PROTO_MAX_LIST_COUNT; 0: absent (default) */
 } fp4idx_list_req_t;
 
+/* Kinds of "register" ("kind"). */
+#define FP4IDX_REGION_HOST 1 /* "host": a sealed memfd passed with SCM_RIGHTS */
+#define FP4IDX_REGION_CUDA 2 /* "cuda": a cudaIpcMemHandle_t */
+
+/* "register" {"kind", "size", "handle"?, "device"?}. host: no handle or
+ * device (the fd travels as SCM_RIGHTS ancillary data of the same sendmsg);
+ * cuda: handle (bin, FP4IDX_PROTO_CUDA_HANDLE bytes) and device required.
+ * size >= 1. */
+typedef struct fp4idx_register_req_s {
+  int kind;           /* FP4IDX_REGION_* */
+  uint64_t size;      /* bytes the client says the region has */
+  const void *handle; /* cuda: view of the handle bytes; NULL for host */
+  size_t handle_len;
+  uint64_t device;    /* cuda: the daemon-side device ordinal */
+} fp4idx_register_req_t;
+
+/* "unregister" {"region"}. */
+typedef struct fp4idx_unregister_req_s {
+  uint64_t region;
+} fp4idx_unregister_req_t;
+
 /* A request. "info", "stats" and "save" have no fields. */
 typedef struct fp4idx_request_s {
   uint64_t id;    /* echoed by the response; 0 when it could not be read */
@@ -386,6 +436,8 @@ typedef struct fp4idx_request_s {
     fp4idx_fork_req_t fork;
     fp4idx_read_req_t read;
     fp4idx_list_req_t list;
+    fp4idx_register_req_t register_;
+    fp4idx_unregister_req_t unregister;
   } u;
   void *owned_; /* private: what the decoder allocated (score seqs) */
 } fp4idx_request_t;
@@ -429,6 +481,14 @@ void fp4idx_request_clear(fp4idx_request_t *req);
 int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                            uint64_t *width, char *msg, size_t msgcap);
 
+/* Checks the "out" references of a decoded score entry against its result
+ * (daemon side, once W is known from fp4idx_score_seq_check): without topk
+ * out_logits must be f32 [R,W]; with topk out_positions i32 [R,k],
+ * out_logits f32 [R,k] and out_counts i32 [R]. Returns 0 (also when the
+ * entry has no "out"), FP4IDX_ESHAPE, or FP4IDX_EINVAL (s NULL). Bounds,
+ * alignment and overlap inside the regions are the daemon's checks. */
+int fp4idx_score_out_check(const fp4idx_score_seq_t *s, uint64_t width,
+                           uint32_t topk, char *msg, size_t msgcap);
 /* Checks the keys of a decoded append (daemon side, before anything is
  * stored): packed u8 keys must have every scale byte in 1..254, the range
  * the quantizer produces and where UE8M0 decoders agree (255 is NaN, 0 is
@@ -548,6 +608,13 @@ typedef struct fp4idx_list_resp_s {
   size_t nseqs;
 } fp4idx_list_resp_t;
 
+/* "register" -> {"region", "size"}: the new region's id (>= 1, unique per
+ * connection, never reused by it) and its size in bytes. */
+typedef struct fp4idx_register_resp_s {
+  uint64_t region;
+  uint64_t size;
+} fp4idx_register_resp_t;
+
 /* A response. When status < 0 only id, status and error are meaningful.
  * "drop" and "save" have no fields. */
 typedef struct fp4idx_response_s {
@@ -565,6 +632,7 @@ typedef struct fp4idx_response_s {
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
     fp4idx_list_resp_t list;
+    fp4idx_register_resp_t register_;
   } u;
   void *owned_; /* private: what the decoder allocated */
 } fp4idx_response_t;

@@ -39,7 +39,9 @@ extern "C" {
   X(ESHUTDOWN, -18, "daemon is shutting down")                                 \
   X(EEXIST, -19, "already exists")                                             \
   X(EINTERNAL, -20, "internal error")                                          \
-  X(EDISABLED, -21, "not enabled in this daemon")
+  X(EDISABLED, -21, "not enabled in this daemon")                              \
+  X(ENOREGION, -22, "unknown region")                                          \
+  X(EREGION, -23, "region refused or reference out of bounds")
 
 typedef enum fp4idx_status_e {
 #define FP4IDX__STATUS_ENUM(name, num, msg) FP4IDX_##name = (num),

@@ -51,6 +51,19 @@ int fp4idx_tensor_init(fp4idx_tensor_t *t, fp4idx_wire_dtype_t dtype,
   return 0;
 }
 
+int fp4idx_tensor_ref(fp4idx_tensor_t *t, fp4idx_wire_dtype_t dtype,
+                      uint32_t ndim, const uint64_t *shape, uint64_t region,
+                      uint64_t offset) {
+  if (t == NULL || region == 0) return FP4IDX_EINVAL;
+  /* a non-NULL dummy passes tensor_init's data check; cleared below */
+  int rc = fp4idx_tensor_init(t, dtype, ndim, shape, t);
+  if (rc != 0) return rc;
+  t->data = NULL;
+  t->region = region;
+  t->offset = offset;
+  return 0;
+}
+
 bool fp4idx__tensor_sane(const fp4idx_tensor_t *t) {
   size_t nbytes;
   if (fp4idx_wire_dtype_size(t->dtype) == 0 || t->ndim == 0 ||
@@ -59,7 +72,7 @@ bool fp4idx__tensor_sane(const fp4idx_tensor_t *t) {
   if (!fp4idx__tensor_bytes(t->dtype, t->ndim, t->shape, &nbytes) ||
       nbytes != t->nbytes)
     return false;
-  return t->data != NULL || t->nbytes == 0;
+  return t->region != 0 || t->data != NULL || t->nbytes == 0;
 }
 
 const char *fp4idx__tensor_desc(const fp4idx_tensor_t *t, char *buf,
@@ -82,7 +95,11 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
                        const char *name, bool strict, fp4idx_tensor_t *t,
                        char *msg, size_t cap) {
   char where[128];
-  fp4idx__field_t f[3] = {{"dtype", NULL}, {"shape", NULL}, {"data", NULL}};
+  fp4idx__field_t f[5] = {{"dtype", NULL},
+                          {"shape", NULL},
+                          {"data", NULL},
+                          {"region", NULL},
+                          {"offset", NULL}};
   fp4idx_strview_t dt;
   int rc;
 
@@ -94,8 +111,23 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
                         "%s: expected a tensor map {dtype, shape, data}",
                         where);
-  if ((rc = fp4idx__map_fields(v, where, f, 3, strict, msg, cap)) != 0)
+  if ((rc = fp4idx__map_fields(v, where, f, 5, strict, msg, cap)) != 0)
     return rc;
+  /* A region reference {region, offset, dtype, shape} instead of data. */
+  if (f[3].val != NULL || f[4].val != NULL) {
+    if ((rc = fp4idx__get_uint(f[3].val, where, "region", &t->region, msg,
+                               cap)) ||
+        (rc = fp4idx__get_uint(f[4].val, where, "offset", &t->offset, msg,
+                               cap)))
+      return rc;
+    if (t->region == 0)
+      return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                          "%s.region: 0 names no region (ids start at 1)",
+                          where);
+    if (f[2].val != NULL)
+      return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                          "%s: a region reference has no data field", where);
+  }
   if ((rc = fp4idx__get_str(f[0].val, where, "dtype", &dt, msg, cap)) != 0)
     return rc;
   for (unsigned d = 1; d < NDTYPES; d++)
@@ -131,6 +163,15 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
     t->shape[i] = e->via.u64;
   }
 
+  size_t want;
+  char desc[96];
+  if (t->region != 0) {
+    fp4idx__tensor_desc(t, desc, sizeof(desc));
+    if (!fp4idx__tensor_bytes(t->dtype, t->ndim, t->shape, &t->nbytes))
+      return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
+                          "%s: %s is too large (size overflows)", where, desc);
+    return 0;
+  }
   const msgpack_object *d = f[2].val;
   if (d == NULL)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s.data: missing field",
@@ -147,8 +188,6 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s.data: expected bin",
                         where);
   }
-  size_t want;
-  char desc[96];
   fp4idx__tensor_desc(t, desc, sizeof(desc));
   if (!fp4idx__tensor_bytes(t->dtype, t->ndim, t->shape, &want))
     return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
@@ -162,12 +201,17 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
 
 int fp4idx__pack_tensor(msgpack_packer *pk, const fp4idx_tensor_t *t) {
   int rc = 0;
-  rc |= msgpack_pack_map(pk, 3);
+  rc |= msgpack_pack_map(pk, t->region != 0 ? 4 : 3);
+  if (t->region != 0) {
+    rc |= fp4idx__pack_kv_uint(pk, "region", t->region);
+    rc |= fp4idx__pack_kv_uint(pk, "offset", t->offset);
+  }
   rc |= fp4idx__pack_cstr(pk, "dtype");
   rc |= fp4idx__pack_cstr(pk, fp4idx_wire_dtype_name(t->dtype));
   rc |= fp4idx__pack_cstr(pk, "shape");
   rc |= msgpack_pack_array(pk, t->ndim);
   for (uint32_t i = 0; i < t->ndim; i++) rc |= msgpack_pack_uint64(pk, t->shape[i]);
+  if (t->region != 0) return rc;
   rc |= fp4idx__pack_cstr(pk, "data");
   rc |= msgpack_pack_bin(pk, t->nbytes);
   if (t->nbytes > 0) rc |= msgpack_pack_bin_body(pk, t->data, t->nbytes);

@@ -31,6 +31,14 @@ if(TARGET fp4idx_daemon_harness)
   target_link_options(test_client_oom PRIVATE
     -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
 endif()
+if(TARGET fp4idx_daemon_harness)
+  # Host regions (same-host zero copy) on the CPU backend: results equal the
+  # socket path, the malformed-region matrix, the security cases.
+  fp4idx_add_test(test_client_regions SOURCES test_client_regions.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads
+    LABELS daemon client)
+  set_tests_properties(test_client_regions PROPERTIES TIMEOUT 300)
+endif()
 
 # README.md's library example, compiled against the build tree's
 # uninstalled .pc and run against the daemon it starts, as written.

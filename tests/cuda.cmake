@@ -19,3 +19,11 @@ if(TARGET fp4idx_cuda)
                    ${CMAKE_CURRENT_BINARY_DIR}/e2e_daemon)
   set_tests_properties(test_e2e_daemon_cuda PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu TIMEOUT 300)
 endif()
+if(TARGET fp4idx_cuda AND TARGET fp4idx_daemon_harness)
+  # CUDA regions on the GPU: device buffers registered by IPC handle, scored
+  # into, compared with the CPU backend through the socket. Skips without a GPU.
+  fp4idx_add_test(test_cuda_regions SOURCES test_cuda_regions.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util CUDA::cudart
+    LABELS gpu daemon)
+  set_tests_properties(test_cuda_regions PROPERTIES TIMEOUT 600)
+endif()

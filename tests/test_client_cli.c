@@ -293,6 +293,32 @@ Test(cli, random_keys_in_chunks_and_read) {
   free(got);
 }
 
+/* A file larger than one chunk goes through a host region (the daemon logs
+ * the register); --no-region sends the same keys through the socket. */
+Test(cli, large_file_append_goes_through_a_region) {
+  enum { N = 20000 };
+  uint16_t *k = malloc((size_t)N * 128 * 2);
+  cr_assert_not_null(k);
+  fp4idx__gen_keys(FP4IDX_KEYS_BF16, 9, 0, N, k);
+  FILE *f = fopen(tmp("big.bin"), "wb");
+  cr_assert_not_null(f);
+  cr_assert_eq(fwrite(k, 2, (size_t)N * 128, f), (size_t)N * 128);
+  fclose(f);
+  free(k);
+  cr_assert_eq(cli("append 41 %s", tmp("big.bin")), 0, "%s", err_);
+  cr_expect(strstr(out_, "seq 41: appended 20000 keys at 0, length 20000"), "%s", out_);
+  char log[65536];
+  slurp(daemon_.log, log, sizeof log);
+  cr_expect(strstr(log, "registered host region") != NULL, "no region was used");
+  cr_assert_eq(cli("append 42 %s --no-region", tmp("big.bin")), 0, "%s", err_);
+  cr_assert_eq(cli("append 43 %s --chunk 3000", tmp("big.bin")), 0, "%s", err_);
+  cr_assert_eq(cli("read 41 --out %s", tmp("r41.bin")), 0, "%s", err_);
+  cr_assert_eq(cli("read 42 --out %s", tmp("r42.bin")), 0, "%s", err_);
+  cr_assert_eq(cli("read 43 --out %s", tmp("r43.bin")), 0, "%s", err_);
+  cr_expect(files_equal(tmp("r41.bin"), tmp("r42.bin")), "region and socket stored other keys");
+  cr_expect(files_equal(tmp("r41.bin"), tmp("r43.bin")), "region chunks of 3000 differ");
+}
+
 Test(cli, truncate_drop_and_errors) {
   cr_assert_eq(cli("append 1 --random 100 --seed 1"), 0, "%s", err_);
   cr_assert_eq(cli("truncate 1 40"), 0, "%s", err_);

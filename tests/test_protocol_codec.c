@@ -742,6 +742,16 @@ static bool sample_request(fp4idx_op_t op, fp4idx_request_t *r,
       r->u.list.cursor = 0x8000000000000001ull;
       r->u.list.count = 25;
       return true;
+    case FP4IDX_OP_REGISTER:
+      r->u.register_ = (fp4idx_register_req_t){.kind = FP4IDX_REGION_CUDA,
+                                               .size = 1u << 20,
+                                               .handle = buf,
+                                               .handle_len = 64,
+                                               .device = 3};
+      return true;
+    case FP4IDX_OP_UNREGISTER:
+      r->u.unregister.region = 12;
+      return true;
     case FP4IDX_OP_INFO: case FP4IDX_OP_STATS: case FP4IDX_OP_SAVE:
       return true;
     default: return false;

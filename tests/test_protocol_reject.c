@@ -48,6 +48,50 @@ static const reject_case_t cases[] = {
     {"{id: 1, op: 'hello', version: -1}", FP4IDX_EPROTO, 1, "version"},
     {"{id: 1, op: 'hello', version: 1, client: 5}", FP4IDX_EPROTO, 1, "client"},
     {"{id: 1, op: 'hello', version: 1, client: bin(3)}", FP4IDX_EPROTO, 1, "client"},
+    /* region references (PROTOCOL.md "Tensors", "Regions") */
+    {APPEND("{region: 0, offset: 0, dtype: 'bf16', shape: [1, 128]}"), FP4IDX_EPROTO, 7, "region"},
+    {APPEND("{region: 1, dtype: 'bf16', shape: [1, 128]}"), FP4IDX_EPROTO, 7, "offset"},
+    {APPEND("{offset: 0, dtype: 'bf16', shape: [1, 128]}"), FP4IDX_EPROTO, 7, "region"},
+    {APPEND("{region: 1, offset: -1, dtype: 'bf16', shape: [1, 128]}"), FP4IDX_EPROTO, 7, "offset"},
+    {APPEND("{region: 1, offset: 0, dtype: 'bf16', shape: [1, 128], data: bin(256)}"),
+     FP4IDX_EPROTO, 7, "data"},
+    {APPEND("{region: 1, offset: 0, dtype: 'bf16', shape: [1, 64]}"), FP4IDX_ESHAPE, 7, "keys"},
+    {APPEND("{region: 1, offset: 0, dtype: 'f16', shape: [1, 128]}"), FP4IDX_ESHAPE, 7, "dtype"},
+    {SCORE("", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), out: 5}"),
+     FP4IDX_EPROTO, 8, "out"},
+    {SCORE("", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), "
+               "out: {logits: T(f32, [2, 5])}}"),
+     FP4IDX_EPROTO, 8, "region reference"},
+    {SCORE("", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), out: {}}"),
+     FP4IDX_EPROTO, 8, "logits"},
+    {SCORE("", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), "
+               "out: {logits: {region: 1, offset: 0, dtype: 'f32', shape: [2, 5]}, "
+               "positions: {region: 1, offset: 64, dtype: 'i32', shape: [2, 5]}}}"),
+     FP4IDX_EPROTO, 8, "positions"},
+    {SCORE(", topk: 5", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), "
+               "out: {logits: {region: 1, offset: 0, dtype: 'f32', shape: [2, 5]}, "
+               "positions: {region: 1, offset: 64, dtype: 'i32', shape: [2, 5]}}}"),
+     FP4IDX_EPROTO, 8, "counts"},
+    {SCORE("", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), "
+               "out: {logits: {region: 1, offset: 0, dtype: 'f32', shape: [2, 5]}, x: 1}}"),
+     FP4IDX_EPROTO, 8, "x"},
+    /* register / unregister */
+    {"{id: 9, op: 'register', kind: 'disk', size: 1}", FP4IDX_EPROTO, 9, "kind"},
+    {"{id: 9, op: 'register', kind: 5, size: 1}", FP4IDX_EPROTO, 9, "kind"},
+    {"{id: 9, op: 'register', kind: 'host'}", FP4IDX_EPROTO, 9, "size"},
+    {"{id: 9, op: 'register', kind: 'host', size: 0}", FP4IDX_EPROTO, 9, "size"},
+    {"{id: 9, op: 'register', kind: 'host', size: 8, handle: bin(64)}", FP4IDX_EPROTO, 9,
+     "handle"},
+    {"{id: 9, op: 'register', kind: 'host', size: 8, device: 0}", FP4IDX_EPROTO, 9, "device"},
+    {"{id: 9, op: 'register', kind: 'cuda', size: 8, device: 0}", FP4IDX_EPROTO, 9, "handle"},
+    {"{id: 9, op: 'register', kind: 'cuda', size: 8, handle: bin(63), device: 0}",
+     FP4IDX_EPROTO, 9, "handle"},
+    {"{id: 9, op: 'register', kind: 'cuda', size: 8, handle: 'x', device: 0}", FP4IDX_EPROTO, 9,
+     "handle"},
+    {"{id: 9, op: 'register', kind: 'cuda', size: 8, handle: bin(64)}", FP4IDX_EPROTO, 9,
+     "device"},
+    {"{id: 9, op: 'unregister'}", FP4IDX_EPROTO, 9, "region"},
+    {"{id: 9, op: 'unregister', region: 'a'}", FP4IDX_EPROTO, 9, "region"},
     /* append: fields */
     {"{id: 7, op: 'append', keys: T(u8, [1, 68])}", FP4IDX_EPROTO, 7, "seq"},
     {"{id: 7, op: 'append', seq: -1, keys: T(u8, [1, 68])}", FP4IDX_EPROTO, 7, "seq"},

@@ -96,6 +96,9 @@ Test(spec, limits_table_matches_the_header) {
       {"stats `requests` entries", FP4IDX_PROTO_MAX_STATS_OPS},
       {"latency buckets per op", FP4IDX_PROTO_MAX_BUCKETS},
       {"list `count`", FP4IDX_PROTO_MAX_LIST_COUNT},
+      {"regions per connection", FP4IDX_PROTO_MAX_REGIONS},
+      {"bytes of regions per connection", FP4IDX_PROTO_MAX_REGION_BYTES},
+      {"cuda region `handle` (bytes)", FP4IDX_PROTO_CUDA_HANDLE},
   };
   for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
     char row[128];
@@ -172,9 +175,14 @@ Test(spec, transcript_frames_decode) {
                                               : last,
                                           &r, NULL, 0),
                    0);
-      if (last == FP4IDX_OP_SCORE)
+      if (last == FP4IDX_OP_SCORE && r.u.score.results[0].logits.region == 0)
         cr_assert_eq(fp4idx_load_f32(r.u.score.results[0].logits.data, 0),
                      128.0f);
+      if (last == FP4IDX_OP_SCORE && r.u.score.results[0].logits.region != 0) {
+        cr_assert_eq(r.u.score.results[0].logits.region, 1);
+        cr_assert_eq(r.u.score.results[0].logits.offset, 256);
+        cr_assert_null(r.u.score.results[0].logits.data);
+      }
       fp4idx_response_clear(&r);
     }
   }

@@ -450,6 +450,51 @@ int transcript_build(transcript_msg_t *m, int cap) {
     rc |= fp4idx_encode_response(&t->sb, &rs);
   }
 
+  /* register a 4096-byte host region (the memfd rides as SCM_RIGHTS) */
+  memset(&rq, 0, sizeof(rq));
+  rq.id = 9;
+  rq.op = FP4IDX_OP_REGISTER;
+  rq.u.register_ = (fp4idx_register_req_t){.kind = FP4IDX_REGION_HOST, .size = 4096};
+  if (!(t = tmsg(m, &n, cap, 1, "register, id 9: a host region of 4096 bytes (its memfd "
+                                "passed with SCM_RIGHTS in the same sendmsg)")))
+    return -1;
+  rc |= fp4idx_encode_request(&t->sb, &rq);
+  memset(&rs, 0, sizeof(rs));
+  rs.id = 9;
+  rs.op = FP4IDX_OP_REGISTER;
+  rs.u.register_ = (fp4idx_register_resp_t){.region = 1, .size = 4096};
+  if (!(t = tmsg(m, &n, cap, 0, "register reply: region 1, 4096 bytes"))) return -1;
+  rc |= fp4idx_encode_response(&t->sb, &rs);
+
+  /* score with q read from the region at 0 and the logits written at 256 */
+  {
+    fp4idx_score_seq_t e;
+    memset(&e, 0, sizeof(e));
+    e.seq = 7;
+    e.rows = 1;
+    rc |= fp4idx_tensor_ref(&e.q, FP4IDX_WIRE_BF16, 3, (uint64_t[]){1, 1, 128}, 1, 0);
+    rc |= fp4idx_tensor_init(&e.w, FP4IDX_WIRE_BF16, 2, (uint64_t[]){1, 1}, w);
+    rc |= fp4idx_tensor_ref(&e.out_logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){1, 1}, 1, 256);
+    memset(&rq, 0, sizeof(rq));
+    rq.id = 10;
+    rq.op = FP4IDX_OP_SCORE;
+    rq.u.score = (fp4idx_score_req_t){.heads = 1, .seqs = &e, .nseqs = 1};
+    if (!(t = tmsg(m, &n, cap, 1, "score, id 10: q from region 1 at offset 0, logits into "
+                                  "region 1 at offset 256")))
+      return -1;
+    rc |= fp4idx_encode_request(&t->sb, &rq);
+    fp4idx_score_result_t r;
+    memset(&r, 0, sizeof(r));
+    r.seq = 7;
+    rc |= fp4idx_tensor_ref(&r.logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){1, 1}, 1, 256);
+    memset(&rs, 0, sizeof(rs));
+    rs.id = 10;
+    rs.op = FP4IDX_OP_SCORE;
+    rs.u.score = (fp4idx_score_resp_t){.results = &r, .nresults = 1};
+    if (!(t = tmsg(m, &n, cap, 0, "score reply: the logits are in region 1 at offset 256")))
+      return -1;
+    rc |= fp4idx_encode_response(&t->sb, &rs);
+  }
   /* fork: sequence 8 starts as the first key of sequence 7, sharing it */
   memset(&rq, 0, sizeof(rq));
   rq.id = 7;

@@ -43,7 +43,7 @@ typedef struct transcript_msg_s {
   msgpack_sbuffer sb;  /* the frame */
 } transcript_msg_t;
 
-#define TRANSCRIPT_MAX 16
+#define TRANSCRIPT_MAX 24
 
 /* Builds the transcript into msgs[0..cap); returns the count or -1. */
 int transcript_build(transcript_msg_t *msgs, int cap);

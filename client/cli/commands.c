@@ -283,6 +283,9 @@ out:
 
 /* ---- append ---------------------------------------------------------------- */
 
+/* Keys per request through a region (256 MiB of bf16 keys). */
+#define FP4IDX_CLI_REGION_KEYS ((size_t)1 << 20)
+
 static void progress(uint64_t done, uint64_t total, double t0, int final) {
   char line[512];
   size_t n = fp4idx__progress_line(line, sizeof line,
@@ -312,9 +315,14 @@ static const char append_help[] =
     "  --random N                 append N generated keys (normal(0,1);\n"
     "                             fp4: random codes) instead of FILE\n"
     "  --seed S                   seed for --random (default 0)\n"
-    "  --chunk K                  keys per request (default 8192); each\n"
-    "                             request is all-or-nothing, the whole\n"
-    "                             input is not\n"
+    "  --chunk K                  keys per request (default 8192 through\n"
+    "                             the socket, 1048576 through a region);\n"
+    "                             each request is all-or-nothing, the\n"
+    "                             whole input is not\n"
+    "  --no-region                send the keys through the socket\n"
+    "Inputs larger than one chunk go through a shared-memory region (the\n"
+    "keys never cross the socket; PROTOCOL.md \"Regions\"), or through the\n"
+    "socket when the daemon refuses the region.\n"
     "Prints 'seq SEQ: appended N keys at FIRST, length LEN'. A progress bar\n"
     "(terminal width, rate, ETA) goes to stderr when it is a terminal and the\n"
     "input spans requests. Ctrl-C (or SIGTERM) lets the request in flight\n"
@@ -326,8 +334,9 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
       {"help", no_argument, 0, 'h'},         {"dtype", required_argument, 0, 'd'},
       {"rounding", required_argument, 0, 'r'}, {"random", required_argument, 0, 'R'},
       {"seed", required_argument, 0, 'S'},   {"chunk", required_argument, 0, 'c'},
-      {0}};
+      {"no-region", no_argument, 0, 'N'},    {0}};
   int ch, dtype = 0, rounding = FP4IDX_ROUNDING_RNE, have_random = 0;
+  int no_region = 0, chunk_given = 0;
   uint64_t nrandom = 0, seed = 0, chunk = 8192, seq;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
@@ -357,7 +366,9 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
         if (fp4idx__cli_parse_num(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
         if (chunk == 0 || chunk > (1u << 24))
           return fp4idx__cli_usage(&cli->err, "--chunk: K must be 1..16777216");
+        chunk_given = 1;
         break;
+      case 'N': no_region = 1; break;
       default: return FP4IDX_EINVAL;
     }
   }
@@ -374,6 +385,9 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
   const unsigned char *keys = NULL;
   size_t n = 0;
   fp4idx_client_t *c = NULL;
+  uint64_t region = 0; /* a host region for large inputs, 0: the socket */
+  void *rmem = NULL;
+  size_t rsize = 0;
   int st = 0;
   if (have_random) {
     if (dtype == 0) dtype = FP4IDX_KEYS_BF16;
@@ -392,15 +406,28 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
   size_t key_bytes = dtype == FP4IDX_KEYS_BF16  ? 2 * FP4IDX_CLIENT_HEAD_DIM
                      : dtype == FP4IDX_KEYS_F32 ? 4 * FP4IDX_CLIENT_HEAD_DIM
                                                 : FP4IDX_CLIENT_SLOT_BYTES;
-  if (have_random && (gen = malloc((size_t)chunk * key_bytes)) == NULL) {
+  if ((st = fp4idx__cli_connect(cli, &c))) goto out;
+  /* A large input goes through a host region: each chunk is written into
+   * shared memory and named by reference, so a 10-million-key injection is
+   * bound by the quantizer, not by the socket. */
+  if (!no_region && n > (chunk_given ? chunk : 8192)) {
+    size_t rkeys = chunk_given ? (size_t)chunk : FP4IDX_CLI_REGION_KEYS;
+    if (rkeys > n) rkeys = n;
+    if (fp4idx_client_region_create(c, rkeys * key_bytes, &region, &rmem) == FP4IDX_OK) {
+      rsize = rkeys * key_bytes;
+      chunk = rkeys;
+    } else {
+      region = 0; /* e.g. a daemon on another host: the socket it is */
+    }
+  }
+  if (have_random && !region && (gen = malloc((size_t)chunk * key_bytes)) == NULL) {
     st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
     goto out;
   }
-  if ((st = fp4idx__cli_connect(cli, &c))) goto out;
   /* Keep each request under the daemon's frame limit (--max-frame), less
    * room for the map around the keys. */
   fp4idx_client_info_t in;
-  if (fp4idx_client_info(c, &in) == FP4IDX_OK && in.max_frame > 4096) {
+  if (!region && fp4idx_client_info(c, &in) == FP4IDX_OK && in.max_frame > 4096) {
     uint64_t fit = (in.max_frame - 1024) / key_bytes;
     if (fit >= 1 && fit < chunk) chunk = fit;
   }
@@ -436,14 +463,19 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
     size_t m = n - done < chunk ? n - done : (size_t)chunk;
     const void *p;
     if (have_random) {
-      fp4idx__gen_keys(dtype, seed, done, m, gen);
+      fp4idx__gen_keys(dtype, seed, done, m, region ? rmem : gen);
       p = gen;
     } else {
       p = keys + done * key_bytes;
+      if (region) memcpy(rmem, p, m * key_bytes);
     }
     uint64_t f1, len1;
-    st = fp4idx_client_append(c, seq, (fp4idx_client_keys_t)dtype, p, m,
-                              (fp4idx_client_rounding_t)rounding, &f1, &len1);
+    if (region)
+      st = fp4idx_client_append_region(c, seq, (fp4idx_client_keys_t)dtype, region, 0, m,
+                                       (fp4idx_client_rounding_t)rounding, &f1, &len1);
+    else
+      st = fp4idx_client_append(c, seq, (fp4idx_client_keys_t)dtype, p, m,
+                                (fp4idx_client_rounding_t)rounding, &f1, &len1);
     if (st) {
       if (bar) fputc('\n', stderr);
       if (done > 0)
@@ -466,6 +498,7 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
          (unsigned long long)seq, n, (unsigned long long)first,
          (unsigned long long)length);
 out:
+  if (rmem) fp4idx_client_region_destroy(c, region, rmem, rsize);
   fp4idx_client_close(c);
   free(file);
   free(gen);

@@ -135,6 +135,16 @@ class NotEnabled(Error):
     code, name, text = -21, "EDISABLED", "not enabled in this daemon"
 
 
+class NoRegion(Error, LookupError):
+    """ENOREGION (-22): unknown region."""
+    code, name, text = -22, "ENOREGION", "unknown region"
+
+
+class RegionError(Error):
+    """EREGION (-23): region refused or reference out of bounds."""
+    code, name, text = -23, "EREGION", "region refused or reference out of bounds"
+
+
 # In the header's order.
 CLASSES = (
     InvalidArgument,
@@ -158,6 +168,8 @@ CLASSES = (
     AlreadyExists,
     InternalError,
     NotEnabled,
+    NoRegion,
+    RegionError,
 )
 __all__ += [k.__name__ for k in CLASSES]
 BY_CODE = {k.code: k for k in CLASSES}
