@@ -522,6 +522,29 @@ static int op_cmp(const void *a, const void *b) {
                 ((const fp4idx_client_op_stats_t *)b)->op);
 }
 
+/* Copies n decoded counters into d[], their buckets at p (8-aligned);
+ * returns the byte after them. */
+static char *copy_counters(fp4idx_client_op_stats_t *d,
+                           const fp4idx_op_stats_t *in, size_t n, char *p) {
+  for (size_t i = 0; i < n; i++) {
+    const fp4idx_op_stats_t *o = &in[i];
+    copy_str(d[i].op, sizeof d[i].op, o->op);
+    d[i].count = o->count;
+    d[i].errors = o->errors;
+    d[i].latency_sum_us = o->sum_us;
+    d[i].nbuckets = o->nbuckets;
+    double *b = (double *)p;
+    memcpy(b, o->le_us, o->nbuckets * sizeof *b);
+    p += o->nbuckets * sizeof(double);
+    uint64_t *h = (uint64_t *)p;
+    memcpy(h, o->hist, o->nbuckets * sizeof *h);
+    p += o->nbuckets * sizeof(uint64_t);
+    d[i].bounds_us = b;
+    d[i].hist = h;
+  }
+  return p;
+}
+
 fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
                                     fp4idx_client_stats_t **out) {
   if (c == NULL) return FP4IDX_EINVAL;
@@ -535,8 +558,10 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
 
   size_t nb = 0;
   for (size_t i = 0; i < in->nops; i++) nb += in->ops[i].nbuckets;
+  for (size_t i = 0; i < in->nstages; i++) nb += in->stages[i].nbuckets;
   size_t total = align8(sizeof(fp4idx_client_stats_t)) +
                  align8(in->nops * sizeof(fp4idx_client_op_stats_t)) +
+                 align8(in->nstages * sizeof(fp4idx_client_op_stats_t)) +
                  nb * (sizeof(double) + sizeof(uint64_t));
   char *block = calloc(1, total);
   if (block == NULL) {
@@ -554,24 +579,12 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   copy_str(s->device, sizeof s->device, in->device);
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
-  char *p = (char *)s->ops + align8(in->nops * sizeof *s->ops);
-  for (size_t i = 0; i < in->nops; i++) {
-    const fp4idx_op_stats_t *o = &in->ops[i];
-    fp4idx_client_op_stats_t *d = &s->ops[i];
-    copy_str(d->op, sizeof d->op, o->op);
-    d->count = o->count;
-    d->errors = o->errors;
-    d->latency_sum_us = o->sum_us;
-    d->nbuckets = o->nbuckets;
-    double *b = (double *)p;
-    memcpy(b, o->le_us, o->nbuckets * sizeof *b);
-    p += o->nbuckets * sizeof(double);
-    uint64_t *h = (uint64_t *)p;
-    memcpy(h, o->hist, o->nbuckets * sizeof *h);
-    p += o->nbuckets * sizeof(uint64_t);
-    d->bounds_us = b;
-    d->hist = h;
-  }
+  s->nstages = (uint32_t)in->nstages;
+  s->stages = (fp4idx_client_op_stats_t *)((char *)s->ops +
+                                           align8(in->nops * sizeof *s->ops));
+  char *p = (char *)s->stages + align8(in->nstages * sizeof *s->stages);
+  p = copy_counters(s->ops, in->ops, in->nops, p);
+  copy_counters(s->stages, in->stages, in->nstages, p);
   qsort(s->ops, s->nops, sizeof *s->ops, op_cmp);
   exchange_done(&x);
   *out = s;

@@ -308,6 +308,11 @@ typedef struct fp4idx_client_stats_s {
   char device[128];
   uint32_t nops;
   fp4idx_client_op_stats_t *ops;   /* [nops], sorted by op name */
+  /* Time per stage of the request path (PROTOCOL.md "stats" "stages"):
+   * op holds the stage name ("read", "queue", ..., "write"), in path order;
+   * errors is 0. nstages is 0 with a daemon that does not report stages. */
+  uint32_t nstages;
+  fp4idx_client_op_stats_t *stages; /* [nstages], inside the same block */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

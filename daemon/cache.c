@@ -160,6 +160,22 @@ static int fp4idx__cache_get_or_create(fp4idx_cache_t *c, uint64_t id,
   return FP4IDX_OK;
 }
 
+void fp4idx__cache_set_pages_hook(fp4idx_cache_t *c,
+                                  void (*fn)(void *arg, uint64_t id,
+                                             const int32_t *pages, int64_t n_pages,
+                                             int64_t first),
+                                  void *arg) {
+  c->pages_hook = fn;
+  c->pages_hook_arg = arg;
+}
+
+static void fp4idx__cache_tell(const fp4idx_cache_t *c, uint64_t id,
+                               const fp4idx_cache_seq_t *s, int64_t first) {
+  if (!c->pages_hook) return;
+  int64_t n = s ? s->n_pages : 0;
+  c->pages_hook(c->pages_hook_arg, id, s ? s->pages : NULL, n, first < n ? first : n);
+}
+
 void fp4idx__cache_slots(const fp4idx_cache_t *c, const fp4idx_cache_seq_t *s,
                          int64_t from, int64_t count, int64_t *slots) {
   int64_t P = c->page_size;
@@ -195,6 +211,7 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
   c->n_keys += n;
   *first = have;
   if (slots) fp4idx__cache_slots(c, s, have, n, slots);
+  fp4idx__cache_tell(c, id, s, old_pages);
   return FP4IDX_OK;
 }
 
@@ -213,7 +230,9 @@ int fp4idx__cache_truncate(fp4idx_cache_t *c, uint64_t id, int64_t len) {
   fp4idx_cache_seq_t *s = c->table[fp4idx__cache_probe(c, id)];
   if (!s) return FP4IDX_ENOSEQ;
   if (len < 0 || len > s->n_keys) return FP4IDX_ERANGE;
+  int64_t before = s->n_pages;
   fp4idx__cache_shrink(c, s, len);
+  if (s->n_pages != before) fp4idx__cache_tell(c, id, s, s->n_pages);
   return FP4IDX_OK;
 }
 
@@ -225,6 +244,7 @@ int fp4idx__cache_drop(fp4idx_cache_t *c, uint64_t id) {
   fp4idx__cache_shrink(c, s, 0);
   fp4idx__cache_table_remove(c, i);
   fp4idx__cache_seq_free(s);
+  fp4idx__cache_tell(c, id, NULL, 0);
   return FP4IDX_OK;
 }
 
@@ -284,6 +304,7 @@ int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
   s->n_pages = n_pages;
   s->n_keys = n_keys;
   c->n_keys += n_keys;
+  fp4idx__cache_tell(c, id, s, 0);
   return FP4IDX_OK;
 }
 
@@ -293,8 +314,10 @@ void fp4idx__cache_clear(fp4idx_cache_t *c) {
     fp4idx_cache_seq_t *s = c->table[i];
     if (!s) continue;
     for (int64_t p = s->n_pages - 1; p >= 0; p--) fp4idx__cache_page_push(c, s->pages[p]);
+    uint64_t id = s->id;
     fp4idx__cache_seq_free(s);
     c->table[i] = NULL;
+    fp4idx__cache_tell(c, id, NULL, 0);
   }
   c->n_seqs = 0;
   c->n_keys = 0;

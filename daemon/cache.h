@@ -33,6 +33,11 @@ typedef struct fp4idx_cache_s {
   uint64_t table_cap;     /* power of two */
   uint64_t n_seqs;
   int64_t n_keys;         /* keys over all sequences */
+  /* Told about every change of a sequence's page list (see
+   * fp4idx__cache_set_pages_hook); NULL: nobody listens. */
+  void (*pages_hook)(void *arg, uint64_t id, const int32_t *pages, int64_t n_pages,
+                     int64_t first);
+  void *pages_hook_arg;
 } fp4idx_cache_t;
 
 /* Largest key count of one sequence: positions travel as int32. */
@@ -86,6 +91,18 @@ int fp4idx__cache_foreach(const fp4idx_cache_t *c,
  * FP4IDX_ENOMEM; nothing changes on error. */
 int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
                         const int32_t *pages, int64_t n_pages);
+
+/* After every change of sequence `id`'s page list -- append, undo,
+ * truncate, drop, adopt, clear -- calls fn(arg, id, pages, n_pages, first):
+ * the list is now pages[0..n_pages) (n_pages 0: the sequence holds no page
+ * or is gone), entries before `first` unchanged since the previous call.
+ * The daemon forwards it to the backend's seq_pages_update (device-resident
+ * page tables). Set after fp4idx__cache_init; fn NULL turns it off. */
+void fp4idx__cache_set_pages_hook(fp4idx_cache_t *c,
+                                  void (*fn)(void *arg, uint64_t id,
+                                             const int32_t *pages, int64_t n_pages,
+                                             int64_t first),
+                                  void *arg);
 
 /* Drops every sequence (all pages back on the free list). */
 void fp4idx__cache_clear(fp4idx_cache_t *c);

@@ -35,6 +35,17 @@ static void *fp4idx__cmd_aligned(const fp4idx_tensor_t *t) {
   return p;
 }
 
+/* The tensor's bytes in place when they happen to sit at an address aligned
+ * for their element type (*copy = NULL), else an aligned copy (*copy = it,
+ * the caller frees it). NULL only when the copy fails. */
+static const void *fp4idx__cmd_in_place(const fp4idx_tensor_t *t, void **copy) {
+  size_t a = fp4idx_wire_dtype_size(t->dtype);
+  *copy = NULL;
+  if (t->nbytes && a && ((uintptr_t)t->data % a) == 0) return t->data;
+  *copy = fp4idx__cmd_aligned(t);
+  return *copy;
+}
+
 /* ---- ops ---------------------------------------------------------------- */
 
 static int fp4idx__cmd_hello(fp4idx_daemon_t *d, const fp4idx_request_t *req,
@@ -72,7 +83,8 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
                                                  : FP4IDX_DTYPE_FP4;
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
-  void *keys = fp4idx__cmd_aligned(&a->keys);
+  void *kcopy;
+  const void *keys = fp4idx__cmd_in_place(&a->keys, &kcopy);
   uint8_t *packed = NULL;
   int64_t first = 0;
   int created = 0, rc;
@@ -118,7 +130,7 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   resp->u.append.length = (uint64_t)(first + n);
 out:
   free(packed);
-  free(keys);
+  free(kcopy);
   free(slots);
   return rc;
 }
@@ -127,10 +139,7 @@ out:
 typedef struct fp4idx__score_bufs_s {
   size_t n;
   fp4idx_backend_seq_t *eng;
-  void **owned;            /* [4 * n] q, w, lens, mask copies */
-  float *logits;
-  int32_t *pos, *count;
-  float *val;
+  void **owned;            /* [4 * n] q, w, lens, mask copies (or NULL) */
   fp4idx_score_result_t *results;
 } fp4idx__score_bufs_t;
 
@@ -139,16 +148,18 @@ static void fp4idx__score_bufs_free(fp4idx__score_bufs_t *b) {
     for (size_t i = 0; i < 4 * b->n; i++) free(b->owned[i]);
   free(b->owned);
   free(b->eng);
-  free(b->logits);
-  free(b->pos);
-  free(b->val);
-  free(b->count);
   /* results stay alive until the response is encoded: freed by the caller */
 }
 
+/* The score request's inputs are read in place from the frame when aligned;
+ * its outputs go to one engine host buffer (*out: pinned on CUDA, so the
+ * device writes results straight into it) that the response then sends from
+ * where it is (fp4idx_encode_response_split): no copy of the logits between
+ * the device and the socket. */
 static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
                              fp4idx_response_t *resp, char *msg,
-                             fp4idx__score_bufs_t *b) {
+                             fp4idx__score_bufs_t *b, void **out,
+                             fp4idx_backend_timing_t *timing) {
   const fp4idx_score_req_t *sr = &req->u.score;
   size_t n = sr->nseqs;
   char detail[FP4IDX_CMD_MSG];
@@ -171,22 +182,24 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
       return fp4idx__cmd_fail(msg, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
                               i, s->seq, cs->n_keys, detail);
     void **o = &b->owned[4 * i];
-    o[0] = fp4idx__cmd_aligned(&s->q);
-    o[1] = fp4idx__cmd_aligned(&s->w);
+    const void *q = fp4idx__cmd_in_place(&s->q, &o[0]);
+    const void *w = fp4idx__cmd_in_place(&s->w, &o[1]);
+    const void *lens = NULL, *mask = NULL;
     if (fp4idx_tensor_present(&s->lens)) {
-      o[2] = fp4idx__cmd_aligned(&s->lens);
+      lens = fp4idx__cmd_in_place(&s->lens, &o[2]);
     } else {
       int32_t *l = malloc((size_t)s->rows * sizeof *l);
       if (l)
         for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
-      o[2] = l;
+      lens = o[2] = l;
     }
-    if (fp4idx_tensor_present(&s->mask)) o[3] = fp4idx__cmd_aligned(&s->mask);
-    if (!o[0] || !o[1] || !o[2] || (fp4idx_tensor_present(&s->mask) && !o[3]))
+    if (fp4idx_tensor_present(&s->mask)) mask = fp4idx__cmd_in_place(&s->mask, &o[3]);
+    if (!q || !w || !lens || (fp4idx_tensor_present(&s->mask) && !mask))
       return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
-                                      .rows = (int32_t)s->rows, .width = (int64_t)width,
-                                      .q = o[0], .w = o[1], .lens = o[2], .mask = o[3]};
+    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .seq = cs->id, .resident = 1,
+                                      .n_keys = cs->n_keys, .rows = (int32_t)s->rows,
+                                      .width = (int64_t)width, .q = q, .w = w,
+                                      .lens = lens, .mask = mask};
     rows_total += s->rows;
     cells += (uint64_t)s->rows * width;
   }
@@ -196,19 +209,25 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     return fp4idx__cmd_fail(msg, FP4IDX_E2BIG,
                             "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
                             rows_total, FP4IDX_CMD_MAX_RESULT);
-  if (k) {
-    b->pos = malloc(rows_total * k * 4u + 1);
-    b->val = malloc(rows_total * k * 4u + 1);
-    b->count = malloc(rows_total * 4u + 1);
-    if (!b->pos || !b->val || !b->count)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for the top-k output");
-  } else {
-    b->logits = malloc(cells * 4u + 1);
-    if (!b->logits)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
-  }
-  int rc = fp4idx__engine_score(d->engine, (int32_t)sr->heads, (int32_t)n, b->eng, (int32_t)k,
-                                b->logits, b->pos, b->val, b->count);
+  /* [logits] or [pos | val | count], each 64-byte aligned */
+  size_t kk = (size_t)k * rows_total * 4u, at_val = (kk + 63) & ~(size_t)63;
+  size_t at_cnt = at_val + ((kk + 63) & ~(size_t)63);
+  uint8_t *mem = fp4idx__engine_host_alloc(d->engine, k ? at_cnt + rows_total * 4u
+                                                        : (size_t)cells * 4u);
+  if (!mem)
+    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " bytes of results",
+                            bytes);
+  *out = mem;
+  float *logits = k ? NULL : (float *)mem;
+  int32_t *pos = k ? (int32_t *)mem : NULL, *count = k ? (int32_t *)(mem + at_cnt) : NULL;
+  float *val = k ? (float *)(mem + at_val) : NULL;
+  fp4idx_backend_batch_t batch = {.heads = (int32_t)sr->heads, .n_seqs = (int32_t)n,
+                                  .seqs = b->eng, .topk = (int32_t)k, .logits = logits,
+                                  .topk_pos = pos, .topk_val = val, .topk_count = count,
+                                  .timing = timing};
+  double t_call = fp4idx__stats_now_us();
+  int rc = fp4idx__engine_score(d->engine, &batch);
+  if (!timing->timed) timing->kernels_us = fp4idx__stats_now_us() - t_call;
   if (rc) return fp4idx__cmd_fail(msg, rc, "scoring failed: %s", fp4idx_strerror(rc));
   uint64_t row = 0, cell = 0;
   for (size_t i = 0; i < n; i++) {
@@ -218,12 +237,12 @@ static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     r->topk = k != 0;
     if (k) {
       uint64_t shp[2] = {R, k};
-      fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, b->pos + row * k);
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, b->val + row * k);
-      fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, b->count + row);
+      fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, pos + row * k);
+      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, val + row * k);
+      fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, count + row);
     } else {
       uint64_t shp[2] = {R, W};
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, b->logits + cell);
+      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, logits + cell);
     }
     row += R;
     cell += R * W;
@@ -312,7 +331,7 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
   st->pages_free = (uint64_t)d->cache.n_free;
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
-  fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS, sizeof *ops);
+  fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS + FP4IDX_STAGE__COUNT, sizeof *ops);
   if (!ops) return FP4IDX_ENOMEM;
   size_t k = 0;
   /* Every op, then "unknown" (undecodable requests) when there were any. */
@@ -332,11 +351,59 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
   }
   st->ops = ops;
   st->nops = k;
+  /* Then the stages, in path order, on the same buckets. */
+  fp4idx_stage_hist_t sh[FP4IDX_STAGE__COUNT];
+  fp4idx__stages_snapshot(&d->stages, sh);
+  st->stages = ops + FP4IDX_STATS_OPS;
+  st->nstages = FP4IDX_STAGE__COUNT;
+  for (int i = 0; i < FP4IDX_STAGE__COUNT; i++) {
+    fp4idx_op_stats_t *o = &st->stages[i];
+    snprintf(o->op, sizeof o->op, "%s", fp4idx__stage_name((fp4idx_stage_t)i));
+    o->count = sh[i].count;
+    o->nbuckets = FP4IDX_STATS_BUCKETS;
+    for (int j = 0; j < FP4IDX_STATS_BUCKETS; j++) {
+      o->le_us[j] = j < FP4IDX_STATS_BUCKETS - 1 ? (double)(1u << j) : INFINITY;
+      o->hist[j] = sh[i].hist[j];
+    }
+    o->sum_us = sh[i].sum_us;
+  }
   *ops_out = ops;
   return FP4IDX_OK;
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
+
+/* Splits one request's time into its stages (stages.h): the clock readings
+ * t0 (frame complete) <= tq (worker start) <= td (decoded) <= te (executed)
+ * <= tf (encoded) bound queue, decode, execute + device, encode, so they
+ * add up to the op latency tf - t0. The device stages come from the
+ * backend's own timing; without it (CPU) the whole op is "execute" except a
+ * score's backend call, which is "kernels". */
+static void fp4idx__cmd_stage_times(fp4idx_stage_times_t *t, double t0, double tq, double td,
+                                    double te, double tf,
+                                    const fp4idx_backend_timing_t *dev) {
+  t->us[FP4IDX_STAGE_QUEUE] = tq - t0;
+  t->us[FP4IDX_STAGE_DECODE] = td - tq;
+  t->us[FP4IDX_STAGE_ENCODE] = tf - te;
+  double exec = te - td, up = 0, k = 0, down = 0;
+  if (dev->timed) {
+    up = dev->upload_us;
+    k = dev->kernels_us;
+    down = dev->download_us;
+  } else {
+    k = dev->kernels_us; /* the host time of the backend call, if any */
+  }
+  double in_dev = up + k + down;
+  if (in_dev > exec && in_dev > 0) {
+    /* device clocks vs host clock: keep the sum exact */
+    double f = exec / in_dev;
+    up *= f, k *= f, down *= f, in_dev = exec;
+  }
+  t->us[FP4IDX_STAGE_EXECUTE] = exec - in_dev;
+  t->us[FP4IDX_STAGE_UPLOAD] = up;
+  t->us[FP4IDX_STAGE_KERNELS] = k;
+  t->us[FP4IDX_STAGE_DOWNLOAD] = down;
+}
 
 static int fp4idx__cmd_take(msgpack_sbuffer *sb, uint8_t **frame, size_t *frame_len) {
   *frame_len = sb->size;
@@ -354,21 +421,43 @@ int fp4idx__cmd_error_frame(int status, const char *msg, uint8_t **frame,
   return rc;
 }
 
+void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *r) {
+  free(r->frame);
+  free(r->payloads);
+  fp4idx__engine_host_free(d->engine, r->out);
+  memset(r, 0, sizeof *r);
+}
+
+/* The score reply: msgpack bytes with the result tensors left out (sent
+ * from the output buffer by writev). Other ops: one contiguous frame. */
+static int fp4idx__cmd_encode(const fp4idx_response_t *resp, msgpack_sbuffer *out,
+                              fp4idx_cmd_reply_t *reply) {
+  if (resp->op != FP4IDX_OP_SCORE) return fp4idx_encode_response(out, resp);
+  size_t cap = 3 * resp->u.score.nresults;
+  reply->payloads = malloc((cap ? cap : 1) * sizeof *reply->payloads);
+  if (!reply->payloads) return FP4IDX_ENOMEM;
+  return fp4idx_encode_response_split(out, resp, FP4IDX_CMD_SPLIT_MIN, reply->payloads, cap,
+                                      &reply->npayloads);
+}
+
 void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
-                         double t0_us, uint8_t **frame, size_t *frame_len) {
+                         double t0_us, double tq_us, fp4idx_stage_times_t *times,
+                         fp4idx_cmd_reply_t *reply) {
   fp4idx_request_t req;
   fp4idx_response_t resp;
   char msg[FP4IDX_CMD_MSG] = "";
   fp4idx__score_bufs_t sb_score;
   fp4idx_op_stats_t *stat_ops = NULL;
+  fp4idx_backend_timing_t timing;
   void *read_buf = NULL;
   memset(&req, 0, sizeof req);
   memset(&resp, 0, sizeof resp);
   memset(&sb_score, 0, sizeof sb_score);
-  *frame = NULL;
-  *frame_len = 0;
+  memset(&timing, 0, sizeof timing);
+  memset(reply, 0, sizeof *reply);
 
   int rc = fp4idx_decode_request(body, len, &req, msg, sizeof msg);
+  double td_us = fp4idx__stats_now_us();
   if (rc == FP4IDX_OK) {
     resp.id = req.id;
     resp.op = req.op;
@@ -376,7 +465,9 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
       case FP4IDX_OP_HELLO: rc = fp4idx__cmd_hello(d, &req, &resp, msg); break;
       case FP4IDX_OP_INFO: rc = fp4idx__cmd_info(d, &resp); break;
       case FP4IDX_OP_APPEND: rc = fp4idx__cmd_append(d, &req, &resp, msg); break;
-      case FP4IDX_OP_SCORE: rc = fp4idx__cmd_score(d, &req, &resp, msg, &sb_score); break;
+      case FP4IDX_OP_SCORE:
+        rc = fp4idx__cmd_score(d, &req, &resp, msg, &sb_score, &reply->out, &timing);
+        break;
       case FP4IDX_OP_TRUNCATE: rc = fp4idx__cmd_truncate(d, &req, &resp, msg); break;
       case FP4IDX_OP_DROP: rc = fp4idx__cmd_drop(d, &req, msg); break;
       case FP4IDX_OP_READ: rc = fp4idx__cmd_read(d, &req, &resp, msg, &read_buf); break;
@@ -392,12 +483,13 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
         break;
     }
   }
+  double te_us = fp4idx__stats_now_us();
 
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
   int erc = rc;
   if (rc == FP4IDX_OK) {
-    erc = fp4idx_encode_response(&out, &resp);
+    erc = fp4idx__cmd_encode(&resp, &out, reply);
     if (erc) {
       rc = erc;
       fp4idx__cmd_fail(msg, erc, "encoding the response: %s", fp4idx_strerror(erc));
@@ -411,14 +503,29 @@ void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
       fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(req.op), req.id,
                         fp4idx_status_name(rc), msg);
     msgpack_sbuffer_clear(&out);
+    reply->npayloads = 0;
     erc = fp4idx_encode_error(&out, req.id, rc, msg);
   }
   if (erc == FP4IDX_OK || rc != FP4IDX_OK) {
-    if (out.size) fp4idx__cmd_take(&out, frame, frame_len);
+    if (out.size) {
+      reply->frame_len = out.size;
+      reply->frame = (uint8_t *)msgpack_sbuffer_release(&out);
+    }
   }
   msgpack_sbuffer_destroy(&out);
+  reply->total_len = reply->frame_len;
+  for (size_t i = 0; i < reply->npayloads; i++) reply->total_len += reply->payloads[i].len;
+  if (!reply->npayloads) {
+    /* nothing is sent from the output buffer: give it back now */
+    fp4idx__engine_host_free(d->engine, reply->out);
+    reply->out = NULL;
+  }
 
-  fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
+  double tf_us = fp4idx__stats_now_us();
+  fp4idx__stats_record(&d->stats, req.op, rc, tf_us - t0_us);
+  fp4idx__cmd_stage_times(times, t0_us, tq_us, td_us, te_us, tf_us, &timing);
+  fp4idx__stages_record(&d->stages, times,
+                        fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
   fp4idx__score_bufs_free(&sb_score);
   free(sb_score.results);
   free(stat_ops);

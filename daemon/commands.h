@@ -10,20 +10,45 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fp4idx_codec.h"
+#include "stages.h"
+
 struct fp4idx_daemon_s;
 
 /* Largest response the daemon builds (score logits, read); a request whose
  * answer would be larger gets E2BIG. */
 #define FP4IDX_CMD_MAX_RESULT ((uint64_t)1 << 30)
 
-/* Executes the request in body[0..len) and returns its whole response frame
- * (4-byte length first) in *frame (malloc'd) / *frame_len. Records the
- * request in d->stats with latency measured from t0_us
- * (fp4idx__stats_now_us clock). Never fails: on out-of-memory while encoding
- * it returns a short error frame; if even that fails *frame is NULL (the
- * caller closes the connection). */
+/* Result tensors at least this large are sent from the backend's output
+ * buffer (writev), not copied into the response bytes. */
+#define FP4IDX_CMD_SPLIT_MIN 4096u
+
+/* A response ready to send: frame[0..frame_len) (4-byte length first) with
+ * payloads[i] spliced in at frame offset payloads[i].at, in order; the
+ * payloads point into `out` (engine host memory). total_len is what goes on
+ * the wire. Free with fp4idx__cmd_reply_free once written. */
+typedef struct fp4idx_cmd_reply_s {
+  uint8_t *frame;
+  size_t frame_len;
+  fp4idx_payload_t *payloads;
+  size_t npayloads;
+  void *out;
+  size_t total_len;
+} fp4idx_cmd_reply_t;
+
+/* Executes the request in body[0..len) and fills *reply. Records the request
+ * in d->stats with latency measured from t0_us (frame complete, on the
+ * fp4idx__stats_now_us clock) and its stages in d->stages (tq_us: when the
+ * worker picked it up; times->us[FP4IDX_STAGE_READ] preset by the caller).
+ * Never fails: on out-of-memory while encoding it returns a short error
+ * frame; if even that fails reply->frame is NULL (the caller closes the
+ * connection). */
 void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, const uint8_t *body, size_t len,
-                         double t0_us, uint8_t **frame, size_t *frame_len);
+                         double t0_us, double tq_us, fp4idx_stage_times_t *times,
+                         fp4idx_cmd_reply_t *reply);
+
+/* Frees what a reply holds (any thread: the output goes back to the engine). */
+void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply);
 
 /* Encodes an error response frame {"id": 0, "status", "error"} (for frames
  * the server rejects before decoding). Returns FP4IDX_OK or FP4IDX_ENOMEM. */

@@ -13,14 +13,41 @@
 
 /* ---- requests: server -> worker -> server ------------------------------- */
 
+static void fp4idx__daemon_out_free(void *arg, void *p) {
+  fp4idx__engine_host_free(arg, p);
+}
+
 static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
   fp4idx_req_t *req = job->data;
   fp4idx_daemon_t *d = req->conn->srv->data;
-  fp4idx__cmd_execute(d, req->body, req->body_len, req->t0_us, &req->resp, &req->resp_len);
+  double tq = fp4idx__stats_now_us();
+  fp4idx_stage_times_t times = {{0}};
+  fp4idx_cmd_reply_t reply;
+  times.us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
+  fp4idx__cmd_execute(d, req->body, req->body_len, req->t0_us, tq, &times, &reply);
+  req->resp = reply.frame;
+  req->resp_len = reply.frame_len;
+  req->payloads = reply.payloads;
+  req->npayloads = reply.npayloads;
+  req->wire_len = reply.total_len;
+  req->out = reply.out;
+  req->out_free = fp4idx__daemon_out_free;
+  req->out_free_arg = d->engine;
   /* The body (and the views into it) are not needed any more. */
   free(req->body);
   req->body = NULL;
   if (!req->resp) req->close_after = 1; /* could not even encode an error */
+  req->t_done_us = fp4idx__stats_now_us();
+}
+
+/* The cache changed a sequence's page list: keep the backend's copy. */
+static void fp4idx__daemon_pages_changed(void *arg, uint64_t id, const int32_t *pages,
+                                         int64_t n_pages, int64_t first) {
+  fp4idx_daemon_t *d = arg;
+  int rc = fp4idx__engine_seq_pages(d->engine, id, pages, n_pages, first);
+  if (rc)
+    fp4idx__log_debug("sequence %llu: device page table not updated (%s); scores upload it",
+                      (unsigned long long)id, fp4idx_strerror(rc));
 }
 
 static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
@@ -106,7 +133,12 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
     goto err;
   }
   d->cache_ok = 1;
+  fp4idx__cache_set_pages_hook(&d->cache, fp4idx__daemon_pages_changed, d);
+  rc = fp4idx__stages_init(&d->stages);
+  if (rc) goto err;
+  d->stages_ok = 1;
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
+  d->server.stages = &d->stages;
   d->server.data = d;
   d->server.submit = fp4idx__daemon_submit_req;
   d->server.error_frame = fp4idx__daemon_error_frame;
@@ -207,4 +239,6 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   d->engine = NULL;
   if (d->stats_ok) fp4idx__stats_destroy(&d->stats);
   d->stats_ok = 0;
+  if (d->stages_ok) fp4idx__stages_destroy(&d->stages);
+  d->stages_ok = 0;
 }

@@ -137,11 +137,27 @@ int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
   return e->b->ops->write_pages(e->b, first, count, in);
 }
 
-int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
-                         const fp4idx_backend_seq_t *seqs, int32_t topk, float *logits,
-                         int32_t *topk_pos, float *topk_val, int32_t *topk_count) {
-  fp4idx_backend_batch_t batch = {
-      .heads = heads, .n_seqs = n_seqs, .seqs = seqs, .topk = topk, .logits = logits,
-      .topk_pos = topk_pos, .topk_val = topk_val, .topk_count = topk_count};
-  return e->b->ops->score(e->b, &batch);
+int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch) {
+  return e->b->ops->score(e->b, batch);
+}
+
+int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
+                             int64_t n_pages, int64_t first) {
+  if (!e->b->ops->seq_pages_update) return FP4IDX_OK;
+  return e->b->ops->seq_pages_update(e->b, seq, pages, n_pages, first);
+}
+
+void *fp4idx__engine_host_alloc(fp4idx_engine_t *e, size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 1;
+  if (e->b->ops->host_alloc) return e->b->ops->host_alloc(e->b, bytes, &p) ? NULL : p;
+  return posix_memalign(&p, 64, bytes) ? NULL : p;
+}
+
+void fp4idx__engine_host_free(fp4idx_engine_t *e, void *p) {
+  if (!p) return;
+  if (e->b->ops->host_free)
+    e->b->ops->host_free(e->b, p);
+  else
+    free(p);
 }

@@ -4,7 +4,8 @@
  * size and the calls the worker makes; the rest of the daemon reaches the
  * backend only through it.
  *
- * Threading: after fp4idx__engine_open, only the worker thread calls in.
+ * Threading: after fp4idx__engine_open, only the worker thread calls in
+ * (fp4idx__engine_host_alloc / _free excepted: any thread).
  */
 #ifndef FP4IDX_DAEMON_ENGINE_H
 #define FP4IDX_DAEMON_ENGINE_H
@@ -46,10 +47,18 @@ int fp4idx__engine_read_pages(fp4idx_engine_t *e, int64_t first, int64_t count, 
 int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
                                const void *in);
 
-/* backend->score on one batch; outputs as fp4idx_backend_batch_t says.
- * seqs[i] pointers must be aligned host buffers. */
-int fp4idx__engine_score(fp4idx_engine_t *e, int32_t heads, int32_t n_seqs,
-                         const fp4idx_backend_seq_t *seqs, int32_t topk, float *logits,
-                         int32_t *topk_pos, float *topk_val, int32_t *topk_count);
+/* backend->score on one batch (fp4idx_backend_batch_t: outputs, optional
+ * timing). seqs[i] pointers must be aligned host buffers. */
+int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch);
+
+/* backend->seq_pages_update when the backend has it (else FP4IDX_OK). */
+int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
+                             int64_t n_pages, int64_t first);
+
+/* Host memory for score outputs (backend->host_alloc: pinned on CUDA; else
+ * 64-byte aligned malloc). Any thread. NULL on failure; free with
+ * fp4idx__engine_host_free (NULL is a no-op). */
+void *fp4idx__engine_host_alloc(fp4idx_engine_t *e, size_t bytes);
+void fp4idx__engine_host_free(fp4idx_engine_t *e, void *p);
 
 #endif /* FP4IDX_DAEMON_ENGINE_H */

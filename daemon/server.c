@@ -30,6 +30,8 @@ void fp4idx__server_req_free(fp4idx_req_t *req) {
   if (!req) return;
   free(req->body);
   free(req->resp);
+  free(req->payloads);
+  if (req->out && req->out_free) req->out_free(req->out_free_arg, req->out);
   free(req);
 }
 
@@ -94,7 +96,10 @@ static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
   c->head = r->next;
   if (!c->head) c->tail = NULL;
   c->pending--;
-  c->out_bytes -= r->resp_len;
+  c->out_bytes -= r->wire_len;
+  if (status == 0 && c->srv->stages)
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE,
+                       fp4idx__stats_now_us() - r->t_write_us);
   int close_after = r->close_after;
   fp4idx__server_req_free(r);
   if (c->closing) {
@@ -123,16 +128,35 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
       if (r->close_after) return; /* nothing goes out after a closing reply */
       continue;
     }
-    uv_buf_t buf = uv_buf_init((char *)r->resp, (unsigned)r->resp_len);
+    /* The frame's bytes with the payloads spliced in at their offsets: one
+     * writev, no copy of the payloads (libuv copies the buf array). */
+    uv_buf_t small[17], *bufs = small;
+    size_t nb = 2 * r->npayloads + 1;
+    if (nb > sizeof small / sizeof small[0] && !(bufs = malloc(nb * sizeof *bufs))) {
+      c->dead = 1;
+      fp4idx__server_conn_close(c);
+      return;
+    }
+    size_t at = 0, k = 0;
+    for (size_t i = 0; i < r->npayloads; i++) {
+      const fp4idx_payload_t *p = &r->payloads[i];
+      bufs[k++] = uv_buf_init((char *)r->resp + at, (unsigned)(p->at - at));
+      bufs[k++] = uv_buf_init((char *)p->data, (unsigned)p->len);
+      at = p->at;
+    }
+    bufs[k++] = uv_buf_init((char *)r->resp + at, (unsigned)(r->resp_len - at));
     r->wr.data = r;
-    int rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, &buf, 1, fp4idx__server_write_cb);
+    r->t_write_us = fp4idx__stats_now_us();
+    int rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, bufs, (unsigned)k,
+                      fp4idx__server_write_cb);
+    if (bufs != small) free(bufs);
     if (rc < 0) {
       c->dead = 1;
       fp4idx__server_conn_close(c);
       return;
     }
     r->write_started = 1;
-    c->out_bytes += r->resp_len;
+    c->out_bytes += r->wire_len;
     if (r->close_after) return;
   }
 }
@@ -140,6 +164,9 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
 void fp4idx__server_req_done(fp4idx_req_t *req) {
   fp4idx_conn_t *c = req->conn;
   req->done = 1;
+  if (req->t_done_us > 0 && c->srv->stages)
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE,
+                       fp4idx__stats_now_us() - req->t_done_us);
   if (c->closed) {
     /* The connection is gone: unlink and drop the response. */
     fp4idx_req_t **pp = &c->head, *prev = NULL;
@@ -184,6 +211,7 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
     fp4idx__server_conn_close(c);
     return;
   }
+  r->wire_len = r->resp_len;
   r->done = 1;
   r->close_after = 1;
   fp4idx__server_enqueue(c, r);
@@ -200,6 +228,8 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   }
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
+  r->t_first_us = c->in_frame ? c->t_frame_us : r->t0_us;
+  c->in_frame = 0;
   fp4idx__server_enqueue(c, r);
   c->srv->submit(c->srv, r);
 }
@@ -227,6 +257,10 @@ static int fp4idx__server_over_caps(const fp4idx_conn_t *c) {
 static void fp4idx__server_parse(fp4idx_conn_t *c) {
   while (c->in_len > 0 && !c->eof && !c->closing) {
     size_t used = 0;
+    if (!c->in_frame) { /* these bytes begin a frame */
+      c->in_frame = 1;
+      c->t_frame_us = fp4idx__stats_now_us();
+    }
     int rc = fp4idx_frame_reader_feed(&c->fr, c->scratch + c->in_off, c->in_len, &used);
     c->in_off += used;
     c->in_len -= used;

@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "fp4idx_codec.h"
+#include "stages.h"
 #include "worker.h"
 
 #define FP4IDX_SERVER_MAX_LISTENERS 4
@@ -39,12 +40,21 @@ typedef struct fp4idx_req_s {
   fp4idx_conn_t *conn;
   uint8_t *body;            /* the frame body (msgpack map), owned */
   size_t body_len;
-  uint8_t *resp;            /* the whole response frame, 4-byte length first */
+  uint8_t *resp;            /* the response frame, 4-byte length first ... */
   size_t resp_len;
+  fp4idx_payload_t *payloads; /* ... with these spliced in (writev), owned */
+  size_t npayloads;
+  size_t wire_len;          /* resp_len + payload bytes */
+  void *out;                /* memory the payloads point into, freed by out_free */
+  void (*out_free)(void *arg, void *p);
+  void *out_free_arg;
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
   int write_started;
-  double t0_us;             /* arrival (fp4idx__stats_now_us clock) */
+  double t_first_us;        /* first byte of the frame (fp4idx__stats_now_us clock) */
+  double t0_us;             /* whole frame received */
+  double t_done_us;         /* response built (worker thread) */
+  double t_write_us;        /* response handed to uv_write */
   uv_write_t wr;
   struct fp4idx_req_s *next;
 } fp4idx_req_t;
@@ -55,6 +65,8 @@ struct fp4idx_conn_s {
   fp4idx_conn_t *prev, *next;  /* server's list */
   uint64_t id;                 /* for logs */
   fp4idx_frame_reader_t fr;     /* framing state (the codec's reader) */
+  int in_frame;                /* bytes of a frame not yet dispatched were read */
+  double t_frame_us;           /* when the first of them arrived */
   uint8_t *scratch;            /* [FP4IDX_SERVER_SCRATCH] */
   size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
   /* requests in arrival order; head is the next response to write */
@@ -87,6 +99,7 @@ struct fp4idx_server_s {
                      uint8_t **frame, size_t *len);
   void (*conn_event)(fp4idx_server_t *srv, int delta);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
+  fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */
   void *data;                  /* the daemon's */
 };
 
@@ -113,7 +126,8 @@ void fp4idx__server_stop(fp4idx_server_t *srv);
  * worker still run; their connections are freed when they come back. */
 void fp4idx__server_close_all(fp4idx_server_t *srv);
 
-/* The response of `req` is set (req->resp, resp_len, close_after): loop thread. */
+/* The response of `req` is set (req->resp, resp_len, payloads, wire_len,
+ * close_after): loop thread. */
 void fp4idx__server_req_done(fp4idx_req_t *req);
 
 /* Frees a request and its buffers (used by the daemon on paths that never

@@ -90,18 +90,19 @@ static int decode_score(const msgpack_object *root, fp4idx_response_t *resp,
   return 0;
 }
 
-static int decode_op_stats(const msgpack_object_kv *kv, fp4idx_op_stats_t *s,
-                           char *msg, size_t cap) {
+/* One entry of "requests" or "stages" (`what`): the same counters. */
+static int decode_op_stats(const msgpack_object_kv *kv, const char *what,
+                           fp4idx_op_stats_t *s, char *msg, size_t cap) {
   char path[96];
   fp4idx__field_t f[] = {{"count", NULL},         {"errors", NULL},
                          {"latency_us_le", NULL}, {"latency_hist", NULL},
                          {"latency_sum_us", NULL}};
   int rc;
 
-  if ((rc = fp4idx__get_strcpy(&kv->key, "requests", "<key>", s->op,
+  if ((rc = fp4idx__get_strcpy(&kv->key, what, "<key>", s->op,
                                sizeof(s->op), msg, cap)) != 0)
     return rc;
-  snprintf(path, sizeof(path), "requests.%s", s->op);
+  snprintf(path, sizeof(path), "%s.%s", what, s->op);
   if ((rc = fp4idx__map_fields(&kv->val, path, f, NF(f), false, msg, cap)))
     return rc;
   if ((rc = fp4idx__get_uint(f[0].val, path, "count", &s->count, msg, cap)) ||
@@ -155,7 +156,7 @@ static int decode_stats(fp4idx__field_t *f, fp4idx_response_t *resp,
       (rc = fp4idx__get_uint(f[7].val, "", "pages_free", &st->pages_free, msg,
                              cap)))
     return rc;
-  const msgpack_object *m = f[8].val;
+  const msgpack_object *m = f[8].val, *g = f[9].val;
   if (m == NULL)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: missing field");
   if (m->type != MSGPACK_OBJECT_MAP)
@@ -164,14 +165,31 @@ static int decode_stats(fp4idx__field_t *f, fp4idx_response_t *resp,
     return fp4idx__fail(msg, cap, FP4IDX_E2BIG,
                         "requests: %u entries, at most %u", m->via.map.size,
                         FP4IDX_PROTO_MAX_STATS_OPS);
-  if (m->via.map.size == 0) return 0;
-  st->ops = calloc(m->via.map.size, sizeof(st->ops[0]));
-  if (st->ops == NULL)
+  /* "stages" is optional (daemons before it did not send it) */
+  if (g != NULL && g->type != MSGPACK_OBJECT_MAP)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "stages: expected a map");
+  size_t ng = g != NULL ? g->via.map.size : 0;
+  if (ng > FP4IDX_PROTO_MAX_STATS_OPS)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG,
+                        "stages: %zu entries, at most %u", ng,
+                        FP4IDX_PROTO_MAX_STATS_OPS);
+  if (m->via.map.size + ng == 0) return 0;
+  /* one block for both (owned_ holds one pointer) */
+  fp4idx_op_stats_t *all = calloc(m->via.map.size + ng, sizeof(all[0]));
+  if (all == NULL)
     return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  resp->owned_ = st->ops;
+  resp->owned_ = all;
   st->nops = m->via.map.size;
+  st->ops = st->nops ? all : NULL;
+  st->nstages = ng;
+  st->stages = ng ? all + st->nops : NULL;
   for (size_t i = 0; i < st->nops; i++)
-    if ((rc = decode_op_stats(&m->via.map.ptr[i], &st->ops[i], msg, cap)))
+    if ((rc = decode_op_stats(&m->via.map.ptr[i], "requests", &st->ops[i],
+                              msg, cap)))
+      return rc;
+  for (size_t i = 0; i < ng; i++)
+    if ((rc = decode_op_stats(&g->via.map.ptr[i], "stages", &st->stages[i],
+                              msg, cap)))
       return rc;
   return 0;
 }
@@ -251,7 +269,8 @@ static int decode_body(const msgpack_object *root, fp4idx_response_t *resp,
       fp4idx__field_t f[] = {
           {"uptime_s", NULL},    {"connections", NULL}, {"sequences", NULL},
           {"keys", NULL},        {"backend", NULL},     {"device", NULL},
-          {"pages_total", NULL}, {"pages_free", NULL},  {"requests", NULL}};
+          {"pages_total", NULL}, {"pages_free", NULL},  {"requests", NULL},
+          {"stages", NULL}};
       if ((rc = fp4idx__map_fields(root, "", f, NF(f), false, msg, cap)))
         return rc;
       return decode_stats(f, resp, msg, cap);
@@ -341,8 +360,12 @@ static bool response_sane(const fp4idx_response_t *r) {
     case FP4IDX_OP_READ: return fp4idx__tensor_sane(&r->u.read.keys);
     case FP4IDX_OP_STATS:
       if (r->u.stats.ops == NULL && r->u.stats.nops > 0) return false;
+      if (r->u.stats.stages == NULL && r->u.stats.nstages > 0) return false;
       for (size_t i = 0; i < r->u.stats.nops; i++)
         if (r->u.stats.ops[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return false;
+      for (size_t i = 0; i < r->u.stats.nstages; i++)
+        if (r->u.stats.stages[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS)
+          return false;
       return true;
     case FP4IDX_OP_HELLO: case FP4IDX_OP_INFO: case FP4IDX_OP_APPEND:
     case FP4IDX_OP_TRUNCATE: case FP4IDX_OP_DROP: case FP4IDX_OP_SAVE:
@@ -358,14 +381,65 @@ static int kv_fixstr(msgpack_packer *pk, const char *k, const char *v,
   return fp4idx__pack_cstr(pk, k) | fp4idx__pack_strn(pk, v, bounded_len(v, cap));
 }
 
-static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r) {
+/* A map of counters (stats "requests" or "stages"): name -> {count, errors,
+ * latency_us_le, latency_hist, latency_sum_us}. */
+static int pack_counters(msgpack_packer *pk, const fp4idx_op_stats_t *v,
+                         size_t n) {
+  int rc = msgpack_pack_map(pk, n);
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    const fp4idx_op_stats_t *o = &v[i];
+    rc |= fp4idx__pack_strn(pk, o->op, bounded_len(o->op, sizeof(o->op)));
+    rc |= msgpack_pack_map(pk, 5);
+    rc |= kv_uint(pk, "count", o->count);
+    rc |= kv_uint(pk, "errors", o->errors);
+    rc |= fp4idx__pack_cstr(pk, "latency_us_le");
+    rc |= msgpack_pack_array(pk, o->nbuckets);
+    for (uint32_t b = 0; b < o->nbuckets; b++)
+      rc |= msgpack_pack_double(pk, o->le_us[b]);
+    rc |= fp4idx__pack_cstr(pk, "latency_hist");
+    rc |= msgpack_pack_array(pk, o->nbuckets);
+    for (uint32_t b = 0; b < o->nbuckets; b++)
+      rc |= msgpack_pack_uint64(pk, o->hist[b]);
+    rc |= fp4idx__pack_cstr(pk, "latency_sum_us") |
+          msgpack_pack_double(pk, o->sum_us);
+  }
+  return rc;
+}
+
+/* Where the split encoder puts payloads it leaves out (NULL: copy all). */
+typedef struct split_s {
+  msgpack_sbuffer *sb;
+  size_t min;
+  fp4idx_payload_t *out;
+  size_t cap, n, bytes;
+  int overflow;
+} split_t;
+
+/* A score-result tensor: whole, or its header only with the payload noted. */
+static int kv_result_tensor(msgpack_packer *pk, const char *k,
+                            const fp4idx_tensor_t *t, split_t *sp) {
+  if (sp == NULL || t->nbytes == 0 || t->nbytes < sp->min)
+    return kv_tensor(pk, k, t);
+  if (sp->n == sp->cap) {
+    sp->overflow = 1;
+    return -1;
+  }
+  int rc = fp4idx__pack_cstr(pk, k) | fp4idx__pack_tensor_head(pk, t);
+  sp->out[sp->n++] = (fp4idx_payload_t){sp->sb->size, t->data, t->nbytes};
+  sp->bytes += t->nbytes;
+  return rc;
+}
+
+static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r,
+                         split_t *sp) {
   static const unsigned nfields[FP4IDX_OP__COUNT] = {
       [FP4IDX_OP_HELLO] = 2,    [FP4IDX_OP_INFO] = 9, [FP4IDX_OP_APPEND] = 2,
       [FP4IDX_OP_SCORE] = 1,    [FP4IDX_OP_TRUNCATE] = 1,
       [FP4IDX_OP_READ] = 1,     [FP4IDX_OP_STATS] = 9};
   int rc = 0;
+  unsigned extra = r->op == FP4IDX_OP_STATS && r->u.stats.nstages > 0;
 
-  rc |= msgpack_pack_map(pk, 2 + nfields[r->op]);
+  rc |= msgpack_pack_map(pk, 2 + nfields[r->op] + extra);
   rc |= kv_uint(pk, "id", r->id);
   rc |= fp4idx__pack_cstr(pk, "status") | msgpack_pack_int(pk, 0);
   switch (r->op) {
@@ -398,9 +472,9 @@ static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r) {
         const fp4idx_score_result_t *x = &r->u.score.results[i];
         rc |= msgpack_pack_map(pk, x->topk ? 4 : 2);
         rc |= kv_uint(pk, "seq", x->seq);
-        if (x->topk) rc |= kv_tensor(pk, "positions", &x->positions);
-        rc |= kv_tensor(pk, "logits", &x->logits);
-        if (x->topk) rc |= kv_tensor(pk, "counts", &x->counts);
+        if (x->topk) rc |= kv_result_tensor(pk, "positions", &x->positions, sp);
+        rc |= kv_result_tensor(pk, "logits", &x->logits, sp);
+        if (x->topk) rc |= kv_result_tensor(pk, "counts", &x->counts, sp);
       }
       break;
     case FP4IDX_OP_TRUNCATE:
@@ -420,25 +494,11 @@ static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r) {
       rc |= kv_fixstr(pk, "device", st->device, sizeof(st->device));
       rc |= kv_uint(pk, "pages_total", st->pages_total);
       rc |= kv_uint(pk, "pages_free", st->pages_free);
-      rc |= fp4idx__pack_cstr(pk, "requests");
-      rc |= msgpack_pack_map(pk, st->nops);
-      for (size_t i = 0; i < st->nops && rc == 0; i++) {
-        const fp4idx_op_stats_t *o = &st->ops[i];
-        rc |= fp4idx__pack_strn(pk, o->op, bounded_len(o->op, sizeof(o->op)));
-        rc |= msgpack_pack_map(pk, 5);
-        rc |= kv_uint(pk, "count", o->count);
-        rc |= kv_uint(pk, "errors", o->errors);
-        rc |= fp4idx__pack_cstr(pk, "latency_us_le");
-        rc |= msgpack_pack_array(pk, o->nbuckets);
-        for (uint32_t b = 0; b < o->nbuckets; b++)
-          rc |= msgpack_pack_double(pk, o->le_us[b]);
-        rc |= fp4idx__pack_cstr(pk, "latency_hist");
-        rc |= msgpack_pack_array(pk, o->nbuckets);
-        for (uint32_t b = 0; b < o->nbuckets; b++)
-          rc |= msgpack_pack_uint64(pk, o->hist[b]);
-        rc |= fp4idx__pack_cstr(pk, "latency_sum_us") |
-              msgpack_pack_double(pk, o->sum_us);
-      }
+      rc |= fp4idx__pack_cstr(pk, "requests") |
+            pack_counters(pk, st->ops, st->nops);
+      if (st->nstages > 0)
+        rc |= fp4idx__pack_cstr(pk, "stages") |
+              pack_counters(pk, st->stages, st->nstages);
       break;
     }
     default: break; /* drop, save: no fields */
@@ -458,7 +518,7 @@ int fp4idx_encode_response(msgpack_sbuffer *sb,
   if ((rc = fp4idx__frame_begin(sb, &start)) != 0) return rc;
   msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
   /* the struct was checked: a packer failure means the buffer did not grow */
-  rc = pack_response(&pk, resp) != 0 ? FP4IDX_ENOMEM : 0;
+  rc = pack_response(&pk, resp, NULL) != 0 ? FP4IDX_ENOMEM : 0;
   if ((rc = fp4idx__frame_end(sb, start, rc)) != 0) return rc;
 
   /* what we send must decode: run the client's decoder over it */
@@ -470,6 +530,37 @@ int fp4idx_encode_response(msgpack_sbuffer *sb,
     sb->size = start;
     return rc == FP4IDX_ENOMEM || rc == FP4IDX_E2BIG ? rc : FP4IDX_EINVAL;
   }
+  return 0;
+}
+
+int fp4idx_encode_response_split(msgpack_sbuffer *sb,
+                                 const fp4idx_response_t *resp,
+                                 size_t min_split, fp4idx_payload_t *out,
+                                 size_t cap, size_t *n) {
+  msgpack_packer pk;
+  size_t start;
+  int rc;
+
+  if (n != NULL) *n = 0;
+  if (sb == NULL || resp == NULL || n == NULL || (cap > 0 && out == NULL) ||
+      resp->status != 0 || !response_sane(resp))
+    return FP4IDX_EINVAL;
+  if ((rc = fp4idx__frame_begin(sb, &start)) != 0) return rc;
+  split_t sp = {.sb = sb, .min = min_split ? min_split : 1, .out = out,
+                .cap = cap};
+  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+  rc = pack_response(&pk, resp, &sp) != 0
+           ? (sp.overflow ? FP4IDX_EINVAL : FP4IDX_ENOMEM)
+           : 0;
+  size_t body = sb->size - start - 4 + sp.bytes;
+  if (rc == 0 && (body < sp.bytes || body > FP4IDX_MAX_FRAME_LIMIT))
+    rc = FP4IDX_E2BIG;
+  if (rc != 0) {
+    sb->size = start;
+    return rc;
+  }
+  fp4idx_frame_header_put((unsigned char *)sb->data + start, (uint32_t)body);
+  *n = sp.n;
   return 0;
 }
 

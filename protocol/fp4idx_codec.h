@@ -440,6 +440,10 @@ typedef struct fp4idx_stats_s {
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
   size_t nops;
+  /* nstages entries (map "stages": time per stage of the request path, op
+   * holding the stage name, errors 0); absent on the wire when 0 */
+  fp4idx_op_stats_t *stages;
+  size_t nstages;
 } fp4idx_stats_t;
 
 /* A response. When status < 0 only id, status and error are meaningful.
@@ -467,6 +471,30 @@ typedef struct fp4idx_response_s {
  * Returns 0, FP4IDX_EINVAL (bad struct), FP4IDX_E2BIG (body > 4 GiB - 1) or
  * FP4IDX_ENOMEM. */
 int fp4idx_encode_response(msgpack_sbuffer *sb, const fp4idx_response_t *resp);
+
+/* A tensor payload left out of the encoded bytes by
+ * fp4idx_encode_response_split: its `len` bytes from `data` belong at byte
+ * offset `at` of the sbuffer (before the byte that is there now). */
+typedef struct fp4idx_payload_s {
+  size_t at;
+  const void *data;
+  size_t len;
+} fp4idx_payload_t;
+
+/* Like fp4idx_encode_response, but the data of every score-result tensor of
+ * at least `min_split` bytes is not copied: sb gets the frame with those
+ * payloads left out (the frame header counts them), and out[0..*n) says
+ * where each goes, in order. Sending sb's bytes with the payloads spliced in
+ * at their offsets (writev) gives exactly the bytes fp4idx_encode_response
+ * would have produced; the payload memory must stay untouched until sent.
+ * Other ops encode whole (*n = 0). Unlike fp4idx_encode_response the result
+ * is not re-decoded (it is not contiguous); the tests compare both.
+ * Returns 0, FP4IDX_EINVAL (bad struct, or more than `cap` payloads would be
+ * needed), FP4IDX_E2BIG or FP4IDX_ENOMEM; sb unchanged on failure. */
+int fp4idx_encode_response_split(msgpack_sbuffer *sb,
+                                 const fp4idx_response_t *resp,
+                                 size_t min_split, fp4idx_payload_t *out,
+                                 size_t cap, size_t *n);
 
 /* Appends an error response frame {"id", "status", "error"} to `sb`.
  * status must be negative; message may be NULL (then fp4idx_strerror's text

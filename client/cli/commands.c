@@ -168,6 +168,16 @@ static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
             (unsigned long long)o->count, (unsigned long long)o->errors, mean,
             quantile_us(o, 0.5), quantile_us(o, 0.99));
   }
+  if (s->nstages == 0) return;
+  fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", "stage", "requests", "",
+          "mean_us", "p50<=us", "p99<=us");
+  for (uint32_t i = 0; i < s->nstages; i++) {
+    const fp4idx_client_op_stats_t *o = &s->stages[i];
+    double mean = o->count ? o->latency_sum_us / (double)o->count : 0;
+    fprintf(f, "%-10s %10llu %8s %12.1f %10g %10g\n", o->op,
+            (unsigned long long)o->count, "", mean, quantile_us(o, 0.5),
+            quantile_us(o, 0.99));
+  }
 }
 
 int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
