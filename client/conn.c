@@ -315,3 +315,41 @@ fp4idx_status_t fp4idx__client_recv_frame(fp4idx_client_t *c, char **body,
   *len = n;
   return FP4IDX_OK;
 }
+
+fp4idx_status_t fp4idx__client_recv_exact(fp4idx_client_t *c, void *dst, size_t len,
+                                          int64_t deadline) {
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  return read_all(c, dst, len, deadline, "response");
+}
+
+fp4idx_status_t fp4idx__client_recv_some(fp4idx_client_t *c, void *dst, size_t cap,
+                                         size_t *got, int64_t deadline) {
+  *got = 0;
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  for (;;) {
+    ssize_t r = recv(c->fd, dst, cap, 0);
+    if (r > 0) {
+      *got = (size_t)r;
+      return FP4IDX_OK;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      fp4idx_status_t st = wait_fd(c->fd, POLLIN, deadline);
+      if (st == FP4IDX_OK) continue;
+      fp4idx__client_disconnect(c);
+      return fp4idx__client_fail(c, st,
+                                 st == FP4IDX_ETIMEDOUT
+                                     ? "timed out waiting for the response"
+                                     : "poll failed while receiving");
+    }
+    int e = r == 0 ? 0 : errno;
+    fp4idx__client_disconnect(c);
+    if (r == 0)
+      return fp4idx__client_fail(c, FP4IDX_ECONN,
+                                 "daemon closed the connection mid-response");
+    return fp4idx__client_fail(c, FP4IDX_ECONN,
+                               "connection lost while receiving: %s", ERRTEXT(e));
+  }
+}

@@ -263,7 +263,10 @@ fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
  * Takes: seq, heads H, rows R, q [R,H,128], w [R,H], lens [R] or NULL;
  *   logits: room for cap floats; width receives W (required).
  * Returns: FP4IDX_OK with logits[R*W] filled; FP4IDX_E2BIG when R*W > cap
- *   (*width still tells W; logits untouched); else as fp4idx_client_score. */
+ *   (*width still tells W; logits untouched); else as fp4idx_client_score.
+ * The logits are received from the socket straight into `logits` (no
+ * intermediate buffer), so after a connection error or EPROTO (connection
+ * closed) they may hold part of the response. */
 fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
                                          uint32_t heads, uint32_t rows,
                                          const uint16_t *q, const uint16_t *w,
@@ -274,7 +277,8 @@ fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
  * Takes: as fp4idx_client_score_into plus k >= 1; positions and logits:
  *   room for R*k values each (required); counts: room for R (may be NULL).
  * Returns: FP4IDX_OK with [R,k] pairs per row (see fp4idx_client_result_t);
- *   else as fp4idx_client_score. */
+ *   else as fp4idx_client_score. Received in place like
+ *   fp4idx_client_score_into (partly written after a connection error). */
 fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
                                    uint32_t heads, uint32_t rows,
                                    const uint16_t *q, const uint16_t *w,
