@@ -289,12 +289,14 @@ typedef struct snap_s {
   uint64_t cnt[NSTAGE];
   double score_sum;
   uint64_t score_cnt;
+  int has_stages;     /* 0: a daemon before stats "stages" */
 } snap_t;
 
 static int take_snap(fp4idx_client_t *c, snap_t *o) {
   fp4idx_client_stats_t *st = NULL;
   memset(o, 0, sizeof *o);
   if (fp4idx_client_stats(c, &st) != FP4IDX_OK) return -1;
+  o->has_stages = st->nstages > 0;
   for (uint32_t i = 0; i < st->nstages; i++)
     for (int k = 0; k < NSTAGE; k++)
       if (strcmp(st->stages[i].op, stage_name[k]) == 0) {
@@ -330,7 +332,9 @@ static int stats_cost(fp4idx_client_t *c, snap_t *cost) {
 static void snap_means(const snap_t *before, const snap_t *after, const snap_t *cost, int n,
                        double *mean, double *daemon) {
   for (int k = 0; k < NSTAGE; k++)
-    mean[k] = n > 0 ? (after->sum[k] - before->sum[k] - cost->sum[k]) / n : NAN;
+    mean[k] = n > 0 && after->has_stages
+                  ? (after->sum[k] - before->sum[k] - cost->sum[k]) / n
+                  : NAN;
   uint64_t dn = after->score_cnt - before->score_cnt;
   *daemon = dn ? (after->score_sum - before->score_sum) / (double)dn : NAN;
 }
