@@ -27,19 +27,33 @@ static void fp4idx__worker_async_cb(uv_async_t *h) {
 
 static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
+  fp4idx_job_t *run[FP4IDX_WORKER_MAX_BATCH];
   pthread_mutex_lock(&w->mu);
   for (;;) {
     while (!w->todo_head && !w->stopping) pthread_cond_wait(&w->cv, &w->mu);
     fp4idx_job_t *j = w->todo_head;
     if (!j) break; /* stopping and nothing left */
-    w->todo_head = j->next;
+    /* The job, and with a batch function its queued neighbours of the
+     * same kind (what is there now: no waiting). */
+    int n = 0;
+    do {
+      run[n++] = j;
+      j = j->next;
+    } while (run[0]->batch && j && j->batch == run[0]->batch && n < FP4IDX_WORKER_MAX_BATCH);
+    w->todo_head = j;
     if (!w->todo_head) w->todo_tail = NULL;
     pthread_mutex_unlock(&w->mu);
-    j->work(j);
-    j->next = NULL;
+    if (run[0]->batch) {
+      run[0]->batch(run, n);
+      w->batches++;
+      w->batched_jobs += (uint64_t)n;
+    } else {
+      run[0]->work(run[0]);
+    }
+    for (int i = 0; i < n; i++) run[i]->next = i + 1 < n ? run[i + 1] : NULL;
     pthread_mutex_lock(&w->mu);
-    if (w->done_tail) w->done_tail->next = j; else w->done_head = j;
-    w->done_tail = j;
+    if (w->done_tail) w->done_tail->next = run[0]; else w->done_head = run[0];
+    w->done_tail = run[n - 1];
     /* uv_async_send coalesces; the loop drains the whole done list. */
     uv_async_send(&w->async);
   }

@@ -1,7 +1,8 @@
 /* worker.h -- one compute thread per backend, with a FIFO job queue.
  *
- * The loop thread submits jobs; the worker runs job->work on its own thread
- * in submission order (one queue for every operation is what makes an
+ * The loop thread submits jobs; the worker runs job->work (or job->batch
+ * over a run of neighbouring jobs of one kind) on its own thread in
+ * submission order (one queue for every operation is what makes an
  * acknowledged append visible to the next score from any connection), then
  * hands the job back to the loop, which runs job->done. The loop is woken with
  * a uv_async_t and never waits for compute.
@@ -13,10 +14,21 @@
 #include <stdint.h>
 #include <uv.h>
 
+/* Most jobs one batch call takes (what is queued beyond waits its turn). */
+#define FP4IDX_WORKER_MAX_BATCH 256
+
 typedef struct fp4idx_job_s fp4idx_job_t;
 struct fp4idx_job_s {
   void (*work)(fp4idx_job_t *job); /* on the worker thread */
   void (*done)(fp4idx_job_t *job); /* on the loop thread, after work; may free job */
+  /* Optional. Jobs with the same non-NULL batch function that sit next to
+   * each other in the queue when the worker takes the first of them run as
+   * ONE call batch(jobs, n) (n >= 1, queue order) instead of work() each:
+   * e.g. scores from many connections, one backend launch. Only what is
+   * already queued is taken (nothing waits for a batch to fill), and a job
+   * of another kind in between ends the batch, so the FIFO order of
+   * everything else is kept. */
+  void (*batch)(fp4idx_job_t **jobs, int n);
   fp4idx_job_t *next;              /* queue link, owned by the worker */
   void *data;                      /* the submitter's */
 };
@@ -32,6 +44,7 @@ typedef struct fp4idx_worker_s {
   int stopping;            /* guarded by mu */
   int started;
   uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
+  uint64_t batches, batched_jobs; /* batch calls and the jobs in them (worker) */
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
   void *data;              /* user's */
 } fp4idx_worker_t;
