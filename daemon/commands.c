@@ -13,6 +13,7 @@
 #include "daemon.h"
 #include "fp4idx_codec.h"
 #include "log.h"
+#include "score.h"
 
 #define FP4IDX_CMD_MSG 320
 
@@ -25,25 +26,6 @@ static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...) {
   vsnprintf(msg, FP4IDX_CMD_MSG, fmt, ap);
   va_end(ap);
   return status;
-}
-
-/* Copies a tensor's bytes into malloc'd (aligned) memory: codec views point
- * into the frame at any byte offset, backends want naturally aligned arrays. */
-static void *fp4idx__cmd_aligned(const fp4idx_tensor_t *t) {
-  void *p = malloc(t->nbytes ? t->nbytes : 1);
-  if (p && t->nbytes) memcpy(p, t->data, t->nbytes);
-  return p;
-}
-
-/* The tensor's bytes in place when they happen to sit at an address aligned
- * for their element type (*copy = NULL), else an aligned copy (*copy = it,
- * the caller frees it). NULL only when the copy fails. */
-static const void *fp4idx__cmd_in_place(const fp4idx_tensor_t *t, void **copy) {
-  size_t a = fp4idx_wire_dtype_size(t->dtype);
-  *copy = NULL;
-  if (t->nbytes && a && ((uintptr_t)t->data % a) == 0) return t->data;
-  *copy = fp4idx__cmd_aligned(t);
-  return *copy;
 }
 
 /* ---- ops ---------------------------------------------------------------- */
@@ -84,7 +66,7 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
   void *kcopy;
-  const void *keys = fp4idx__cmd_in_place(&a->keys, &kcopy);
+  const void *keys = fp4idx__tensor_aligned(&a->keys, &kcopy);
   uint8_t *packed = NULL;
   int64_t first = 0;
   int created = 0, rc;
@@ -133,123 +115,6 @@ out:
   free(kcopy);
   free(slots);
   return rc;
-}
-
-/* Buffers of one score call, freed together. */
-typedef struct fp4idx__score_bufs_s {
-  size_t n;
-  fp4idx_backend_seq_t *eng;
-  void **owned;            /* [4 * n] q, w, lens, mask copies (or NULL) */
-  fp4idx_score_result_t *results;
-} fp4idx__score_bufs_t;
-
-static void fp4idx__score_bufs_free(fp4idx__score_bufs_t *b) {
-  if (b->owned)
-    for (size_t i = 0; i < 4 * b->n; i++) free(b->owned[i]);
-  free(b->owned);
-  free(b->eng);
-  /* results stay alive until the response is encoded: freed by the caller */
-}
-
-/* The score request's inputs are read in place from the frame when aligned;
- * its outputs go to one engine host buffer (*out: pinned on CUDA, so the
- * device writes results straight into it) that the response then sends from
- * where it is (fp4idx_encode_response_split): no copy of the logits between
- * the device and the socket. */
-static int fp4idx__cmd_score(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                             fp4idx_response_t *resp, char *msg,
-                             fp4idx__score_bufs_t *b, void **out,
-                             fp4idx_backend_timing_t *timing) {
-  const fp4idx_score_req_t *sr = &req->u.score;
-  size_t n = sr->nseqs;
-  char detail[FP4IDX_CMD_MSG];
-  b->n = n;
-  b->eng = calloc(n, sizeof *b->eng);
-  b->owned = calloc(4 * n, sizeof *b->owned);
-  b->results = calloc(n, sizeof *b->results);
-  if (!b->eng || !b->owned || !b->results)
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
-  uint64_t rows_total = 0, cells = 0;
-  for (size_t i = 0; i < n; i++) {
-    const fp4idx_score_seq_t *s = &sr->seqs[i];
-    const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, s->seq);
-    if (!cs)
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
-                              s->seq);
-    uint64_t width = 0;
-    int rc = fp4idx_score_seq_check(s, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
-    if (rc)
-      return fp4idx__cmd_fail(msg, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
-                              i, s->seq, cs->n_keys, detail);
-    void **o = &b->owned[4 * i];
-    const void *q = fp4idx__cmd_in_place(&s->q, &o[0]);
-    const void *w = fp4idx__cmd_in_place(&s->w, &o[1]);
-    const void *lens = NULL, *mask = NULL;
-    if (fp4idx_tensor_present(&s->lens)) {
-      lens = fp4idx__cmd_in_place(&s->lens, &o[2]);
-    } else {
-      int32_t *l = malloc((size_t)s->rows * sizeof *l);
-      if (l)
-        for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
-      lens = o[2] = l;
-    }
-    if (fp4idx_tensor_present(&s->mask)) mask = fp4idx__cmd_in_place(&s->mask, &o[3]);
-    if (!q || !w || !lens || (fp4idx_tensor_present(&s->mask) && !mask))
-      return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    b->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .seq = cs->id, .resident = 1,
-                                      .n_keys = cs->n_keys, .rows = (int32_t)s->rows,
-                                      .width = (int64_t)width, .q = q, .w = w,
-                                      .lens = lens, .mask = mask};
-    rows_total += s->rows;
-    cells += (uint64_t)s->rows * width;
-  }
-  uint64_t k = sr->topk;
-  uint64_t bytes = k ? rows_total * (k * 8u + 4u) : cells * 4u;
-  if ((k && rows_total > FP4IDX_CMD_MAX_RESULT / (k * 8u + 4u)) || bytes > FP4IDX_CMD_MAX_RESULT)
-    return fp4idx__cmd_fail(msg, FP4IDX_E2BIG,
-                            "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
-                            rows_total, FP4IDX_CMD_MAX_RESULT);
-  /* [logits] or [pos | val | count], each 64-byte aligned */
-  size_t kk = (size_t)k * rows_total * 4u, at_val = (kk + 63) & ~(size_t)63;
-  size_t at_cnt = at_val + ((kk + 63) & ~(size_t)63);
-  uint8_t *mem = fp4idx__engine_host_alloc(d->engine, k ? at_cnt + rows_total * 4u
-                                                        : (size_t)cells * 4u);
-  if (!mem)
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " bytes of results",
-                            bytes);
-  *out = mem;
-  float *logits = k ? NULL : (float *)mem;
-  int32_t *pos = k ? (int32_t *)mem : NULL, *count = k ? (int32_t *)(mem + at_cnt) : NULL;
-  float *val = k ? (float *)(mem + at_val) : NULL;
-  fp4idx_backend_batch_t batch = {.heads = (int32_t)sr->heads, .n_seqs = (int32_t)n,
-                                  .seqs = b->eng, .topk = (int32_t)k, .logits = logits,
-                                  .topk_pos = pos, .topk_val = val, .topk_count = count,
-                                  .timing = timing};
-  double t_call = fp4idx__stats_now_us();
-  int rc = fp4idx__engine_score(d->engine, &batch);
-  if (!timing->timed) timing->kernels_us = fp4idx__stats_now_us() - t_call;
-  if (rc) return fp4idx__cmd_fail(msg, rc, "scoring failed: %s", fp4idx_strerror(rc));
-  uint64_t row = 0, cell = 0;
-  for (size_t i = 0; i < n; i++) {
-    fp4idx_score_result_t *r = &b->results[i];
-    uint64_t R = (uint64_t)b->eng[i].rows, W = (uint64_t)b->eng[i].width;
-    r->seq = sr->seqs[i].seq;
-    r->topk = k != 0;
-    if (k) {
-      uint64_t shp[2] = {R, k};
-      fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, pos + row * k);
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, val + row * k);
-      fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, count + row);
-    } else {
-      uint64_t shp[2] = {R, W};
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, logits + cell);
-    }
-    row += R;
-    cell += R * W;
-  }
-  resp->u.score.results = b->results;
-  resp->u.score.nresults = n;
-  return FP4IDX_OK;
 }
 
 static int fp4idx__cmd_truncate(fp4idx_daemon_t *d, const fp4idx_request_t *req,
@@ -422,14 +287,15 @@ int fp4idx__cmd_error_frame(int status, const char *msg, uint8_t **frame,
 }
 
 void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *r) {
+  (void)d;
   free(r->frame);
   free(r->payloads);
-  fp4idx__engine_host_free(d->engine, r->out);
+  fp4idx__score_out_release(r->out);
   memset(r, 0, sizeof *r);
 }
 
 /* The score reply: msgpack bytes with the result tensors left out (sent
- * from the output buffer by writev). Other ops: one contiguous frame. */
+ * from the launch's output buffer by writev). Other ops: one frame. */
 static int fp4idx__cmd_encode(const fp4idx_response_t *resp, msgpack_sbuffer *out,
                               fp4idx_cmd_reply_t *reply) {
   if (resp->op != FP4IDX_OP_SCORE) return fp4idx_encode_response(out, resp);
@@ -440,95 +306,157 @@ static int fp4idx__cmd_encode(const fp4idx_response_t *resp, msgpack_sbuffer *ou
                                       &reply->npayloads);
 }
 
-void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
-                         double t0_us, double tq_us, fp4idx_stage_times_t *times,
-                         fp4idx_cmd_reply_t *reply) {
+/* One request on its way through fp4idx__cmd_execute_batch. */
+typedef struct fp4idx__cmd_run_s {
   fp4idx_request_t req;
   fp4idx_response_t resp;
-  char msg[FP4IDX_CMD_MSG] = "";
-  fp4idx__score_bufs_t sb_score;
-  fp4idx_op_stats_t *stat_ops = NULL;
+  char msg[FP4IDX_CMD_MSG];
+  int rc;
+  double td, te;                 /* decoded, executed */
   fp4idx_backend_timing_t timing;
-  void *read_buf = NULL;
-  memset(&req, 0, sizeof req);
-  memset(&resp, 0, sizeof resp);
-  memset(&sb_score, 0, sizeof sb_score);
-  memset(&timing, 0, sizeof timing);
-  memset(reply, 0, sizeof *reply);
+  fp4idx_score_job_t score;
+  fp4idx_op_stats_t *stat_ops;
+  void *read_buf;
+} fp4idx__cmd_run_t;
 
-  int rc = fp4idx_decode_request(body, len, &req, msg, sizeof msg);
-  double td_us = fp4idx__stats_now_us();
-  if (rc == FP4IDX_OK) {
-    resp.id = req.id;
-    resp.op = req.op;
-    switch (req.op) {
-      case FP4IDX_OP_HELLO: rc = fp4idx__cmd_hello(d, &req, &resp, msg); break;
-      case FP4IDX_OP_INFO: rc = fp4idx__cmd_info(d, &resp); break;
-      case FP4IDX_OP_APPEND: rc = fp4idx__cmd_append(d, &req, &resp, msg); break;
-      case FP4IDX_OP_SCORE:
-        rc = fp4idx__cmd_score(d, &req, &resp, msg, &sb_score, &reply->out, &timing);
-        break;
-      case FP4IDX_OP_TRUNCATE: rc = fp4idx__cmd_truncate(d, &req, &resp, msg); break;
-      case FP4IDX_OP_DROP: rc = fp4idx__cmd_drop(d, &req, msg); break;
-      case FP4IDX_OP_READ: rc = fp4idx__cmd_read(d, &req, &resp, msg, &read_buf); break;
-      case FP4IDX_OP_STATS: rc = fp4idx__cmd_stats(d, &resp, &stat_ops); break;
-      case FP4IDX_OP_SAVE:
-        if (d->hooks.save)
-          rc = d->hooks.save(d, d->hooks.arg, msg, sizeof msg);
-        else
-          rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "save: persistence is not enabled");
-        break;
-      default:
-        rc = fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "unknown op");
-        break;
+/* Any op but score, alone. */
+static int fp4idx__cmd_one(fp4idx_daemon_t *d, fp4idx__cmd_run_t *r) {
+  char *msg = r->msg;
+  switch (r->req.op) {
+    case FP4IDX_OP_HELLO: return fp4idx__cmd_hello(d, &r->req, &r->resp, msg);
+    case FP4IDX_OP_INFO: return fp4idx__cmd_info(d, &r->resp);
+    case FP4IDX_OP_APPEND: return fp4idx__cmd_append(d, &r->req, &r->resp, msg);
+    case FP4IDX_OP_TRUNCATE: return fp4idx__cmd_truncate(d, &r->req, &r->resp, msg);
+    case FP4IDX_OP_DROP: return fp4idx__cmd_drop(d, &r->req, msg);
+    case FP4IDX_OP_READ: return fp4idx__cmd_read(d, &r->req, &r->resp, msg, &r->read_buf);
+    case FP4IDX_OP_STATS: return fp4idx__cmd_stats(d, &r->resp, &r->stat_ops);
+    case FP4IDX_OP_SAVE:
+      if (d->hooks.save) return d->hooks.save(d, d->hooks.arg, msg, FP4IDX_CMD_MSG);
+      return fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "save: persistence is not enabled");
+    default: return fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "unknown op");
+  }
+}
+
+/* Neighbouring scores r[0..n) as one batch (score.c). */
+static void fp4idx__cmd_scores(fp4idx_daemon_t *d, fp4idx__cmd_run_t **r, int n) {
+  fp4idx_score_job_t *jobs = calloc((size_t)n, sizeof *jobs);
+  if (!jobs) {
+    for (int i = 0; i < n; i++)
+      r[i]->rc = fp4idx__cmd_fail(r[i]->msg, FP4IDX_ENOMEM, "out of memory for a score");
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    jobs[i].req = &r[i]->req;
+    jobs[i].msg = r[i]->msg;
+    jobs[i].msgcap = FP4IDX_CMD_MSG;
+  }
+  fp4idx__score_run(d, jobs, n);
+  double te = fp4idx__stats_now_us();
+  for (int i = 0; i < n; i++) {
+    r[i]->score = jobs[i];
+    r[i]->rc = jobs[i].rc;
+    r[i]->timing = jobs[i].timing;
+    r[i]->te = te;
+    if (jobs[i].rc == FP4IDX_OK) {
+      r[i]->resp.u.score.results = jobs[i].results;
+      r[i]->resp.u.score.nresults = jobs[i].nresults;
     }
   }
-  double te_us = fp4idx__stats_now_us();
+  free(jobs);
+}
 
-  msgpack_sbuffer out;
-  msgpack_sbuffer_init(&out);
-  int erc = rc;
-  if (rc == FP4IDX_OK) {
-    erc = fp4idx__cmd_encode(&resp, &out, reply);
-    if (erc) {
-      rc = erc;
-      fp4idx__cmd_fail(msg, erc, "encoding the response: %s", fp4idx_strerror(erc));
+void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
+  fp4idx__cmd_run_t *runs = calloc((size_t)n, sizeof *runs);
+  fp4idx__cmd_run_t **sc = calloc((size_t)n, sizeof *sc);
+  if (!runs || !sc) {
+    /* not even the bookkeeping: no reply, the connections close */
+    fp4idx__log_error("out of memory for a batch of %d requests", n);
+    free(runs);
+    free(sc);
+    for (int i = 0; i < n; i++) memset(jobs[i].reply, 0, sizeof *jobs[i].reply);
+    return;
+  }
+  /* Decode all, then run in queue order: each maximal run of neighbouring
+   * scores is one score batch, everything else one by one. */
+  for (int i = 0; i < n; i++) {
+    fp4idx__cmd_run_t *r = &runs[i];
+    r->rc = fp4idx_decode_request(jobs[i].body, jobs[i].len, &r->req, r->msg, sizeof r->msg);
+    r->td = fp4idx__stats_now_us();
+    r->resp.id = r->req.id;
+    r->resp.op = r->req.op;
+  }
+  for (int i = 0; i < n;) {
+    fp4idx__cmd_run_t *r = &runs[i];
+    if (r->rc == FP4IDX_OK && r->req.op == FP4IDX_OP_SCORE) {
+      int m = 0;
+      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE)
+        sc[m++] = &runs[i++];
+      fp4idx__cmd_scores(d, sc, m);
+      continue;
     }
+    if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, r);
+    r->te = fp4idx__stats_now_us();
+    i++;
   }
-  if (rc != FP4IDX_OK) {
-    if (!msg[0]) snprintf(msg, sizeof msg, "%s", fp4idx_strerror(rc));
-    if (rc == FP4IDX_EDEVICE || rc == FP4IDX_EINTERNAL || rc == FP4IDX_ENOMEM)
-      fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(req.op), req.id, msg);
-    else
-      fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(req.op), req.id,
-                        fp4idx_status_name(rc), msg);
-    msgpack_sbuffer_clear(&out);
-    reply->npayloads = 0;
-    erc = fp4idx_encode_error(&out, req.id, rc, msg);
-  }
-  if (erc == FP4IDX_OK || rc != FP4IDX_OK) {
-    if (out.size) {
+  for (int i = 0; i < n; i++) {
+    fp4idx__cmd_run_t *r = &runs[i];
+    fp4idx_cmd_reply_t *reply = jobs[i].reply;
+    int rc = r->rc;
+    memset(reply, 0, sizeof *reply);
+    msgpack_sbuffer out;
+    msgpack_sbuffer_init(&out);
+    int erc = rc;
+    if (rc == FP4IDX_OK) {
+      erc = fp4idx__cmd_encode(&r->resp, &out, reply);
+      if (erc) {
+        rc = erc;
+        fp4idx__cmd_fail(r->msg, erc, "encoding the response: %s", fp4idx_strerror(erc));
+      }
+    }
+    if (rc != FP4IDX_OK) {
+      if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", fp4idx_strerror(rc));
+      if (rc == FP4IDX_EDEVICE || rc == FP4IDX_EINTERNAL || rc == FP4IDX_ENOMEM)
+        fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(r->req.op), r->req.id, r->msg);
+      else
+        fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(r->req.op), r->req.id,
+                          fp4idx_status_name(rc), r->msg);
+      msgpack_sbuffer_clear(&out);
+      reply->npayloads = 0;
+      erc = fp4idx_encode_error(&out, r->req.id, rc, r->msg);
+    }
+    if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
       reply->frame_len = out.size;
       reply->frame = (uint8_t *)msgpack_sbuffer_release(&out);
     }
-  }
-  msgpack_sbuffer_destroy(&out);
-  reply->total_len = reply->frame_len;
-  for (size_t i = 0; i < reply->npayloads; i++) reply->total_len += reply->payloads[i].len;
-  if (!reply->npayloads) {
-    /* nothing is sent from the output buffer: give it back now */
-    fp4idx__engine_host_free(d->engine, reply->out);
-    reply->out = NULL;
-  }
+    msgpack_sbuffer_destroy(&out);
+    reply->total_len = reply->frame_len;
+    for (size_t p = 0; p < reply->npayloads; p++) reply->total_len += reply->payloads[p].len;
+    /* the output stays only while the reply sends from it */
+    if (reply->npayloads)
+      reply->out = r->score.out;
+    else
+      fp4idx__score_out_release(r->score.out);
+    r->score.out = NULL;
 
-  double tf_us = fp4idx__stats_now_us();
-  fp4idx__stats_record(&d->stats, req.op, rc, tf_us - t0_us);
-  fp4idx__cmd_stage_times(times, t0_us, tq_us, td_us, te_us, tf_us, &timing);
-  fp4idx__stages_record(&d->stages, times,
-                        fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
-  fp4idx__score_bufs_free(&sb_score);
-  free(sb_score.results);
-  free(stat_ops);
-  free(read_buf);
-  fp4idx_request_clear(&req);
+    double tf = fp4idx__stats_now_us();
+    fp4idx__stats_record(&d->stats, r->req.op, rc, tf - jobs[i].t0_us);
+    fp4idx__cmd_stage_times(jobs[i].times, jobs[i].t0_us, jobs[i].tq_us, r->td, r->te, tf,
+                            &r->timing);
+    fp4idx__stages_record(&d->stages, jobs[i].times,
+                          fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
+    fp4idx__score_job_clear(&r->score);
+    free(r->stat_ops);
+    free(r->read_buf);
+    fp4idx_request_clear(&r->req);
+  }
+  free(runs);
+  free(sc);
+}
+
+void fp4idx__cmd_execute(fp4idx_daemon_t *d, const uint8_t *body, size_t len,
+                         double t0_us, double tq_us, fp4idx_stage_times_t *times,
+                         fp4idx_cmd_reply_t *reply) {
+  fp4idx_cmd_job_t j = {.body = body, .len = len, .t0_us = t0_us, .tq_us = tq_us,
+                        .times = times, .reply = reply};
+  fp4idx__cmd_execute_batch(d, &j, 1);
 }

@@ -47,6 +47,23 @@ void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, const uint8_t *body, size_t 
                          double t0_us, double tq_us, fp4idx_stage_times_t *times,
                          fp4idx_cmd_reply_t *reply);
 
+/* One request of a batch: its frame body, clock readings and where its
+ * reply goes (as the arguments of fp4idx__cmd_execute). */
+typedef struct fp4idx_cmd_job_s {
+  const uint8_t *body;
+  size_t len;
+  double t0_us, tq_us;
+  fp4idx_stage_times_t *times;
+  fp4idx_cmd_reply_t *reply;
+} fp4idx_cmd_job_t;
+
+/* Executes jobs[0..n) (queue order, as the worker took them) with the
+ * result of running them one by one: each maximal run of neighbouring
+ * score requests goes to daemon/score.c as one batch (one backend launch
+ * per head count and top-k), every other request runs alone in its place.
+ * Each job is recorded in stats and stages as by fp4idx__cmd_execute. */
+void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
+
 /* Frees what a reply holds (any thread: the output goes back to the engine). */
 void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply);
 

@@ -10,34 +10,54 @@
 #include "commands.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "score.h"
 
 /* ---- requests: server -> worker -> server ------------------------------- */
 
 static void fp4idx__daemon_out_free(void *arg, void *p) {
-  fp4idx__engine_host_free(arg, p);
+  (void)arg;
+  fp4idx__score_out_release(p);
 }
 
-static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
-  fp4idx_req_t *req = job->data;
-  fp4idx_daemon_t *d = req->conn->srv->data;
-  double tq = fp4idx__stats_now_us();
-  fp4idx_stage_times_t times = {{0}};
-  fp4idx_cmd_reply_t reply;
-  times.us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
-  fp4idx__cmd_execute(d, req->body, req->body_len, req->t0_us, tq, &times, &reply);
-  req->resp = reply.frame;
-  req->resp_len = reply.frame_len;
-  req->payloads = reply.payloads;
-  req->npayloads = reply.npayloads;
-  req->wire_len = reply.total_len;
-  req->out = reply.out;
+/* Hands a reply to its request (the server writes it). */
+static void fp4idx__daemon_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *reply) {
+  req->resp = reply->frame;
+  req->resp_len = reply->frame_len;
+  req->payloads = reply->payloads;
+  req->npayloads = reply->npayloads;
+  req->wire_len = reply->total_len;
+  req->out = reply->out;
   req->out_free = fp4idx__daemon_out_free;
-  req->out_free_arg = d->engine;
+  req->out_free_arg = NULL;
   /* The body (and the views into it) are not needed any more. */
   free(req->body);
   req->body = NULL;
   if (!req->resp) req->close_after = 1; /* could not even encode an error */
   req->t_done_us = fp4idx__stats_now_us();
+}
+
+/* The requests queued back to back when the worker took them (worker.h):
+ * neighbouring scores become one launch (fp4idx__cmd_execute_batch). */
+static void fp4idx__daemon_req_batch(fp4idx_job_t **jobs, int n) {
+  fp4idx_req_t *first = jobs[0]->data;
+  fp4idx_daemon_t *d = first->conn->srv->data;
+  double tq = fp4idx__stats_now_us();
+  fp4idx_cmd_job_t cj[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx_cmd_reply_t replies[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx_stage_times_t times[FP4IDX_WORKER_MAX_BATCH];
+  for (int i = 0; i < n; i++) {
+    fp4idx_req_t *req = jobs[i]->data;
+    memset(&times[i], 0, sizeof times[i]);
+    times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
+    cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len, .t0_us = req->t0_us,
+                               .tq_us = tq, .times = &times[i], .reply = &replies[i]};
+  }
+  fp4idx__cmd_execute_batch(d, cj, n);
+  for (int i = 0; i < n; i++) fp4idx__daemon_req_reply(jobs[i]->data, &replies[i]);
+}
+
+static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
+  fp4idx__daemon_req_batch(&job, 1);
 }
 
 /* The cache changed a sequence's page list: keep the backend's copy. */
@@ -57,6 +77,7 @@ static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
 static void fp4idx__daemon_submit_req(fp4idx_server_t *srv, fp4idx_req_t *req) {
   fp4idx_daemon_t *d = srv->data;
   req->job.work = fp4idx__daemon_req_work;
+  req->job.batch = fp4idx__daemon_req_batch;
   req->job.done = fp4idx__daemon_req_done;
   req->job.data = req;
   fp4idx__worker_submit(&d->worker, &req->job);

@@ -106,6 +106,16 @@ static frame_t conn_request(int c, int j) {
                      (c + j) % 2 ? lens : NULL, (uint64_t)(c * 100 + j));
 }
 
+/* 1 when the daemon's log holds `what`. */
+static int log_has(const fp4idx_test_daemon_t *d, const char *what) {
+  FILE *f = fopen(d->log, "r");
+  char line[512];
+  int found = 0;
+  while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, what) != NULL;
+  if (f) fclose(f);
+  return found;
+}
+
 typedef struct conn_run_s {
   const char *sock;
   int c;
@@ -177,6 +187,8 @@ Test(reqpath, concurrent_scores_give_the_bytes_of_one_at_a_time) {
       free(runs[c].resp[j]);
     }
   }
+  /* and the daemon did batch (its debug log says so per launch) */
+  cr_expect(log_has(&d, "one launch for "), "no score launch took more than one request");
   close(fd);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
