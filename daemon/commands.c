@@ -51,8 +51,8 @@ static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
   snprintf(in->device, sizeof in->device, "%s", d->desc.device);
   in->page_size = (uint64_t)d->cache.page_size;
   in->pages_total = (uint64_t)d->cache.n_pages;
-  in->pages_free = (uint64_t)d->cache.n_free;
-  in->sequences = d->cache.n_seqs;
+  in->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
+  in->sequences = __atomic_load_n(&d->pub.sequences, __ATOMIC_ACQUIRE);
   in->max_frame = d->cfg.max_frame;
   return FP4IDX_OK;
 }
@@ -190,10 +190,10 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
   fp4idx_stats_t *st = &resp->u.stats;
   st->uptime_s = up;
   st->connections = snap.connections;
-  st->sequences = d->cache.n_seqs;
-  st->keys = (uint64_t)d->cache.n_keys;
+  st->sequences = __atomic_load_n(&d->pub.sequences, __ATOMIC_ACQUIRE);
+  st->keys = __atomic_load_n(&d->pub.keys, __ATOMIC_ACQUIRE);
   st->pages_total = (uint64_t)d->cache.n_pages;
-  st->pages_free = (uint64_t)d->cache.n_free;
+  st->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
   fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS + FP4IDX_STAGE__COUNT, sizeof *ops);
@@ -306,6 +306,27 @@ static int fp4idx__cmd_encode(const fp4idx_response_t *resp, msgpack_sbuffer *ou
                                       &reply->npayloads);
 }
 
+void fp4idx__cmd_publish(fp4idx_daemon_t *d) {
+  __atomic_store_n(&d->pub.pages_free, (uint64_t)d->cache.n_free, __ATOMIC_RELEASE);
+  __atomic_store_n(&d->pub.sequences, d->cache.n_seqs, __ATOMIC_RELEASE);
+  __atomic_store_n(&d->pub.keys, (uint64_t)d->cache.n_keys, __ATOMIC_RELEASE);
+}
+
+/* Ops whose success changes the cache's counts. */
+static int fp4idx_op_mutates(fp4idx_op_t op) {
+  return op == FP4IDX_OP_APPEND || op == FP4IDX_OP_TRUNCATE || op == FP4IDX_OP_DROP;
+}
+
+int fp4idx__cmd_loop_op(const uint8_t *body, size_t len) {
+  if (len > FP4IDX_CMD_LOOP_MAX) return 0;
+  fp4idx_request_t req;
+  int rc = fp4idx_decode_request(body, len, &req, NULL, 0);
+  fp4idx_op_t op = req.op;
+  fp4idx_request_clear(&req);
+  return rc == FP4IDX_OK &&
+         (op == FP4IDX_OP_HELLO || op == FP4IDX_OP_INFO || op == FP4IDX_OP_STATS);
+}
+
 /* One request on its way through fp4idx__cmd_execute_batch. */
 typedef struct fp4idx__cmd_run_s {
   fp4idx_request_t req;
@@ -395,6 +416,7 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
       continue;
     }
     if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, r);
+    if (r->rc == FP4IDX_OK && fp4idx_op_mutates(r->req.op)) fp4idx__cmd_publish(d);
     r->te = fp4idx__stats_now_us();
     i++;
   }

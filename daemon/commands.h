@@ -64,6 +64,21 @@ typedef struct fp4idx_cmd_job_s {
  * Each job is recorded in stats and stages as by fp4idx__cmd_execute. */
 void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
 
+/* Requests at most this long may be answered on the loop. */
+#define FP4IDX_CMD_LOOP_MAX 256u
+
+/* 1 when the frame body is a well-formed hello, info or stats request of at
+ * most FP4IDX_CMD_LOOP_MAX bytes: ops that read nothing the worker changes
+ * but d->pub and the stats (both safe from any thread), so the loop may
+ * answer them itself (fp4idx__cmd_execute) when the connection has nothing
+ * else in flight -- no worker hop, and the reply order is trivially kept.
+ * Loop thread. */
+int fp4idx__cmd_loop_op(const uint8_t *body, size_t len);
+
+/* Publishes the cache's counts into d->pub (worker thread, after a
+ * mutation; and once before serving). */
+void fp4idx__cmd_publish(struct fp4idx_daemon_s *d);
+
 /* Frees what a reply holds (any thread: the output goes back to the engine). */
 void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply);
 

@@ -76,6 +76,13 @@ static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
 
 static void fp4idx__daemon_submit_req(fp4idx_server_t *srv, fp4idx_req_t *req) {
   fp4idx_daemon_t *d = srv->data;
+  if (req->conn->pending == 1 && fp4idx__cmd_loop_op(req->body, req->body_len)) {
+    /* hello/info/stats with nothing else in flight: answered here, no
+     * worker hop; the server writes it when submit returns */
+    fp4idx__daemon_req_batch((fp4idx_job_t *[]){&req->job}, 1);
+    req->done = 1;
+    return;
+  }
   req->job.work = fp4idx__daemon_req_work;
   req->job.batch = fp4idx__daemon_req_batch;
   req->job.done = fp4idx__daemon_req_done;
@@ -195,6 +202,7 @@ int fp4idx__daemon_start(fp4idx_daemon_t *d) {
       return rc;
     }
   }
+  fp4idx__cmd_publish(d); /* what a restore brought back */
   return FP4IDX_OK;
 }
 

@@ -232,6 +232,12 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   c->in_frame = 0;
   fp4idx__server_enqueue(c, r);
   c->srv->submit(c->srv, r);
+  if (r->done) {
+    /* answered on the loop (no worker hop, so no wake time); written from
+     * here without re-entering the parser */
+    if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
+    fp4idx__server_flush(c);
+  }
 }
 
 /* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */

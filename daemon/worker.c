@@ -54,8 +54,11 @@ static void *fp4idx__worker_main(void *arg) {
     pthread_mutex_lock(&w->mu);
     if (w->done_tail) w->done_tail->next = run[0]; else w->done_head = run[0];
     w->done_tail = run[n - 1];
-    /* uv_async_send coalesces; the loop drains the whole done list. */
+    pthread_mutex_unlock(&w->mu);
+    /* Outside the lock, so the loop's drain never waits on us; the send
+     * coalesces and the loop takes the whole done list. */
     uv_async_send(&w->async);
+    pthread_mutex_lock(&w->mu);
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;

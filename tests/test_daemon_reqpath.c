@@ -116,6 +116,17 @@ static int log_has(const fp4idx_test_daemon_t *d, const char *what) {
   return found;
 }
 
+/* All PER_CONN requests of connection c, back to back, into *all (init'd
+ * here; msgpack_sbuffer_destroy it). */
+static void conn_requests(int c, msgpack_sbuffer *all) {
+  msgpack_sbuffer_init(all);
+  for (int j = 0; j < PER_CONN; j++) {
+    frame_t f = conn_request(c, j);
+    msgpack_sbuffer_write(all, f.data, f.len);
+    free(f.data);
+  }
+}
+
 typedef struct conn_run_s {
   const char *sock;
   int c;
@@ -134,12 +145,7 @@ static void *conn_main(void *arg) {
     return NULL;
   }
   msgpack_sbuffer all;
-  msgpack_sbuffer_init(&all);
-  for (int j = 0; j < PER_CONN; j++) {
-    frame_t f = conn_request(r->c, j);
-    msgpack_sbuffer_write(&all, f.data, f.len);
-    free(f.data);
-  }
+  conn_requests(r->c, &all);
   if (fp4idx_test_send_all(fd, all.data, all.size)) r->failed = 1;
   for (int j = 0; j < PER_CONN && !r->failed; j++)
     if (fp4idx_test_recv_frame(fd, &r->resp[j], &r->len[j])) r->failed = 1;
@@ -262,12 +268,7 @@ static void *quitter_main(void *arg) {
   int fd = fp4idx_test_connect(r->sock);
   if (fd < 0) return NULL;
   msgpack_sbuffer all;
-  msgpack_sbuffer_init(&all);
-  for (int j = 0; j < PER_CONN; j++) {
-    frame_t f = conn_request(r->c, j);
-    msgpack_sbuffer_write(&all, f.data, f.len);
-    free(f.data);
-  }
+  conn_requests(r->c, &all);
   fp4idx_test_send_all(fd, all.data, all.size);
   msgpack_sbuffer_destroy(&all);
   close(fd);
@@ -404,5 +405,68 @@ Test(reqpath, stats_stages_add_up_to_the_op_latency) {
   fp4idx_response_clear(&resp);
   free(body);
   close(fd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+/* info/hello/stats from an idle connection are answered by the event loop
+ * itself: while the worker computes a long score for connection A, B's
+ * info comes back first. An info pipelined behind an append on one
+ * connection is not answered early: it sees the append. */
+Test(reqpath, short_requests_are_answered_on_the_loop) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
+  int a = fp4idx_test_connect(d.sock), b = fp4idx_test_connect(d.sock);
+  cr_assert(a >= 0 && b >= 0);
+  enum { BIG = 30000 };
+  uint16_t *k = malloc((size_t)BIG * 128 * 2);
+  fill(k, (size_t)BIG * 128, 5);
+  for (int i = 0; i < BIG; i += 8192)
+    cr_assert_eq(fp4idx_test_append(a, 9, FP4IDX_WIRE_BF16, BIG - i < 8192 ? BIG - i : 8192,
+                                    k + (size_t)i * 128, NULL, NULL), 0);
+  free(k);
+  /* A: two scores of 30,000 keys x 4 rows x 64 heads, pipelined (hundreds
+   * of ms of CPU work); then B: info */
+  msgpack_sbuffer all;
+  msgpack_sbuffer_init(&all);
+  for (int j = 0; j < 2; j++) {
+    frame_t f = score_frame(10 + (uint64_t)j, 9, 64, 16, 4, NULL, 3);
+    msgpack_sbuffer_write(&all, f.data, f.len);
+    free(f.data);
+  }
+  cr_assert_eq(fp4idx_test_send_all(a, all.data, all.size), 0);
+  msgpack_sbuffer_destroy(&all);
+  usleep(20000);
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(b, &info), 0);
+  cr_assert_eq(info.sequences, 1u);
+  /* A's scores are not done yet: nothing has arrived on A */
+  cr_expect_eq(fp4idx_test_peer_closed(a, 0), 0, "A's replies came before B's info");
+  for (int j = 0; j < 2; j++) {
+    unsigned char *body;
+    size_t len;
+    cr_assert_eq(fp4idx_test_recv_frame(a, &body, &len), 0);
+    free(body);
+  }
+  /* append + info in one write on B: the info counts the new sequence */
+  frame_t ap = append_frame(50, 77, 3, 8);
+  fp4idx_request_t ir = {.id = 51, .op = FP4IDX_OP_INFO};
+  msgpack_sbuffer two;
+  msgpack_sbuffer_init(&two);
+  msgpack_sbuffer_write(&two, ap.data, ap.len);
+  cr_assert_eq(fp4idx_encode_request(&two, &ir), 0);
+  cr_assert_eq(fp4idx_test_send_all(b, two.data, two.size), 0);
+  fp4idx_response_t r1, r2;
+  unsigned char *b1, *b2;
+  cr_assert_eq(fp4idx_test_recv_response(b, FP4IDX_OP_APPEND, &r1, &b1), 0);
+  cr_assert_eq(fp4idx_test_recv_response(b, FP4IDX_OP_INFO, &r2, &b2), 0);
+  cr_assert_eq(r1.status, 0);
+  cr_assert_eq(r2.status, 0);
+  cr_assert_eq(r2.u.info.sequences, 2u, "the pipelined info sees the append before it");
+  fp4idx_response_clear(&r1);
+  fp4idx_response_clear(&r2);
+  free(b1), free(b2), free(ap.data);
+  msgpack_sbuffer_destroy(&two);
+  close(a);
+  close(b);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
