@@ -1,5 +1,6 @@
 /* bench_cuda_s7.cu -- fp4idx-bench-cuda: the CUDA scorer on the five cases
- * of DESIGN.md s7, by its method exactly, plus a cold-cache variant.
+ * of the s7 method (bench/RESULTS.md, "CUDA backend"), plus a cold-cache
+ * variant.
  *
  * Inputs: exact dyadic values (q, w, keys = k/8, keys quantized with RNE on
  * the host), R = 4 verify rows of each sequence seeing the context minus
@@ -11,12 +12,12 @@
  * Floor: max(2*R*H*128 FLOP per key / 804 TFLOP/s, (68 + 4 + 4R) bytes per
  * key / 4.25 TB/s) -- the H200 rates measured on the device machine.
  * --check: every case's logits compared bit for bit with the CPU backend.
- * --variants: stage-removal timings (mma.sync kernel; see
- * fp4idx_cuda_score_launch_variant). --scorers v1,v2,v3: every case timed
- * (and checked) with each FP4IDX_CUDA_SCORER value in turn; the CSV gets a
- * scorer column.
+ * The scorer is the device's (fp4idx_cuda_scorer_for_device); --label
+ * names this build in the output and the CSV's scorer column (default: the
+ * scorer's name), so that two builds run one after the other (the previous
+ * kernel as baseline) land in one table and one plot.
  *
- *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE] [--scorers LIST]
+ *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE] [--label NAME]
  */
 #include <algorithm>
 #include <math.h>
@@ -79,27 +80,25 @@ double median3(double a, double b, double c) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  int check = 0, variants = 0;
+  int check = 0;
   std::vector<int> only;
-  const char *csv = nullptr;
-  std::vector<const char *> scorers;
+  const char *csv = nullptr, *label = nullptr;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
-    else if (!strcmp(argv[i], "--variants")) variants = 1;
     else if (!strcmp(argv[i], "--case") && i + 1 < argc) only.push_back(atoi(argv[++i]));
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
-    else if (!strcmp(argv[i], "--scorers") && i + 1 < argc) {
-      // comma-separated FP4IDX_CUDA_SCORER values, e.g. v1,v2,v3
-      for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(nullptr, ",")) scorers.push_back(tok);
-    } else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--variants] [--case N]... [--csv FILE]"
-                      " [--scorers v1,v2,v3]\n");
+    else if (!strcmp(argv[i], "--label") && i + 1 < argc) label = argv[++i];
+    else {
+      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--case N]... [--csv FILE]"
+                      " [--label NAME]\n");
       return 2;
     }
   }
-  if (scorers.empty()) scorers.push_back(nullptr);  // whatever the environment says
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
+  fp4idx_cuda_scorer_t scorer;
+  if (fp4idx_cuda_scorer_for_device(0, &scorer)) return 1;
+  const char *scn = label ? label : scorer == FP4IDX_CUDA_SCORER_WGMMA ? "wgmma" : "mma";
   printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
          prop.l2CacheSize >> 20);
   FILE *cf = csv ? fopen(csv, "w") : nullptr;
@@ -161,6 +160,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&dq, q.size() * 2));
     CK(cudaMalloc((void **)&dw, w.size() * 2));
     CK(cudaMalloc((void **)&dout, (size_t)S * R * n * 4));
+    CK(cudaMemset(dout, 0x7f, (size_t)S * R * n * 4));  // poison: --check sees only kernel writes
     CK(cudaMemcpy(dpages, perm.data(), n_pages * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
@@ -189,17 +189,13 @@ int main(int argc, char **argv) {
     std::vector<float> want;  // CPU backend logits, computed once per case
     int want_rc = 0;
     fp4idx_cuda_work_t *dworks = nullptr;
-    for (const char *sc : scorers) {
-      // The scorer is picked by FP4IDX_CUDA_SCORER at plan and launch time.
-      if (sc && setenv("FP4IDX_CUDA_SCORER", sc, 1)) return 1;
-      const char *scn = sc ? sc : (getenv("FP4IDX_CUDA_SCORER") ? getenv("FP4IDX_CUDA_SCORER") : "v1");
+    {
       const int32_t mw = fp4idx_cuda_score_max_works(H, S, rows.data());
       std::vector<fp4idx_cuda_work_t> works(mw);
       fp4idx_cuda_score_params_t prm;
-      int nw = fp4idx_cuda_score_plan(H, S, rows.data(), widths.data(), prop.multiProcessorCount,
+      int nw = fp4idx_cuda_score_plan(scorer, H, S, rows.data(), widths.data(), prop.multiProcessorCount,
                                       works.data(), mw, &prm);
       if (nw < 0 || nw > mw) { fprintf(stderr, "plan failed\n"); return 1; }
-      if (dworks) CK(cudaFree(dworks));
       CK(cudaMalloc((void **)&dworks, sizeof(fp4idx_cuda_work_t) * nw));
       CK(cudaMemcpy(dworks, works.data(), sizeof(fp4idx_cuda_work_t) * nw, cudaMemcpyHostToDevice));
       prm.seqs = dseq;
@@ -233,37 +229,6 @@ int main(int argc, char **argv) {
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
       }
-      if (variants && sc == scorers[0]) {  // stage removal, hot, same method
-        const int vs[4] = {1, 2, 4, 7};
-        const char *vn[4] = {"no-decode", "no-mma", "no-epilogue", "none(loads+writes)"};
-        for (int vi = 0; vi < 4; vi++) {
-          cudaGraph_t g;
-          cudaGraphExec_t ge;
-          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-          for (int i = 0; i < kCalls; i++) {
-            fp4idx_cuda_score_params_t p = prm;
-            p.pool = dpool[0];
-            if (fp4idx_cuda_score_launch_variant(&p, st, vs[vi])) return 1;
-          }
-          CK(cudaStreamEndCapture(st, &g));
-          CK(cudaGraphInstantiate(&ge, g, 0));
-          double run[kRuns];
-          for (int r = 0; r < kRuns; r++) {
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e0, st));
-            for (int i = 0; i < kReplays; i++) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            run[r] = 1e3 * ms / (kCalls * kReplays);
-          }
-          printf("  variant %-20s %8.2f us (full %.2f)\n", vn[vi], median3(run[0], run[1], run[2]), t[0]);
-          CK(cudaGraphExecDestroy(ge));
-          CK(cudaGraphDestroy(g));
-        }
-      }
-
       const char *chk = "-";
       if (check) {
         std::vector<float> got((size_t)S * R * n);
@@ -295,8 +260,6 @@ int main(int argc, char **argv) {
         chk = want_rc ? "ERROR" : bad ? "MISMATCH" : "bit-exact";
         printf("check %-18s %s vs CPU backend: %zu of %zu logits differ -> %s\n", c.name, scn, bad,
                got.size(), chk);
-        // Poison the output so the next scorer's check sees only its own writes.
-        CK(cudaMemset(dout, 0x7f, got.size() * 4));
       }
       table.push_back(Row{&c, scn, t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, chk});
       printf("%-18s %s hot %8.2f us  cold %8.2f us  floor %6.2f us  x%5.1f floor  %6.1f TFLOP/s"

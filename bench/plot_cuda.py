@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """plot_cuda.py [CSV] [PNG] -- time per call against context for the CUDA
-scorer (fp4idx-bench-cuda --csv), with the SGLang Triton figures and the
-physical floor of DESIGN.md s7. Defaults: bench/cuda_h200.csv ->
-bench/cuda_h200.png."""
+scorer (fp4idx-bench-cuda --csv; one line per value of the scorer column,
+e.g. a baseline build's CSV and the new one's concatenated), with the
+SGLang Triton figures and the physical floor of the s7 method
+(bench/RESULTS.md). Defaults: bench/cuda_h200.csv -> bench/cuda_h200.png."""
 import csv
 import os
 import sys
@@ -21,7 +22,7 @@ for r in rows:
     r.setdefault("scorer", "v1")
     if not r["scorer"]:
         r["scorer"] = "v1"
-scorers = sorted(set(r["scorer"] for r in rows))
+scorers = list(dict.fromkeys(r["scorer"] for r in rows))  # in file order
 h32_all = [r for r in rows if r["seqs"] == "1" and r["heads"] == "32"]
 
 fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -43,7 +44,7 @@ for k, sc in enumerate(scorers):
             ax.loglog([int(r["ctx"])], [float(r["hot_us"])], "D", color="C%d" % k)
             ax.annotate("%s: %.1f us" % (lbl, float(r["hot_us"])), (int(r["ctx"]), float(r["hot_us"])),
                         textcoords="offset points", xytext=(8, 8 - 11 * k), fontsize=7)
-ax.loglog([16384, 100000, 400000], [5, 10, 30], "v", color="C3", label="target")
+ax.loglog([16384, 100000, 400000], [4, 7, 20], "v", color="C3", label="goal (issue 9)")
 ax.set_xlabel("context (keys)")
 ax.set_ylabel("us per call (median of 3 x 10 graph replays)")
 ax.set_title("FP4 index scorer, R=4 rows x 32 heads, one H200")

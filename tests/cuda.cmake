@@ -11,4 +11,10 @@ if(TARGET fp4idx_cuda)
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/sass_check.sh
                    $<TARGET_OBJECTS:fp4idx_cuda_score_obj>)
   set_tests_properties(cuda_sass_check PROPERTIES SKIP_RETURN_CODE 77 LABELS unit)
+  # The daemon end to end, cpu vs cuda backend, through fp4idx-cli (skips: 77).
+  add_test(NAME test_e2e_daemon_cuda
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e_daemon.sh $<TARGET_FILE:fp4idxd>
+                   $<TARGET_FILE:fp4idx-cli> ${FP4IDX_GOLDEN_DIR}
+                   ${CMAKE_CURRENT_BINARY_DIR}/e2e_daemon)
+  set_tests_properties(test_e2e_daemon_cuda PROPERTIES SKIP_RETURN_CODE 77 LABELS gpu TIMEOUT 300)
 endif()

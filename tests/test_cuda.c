@@ -8,10 +8,11 @@
  * golden cases and randomized dyadic cases (H 1, 32, 64, 128, odd H, rows
  * 1..8, contexts up to 400,000, shuffled pages, page sizes 1..256, visible
  * counts 0, 1, 63, 64, 65, n, masks, several sequences); top-k == CPU; a
- * CUDA graph replayed with changed lengths; the pipelined sm_90a scorers
- * (FP4IDX_CUDA_SCORER=v2, v3) on the golden, random and long cases.
+ * CUDA graph replayed with changed lengths; the portable mma.sync scorer
+ * launched by argument on any GPU (the backend runs it only off sm_90);
+ * pages above byte offsets 2^32 and 2^36 of a > 64 GiB pool; batches whose
+ * visible counts are all zero.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -324,9 +325,35 @@ Test(cuda_random, long_context_400k, .timeout = 600) {
   random_case(6002, 64, 2, 100000, 64, NULL, 1, 0);
   random_case(6003, 128, 3, 65537, 32, NULL, 0, 2048);
 }
+/* Works of 9..32 rows (the sm_90a head sum is 8, 16 or 32 columns wide:
+ * each width once; H <= 8 puts up to 32 rows in one work). */
+Test(cuda_random, many_rows_per_work, .timeout = 600) {
+  NEED_GPU();
+  random_case(7101, 1, 12, 3000, 64, NULL, 1, 0);   /* 12 rows: 16 wide */
+  random_case(7102, 16, 16, 2000, 16, NULL, 0, 0);  /* 16 rows of 16 heads */
+  random_case(7103, 1, 32, 2500, 64, NULL, 0, 0);   /* 32 rows: 32 wide */
+  random_case(7104, 8, 20, 1500, 4, NULL, 1, 0);    /* 20 rows */
+  random_case(7105, 3, 40, 1200, 64, NULL, 0, 0);   /* 2 works: 32 + 8 rows */
+}
+
 Test(cuda_random, topk_large_k_host_path, .timeout = 600) {
   NEED_GPU();
   random_case(7001, 32, 2, 20000, 64, NULL, 1, 5000);
+}
+
+/* Puts case s of tc[0..S) on pages after those of cases < s (one pool) and
+ * stores its keys in both backends. */
+static void batch_store(fp4idx_backend_t *g, fp4idx_backend_t *c, fp4idx_test_case_t *tc, int S,
+                        int32_t P) {
+  int64_t base = 0;
+  for (int s = 0; s < S; s++) {
+    const int64_t n = tc[s].n_keys, np = (n + P - 1) / P;
+    for (int64_t i = 0; i < np; i++) tc[s].pages[i] += (int32_t)base;
+    for (int64_t l = 0; l < n; l++) tc[s].slots[l] += base * P;
+    cr_assert_eq(g->ops->store(g, tc[s].keys, FP4IDX_DTYPE_BF16, n, tc[s].slots, 0), 0);
+    cr_assert_eq(c->ops->store(c, tc[s].keys, FP4IDX_DTYPE_BF16, n, tc[s].slots, 0), 0);
+    base += np;
+  }
 }
 
 Test(cuda_batch, several_sequences, .timeout = 600) {
@@ -335,22 +362,18 @@ Test(cuda_batch, several_sequences, .timeout = 600) {
   fp4idx_test_rng_t rng;
   fp4idx_test_rng_seed(&rng, 8080);
   fp4idx_test_case_t tc[5];
-  int64_t total_pages = 0, base[5];
+  int64_t total_pages = 0;
   const int64_t ns[5] = {100, 4097, 0 + 64, 20000, 333};
   for (int s = 0; s < S; s++) {
     int64_t np = (ns[s] + P - 1) / P;
     cr_assert_eq(fp4idx_test_case_dyadic(&tc[s], &rng, H, 1 + s, ns[s], P, np, NULL, s == 3), 0);
-    base[s] = total_pages;
     total_pages += np;
   }
   fp4idx_backend_t *g = mk_cuda(total_pages, P), *c = mk_cpu(total_pages, P);
+  batch_store(g, c, tc, S, P);
   fp4idx_backend_seq_t sq[5];
   int64_t tot = 0, trows = 0;
   for (int s = 0; s < S; s++) {
-    for (int64_t i = 0; i < (ns[s] + P - 1) / P; i++) tc[s].pages[i] += (int32_t)base[s];
-    for (int64_t l = 0; l < ns[s]; l++) tc[s].slots[l] += base[s] * P;
-    cr_assert_eq(g->ops->store(g, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
-    cr_assert_eq(c->ops->store(c, tc[s].keys, FP4IDX_DTYPE_BF16, ns[s], tc[s].slots, 0), 0);
     sq[s] = (fp4idx_backend_seq_t){.pages = tc[s].pages, .n_keys = ns[s], .rows = tc[s].rows,
                                  .width = tc[s].width, .q = tc[s].q, .w = tc[s].w,
                                  .lens = tc[s].lens, .mask = tc[s].mask};
@@ -423,7 +446,9 @@ Test(cuda_graph, replay_with_new_lengths, .timeout = 600) {
   fp4idx_cuda_score_params_t prm;
   int32_t rows = R;
   int64_t width = W;
-  cr_assert_eq(fp4idx_cuda_score_plan(H, 1, &rows, &width, 132, works, 8, &prm), 1);
+  fp4idx_cuda_scorer_t scorer;
+  cr_assert_eq(fp4idx_cuda_scorer_for_device(0, &scorer), FP4IDX_OK);
+  cr_assert_eq(fp4idx_cuda_score_plan(scorer, H, 1, &rows, &width, 132, works, 8, &prm), 1);
   cudaMemcpy(dworks, works, sizeof works[0], cudaMemcpyHostToDevice);
   prm.pool = pool; prm.seqs = dseq; prm.works = dworks; prm.log2_page = 6;
   cr_assert_eq(cudaStreamSynchronize(st), cudaSuccess);
@@ -454,52 +479,255 @@ Test(cuda_graph, replay_with_new_lengths, .timeout = 600) {
   free(got); free(want);
 }
 
-/* ---- scorer variants (FP4IDX_CUDA_SCORER=v2|v3, score_sm90.cu) ----------
- * The pipelined sm_90a scorers must give the same bits as v1 and the CPU
- * backend. Criterion runs each test in its own process, so setenv here
- * only changes that test. (The device run also runs this whole binary with
- * the variable set.) */
-int fp4idx__score_sm90_variant(void);
 
-static void use_scorer(const char *v) {
-  cr_assert_eq(setenv("FP4IDX_CUDA_SCORER", v, 1), 0);
-  cr_assert_eq(fp4idx__score_sm90_variant(), v[1] - '0', "scorer %s not selected", v);
+/* ---- the mma.sync scorer by argument (score.cu) -------------------------
+ * The backend runs the scorer of its device (wgmma on sm_90); the portable
+ * kernel is the product elsewhere, so it is launched here directly, by
+ * argument, on whatever GPU runs the tests, and compared with the CPU
+ * backend. */
+
+static void direct_case(fp4idx_cuda_scorer_t scorer, uint64_t seed, int heads, int rows,
+                        int64_t n, int32_t P, const int32_t *lens, int with_mask) {
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, seed);
+  fp4idx_test_case_t tc;
+  const int64_t np = (n + P - 1) / P + 2;
+  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, heads, rows, n, P, np, lens, with_mask), 0);
+  const int64_t W = tc.width;
+  int32_t log2p = 0;
+  while ((1 << log2p) < P) log2p++;
+  uint8_t *pool, *dpacked, *dmask = NULL;
+  int64_t *dslots;
+  int32_t *dpages, *dlens;
+  uint16_t *dq, *dw;
+  float *dout;
+  fp4idx_cuda_seq_t *dseq;
+  fp4idx_cuda_work_t *dworks, works[64];
+  cr_assert_eq(cudaMalloc((void **)&pool, (size_t)np * P * 68), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dpacked, (size_t)n * 68 + 1), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dslots, (size_t)n * 8 + 8), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dpages, (size_t)np * 4), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dlens, (size_t)rows * 4), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dq, (size_t)rows * heads * 256), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dw, (size_t)rows * heads * 2), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dout, (size_t)rows * W * 4 + 4), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dseq, sizeof(fp4idx_cuda_seq_t)), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&dworks, sizeof works), cudaSuccess);
+  if (tc.mask) {
+    cr_assert_eq(cudaMalloc((void **)&dmask, (size_t)rows * W), cudaSuccess);
+    cr_assert_eq(cudaMemcpy(dmask, tc.mask, (size_t)rows * W, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  cr_assert_eq(cudaMemset(pool, 0, (size_t)np * P * 68), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(dpacked, tc.packed, (size_t)n * 68, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(dslots, tc.slots, (size_t)n * 8, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(dpages, tc.pages, (size_t)np * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(dlens, tc.lens, (size_t)rows * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(dq, tc.q, (size_t)rows * heads * 256, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(dw, tc.w, (size_t)rows * heads * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMemset(dout, 0x7f, (size_t)rows * W * 4 + 4), cudaSuccess); /* poison */
+  if (n) cr_assert_eq(fp4idx_cuda_store_packed_launch(pool, log2p, dpacked, n, dslots, 0), 0);
+  fp4idx_cuda_seq_t hs = {.pages = dpages, .q = dq, .w = dw, .lens = dlens, .mask = dmask,
+                          .out = dout, .width = W, .rows = rows};
+  cr_assert_eq(cudaMemcpy(dseq, &hs, sizeof hs, cudaMemcpyHostToDevice), cudaSuccess);
+  int sms = 0;
+  cr_assert_eq(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  fp4idx_cuda_score_params_t prm;
+  int32_t rr = rows;
+  int64_t width = W;
+  const int nw = fp4idx_cuda_score_plan(scorer, heads, 1, &rr, &width, sms, works, 64, &prm);
+  cr_assert(nw >= 0 && nw <= 64, "plan: %d", nw);
+  cr_assert_eq(prm.scorer, (int32_t)scorer);
+  cr_assert_eq(cudaMemcpy(dworks, works, sizeof works[0] * (size_t)(nw ? nw : 1),
+                          cudaMemcpyHostToDevice), cudaSuccess);
+  prm.pool = pool; prm.seqs = dseq; prm.works = dworks; prm.log2_page = log2p;
+  cr_assert_eq(fp4idx_cuda_score_launch(&prm, 0), 0);
+  float *got = malloc(sizeof(float) * (size_t)(rows * W + 1));
+  float *want = malloc(sizeof(float) * (size_t)(rows * W + 1));
+  cr_assert_eq(cudaMemcpy(got, dout, (size_t)rows * W * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  fp4idx_backend_t *c = mk_cpu(np, P);
+  cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, n, tc.slots, FP4IDX_ROUND_RNE), 0);
+  fp4idx_backend_seq_t sq = {.pages = tc.pages, .n_keys = n, .rows = rows, .width = W,
+                             .q = tc.q, .w = tc.w, .lens = tc.lens, .mask = tc.mask};
+  fp4idx_backend_batch_t bt = {.heads = heads, .n_seqs = 1, .seqs = &sq, .logits = want};
+  cr_assert_eq(c->ops->score(c, &bt), 0);
+  const int64_t diff = fp4idx_test_count_diff(got, want, rows * W);
+  cr_assert_eq(diff, 0, "scorer %d seed %llu H=%d R=%d n=%lld P=%d: %lld of %lld logits differ",
+               (int)scorer, (unsigned long long)seed, heads, rows, (long long)n, P,
+               (long long)diff, (long long)(rows * W));
+  fp4idx_backend_destroy(c);
+  cudaFree(pool); cudaFree(dpacked); cudaFree(dslots); cudaFree(dpages); cudaFree(dlens);
+  cudaFree(dq); cudaFree(dw); cudaFree(dout); cudaFree(dseq); cudaFree(dworks); cudaFree(dmask);
+  fp4idx_test_case_free(&tc);
+  free(got); free(want);
 }
 
-static void variant_golden(const char *v) {
-  use_scorer(v);
-  golden_score("dyadic_h32", 4, 32, 1000, 64);
-  golden_score("gauss_h32", 4, 32, 1000, 64);
-  golden_score("gauss_h64", 6, 64, 777, 64);
-  golden_score("gauss_h64", 6, 64, 777, 16);
-  golden_score("gauss_h32", 4, 32, 1000, 1);
+Test(cuda_mma, random_by_argument, .timeout = 600) {
+  NEED_GPU();
+  const int32_t lens[4] = {0, 1, 65, 3001};
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9001, 1, 4, 3001, 16, lens, 1);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9002, 32, 4, 2500, 64, NULL, 0);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9003, 64, 3, 2100, 256, NULL, 1);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9004, 128, 2, 2049, 1, NULL, 0);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9005, 17, 5, 1537, 4, NULL, 1);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9006, 32, 4, 100000, 64, NULL, 0);
+  direct_case(FP4IDX_CUDA_SCORER_MMA, 9007, 8, 20, 1500, 64, NULL, 1);
 }
 
-static void variant_random(const char *v) {
-  use_scorer(v);
-  sweep(1, 1100, 3001);
-  sweep(32, 2100, 2500);
-  sweep(64, 3100, 2100);
-  sweep(128, 4100, 2049);
-  const int hs[5] = {3, 17, 40, 100, 127};
-  for (int i = 0; i < 5; i++)
-    random_case(5100 + i, hs[i], 1 + i, 1500 + 37 * i, 1 << (i * 2), NULL, i & 1, 0);
-  /* 1..5 tiles per warpgroup: the odd-tile path and the pairs */
-  for (int n = 1; n <= 700; n += 63) random_case(5200 + n, 32, 4, n, 64, NULL, n & 1, 0);
+Test(cuda_mma, device_scorer_by_argument, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_cuda_scorer_t s;
+  cr_assert_eq(fp4idx_cuda_scorer_for_device(0, &s), FP4IDX_OK);
+  direct_case(s, 9101, 32, 4, 4097, 64, NULL, 1);
+  direct_case(s, 9102, 64, 6, 777, 16, NULL, 0);
+  direct_case(s, 9103, 1, 32, 999, 64, NULL, 1);
 }
 
-static void variant_long(const char *v) {
-  use_scorer(v);
-  random_case(6101, 32, 4, 400000, 64, NULL, 0, 512);
-  random_case(6102, 64, 2, 100000, 64, NULL, 1, 0);
-  random_case(6103, 128, 3, 65537, 32, NULL, 0, 2048);
-  const int32_t lens[4] = {16384, 100, 0, 9000};
-  random_case(6104, 32, 4, 16384, 64, lens, 0, 0);
+Test(cuda_mma, plan_rejects_unknown_scorer) {
+  fp4idx_cuda_score_params_t prm;
+  fp4idx_cuda_work_t works[1];
+  int32_t rows = 1;
+  int64_t width = 10;
+  cr_assert_eq(fp4idx_cuda_score_plan((fp4idx_cuda_scorer_t)7, 32, 1, &rows, &width, 1, works, 1,
+                                      &prm), FP4IDX_EINVAL);
 }
 
-Test(cuda_scorer, v2_golden, .timeout = 600) { NEED_GPU(); variant_golden("v2"); }
-Test(cuda_scorer, v2_random, .timeout = 600) { NEED_GPU(); variant_random("v2"); }
-Test(cuda_scorer, v2_long_context, .timeout = 600) { NEED_GPU(); variant_long("v2"); }
-Test(cuda_scorer, v3_golden, .timeout = 600) { NEED_GPU(); variant_golden("v3"); }
-Test(cuda_scorer, v3_random, .timeout = 600) { NEED_GPU(); variant_random("v3"); }
-Test(cuda_scorer, v3_long_context, .timeout = 600) { NEED_GPU(); variant_long("v3"); }
+/* ---- big pools: pages above byte offsets 2^32 and 2^36 ------------------
+ * The default pool is half of the device (~70 GB on an H200): offsets past
+ * 4 GiB and 64 GiB must stay 64-bit in every kernel (page * page bytes).
+ * The sequence's pages sit around and above those offsets of a > 64 GiB
+ * pool; the CPU backend holds the same keys on low pages (the results do
+ * not depend on where a page is). Skips only when the GPU lacks memory. */
+
+static void big_pool_case(int32_t P, uint64_t seed, int heads, int rows, int64_t n) {
+  const int64_t page_bytes = (int64_t)P * FP4IDX_SLOT_BYTES;
+  const int64_t at32 = ((int64_t)1 << 32) / page_bytes, at36 = ((int64_t)1 << 36) / page_bytes;
+  const int64_t np = (n + P - 1) / P;
+  const int64_t pool_pages = at36 + np + 8;
+  size_t fr = 0, tot = 0;
+  cr_assert_eq(cudaMemGetInfo(&fr, &tot), cudaSuccess);
+  if ((double)fr < (double)pool_pages * (double)page_bytes + 2e9)
+    cr_skip_test("GPU has %.1f GiB free, the pool needs %.1f GiB", fr / 1073741824.0,
+                 pool_pages * (double)page_bytes / 1073741824.0);
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, seed);
+  fp4idx_test_case_t tc;
+  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, heads, rows, n, P, np, NULL, 1), 0);
+  /* CPU page p -> a GPU page: around 2^32 (page at32, which straddles it,
+   * among them), above 2^36, or low, by p % 3. */
+  int32_t *gpages = malloc(sizeof *gpages * (size_t)np);
+  int64_t *gslots = malloc(sizeof *gslots * (size_t)(n ? n : 1));
+  int64_t *where = malloc(sizeof *where * (size_t)np);
+  for (int64_t i = 0; i < np; i++) {
+    const int32_t p = tc.pages[i];  /* a permutation of 0..np-1 */
+    where[p] = p % 3 == 0 ? at32 - 3 * (np / 6) + p : p % 3 == 1 ? at36 + p : p;
+  }
+  for (int64_t i = 0; i < np; i++) gpages[i] = (int32_t)where[tc.pages[i]];
+  for (int64_t l = 0; l < n; l++) gslots[l] = (int64_t)gpages[l / P] * P + l % P;
+  int above32 = 0, above36 = 0;
+  for (int64_t i = 0; i < np; i++) {
+    above32 += (gpages[i] + 1) * page_bytes > ((int64_t)1 << 32);
+    above36 += (int64_t)gpages[i] * page_bytes >= ((int64_t)1 << 36);
+  }
+  cr_assert(above32 > 0 && above36 > 0, "pages above 2^32: %d, above 2^36: %d", above32, above36);
+  fp4idx_backend_t *g = mk_cuda(pool_pages, P), *c = mk_cpu(np, P);
+  cr_assert_eq(g->ops->store(g, tc.keys, FP4IDX_DTYPE_BF16, n, gslots, FP4IDX_ROUND_RNE), 0);
+  cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, n, tc.slots, FP4IDX_ROUND_RNE), 0);
+  /* the stored bytes read back from the high slots */
+  uint8_t *rg = malloc((size_t)n * 68), *rc = malloc((size_t)n * 68);
+  cr_assert_eq(g->ops->read(g, gslots, n, 0, rg), 0);
+  cr_assert_eq(c->ops->read(c, tc.slots, n, 0, rc), 0);
+  cr_assert_eq(memcmp(rg, rc, (size_t)n * 68), 0, "bytes read from high slots differ");
+  const int64_t W = tc.width;
+  fp4idx_backend_seq_t sg = {.pages = gpages, .n_keys = n, .rows = rows, .width = W,
+                             .q = tc.q, .w = tc.w, .lens = tc.lens, .mask = tc.mask};
+  fp4idx_backend_seq_t sc = sg;
+  sc.pages = tc.pages;
+  float *og = malloc(sizeof(float) * (size_t)(rows * W)), *oc = malloc(sizeof(float) * (size_t)(rows * W));
+  fp4idx_backend_batch_t bg = {.heads = heads, .n_seqs = 1, .seqs = &sg, .logits = og};
+  fp4idx_backend_batch_t bc = {.heads = heads, .n_seqs = 1, .seqs = &sc, .logits = oc};
+  cr_assert_eq(g->ops->score(g, &bg), 0);
+  cr_assert_eq(c->ops->score(c, &bc), 0);
+  const int64_t diff = fp4idx_test_count_diff(og, oc, rows * W);
+  cr_assert_eq(diff, 0, "P=%d: %lld of %lld logits differ from CPU", P, (long long)diff,
+               (long long)(rows * W));
+  const int k = 100;
+  int32_t pg[8 * 100], pc[8 * 100], cg[8], cc[8];
+  float vg[8 * 100], vc[8 * 100];
+  cr_assert(rows <= 8);
+  bg = (fp4idx_backend_batch_t){.heads = heads, .n_seqs = 1, .seqs = &sg, .topk = k,
+                                .topk_pos = pg, .topk_val = vg, .topk_count = cg};
+  bc = (fp4idx_backend_batch_t){.heads = heads, .n_seqs = 1, .seqs = &sc, .topk = k,
+                                .topk_pos = pc, .topk_val = vc, .topk_count = cc};
+  cr_assert_eq(g->ops->score(g, &bg), 0);
+  cr_assert_eq(c->ops->score(c, &bc), 0);
+  cr_assert_eq(memcmp(cg, cc, sizeof(int32_t) * rows), 0, "top-k counts differ");
+  cr_assert_eq(memcmp(pg, pc, sizeof(int32_t) * rows * k), 0, "top-k positions differ");
+  cr_assert_eq(fp4idx_test_count_diff(vg, vc, (int64_t)rows * k), 0, "top-k logits differ");
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  fp4idx_test_case_free(&tc);
+  free(gpages); free(gslots); free(where); free(rg); free(rc); free(og); free(oc);
+}
+
+/* One test (one process) for both pools: tests run in parallel processes,
+ * and two 64 GiB pools at once would not fit. */
+Test(cuda_bigpool, pages_above_2p32_and_2p36, .timeout = 600) {
+  NEED_GPU();
+  big_pool_case(64, 9201, 32, 4, 20000);  /* bulk-copy path of the sm_90a producer */
+  big_pool_case(1, 9202, 64, 3, 3000);    /* per-key path, 68-byte pages */
+}
+
+/* ---- a batch whose visible counts are all zero -------------------------- */
+
+Test(cuda_batch, all_lengths_zero, .timeout = 600) {
+  NEED_GPU();
+  const int H = 32, P = 64, S = 3;
+  const int64_t ns[3] = {100, 0, 5000};
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 9301);
+  fp4idx_test_case_t tc[3];
+  int64_t total_pages = 0;
+  const int32_t zeros[4] = {0, 0, 0, 0};
+  for (int s = 0; s < S; s++) {
+    const int64_t np = (ns[s] + P - 1) / P;
+    cr_assert_eq(fp4idx_test_case_dyadic(&tc[s], &rng, H, 2 + s % 2, ns[s], P, np, zeros, 0), 0);
+    total_pages += np;
+  }
+  fp4idx_backend_t *g = mk_cuda(total_pages, P), *c = mk_cpu(total_pages, P);
+  batch_store(g, c, tc, S, P);
+  fp4idx_backend_seq_t sq[3];
+  int64_t tot = 0, trows = 0;
+  for (int s = 0; s < S; s++) {
+    /* columns up to n_keys although nothing is visible */
+    sq[s] = (fp4idx_backend_seq_t){.pages = tc[s].pages, .n_keys = ns[s], .rows = tc[s].rows,
+                                   .width = ns[s], .q = tc[s].q, .w = tc[s].w,
+                                   .lens = tc[s].lens};
+    tot += tc[s].rows * ns[s];
+    trows += tc[s].rows;
+  }
+  float *og = malloc(sizeof(float) * (size_t)tot), *oc = malloc(sizeof(float) * (size_t)tot);
+  for (int64_t i = 0; i < tot; i++) og[i] = 1.0f;
+  fp4idx_backend_batch_t bt = {.heads = H, .n_seqs = S, .seqs = sq, .logits = og};
+  cr_assert_eq(g->ops->score(g, &bt), 0);
+  bt.logits = oc;
+  cr_assert_eq(c->ops->score(c, &bt), 0);
+  cr_assert_eq(fp4idx_test_count_diff(og, oc, tot), 0);
+  for (int64_t i = 0; i < tot; i++) cr_assert(isinf(og[i]) && og[i] < 0, "logit %lld", (long long)i);
+  const int k = 16;
+  int32_t pg[8 * 16], pc[8 * 16], cg[8], cc[8];
+  float vg[8 * 16], vc[8 * 16];
+  cr_assert(trows <= 8);
+  fp4idx_backend_batch_t tb = {.heads = H, .n_seqs = S, .seqs = sq, .topk = k,
+                               .topk_pos = pg, .topk_val = vg, .topk_count = cg};
+  cr_assert_eq(g->ops->score(g, &tb), 0);
+  tb.topk_pos = pc; tb.topk_val = vc; tb.topk_count = cc;
+  cr_assert_eq(c->ops->score(c, &tb), 0);
+  cr_assert_eq(memcmp(cg, cc, sizeof(int32_t) * (size_t)trows), 0);
+  cr_assert_eq(memcmp(pg, pc, sizeof(int32_t) * (size_t)trows * k), 0);
+  cr_assert_eq(fp4idx_test_count_diff(vg, vc, trows * k), 0);
+  for (int64_t r = 0; r < trows; r++) cr_assert_eq(cg[r], 0);
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  for (int s = 0; s < S; s++) fp4idx_test_case_free(&tc[s]);
+  free(og); free(oc);
+}

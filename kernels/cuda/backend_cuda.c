@@ -49,6 +49,7 @@ typedef struct fp4idx__stage_s {
 typedef struct fp4idx__cuda_s {
   int device;
   int sms;
+  fp4idx_cuda_scorer_t scorer; /* chosen once, from the device's capability */
   char name[128];
   cudaStream_t stream;
   uint8_t *pool;          /* device */
@@ -283,6 +284,37 @@ static int fp4idx__host_topk(const float *lg, int64_t width, int32_t k, int32_t 
   return FP4IDX_OK;
 }
 
+/* 1 when no row of the batch sees any key (every visible count is 0). */
+static int fp4idx__all_lens_zero(const fp4idx_backend_batch_t *bt) {
+  for (int32_t i = 0; i < bt->n_seqs; i++)
+    for (int32_t r = 0; r < bt->seqs[i].rows; r++)
+      if (bt->seqs[i].lens[r] > 0) return 0;
+  return 1;
+}
+
+/* The result of such a batch, on the host at once (no upload, no launch):
+ * every logit -inf; top-k: count 0, positions -1, logits -inf. */
+static int fp4idx__score_nothing_visible(const fp4idx_backend_batch_t *bt) {
+  size_t rows = 0, cells = 0;
+  for (int32_t i = 0; i < bt->n_seqs; i++) {
+    rows += (size_t)bt->seqs[i].rows;
+    cells += (size_t)bt->seqs[i].rows * (size_t)bt->seqs[i].width;
+  }
+  if (bt->topk == 0) {
+    for (size_t j = 0; j < cells; j++) bt->logits[j] = -INFINITY;
+  } else {
+    const size_t k = (size_t)bt->topk;
+    for (size_t j = 0; j < rows; j++) {
+      bt->topk_count[j] = 0;
+      for (size_t e = 0; e < k; e++) {
+        bt->topk_pos[j * k + e] = -1;
+        bt->topk_val[j * k + e] = -INFINITY;
+      }
+    }
+  }
+  return FP4IDX_OK;
+}
+
 /* Score, or with stage != NULL only upload the inputs and plan the launch
  * (the benchmark captures the launch itself in a CUDA graph). */
 static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
@@ -299,6 +331,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   const int32_t **dev_pages = NULL;
   if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
   if (ns == 0) return FP4IDX_OK;
+  if (!stage && fp4idx__all_lens_zero(bt)) return fp4idx__score_nothing_visible(bt);
   rows = malloc(sizeof *rows * (size_t)ns);
   widths = malloc(sizeof *widths * (size_t)ns);
   dev_pages = calloc((size_t)ns, sizeof *dev_pages);
@@ -330,7 +363,8 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   fp4idx_cuda_score_params_t prm;
   memset(&prm, 0, sizeof prm);
   CK(cudaSetDevice(c->device), "set device");
-  int nw = fp4idx_cuda_score_plan(H, ns, rows, widths, c->sms, works, max_works, &prm);
+  int nw = fp4idx_cuda_score_plan(c->scorer, H, ns, rows, widths, c->sms, works, max_works,
+                                  &prm);
   if (nw < 0) { rc = nw; goto out; }
   const size_t o_descs = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_seq_t) * (size_t)ns);
   const size_t o_works = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_work_t) * (size_t)(nw ? nw : 1));
@@ -542,6 +576,7 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   CK(cudaGetDeviceProperties(&prop, device), "device properties");
   snprintf(c->name, sizeof c->name, "%.127s", prop.name);
   c->sms = prop.multiProcessorCount;
+  if ((rc = fp4idx_cuda_scorer_for_device(device, &c->scorer))) goto out;
   CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");
   CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
   for (int i = 0; i < 2; i++)

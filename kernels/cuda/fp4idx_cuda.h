@@ -18,7 +18,19 @@
 extern "C" {
 #endif
 
-/* ---- scorer (score.cu) -------------------------------------------------- */
+/* ---- scorer (score.cu, score_sm90.cu) ---------------------------------- */
+
+/* Which scorer kernel a plan is for: one per architecture, chosen once per
+ * device (fp4idx_cuda_scorer_for_device), passed to the planner by argument. */
+typedef enum fp4idx_cuda_scorer_e {
+  FP4IDX_CUDA_SCORER_MMA = 0,   /* mma.sync, 32-key tiles (score.cu): sm_80+ */
+  FP4IDX_CUDA_SCORER_WGMMA = 1  /* wgmma, 64-key tiles (score_sm90.cu): sm_90a only */
+} fp4idx_cuda_scorer_t;
+
+/* The scorer of device `device`: WGMMA on compute capability 9.0, else MMA.
+ * Returns FP4IDX_OK, or FP4IDX_EDEVICE when the capability cannot be read
+ * (*out is MMA then). */
+int fp4idx_cuda_scorer_for_device(int device, fp4idx_cuda_scorer_t *out);
 
 /* One sequence of a score launch. */
 typedef struct fp4idx_cuda_seq_s {
@@ -54,28 +66,27 @@ typedef struct fp4idx_cuda_score_params_s {
   int32_t ntp;        /* n-tiles (8 query vectors) per work, padded to 4 */
   int32_t log2_page;  /* log2(P) */
   int32_t grid;       /* blocks launched (set by the planner) */
-  int32_t tile_keys;  /* 64: sm_90 wgmma kernel; 32: mma.sync kernel (planner) */
-  int32_t _pad2;
+  int32_t tile_keys;  /* 64: wgmma kernel; 32: mma.sync kernel (planner) */
+  int32_t scorer;     /* fp4idx_cuda_scorer_t the plan was made for */
   int64_t total_tiles;
 } fp4idx_cuda_score_params_t;
 
-/* Host-side plan: for n_seqs sequences with rows[i] rows and width[i]
- * columns and H heads, fills works (capacity max_works) and the launch
- * shape in *p (n_works, hp, ntp, total_tiles, grid; `sms` = multiprocessor
- * count). Returns the number of works needed (> max_works means: call again
- * with more room), or FP4IDX_EINVAL. */
-int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32_t *rows,
+/* Host-side plan for scorer `scorer`: for n_seqs sequences with rows[i]
+ * rows and width[i] columns and H heads, fills works (capacity max_works)
+ * and the launch shape in *p (n_works, hp, ntp, total_tiles, grid, scorer;
+ * `sms` = multiprocessor count of the current device). Returns the number
+ * of works needed (> max_works means: call again with more room), or
+ * FP4IDX_EINVAL (bad shape or unknown scorer). */
+int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads, int32_t n_seqs,
+                           const int32_t *rows,
                            const int64_t *width, int sms,
                            fp4idx_cuda_work_t *works, int32_t max_works,
                            fp4idx_cuda_score_params_t *p);
 
-/* Enqueues the scorer. p->pool, seqs, works must be set (device pointers). */
+/* Enqueues the scorer the plan was made for. p->pool, seqs, works must be
+ * set (device pointers). Returns FP4IDX_OK (also for a plan with no tiles:
+ * nothing is launched), FP4IDX_EINVAL for a malformed plan, FP4IDX_EDEVICE. */
 int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
-
-/* Benchmark only: stage-removal variants (skip = 1 no decode, 2 no MMA,
- * 4 no bf16 epilogue, 7 none of them; 0 = the real scorer). Wrong results. */
-int fp4idx_cuda_score_launch_variant(const fp4idx_cuda_score_params_t *p, cudaStream_t stream,
-                                     int skip);
 
 /* Largest n_works a plan makes for a batch (an upper bound for allocation). */
 int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t *rows);

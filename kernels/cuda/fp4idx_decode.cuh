@@ -10,8 +10,8 @@
  * mantissa bit. Multiplying by 2^126 (exact) gives the E2M1 value, then by
  * 2^(s-127) (exact unless the result leaves bf16's range) the key element.
  * The scale goes in through the exponent field: bf16 bits s << 7, so s = 0
- * gives +0 and s = 255 gives +inf, as DESIGN.md s1 says (torch's e8m0fnu
- * reads those two as 2^-127 and NaN; the quantizer never stores them).
+ * gives +0 and s = 255 gives +inf, as protocol/PROTOCOL.md (appendix) and
+ * fp4idx_format.h say (torch's e8m0fnu reads those two as 2^-127 and NaN; the quantizer never stores them).
  *
  * Pairing: a 32-bit payload word x holds codes c0..c7 (element 8w+i in
  * nibble i). Pair n (0..3) is the bf16x2 {element n (low half), element n+4

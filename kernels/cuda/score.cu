@@ -1,6 +1,8 @@
-/* score.cu -- the FP4 index scorer (DESIGN.md s3) on tensor cores: the
- * portable mma.sync kernel (sm_80+), the planner and the launcher. On
- * compute capability 9.0 the launcher runs score_sm90.cu (wgmma) instead.
+/* score.cu -- the FP4 index scorer (protocol/PROTOCOL.md, appendix "Key
+ * format and scorer") on tensor cores: the portable mma.sync kernel (sm_80+), the planner and the launcher. The
+ * backend picks the scorer once per device (fp4idx_cuda_scorer_for_device):
+ * on compute capability 9.0 the plan is for score_sm90.cu (wgmma) and the
+ * launcher runs that kernel instead.
  *
  * For each sequence: R verify rows x H heads = M query vectors against every
  * key position l < width:
@@ -42,7 +44,6 @@
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
@@ -128,9 +129,6 @@ __device__ __forceinline__ void load_keys(KeyRegs &kr, const uint8_t *__restrict
   }
 }
 
-// kSkip (stage-removal timings only; 0 in the product): 1 = no decode (raw
-// payload bits as A), 2 = no MMA, 4 = no bf16 epilogue (plain f32 sums).
-template <int kSkip>
 __global__ void __launch_bounds__(kThreads, 3)
     fp4idx_score_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -148,10 +146,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   int64_t cur = tb;
   while (cur < te) {
-    const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
-    const fp4idx_cuda_work_t wk = prm.works[lo];
-    const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : T;
-    const int64_t seg_end = wend < te ? wend : te;
+    int64_t seg_end;
+    const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, &seg_end);
     const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
     const int nrows = wk.nrows;
     const int nt_valid = (nrows * prm.hp) >> 3;  // n-tiles holding real rows
@@ -232,15 +228,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         // Decode this tile, then prefetch the next one of this warp.
         uint32_t a[4][16];
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-          if (kSkip & 1) {
-            const uint32_t x[4] = {kr.p[m].x, kr.p[m].y, kr.p[m].z, kr.p[m].w};
-#pragma unroll
-            for (int i = 0; i < 16; i++) a[m][i] = (x[i & 3] >> (i >> 2)) ^ kr.s[m];
-          } else {
-            fp4idx__decode_block(kr.p[m], kr.s[m], a[m]);
-          }
-        }
+        for (int m = 0; m < 4; m++) fp4idx__decode_block(kr.p[m], kr.s[m], a[m]);
         const int64_t nxt = tile + kWarps;
         have = false;
         if (nxt < seg_end) {
@@ -272,11 +260,6 @@ __global__ void __launch_bounds__(kThreads, 3)
             for (int n = 0; n < kNG; n++)
 #pragma unroll
               for (int mt = 0; mt < 2; mt++) {
-                if (kSkip & 2) {
-                  acc[n][mt][0] += __uint_as_float(a[2 * mt][4 * kp] ^ b[n].x);
-                  acc[n][mt][3] += __uint_as_float(a[2 * mt + 1][4 * kp + 3] ^ b[n].w);
-                  continue;
-                }
                 // k-step 2kp: pairs 0,1 of word kp; k-step 2kp+1: pairs 2,3.
                 mma_bf16_16816(acc[n][mt], a[2 * mt][4 * kp + 0], a[2 * mt + 1][4 * kp + 0],
                                a[2 * mt][4 * kp + 1], a[2 * mt + 1][4 * kp + 1], b[n].x, b[n].y);
@@ -292,11 +275,6 @@ __global__ void __launch_bounds__(kThreads, 3)
               const uint32_t w2 = w_s[j * 4 + t];  // w of q-vectors 8j+2t, 8j+2t+1
 #pragma unroll
               for (int mt = 0; mt < 2; mt++) {
-                if (kSkip & 4) {
-                  rs[2 * mt] += acc[n][mt][0] + acc[n][mt][1];
-                  rs[2 * mt + 1] += acc[n][mt][2] + acc[n][mt][3];
-                  continue;
-                }
                 const uint32_t pa = relu_mul_bf16x2(cvt_bf16x2(acc[n][mt][0], acc[n][mt][1]), w2);
                 const uint32_t pb = relu_mul_bf16x2(cvt_bf16x2(acc[n][mt][2], acc[n][mt][3]), w2);
                 rs[2 * mt] += bf16_lo(pa);
@@ -334,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 int blocks_per_sm(size_t smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_kernel<0>, kThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_kernel, kThreads, smem) !=
           cudaSuccess ||
       n < 1)
     n = 1;
@@ -349,20 +327,6 @@ extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp);
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem);
 extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
 
-// The wgmma kernel on compute capability 9.0 unless FP4IDX_CUDA_MMASYNC=1.
-static int use_sm90(void) {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  const char *e = getenv("FP4IDX_CUDA_MMASYNC");
-  if (e && *e && *e != '0') return 0;
-  return major == 9 && minor == 0;
-}
-
 extern "C" int fp4idx__cuda_check(cudaError_t err, const char *what) {
   if (err == cudaSuccess) return FP4IDX_OK;
   fprintf(stderr, "fp4idx cuda: %s: %s (%s)\n", what, cudaGetErrorString(err),
@@ -374,6 +338,22 @@ static int32_t rows_per_work(int32_t hp, int32_t rows) {
   int32_t rpc = kMaxQ / hp;
   if (rpc < 1) rpc = 1;
   return rpc < rows ? rpc : rows;
+}
+
+// The sm_90a image (wgmma) exists only for compute capability 9.0 exactly.
+extern "C" int fp4idx_cuda_scorer_for_device(int device, fp4idx_cuda_scorer_t *out) {
+  if (!out) return FP4IDX_EINVAL;
+  *out = FP4IDX_CUDA_SCORER_MMA;
+  int major = 0, minor = 0;
+  int rc = fp4idx__cuda_check(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+      "scorer: capability");
+  if (!rc)
+    rc = fp4idx__cuda_check(
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+        "scorer: capability");
+  if (!rc && major == 9 && minor == 0) *out = FP4IDX_CUDA_SCORER_WGMMA;
+  return rc;
 }
 
 extern "C" int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs,
@@ -388,11 +368,13 @@ extern "C" int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs,
   return n;
 }
 
-extern "C" int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32_t *rows,
+extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads,
+                                      int32_t n_seqs, const int32_t *rows,
                                       const int64_t *width, int sms,
                                       fp4idx_cuda_work_t *works, int32_t max_works,
                                       fp4idx_cuda_score_params_t *p) {
-  if (heads < 1 || heads > FP4IDX_MAX_HEADS || n_seqs < 0 || !p || (n_seqs && (!rows || !width)))
+  if ((scorer != FP4IDX_CUDA_SCORER_MMA && scorer != FP4IDX_CUDA_SCORER_WGMMA) || heads < 1 ||
+      heads > FP4IDX_MAX_HEADS || n_seqs < 0 || !p || (n_seqs && (!rows || !width)))
     return FP4IDX_EINVAL;
   const int32_t hp = (heads + 7) & ~7;
   int32_t nw = 0, max_rows = 1;
@@ -417,12 +399,12 @@ extern "C" int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32
     }
   }
   const int32_t nt_valid = (max_rows * hp) / 8;
-  const int sm90 = use_sm90();
+  const int sm90 = scorer == FP4IDX_CUDA_SCORER_WGMMA;
   p->n_works = nw;
   p->heads = heads;
   p->hp = hp;
   p->tile_keys = sm90 ? 64 : kTileKeys;
-  p->_pad2 = 0;
+  p->scorer = scorer;
   if (sm90) {
     // Tiles of 64 keys; each work's tiles were counted in 32s above.
     int64_t t64 = 0;
@@ -449,40 +431,24 @@ extern "C" int fp4idx_cuda_score_plan(int32_t heads, int32_t n_seqs, const int32
   return nw;
 }
 
-template <int kSkip>
-static int launch_variant(const fp4idx_cuda_score_params_t *p, size_t smem, cudaStream_t stream) {
-  int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(fp4idx_score_kernel<kSkip>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-      "score: set smem");
-  if (rc) return rc;
-  fp4idx_score_kernel<kSkip><<<p->grid, kThreads, smem, stream>>>(*p);
-  return fp4idx__cuda_check(cudaGetLastError(), "score: launch");
-}
-
-extern "C" int fp4idx_cuda_score_launch_variant(const fp4idx_cuda_score_params_t *p,
-                                                cudaStream_t stream, int skip) {
+extern "C" int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p,
+                                        cudaStream_t stream) {
   if (!p || !p->pool || !p->seqs || !p->works || p->hp < 8 || p->ntp < kNG ||
       p->ntp * 8 > kMaxQ || p->log2_page < 0 || p->log2_page > 16)
     return FP4IDX_EINVAL;
+  if (p->scorer == FP4IDX_CUDA_SCORER_WGMMA) {
+    if (p->tile_keys != 64 || p->ntp % 16) return FP4IDX_EINVAL;
+  } else if (p->scorer != FP4IDX_CUDA_SCORER_MMA || p->tile_keys != kTileKeys) {
+    return FP4IDX_EINVAL;
+  }
   if (p->total_tiles == 0 || p->grid < 1) return FP4IDX_OK;
-  if (p->tile_keys == 64) {
-    if (skip != 0 || p->ntp % 16) return FP4IDX_EINVAL;
-    return fp4idx__score_sm90_launch(p, stream);
-  }
-  if (p->tile_keys != kTileKeys) return FP4IDX_EINVAL;
+  if (p->scorer == FP4IDX_CUDA_SCORER_WGMMA) return fp4idx__score_sm90_launch(p, stream);
   const size_t smem = smem_bytes(p->ntp);
-  switch (skip) {
-    case 0: return launch_variant<0>(p, smem, stream);
-    case 1: return launch_variant<1>(p, smem, stream);
-    case 2: return launch_variant<2>(p, smem, stream);
-    case 4: return launch_variant<4>(p, smem, stream);
-    case 7: return launch_variant<7>(p, smem, stream);
-    default: return FP4IDX_EINVAL;
-  }
-}
-
-extern "C" int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p,
-                                        cudaStream_t stream) {
-  return fp4idx_cuda_score_launch_variant(p, stream, 0);
+  int rc = fp4idx__cuda_check(
+      cudaFuncSetAttribute(fp4idx_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem),
+      "score: set smem");
+  if (rc) return rc;
+  fp4idx_score_kernel<<<p->grid, kThreads, smem, stream>>>(*p);
+  return fp4idx__cuda_check(cudaGetLastError(), "score: launch");
 }

@@ -19,3 +19,14 @@ __device__ __forceinline__ int fp4idx__work_of_tile(const fp4idx_cuda_work_t *wo
   }
   return lo;
 }
+
+// The work holding tile `cur` of a block's tile range [.., te); *seg_end =
+// where that work's tiles end within the range (the segment the block
+// stages the work's queries for).
+__device__ __forceinline__ fp4idx_cuda_work_t fp4idx__segment_of(
+    const fp4idx_cuda_score_params_t &prm, int64_t cur, int64_t te, int64_t *seg_end) {
+  const int lo = fp4idx__work_of_tile(prm.works, prm.n_works, cur);
+  const int64_t wend = lo + 1 < prm.n_works ? prm.works[lo + 1].tile_begin : prm.total_tiles;
+  *seg_end = wend < te ? wend : te;
+  return prm.works[lo];
+}
