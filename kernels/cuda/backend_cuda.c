@@ -534,13 +534,20 @@ out:
   return rc;
 }
 
+/* Any thread (the daemon frees on its event loop): each call sets this
+ * backend's device first, so the runtime never starts a context elsewhere. */
 static int fp4idx__cuda_host_alloc(fp4idx_backend_t *b, size_t bytes, void **out) {
   if (!b || !out) return FP4IDX_EINVAL;
-  return fp4idx__pinned_alloc(((fp4idx__cuda_t *)b->impl)->pinned, bytes, out);
+  fp4idx__cuda_t *c = b->impl;
+  if (fp4idx__cuda_check(cudaSetDevice(c->device), "set device")) return FP4IDX_EDEVICE;
+  return fp4idx__pinned_alloc(c->pinned, bytes, out);
 }
 
 static void fp4idx__cuda_host_free(fp4idx_backend_t *b, void *p) {
-  if (b) fp4idx__pinned_free(((fp4idx__cuda_t *)b->impl)->pinned, p);
+  if (!b || !p) return;
+  fp4idx__cuda_t *c = b->impl;
+  cudaSetDevice(c->device);
+  fp4idx__pinned_free(c->pinned, p);
 }
 
 static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
