@@ -7,9 +7,9 @@
 #   bench/run_socket_h200.sh NEW_DIR [PREV_DIR]
 #
 # NEW_DIR holds this branch's fp4idxd and fp4idx-bench-socket (PREV_DIR the
-# previous commit's fp4idxd, and its fp4idx-bench-socket if present); a
-# devlib/ folder beside them (or $LD_LIBRARY_PATH) holds bundled libraries
-# (/work/shared/device/bundle-libs.sh DIR/devlib DIR/fp4idxd DIR/fp4idx-bench-socket).
+# previous commit's fp4idxd, and its fp4idx-bench-socket if present); the
+# bundled libraries lie in $LIB, or DIR/lib or DIR/devlib beside them
+# (/work/shared/device/bundle-libs.sh DIR/lib DIR/fp4idxd DIR/fp4idx-bench-socket).
 # The new benchmark drives both daemons, so daemon-side changes compare with
 # the same client; the previous benchmark (old client library, its own
 # cases) runs against the previous daemon when present. Output: the raw
@@ -27,8 +27,8 @@ NEW=${1:?usage: run_socket_h200.sh NEW_DIR [PREV_DIR]}
 PREV=${2:-}
 OUT=${OUT:-/tmp/socket_h200}
 mkdir -p "$OUT"
-for d in "$NEW" $PREV; do
-  [ -d "$d/devlib" ] && export LD_LIBRARY_PATH="$d/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for d in ${LIB:-} "$NEW/lib" "$NEW/devlib" ${PREV:+"$PREV/lib" "$PREV/devlib"}; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 CACHE=${CACHE:-24G}
 BACKEND=${BACKEND:-cuda}   # BACKEND=cpu: the same cases on a machine without a GPU
