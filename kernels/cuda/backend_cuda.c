@@ -43,7 +43,8 @@ typedef struct fp4idx__stage_s {
   uint8_t *d;             /* device */
   size_t d_cap;
   cudaEvent_t ev[4];      /* before upload, after upload, after kernels, end */
-  int used;               /* ev[3] was recorded: wait on it before reuse */
+  int used;               /* 1: ev[3] recorded, wait on it before reuse;
+                             2: a call failed before recording it: sync */
 } fp4idx__stage_t;
 
 typedef struct fp4idx__cuda_s {
@@ -76,8 +77,9 @@ static int fp4idx__stage_take(fp4idx__cuda_t *c, size_t h_need, size_t d_need,
   int rc = FP4IDX_OK;
   fp4idx__stage_t *st = &c->set[c->cur];
   c->cur ^= 1;
-  if (st->used) CK(cudaEventSynchronize(st->ev[3]), "staging: wait");
-  st->used = 0;
+  if (st->used == 1) CK(cudaEventSynchronize(st->ev[3]), "staging: wait");
+  if (st->used == 2) CK(cudaStreamSynchronize(c->stream), "staging: wait after an error");
+  st->used = 2; /* in use until fp4idx__stage_finish records its end */
   if (h_need > st->h_cap) {
     size_t cap = h_need + h_need / 2;
     if (st->h) CK(cudaFreeHost(st->h), "free pinned staging");
