@@ -102,8 +102,5 @@ int fp4idx__frame_end(msgpack_sbuffer *sb, size_t start, int rc);
 int fp4idx__pack_cstr(msgpack_packer *pk, const char *s);
 int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n);
 int fp4idx__pack_tensor(msgpack_packer *pk, const fp4idx_tensor_t *t);
-/* The tensor map up to and including the bin header of "data" (its bytes
- * follow: the split encoder sends them from where they are). */
-int fp4idx__pack_tensor_head(msgpack_packer *pk, const fp4idx_tensor_t *t);
 
 #endif /* FP4IDX_CODEC_INTERNAL_H */

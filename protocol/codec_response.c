@@ -406,32 +406,7 @@ static int pack_counters(msgpack_packer *pk, const fp4idx_op_stats_t *v,
   return rc;
 }
 
-/* Where the split encoder puts payloads it leaves out (NULL: copy all). */
-typedef struct split_s {
-  msgpack_sbuffer *sb;
-  size_t min;
-  fp4idx_payload_t *out;
-  size_t cap, n, bytes;
-  int overflow;
-} split_t;
-
-/* A score-result tensor: whole, or its header only with the payload noted. */
-static int kv_result_tensor(msgpack_packer *pk, const char *k,
-                            const fp4idx_tensor_t *t, split_t *sp) {
-  if (sp == NULL || t->nbytes == 0 || t->nbytes < sp->min)
-    return kv_tensor(pk, k, t);
-  if (sp->n == sp->cap) {
-    sp->overflow = 1;
-    return -1;
-  }
-  int rc = fp4idx__pack_cstr(pk, k) | fp4idx__pack_tensor_head(pk, t);
-  sp->out[sp->n++] = (fp4idx_payload_t){sp->sb->size, t->data, t->nbytes};
-  sp->bytes += t->nbytes;
-  return rc;
-}
-
-static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r,
-                         split_t *sp) {
+static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r) {
   static const unsigned nfields[FP4IDX_OP__COUNT] = {
       [FP4IDX_OP_HELLO] = 2,    [FP4IDX_OP_INFO] = 9, [FP4IDX_OP_APPEND] = 2,
       [FP4IDX_OP_SCORE] = 1,    [FP4IDX_OP_TRUNCATE] = 1,
@@ -472,9 +447,9 @@ static int pack_response(msgpack_packer *pk, const fp4idx_response_t *r,
         const fp4idx_score_result_t *x = &r->u.score.results[i];
         rc |= msgpack_pack_map(pk, x->topk ? 4 : 2);
         rc |= kv_uint(pk, "seq", x->seq);
-        if (x->topk) rc |= kv_result_tensor(pk, "positions", &x->positions, sp);
-        rc |= kv_result_tensor(pk, "logits", &x->logits, sp);
-        if (x->topk) rc |= kv_result_tensor(pk, "counts", &x->counts, sp);
+        if (x->topk) rc |= kv_tensor(pk, "positions", &x->positions);
+        rc |= kv_tensor(pk, "logits", &x->logits);
+        if (x->topk) rc |= kv_tensor(pk, "counts", &x->counts);
       }
       break;
     case FP4IDX_OP_TRUNCATE:
@@ -518,7 +493,7 @@ int fp4idx_encode_response(msgpack_sbuffer *sb,
   if ((rc = fp4idx__frame_begin(sb, &start)) != 0) return rc;
   msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
   /* the struct was checked: a packer failure means the buffer did not grow */
-  rc = pack_response(&pk, resp, NULL) != 0 ? FP4IDX_ENOMEM : 0;
+  rc = pack_response(&pk, resp) != 0 ? FP4IDX_ENOMEM : 0;
   if ((rc = fp4idx__frame_end(sb, start, rc)) != 0) return rc;
 
   /* what we send must decode: run the client's decoder over it */
@@ -530,6 +505,41 @@ int fp4idx_encode_response(msgpack_sbuffer *sb,
     sb->size = start;
     return rc == FP4IDX_ENOMEM || rc == FP4IDX_E2BIG ? rc : FP4IDX_EINVAL;
   }
+  return 0;
+}
+
+/* The split encoder's packer output: bytes go to the sbuffer, except the
+ * bin bodies of the score-result tensors (msgpack-c hands the packer's
+ * callback the caller's own pointer for them), which are noted instead. */
+typedef struct split_s {
+  msgpack_sbuffer *sb;
+  const fp4idx_score_resp_t *sc;
+  size_t min;
+  fp4idx_payload_t *out;
+  size_t cap, n, bytes;
+  int overflow;
+} split_t;
+
+static int split_is_result(const split_t *sp, const char *buf, size_t len) {
+  for (size_t i = 0; i < sp->sc->nresults; i++) {
+    const fp4idx_score_result_t *x = &sp->sc->results[i];
+    const fp4idx_tensor_t *t[3] = {&x->logits, &x->positions, &x->counts};
+    for (int k = 0; k < (x->topk ? 3 : 1); k++)
+      if (t[k]->data == (const void *)buf && t[k]->nbytes == len) return 1;
+  }
+  return 0;
+}
+
+static int split_write(void *data, const char *buf, size_t len) {
+  split_t *sp = data;
+  if (len == 0 || len < sp->min || !split_is_result(sp, buf, len))
+    return msgpack_sbuffer_write(sp->sb, buf, len);
+  if (sp->n == sp->cap) {
+    sp->overflow = 1;
+    return -1;
+  }
+  sp->out[sp->n++] = (fp4idx_payload_t){sp->sb->size, buf, len};
+  sp->bytes += len;
   return 0;
 }
 
@@ -545,13 +555,12 @@ int fp4idx_encode_response_split(msgpack_sbuffer *sb,
   if (sb == NULL || resp == NULL || n == NULL || (cap > 0 && out == NULL) ||
       resp->status != 0 || !response_sane(resp))
     return FP4IDX_EINVAL;
+  if (resp->op != FP4IDX_OP_SCORE) return fp4idx_encode_response(sb, resp);
   if ((rc = fp4idx__frame_begin(sb, &start)) != 0) return rc;
-  split_t sp = {.sb = sb, .min = min_split ? min_split : 1, .out = out,
-                .cap = cap};
-  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-  rc = pack_response(&pk, resp, &sp) != 0
-           ? (sp.overflow ? FP4IDX_EINVAL : FP4IDX_ENOMEM)
-           : 0;
+  split_t sp = {.sb = sb, .sc = &resp->u.score, .min = min_split ? min_split : 1,
+                .out = out, .cap = cap};
+  msgpack_packer_init(&pk, &sp, split_write);
+  rc = pack_response(&pk, resp) != 0 ? (sp.overflow ? FP4IDX_EINVAL : FP4IDX_ENOMEM) : 0;
   size_t body = sb->size - start - 4 + sp.bytes;
   if (rc == 0 && (body < sp.bytes || body > FP4IDX_MAX_FRAME_LIMIT))
     rc = FP4IDX_E2BIG;

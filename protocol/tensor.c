@@ -160,7 +160,7 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
   return 0;
 }
 
-int fp4idx__pack_tensor_head(msgpack_packer *pk, const fp4idx_tensor_t *t) {
+int fp4idx__pack_tensor(msgpack_packer *pk, const fp4idx_tensor_t *t) {
   int rc = 0;
   rc |= msgpack_pack_map(pk, 3);
   rc |= fp4idx__pack_cstr(pk, "dtype");
@@ -170,11 +170,6 @@ int fp4idx__pack_tensor_head(msgpack_packer *pk, const fp4idx_tensor_t *t) {
   for (uint32_t i = 0; i < t->ndim; i++) rc |= msgpack_pack_uint64(pk, t->shape[i]);
   rc |= fp4idx__pack_cstr(pk, "data");
   rc |= msgpack_pack_bin(pk, t->nbytes);
-  return rc;
-}
-
-int fp4idx__pack_tensor(msgpack_packer *pk, const fp4idx_tensor_t *t) {
-  int rc = fp4idx__pack_tensor_head(pk, t);
   if (t->nbytes > 0) rc |= msgpack_pack_bin_body(pk, t->data, t->nbytes);
   return rc;
 }
