@@ -18,6 +18,7 @@
  * kernel as baseline) land in one table and one plot.
  *
  *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE] [--label NAME]
+ *   fp4idx-bench-cuda --topk [--check] [--csv FILE]   (bench_cuda_topk.cu)
  */
 #include <algorithm>
 #include <math.h>
@@ -28,6 +29,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_cuda_topk.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
 #include "fp4idx_format.h"
@@ -80,6 +82,7 @@ double median3(double a, double b, double c) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--topk")) return fp4idx_bench_topk_main(argc - 1, argv + 1);
   int check = 0;
   std::vector<int> only;
   const char *csv = nullptr, *label = nullptr;

@@ -47,6 +47,7 @@
 
 #include <pthread.h>
 
+#include "bench_time.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_client.h"
 
@@ -87,25 +88,6 @@ typedef struct opts_s {
 } opts_t;
 
 static FILE *g_csv;
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* p-th percentile (nearest rank) of sorted v[n]. */
-static double pct(const double *v, size_t n, double p) {
-  size_t k = (size_t)ceil(p / 100.0 * (double)n);
-  if (k < 1) k = 1;
-  if (k > n) k = n;
-  return v[k - 1];
-}
 
 static double median3(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # install-deps.sh -- install the Debian/Ubuntu packages fp4idx builds with,
-# only those missing. Used by tests/run.sh and deploy/quickstart.sh.
+# only those missing, and the Python modules the Python client tests need
+# (msgpack, numpy, pytest). Used by tests/run.sh and deploy/quickstart.sh.
 #
 #   deploy/install-deps.sh [--runtime]
 #
@@ -19,6 +20,26 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# The Python client's tests (tests/python.cmake) run `python3 -m pytest` with
+# msgpack and numpy. Debian's python3-* packages serve only the system
+# interpreter (/usr/bin/python3, whose pip is externally managed); any other
+# python3 on PATH (pyenv, a venv) gets them from PyPI with its own pip.
+pip_missing=()
+if [ "${1:-}" != "--runtime" ] && command -v python3 >/dev/null; then
+  for m in msgpack numpy pytest; do
+    python3 -c "import $m" 2>/dev/null || pip_missing+=("$m")
+  done
+  if [ ${#pip_missing[@]} -gt 0 ] &&
+     [ "$(python3 -c 'import sys; print(sys.prefix == sys.base_prefix == "/usr")')" = True ]; then
+    for m in "${pip_missing[@]}"; do missing+=("python3-$m"); done
+    pip_missing=()
+  fi
+fi
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  echo "install-deps: pip installing ${pip_missing[*]} for $(command -v python3)" >&2
+  python3 -m pip install -q --disable-pip-version-check "${pip_missing[@]}"
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if ! command -v apt-get >/dev/null; then

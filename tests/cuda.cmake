@@ -4,6 +4,10 @@ if(TARGET fp4idx_cuda)
   fp4idx_add_test(test_cuda SOURCES test_cuda.c
     LIBS fp4idx_cuda fp4idx_cpu fp4idx_test_util LABELS gpu)
   set_tests_properties(test_cuda PROPERTIES TIMEOUT 1500)
+  # The top-k (kernels/cuda/topk.cu) against the CPU backend and a host sort.
+  fp4idx_add_test(test_cuda_topk SOURCES test_cuda_topk.c
+    LIBS fp4idx_cuda fp4idx_cpu fp4idx_test_util LABELS gpu)
+  set_tests_properties(test_cuda_topk PROPERTIES TIMEOUT 1500)
   fp4idx_add_test(test_cuda_reqpath SOURCES test_cuda_reqpath.c
     LIBS fp4idx_cuda fp4idx_cpu fp4idx_test_util LABELS gpu)
   set_tests_properties(test_cuda_reqpath PROPERTIES TIMEOUT 900)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/run.sh -- the test command: installs what the build needs when it is
-# missing (Debian packages), configures, builds, runs ctest, and prints
-# Criterion's synthesis line of every test program.
+# missing (Debian packages, the Python test modules), configures, builds,
+# runs ctest, and prints Criterion's synthesis line of every test program
+# and pytest's summary line of the Python client suite (test_python).
 #
 #   tests/run.sh [extra cmake -D options...]
 #
@@ -72,5 +73,16 @@ if [[ -f "$log" ]]; then
       }
     }
     END { printf "%-28s Tested: %d | Passing: %d | Failing: %d | Crashing: %d\n", "TOTAL", t, p, f, c }'
+fi
+
+# pytest's summary line of the Python client suite (test_python).
+if [[ -f "$log" ]]; then
+  summary=$(sed 's/\x1b\[[0-9;]*m//g' "$log" | awk '
+    /^[0-9]+\/[0-9]+ Testing: / { on = ($3 == "test_python") }
+    on && /[0-9]+ (passed|failed|error|errors|skipped)/ && / in [0-9.]+s/ { line = $0 }
+    END { print line }' | sed 's/^=* *//; s/ *=*$//')
+  echo
+  echo "== pytest (client/python) =="
+  echo "test_python                  ${summary:-no summary (test_python did not run)}"
 fi
 exit "$status"

@@ -23,21 +23,8 @@
 
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
+#include "test_gpu.h"
 #include "test_util.h"
-
-static int have_gpu(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n > 0;
-}
-
-#define NEED_GPU()                                   \
-  do {                                               \
-    if (!have_gpu()) cr_skip_test("no CUDA device"); \
-  } while (0)
 
 static fp4idx_backend_t *mk_cuda(int64_t n_pages, int32_t P) {
   fp4idx_backend_t *b = NULL;
@@ -336,7 +323,7 @@ Test(cuda_random, many_rows_per_work, .timeout = 600) {
   random_case(7105, 3, 40, 1200, 64, NULL, 0, 0);   /* 2 works: 32 + 8 rows */
 }
 
-Test(cuda_random, topk_large_k_host_path, .timeout = 600) {
+Test(cuda_random, topk_k5000_above_the_old_kernel_limit, .timeout = 600) {
   NEED_GPU();
   random_case(7001, 32, 2, 20000, 64, NULL, 1, 5000);
 }

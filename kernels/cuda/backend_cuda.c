@@ -21,8 +21,8 @@
  * <error>" to stderr and returns FP4IDX_EDEVICE (FP4IDX_ENOMEM when device
  * memory runs out).
  */
-#include <math.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -261,31 +261,6 @@ out:
   return rc;
 }
 
-/* Host top-k for k above the GPU kernel's limit (same order and ties). */
-typedef struct { float v; int32_t p; } fp4idx__pair_t;
-static int fp4idx__pair_cmp(const void *a, const void *b) {
-  const fp4idx__pair_t *x = a, *y = b;
-  if (x->v != y->v) return x->v > y->v ? -1 : 1;
-  return x->p < y->p ? -1 : (x->p > y->p);
-}
-static int fp4idx__host_topk(const float *lg, int64_t width, int32_t k, int32_t *pos, float *val,
-                             int32_t *count) {
-  fp4idx__pair_t *v = malloc(sizeof *v * (size_t)(width ? width : 1));
-  if (!v) return FP4IDX_ENOMEM;
-  int64_t m = 0;
-  for (int64_t l = 0; l < width; l++)
-    if (!(isinf(lg[l]) && lg[l] < 0) && !isnan(lg[l])) v[m++] = (fp4idx__pair_t){lg[l], (int32_t)l};
-  qsort(v, (size_t)m, sizeof *v, fp4idx__pair_cmp);
-  if (m > k) m = k;
-  for (int32_t i = 0; i < k; i++) {
-    pos[i] = i < m ? v[i].p : -1;
-    val[i] = i < m ? v[i].v : -INFINITY;
-  }
-  *count = (int32_t)m;
-  free(v);
-  return FP4IDX_OK;
-}
-
 /* 1 when no row of the batch sees any key (every visible count is 0). */
 static int fp4idx__all_lens_zero(const fp4idx_backend_batch_t *bt) {
   for (int32_t i = 0; i < bt->n_seqs; i++)
@@ -331,6 +306,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   fp4idx_cuda_work_t *works = NULL;
   size_t *o_pages = NULL;
   const int32_t **dev_pages = NULL;
+  fp4idx_cuda_topk_row_t *trows_plan = NULL;
   if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
   if (ns == 0) return FP4IDX_OK;
   if (!stage && fp4idx__all_lens_zero(bt)) return fp4idx__score_nothing_visible(bt);
@@ -371,22 +347,33 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   const size_t o_descs = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_seq_t) * (size_t)ns);
   const size_t o_works = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_work_t) * (size_t)(nw ? nw : 1));
   const size_t o_trows = off;
-  if (bt->topk) off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
+  fp4idx_cuda_topk_plan_t tp;
+  memset(&tp, 0, sizeof tp);
+  if (bt->topk) {
+    /* Plan on a host copy (widths in, chunk0 out); logits pointers come later. */
+    trows_plan = malloc(sizeof *trows_plan * (total_rows ? total_rows : 1));
+    if (!trows_plan) { rc = FP4IDX_ENOMEM; goto out; }
+    size_t ra = 0;
+    for (int32_t i = 0; i < ns; i++)
+      for (int32_t r = 0; r < bt->seqs[i].rows; r++) trows_plan[ra++].width = bt->seqs[i].width;
+    if ((rc = fp4idx_cuda_topk_plan(trows_plan, (int32_t)total_rows, bt->topk, &tp))) goto out;
+    off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
+  }
   const size_t in_bytes = off;
   const size_t o_logits = off; off = fp4idx__align(off + total_out * 4);
-  const int gpu_topk = bt->topk > 0 && bt->topk <= FP4IDX_CUDA_TOPK_MAX;
   const size_t o_tpos = off, kk = (size_t)bt->topk;
-  if (gpu_topk) off = fp4idx__align(off + total_rows * kk * 4);
+  off = fp4idx__align(off + total_rows * kk * 4);
   const size_t o_tval = off;
-  if (gpu_topk) off = fp4idx__align(off + total_rows * kk * 4);
+  off = fp4idx__align(off + total_rows * kk * 4);
   const size_t o_tcnt = off;
-  if (gpu_topk) off = fp4idx__align(off + total_rows * 4);
+  off = fp4idx__align(off + total_rows * 4);
+  const size_t o_tws = off;
+  off = fp4idx__align(off + tp.ws_bytes);
   const size_t all = off;
-  /* Host side: the inputs, plus the logits only for the host top-k. */
-  const int host_topk = bt->topk > 0 && !gpu_topk;
+  /* Host side: the inputs only (results go straight to the caller; the
+   * top-k workspace stays on the device). */
   fp4idx__stage_t *st;
-  if ((rc = fp4idx__stage_take(c, host_topk ? o_logits + total_out * 4 : in_bytes, all, &st)))
-    goto out;
+  if ((rc = fp4idx__stage_take(c, in_bytes, all, &st))) goto out;
 
   uint8_t *h = st->h, *d = st->d;
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
@@ -412,8 +399,8 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     q->rows = s->rows;
     if (bt->topk)
       for (int32_t r = 0; r < s->rows; r++) {
+        trows[row_at] = trows_plan[row_at];
         trows[row_at].logits = q->out + (size_t)r * (size_t)s->width;
-        trows[row_at].width = s->width;
         row_at++;
       }
     out_at += (size_t)s->rows * (size_t)s->width;
@@ -432,27 +419,23 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     goto out;
   }
   if ((rc = fp4idx_cuda_score_launch(&prm, c->stream))) goto out;
-  if (gpu_topk) {
-    rc = fp4idx_cuda_topk_launch((const fp4idx_cuda_topk_row_t *)(d + o_trows), (int32_t)total_rows,
-                                 bt->topk, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
+  if (bt->topk) {
+    rc = fp4idx_cuda_topk_launch(&tp, (const fp4idx_cuda_topk_row_t *)(d + o_trows),
+                                 d + o_tws, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
                                  (int32_t *)(d + o_tcnt), c->stream);
     if (rc) goto out;
   }
   CK(cudaEventRecord(st->ev[2], c->stream), "score: event");
   /* Results straight from the device into the caller's arrays. */
-  if (gpu_topk) {
+  if (bt->topk) {
     CK(cudaMemcpyAsync(bt->topk_pos, d + o_tpos, total_rows * kk * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
     CK(cudaMemcpyAsync(bt->topk_val, d + o_tval, total_rows * kk * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
     CK(cudaMemcpyAsync(bt->topk_count, d + o_tcnt, total_rows * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
-  } else if (bt->topk == 0) {
-    if (total_out)
-      CK(cudaMemcpyAsync(bt->logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
-                         c->stream), "score: download");
-  } else {
-    CK(cudaMemcpyAsync(h + o_logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
+  } else if (total_out) {
+    CK(cudaMemcpyAsync(bt->logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: download");
   }
   if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;
@@ -466,18 +449,8 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     bt->timing->kernels_us = k * 1e3;
     bt->timing->download_us = down * 1e3;
   }
-  if (host_topk) {
-    const float *lg = (const float *)(h + o_logits);
-    size_t ra = 0, la = 0;
-    for (int32_t i = 0; i < ns; i++)
-      for (int32_t r = 0; r < bt->seqs[i].rows; r++, ra++) {
-        rc = fp4idx__host_topk(lg + la, bt->seqs[i].width, bt->topk, bt->topk_pos + ra * kk,
-                               bt->topk_val + ra * kk, bt->topk_count + ra);
-        if (rc) goto out;
-        la += (size_t)bt->seqs[i].width;
-      }
-  }
 out:
+  free(trows_plan);
   free(o_pages);
   free(works);
   free(rows);

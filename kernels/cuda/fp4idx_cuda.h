@@ -93,18 +93,45 @@ int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t
 
 /* ---- top-k (topk.cu) ---------------------------------------------------- */
 
-enum { FP4IDX_CUDA_TOPK_MAX = 4096 }; /* larger k: the caller does it on the host */
+enum {
+  FP4IDX_CUDA_TOPK_MAX = 1 << 20,     /* every k the protocol allows */
+  FP4IDX_CUDA_TOPK_SMEM_K = 8192      /* k above this: CUB segmented sort */
+};
 
 typedef struct fp4idx_cuda_topk_row_s {
-  const float *logits;  /* [width] */
-  int64_t width;
+  const float *logits;  /* [width] device */
+  int64_t width;        /* 0 .. INT32_MAX positions */
+  int64_t chunk0;       /* first chunk of the row: set by fp4idx_cuda_topk_plan */
 } fp4idx_cuda_topk_row_t;
 
-/* One block per row: the k largest visible logits (not -inf), sorted by
- * logit descending then position ascending; pos/val [n_rows, k] (unused:
- * -1 / -inf), count [n_rows]. FP4IDX_EINVAL if k > FP4IDX_CUDA_TOPK_MAX. */
-int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows,
-                            int32_t k, int32_t *pos, float *val, int32_t *count,
+/* Launch shape and workspace layout of one top-k launch (host-side). */
+typedef struct fp4idx_cuda_topk_plan_s {
+  int32_t n_rows, k;
+  int64_t chunk_len;     /* positions per block of the histogram/compact passes */
+  int64_t total_chunks;  /* blocks of those passes, all rows together */
+  int32_t large_k;       /* k > FP4IDX_CUDA_TOPK_SMEM_K */
+  int32_t _pad;
+  size_t memset_bytes;   /* zeroed at the start of every launch */
+  size_t o_hist, o_seg, o_ccount, o_cand, o_sorted, o_cub, cub_bytes;
+  size_t ws_bytes;       /* device workspace the launch needs (256-aligned) */
+} fp4idx_cuda_topk_plan_t;
+
+/* Plans a top-k of k over n_rows rows: reads rows[i].width, sets
+ * rows[i].chunk0 (rows is a HOST array; upload it afterwards) and fills *p.
+ * Returns FP4IDX_OK, FP4IDX_EINVAL (k outside 1..FP4IDX_CUDA_TOPK_MAX, a
+ * width outside 0..INT32_MAX), FP4IDX_E2BIG (the large-k sort's 2^31
+ * candidate limit) or FP4IDX_EDEVICE (CUB's size query failed). */
+int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                          fp4idx_cuda_topk_plan_t *p);
+
+/* Enqueues the top-k planned in *p: rows is the DEVICE copy of the planned
+ * rows, ws a device workspace of p->ws_bytes. Per row, the k largest visible
+ * logits (not -inf, not NaN), logit descending then position ascending;
+ * pos/val [n_rows, k] (unused: -1 / -inf), count [n_rows]. No host
+ * synchronization (capturable). FP4IDX_EINVAL on a bad plan or NULL
+ * pointer, FP4IDX_E2BIG when the large-k write grid would overflow. */
+int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p, const fp4idx_cuda_topk_row_t *rows,
+                            void *ws, int32_t *pos, float *val, int32_t *count,
                             cudaStream_t stream);
 
 /* ---- store / read (store.cu) -------------------------------------------- */

@@ -1,166 +1,521 @@
-/* topk.cu -- per-row top-k of scorer logits (DESIGN.md s3 order and ties).
+/* topk.cu -- per-row top-k of scorer logits, every row spread over the GPU.
  *
- * One 1024-thread block per row. Logits map to order-preserving 32-bit keys
- * (negative: all bits flipped; positive: sign bit set), so unsigned order is
- * float order. -inf (invisible positions) and negative NaNs map at or below
- * 0x007FFFFF and are never selected.
- *   1. count the visible logits; if <= k, all of them are taken;
- *   2. otherwise a 4-pass radix select (8 bits a pass, shared-memory
- *      histogram) finds T, the key of the k-th largest, and how many equal
- *      to T are still needed;
- *   3. collect every key > T (any order) and, scanning positions in order
- *      with a block-wide ballot prefix, the first `need` keys == T -- so ties
- *      at the threshold keep the lower positions;
- *   4. bitonic sort of (key << 32 | ~position) descending: logit descending,
- *      ties by lower position; write k pairs, padding with (-1, -inf).
- * k <= FP4IDX_CUDA_TOPK_MAX (the sort buffer lives in shared memory).
+ * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
+ * lower position, only visible positions (-inf is invisible), fewer pairs
+ * when fewer are visible, padding (-1, -inf).
+ *
+ * Logits map to order-preserving 32-bit keys (negative: all bits flipped;
+ * positive: sign bit set), so unsigned order is float order. -inf maps to
+ * kInvisibleMax and is never selected. NaN (any sign) maps to 0 and is never
+ * selected either, as in the CPU backend; -0 maps like +0, so -0 and +0 tie
+ * and the lower position wins, as the CPU's float compare does. The value
+ * written out is the logit read back at the chosen position (bit-exact).
+ *
+ * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
+ * per chunk, all rows of the batch in one grid:
+ *   1. hist_kernel: a 2048-bin histogram of the top 11 key bits per row
+ *      (shared memory per block, global atomics into the row's histogram);
+ *   2. compact_kernel: each block finds from the row's histogram the bin of
+ *      the k-th largest key (or bin 0 when at most k are visible) and copies
+ *      its keys in that bin or above, as (key << 32 | ~position), into its
+ *      chunk's area, in position order, with its count;
+ *   3a. k <= FP4IDX_CUDA_TOPK_SMEM_K: finish_kernel, one block per row:
+ *      gathers the row's candidates in position order (shared memory when
+ *      they fit, else read in place), a radix select finds the k-th key T
+ *      and keeps every key > T and the first keys == T by position, then a
+ *      stable CUB block radix sort (descending, only the key bits that
+ *      differ) gives the order;
+ *   3b. larger k: every chunk area is zero-filled past its count, CUB's
+ *      segmented radix sort orders each row's area (the position is in the
+ *      key, so keys are distinct), write_kernel emits the first k.
+ * No host synchronization: sizes come from fp4idx_cuda_topk_plan, so the
+ * whole launch can be captured in a CUDA graph.
  */
-#include <stdio.h>
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
+#include <limits.h>
+#include <string.h>
 
 #include "fp4idx_cuda.h"
 
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048, kBinShift = 21;  // top 11 bits of the key
+constexpr int kCT = 256, kCI = 8, kTile = kCT * kCI;
+constexpr int kMaxChunks = 2048;  // chunks of one row (finish keeps their offsets in smem)
+constexpr int kFT = 1024, kFI = 8, kCap = FP4IDX_CUDA_TOPK_SMEM_K;
+static_assert(kCap == kFT * kFI, "the block sort holds kCap items");
+constexpr uint32_t kInvisibleMax = 0x007FFFFFu;  // key of -inf
 
 __device__ __forceinline__ uint32_t ord_key(float f) {
-  const uint32_t u = __float_as_uint(f);
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN: never selected
+  if (u == 0x80000000u) u = 0u;                       // -0 ties +0
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ float key_to_float(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
+__device__ __forceinline__ unsigned long long cand_of(uint32_t key, int64_t pos) {
+  return ((unsigned long long)key << 32) | (0xFFFFFFFFu - (uint32_t)pos);
+}
+__device__ __forceinline__ int32_t cand_pos(unsigned long long c) {
+  return (int32_t)(0xFFFFFFFFu - (uint32_t)c);
 }
 
-constexpr uint32_t kInvisibleMax = 0x007FFFFFu;  // ord_key(-inf)
+// Shared-memory histogram increment, one atomic per distinct bin in the warp
+// (the candidates of a row share their leading bits: lanes collide a lot).
+__device__ __forceinline__ void hist_add(uint32_t *h, uint32_t bin, bool on) {
+  const unsigned act = __ballot_sync(0xffffffffu, on);
+  if (!on) return;
+  const unsigned peers = __match_any_sync(act, bin);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], (uint32_t)__popc(peers));
+}
 
-__global__ void __launch_bounds__(kThreads)
-    topk_kernel(const fp4idx_cuda_topk_row_t *rows, int32_t k, int32_t *pos, float *val,
-                int32_t *count) {
-  __shared__ unsigned long long sel[FP4IDX_CUDA_TOPK_MAX];
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t warp_cnt[kWarps];
-  __shared__ uint32_t s_cnt, s_nsel, s_prefix, s_rem, s_eqbase;
+// The row owning global chunk `chunk`: the last row with chunk0 <= chunk
+// (rows without chunks share the next row's chunk0 and are skipped).
+__device__ int find_row(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk) {
+  int lo = 0, hi = n_rows - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (rows[mid].chunk0 <= chunk) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
 
-  const fp4idx_cuda_topk_row_t row = rows[blockIdx.x];
+__global__ void __launch_bounds__(kCT)
+    hist_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len,
+                uint32_t *hist, int *seg_begin, int *seg_end) {
+  __shared__ uint32_t h[kBins];
+  const int r = find_row(rows, n_rows, blockIdx.x);
+  const fp4idx_cuda_topk_row_t row = rows[r];
+  const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
+  const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
+  if (seg_begin && b == 0 && threadIdx.x == 0) {  // segments of the large-k sort
+    const int64_t nch = (row.width + chunk_len - 1) / chunk_len;
+    seg_begin[r] = (int)(row.chunk0 * chunk_len);
+    seg_end[r] = (int)((row.chunk0 + nch) * chunk_len);
+  }
+  for (int i = threadIdx.x; i < kBins; i += kCT) h[i] = 0;
+  __syncthreads();
   const float *x = row.logits;
-  const int64_t n = row.width;
+  for (int64_t i0 = b; i0 < e; i0 += kCT) {  // uniform trip count: whole warps
+    const int64_t i = i0 + threadIdx.x;
+    const uint32_t key = i < e ? ord_key(x[i]) : 0u;
+    hist_add(h, key >> kBinShift, key > kInvisibleMax);
+  }
+  __syncthreads();
+  uint32_t *g = hist + (size_t)r * kBins;
+  for (int i = threadIdx.x; i < kBins; i += kCT)
+    if (h[i]) atomicAdd(&g[i], h[i]);
+}
+
+__global__ void __launch_bounds__(kCT)
+    compact_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
+                   const uint32_t *hist, uint32_t *ccount, unsigned long long *cand,
+                   int zero_fill) {
+  using Scan = cub::BlockScan<uint32_t, kCT>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ uint32_t s_lo;
+  const int tid = threadIdx.x;
+  const int r = find_row(rows, n_rows, blockIdx.x);
+  const fp4idx_cuda_topk_row_t row = rows[r];
+
+  // The bin holding the k-th largest key: thread t holds bins in
+  // descending order [kBins - 8(t+1), kBins - 8t).
+  const uint32_t *g = hist + (size_t)r * kBins;
+  uint32_t v[kBins / kCT], mine = 0, above = 0, total = 0;
+#pragma unroll
+  for (int j = 0; j < kBins / kCT; j++) mine += v[j] = g[kBins - 1 - (tid * (kBins / kCT) + j)];
+  Scan(scan).ExclusiveSum(mine, above, total);
+  if (tid == 0 && total <= (uint32_t)k) s_lo = 0;  // every visible key is a candidate
+  if (total > (uint32_t)k && above < (uint32_t)k && above + mine >= (uint32_t)k) {
+    uint32_t c = above;
+    for (int j = 0; j < kBins / kCT; j++) {
+      if (c + v[j] >= (uint32_t)k) {
+        s_lo = (uint32_t)(kBins - 1 - (tid * (kBins / kCT) + j));
+        break;
+      }
+      c += v[j];
+    }
+  }
+  __syncthreads();
+  const uint32_t lo = s_lo;
+
+  // Keys in bin >= lo, in position order (blocked: thread t owns 8 in a row).
+  const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
+  const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
+  unsigned long long *out = cand + (size_t)blockIdx.x * (size_t)chunk_len;
+  uint32_t base = 0;
+  for (int64_t t0 = b; t0 < e; t0 += kTile) {
+    uint32_t key[kCI], n = 0;
+#pragma unroll
+    for (int j = 0; j < kCI; j++) {
+      const int64_t i = t0 + tid * kCI + j;
+      key[j] = i < e ? ord_key(row.logits[i]) : 0u;
+      if (key[j] <= kInvisibleMax || (key[j] >> kBinShift) < lo) key[j] = 0;
+      n += key[j] != 0;
+    }
+    uint32_t at, tile_n;
+    __syncthreads();  // scan storage reuse
+    Scan(scan).ExclusiveSum(n, at, tile_n);
+#pragma unroll
+    for (int j = 0; j < kCI; j++)
+      if (key[j]) out[base + at++] = cand_of(key[j], t0 + tid * kCI + j);
+    base += tile_n;
+  }
+  if (tid == 0) ccount[blockIdx.x] = base;
+  if (zero_fill)  // the large-k sort reads whole areas: 0 sorts last
+    for (int64_t i = base + tid; i < chunk_len; i += kCT) out[i] = 0ull;
+}
+
+// Warp 0 finds, in a 256-bin histogram, the digit d where the count of
+// digits above d is < rem <= the count of digits >= d; *s_rem becomes rem
+// minus the count above d.
+__device__ void find_digit(const uint32_t *h, uint32_t rem, uint32_t *s_digit, uint32_t *s_rem) {
+  const int lane = threadIdx.x & 31;
+  uint32_t v[8], mine = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j++) mine += v[j] = h[255 - (lane * 8 + j)];
+  uint32_t incl = mine;
+  for (int d = 1; d < 32; d <<= 1) {
+    const uint32_t o = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += o;
+  }
+  const uint32_t excl = incl - mine;
+  if (excl < rem && incl >= rem) {
+    uint32_t c = excl;
+    for (int j = 0; j < 8; j++) {
+      if (c + v[j] >= rem) {
+        *s_digit = (uint32_t)(255 - (lane * 8 + j));
+        *s_rem = rem - c;
+        break;
+      }
+      c += v[j];
+    }
+  }
+}
+
+struct FinishSmem {
+  uint32_t off[kMaxChunks + 1];  // candidate offset of each chunk of the row
+  uint32_t hist[256];
+  uint32_t digit, rem, kor, kand;
+};
+
+// Candidate i of the row in position order: shared memory when they fit,
+// else a binary search over the chunk offsets and a read in place.
+struct Cands {
+  const unsigned long long *sm;  // gathered, or nullptr
+  const unsigned long long *g;   // the row's first chunk area
+  const uint32_t *off;
+  int nch;
+  int64_t chunk_len;
+  __device__ unsigned long long operator()(uint32_t i) const {
+    if (sm) return sm[i];
+    int lo = 0, hi = nch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (off[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    return g[(size_t)lo * (size_t)chunk_len + (i - off[lo])];
+  }
+};
+
+template <int IPT>
+__device__ void sort_write(unsigned char *smem, const unsigned long long *sel, uint32_t n_out,
+                           int begin_bit, int end_bit, const float *logits, int32_t *pos,
+                           float *val) {
+  using Sort = cub::BlockRadixSort<uint32_t, kFT, IPT, uint32_t>;
+  static_assert(sizeof(typename Sort::TempStorage) <= 2 * kCap * sizeof(unsigned long long),
+                "sort storage aliases the candidate arrays");
+  uint32_t key[IPT], low[IPT];
+#pragma unroll
+  for (int j = 0; j < IPT; j++) {
+    const uint32_t i = threadIdx.x * IPT + j;
+    const unsigned long long c = i < n_out ? sel[i] : 0ull;
+    key[j] = (uint32_t)(c >> 32);
+    low[j] = (uint32_t)c;
+  }
+  __syncthreads();  // the storage overwrites sel
+  if (end_bit > begin_bit)  // stable: equal keys stay in position order
+    Sort(*reinterpret_cast<typename Sort::TempStorage *>(smem))
+        .SortDescending(key, low, begin_bit, end_bit);
+#pragma unroll
+  for (int j = 0; j < IPT; j++) {
+    const uint32_t i = threadIdx.x * IPT + j;
+    if (i < n_out) {
+      const int32_t p = (int32_t)(0xFFFFFFFFu - low[j]);
+      pos[i] = p;
+      val[i] = logits[p];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kFT)
+    finish_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
+                  const uint32_t *ccount, const unsigned long long *cand, int32_t *pos,
+                  float *val, int32_t *count) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned long long *A = reinterpret_cast<unsigned long long *>(smem);  // [kCap] gathered
+  unsigned long long *B = A + kCap;                                      // [kCap] selected
+  FinishSmem &s = *reinterpret_cast<FinishSmem *>(B + kCap);
+  using Scan = cub::BlockScan<uint32_t, kFT>;
+  __shared__ typename Scan::TempStorage scan;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const fp4idx_cuda_topk_row_t row = rows[blockIdx.x];
+  const int nch = (int)((row.width + chunk_len - 1) / chunk_len);
+  const unsigned long long *g = cand + (size_t)row.chunk0 * (size_t)chunk_len;
+  const uint32_t *cc = ccount + row.chunk0;
+  int32_t *po = pos + (size_t)blockIdx.x * (size_t)k;
+  float *vo = val + (size_t)blockIdx.x * (size_t)k;
 
-  if (tid == 0) { s_cnt = 0; s_nsel = 0; }
+  // Chunk offsets (exclusive scan of the counts).
+  uint32_t C = 0;
+  for (int c0 = 0; c0 < nch; c0 += kFT) {
+    const uint32_t n = c0 + tid < nch ? cc[c0 + tid] : 0u;
+    uint32_t at, tot;
+    Scan(scan).ExclusiveSum(n, at, tot);
+    if (c0 + tid < nch) s.off[c0 + tid] = C + at;
+    C += tot;
+    __syncthreads();
+  }
+  if (tid == 0) s.off[nch] = C;
   __syncthreads();
-  uint32_t c = 0;
-  for (int64_t i = tid; i < n; i += kThreads) c += ord_key(x[i]) > kInvisibleMax;
-  for (int d = 16; d; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
-  if (lane == 0) atomicAdd(&s_cnt, c);
+  const uint32_t n_out = C < (uint32_t)k ? C : (uint32_t)k;
+  const bool fits = C <= (uint32_t)kCap;
+  if (fits)  // one warp per chunk: the candidates in position order
+    for (int c = warp; c < nch; c += kFT / 32)
+      for (uint32_t i = lane; i < s.off[c + 1] - s.off[c]; i += 32)
+        A[s.off[c] + i] = g[(size_t)c * (size_t)chunk_len + i];
   __syncthreads();
-  const uint32_t cnt = s_cnt;
+  const Cands at{fits ? A : nullptr, g, s.off, nch, chunk_len};
 
-  uint32_t T = kInvisibleMax, need = 0;
-  if (cnt > (uint32_t)k) {
+  // Key bits that differ among the candidates: only those need a pass.
+  if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
+  __syncthreads();
+  {
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < C; i += kFT) {
+      const uint32_t key = (uint32_t)(at(i) >> 32);
+      kor |= key;
+      kand &= key;
+    }
+    if (kor) atomicOr(&s.kor, kor);
+    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
+  }
+  __syncthreads();
+  const uint32_t all_or = s.kor, all_and = s.kand;
+  const unsigned long long *sel = A;
+  if (C > (uint32_t)k) {
+    // Radix select of the k-th key T (8 bits a pass, digits that differ) ...
     uint32_t prefix = 0, pmask = 0, rem = (uint32_t)k;
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += kThreads) hist[b] = 0;
+      if ((((all_or ^ all_and) >> shift) & 255u) == 0) {  // one digit for all: T has it
+        prefix |= all_and & (255u << shift);
+        pmask |= 255u << shift;
+        continue;
+      }
+      for (int i = tid; i < 256; i += kFT) s.hist[i] = 0;
       __syncthreads();
-      for (int64_t i = tid; i < n; i += kThreads) {
-        const uint32_t key = ord_key(x[i]);
-        if (key > kInvisibleMax && (key & pmask) == prefix)
-          atomicAdd(&hist[(key >> shift) & 255u], 1u);
+      for (uint32_t i0 = 0; i0 < C; i0 += kFT) {
+        const uint32_t i = i0 + tid;
+        const uint32_t key = i < C ? (uint32_t)(at(i) >> 32) : 0u;
+        hist_add(s.hist, (key >> shift) & 255u, i < C && (key & pmask) == prefix);
       }
       __syncthreads();
-      if (tid == 0) {
-        uint32_t cum = 0, b = 255;
-        for (;; b--) {
-          if (cum + hist[b] >= rem || b == 0) break;
-          cum += hist[b];
-        }
-        s_prefix = prefix | (b << shift);
-        s_rem = rem - cum;
-      }
+      if (warp == 0) find_digit(s.hist, rem, &s.digit, &s.rem);
       __syncthreads();
-      prefix = s_prefix;
-      rem = s_rem;
+      prefix |= s.digit << shift;
       pmask |= 255u << shift;
+      rem = s.rem;
       __syncthreads();
     }
-    T = prefix;
-    need = rem;
-  }
-
-  // Collect: > T anywhere, == T the first `need` by position.
-  if (tid == 0) s_eqbase = 0;
-  __syncthreads();
-  for (int64_t base = 0; base < n; base += kThreads) {
-    const int64_t i = base + tid;
-    const uint32_t key = i < n ? ord_key(x[i]) : 0u;
-    if (key > T) {
-      const uint32_t at = atomicAdd(&s_nsel, 1u);
-      sel[at] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (uint32_t)i);
-    }
-    if (need) {
-      const bool eq = i < n && key == T;
-      const uint32_t ballot = __ballot_sync(0xffffffffu, eq);
-      if (lane == 0) warp_cnt[warp] = __popc(ballot);
-      __syncthreads();
-      uint32_t before = s_eqbase;
-      for (int w = 0; w < warp; w++) before += warp_cnt[w];
-      before += __popc(ballot & ((1u << lane) - 1u));
-      if (eq && before < need) {
-        const uint32_t at = atomicAdd(&s_nsel, 1u);
-        sel[at] = ((unsigned long long)key << 32) | (0xFFFFFFFFu - (uint32_t)i);
+    // ... then keys > T and the first `rem` keys == T, in position order.
+    uint32_t eq_base = 0, out_base = 0;
+    for (uint32_t t0 = 0; t0 < C; t0 += kCap) {
+      unsigned long long c[kFI];
+      uint32_t neq = 0;
+#pragma unroll
+      for (int j = 0; j < kFI; j++) {
+        const uint32_t i = t0 + tid * kFI + j;
+        c[j] = i < C ? at(i) : 0ull;
+        neq += (uint32_t)(c[j] >> 32) == prefix && i < C;
       }
-      __syncthreads();
-      if (tid == 0) {
-        uint32_t tot = 0;
-        for (int w = 0; w < kWarps; w++) tot += warp_cnt[w];
-        s_eqbase += tot;
+      uint32_t eq_at, eq_tot;
+      Scan(scan).ExclusiveSum(neq, eq_at, eq_tot);
+      eq_at += eq_base;
+      uint32_t nsel = 0;
+      bool take[kFI];
+#pragma unroll
+      for (int j = 0; j < kFI; j++) {
+        const uint32_t key = (uint32_t)(c[j] >> 32);
+        const bool eq = key == prefix && t0 + tid * kFI + j < C;
+        take[j] = key > prefix || (eq && eq_at < rem);
+        eq_at += eq;
+        nsel += take[j];
       }
+      uint32_t o_at, o_tot;
       __syncthreads();
-      if (s_eqbase >= need) need = 0;  // uniform: every thread reads the same value
-    }
-  }
-  __syncthreads();
-  const uint32_t m = s_nsel;  // == min(k, cnt)
-  uint32_t P = 1;
-  while (P < m) P <<= 1;
-  for (uint32_t i = m + tid; i < P; i += kThreads) sel[i] = 0ull;
-  __syncthreads();
-  // Bitonic sort, descending.
-  for (uint32_t size = 2; size <= P; size <<= 1) {
-    for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
-      for (uint32_t i = tid; i < P / 2; i += kThreads) {
-        const uint32_t lo = 2 * i - (i & (stride - 1));
-        const uint32_t hi = lo + stride;
-        const bool desc = (lo & size) == 0;
-        const unsigned long long a = sel[lo], b = sel[hi];
-        if ((a < b) == desc) { sel[lo] = b; sel[hi] = a; }
-      }
+      Scan(scan).ExclusiveSum(nsel, o_at, o_tot);
+      o_at += out_base;
+#pragma unroll
+      for (int j = 0; j < kFI; j++)
+        if (take[j]) B[o_at++] = c[j];
+      eq_base += eq_tot;
+      out_base += o_tot;
       __syncthreads();
     }
+    sel = B;
   }
-  const int64_t ob = (int64_t)blockIdx.x * k;
-  for (int32_t i = tid; i < k; i += kThreads) {
-    if ((uint32_t)i < m) {
-      const unsigned long long e = sel[i];
-      pos[ob + i] = (int32_t)(0xFFFFFFFFu - (uint32_t)(e & 0xFFFFFFFFull));
-      val[ob + i] = key_to_float((uint32_t)(e >> 32));
-    } else {
-      pos[ob + i] = -1;
-      val[ob + i] = -INFINITY;
+  // Sort only the key bits that differ among the selected.
+  uint32_t diff = all_or ^ all_and;
+  if (C > (uint32_t)k) {
+    __syncthreads();
+    if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
+    __syncthreads();
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < n_out; i += kFT) {
+      const uint32_t key = (uint32_t)(sel[i] >> 32);
+      kor |= key;
+      kand &= key;
     }
+    if (kor) atomicOr(&s.kor, kor);
+    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
+    __syncthreads();
+    diff = s.kor ^ s.kand;
   }
-  if (tid == 0) count[blockIdx.x] = (int32_t)m;
+  if (n_out <= 1) diff = 0;
+  const int begin_bit = diff ? __ffs(diff) - 1 : 0, end_bit = diff ? 32 - __clz(diff) : 0;
+  if (n_out <= 1024) sort_write<1>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
+  else if (n_out <= 2048) sort_write<2>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
+  else if (n_out <= 4096) sort_write<4>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
+  else sort_write<8>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
+  for (int32_t i = (int32_t)n_out + tid; i < k; i += kFT) {
+    po[i] = -1;
+    vo[i] = -INFINITY;
+  }
+  if (tid == 0) count[blockIdx.x] = (int32_t)n_out;
 }
+
+// Large k: the first k of each sorted row area (zeros mark the end).
+__global__ void write_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
+                             const unsigned long long *sorted, int32_t *pos, float *val,
+                             int32_t *count) {
+  const int64_t per_row = (k + 255) / 256;
+  const int r = (int)(blockIdx.x / per_row);
+  const fp4idx_cuda_topk_row_t row = rows[r];
+  const unsigned long long *g = sorted + (size_t)row.chunk0 * (size_t)chunk_len;
+  const int64_t cap = (row.width + chunk_len - 1) / chunk_len * chunk_len;
+  const int64_t i = (int64_t)(blockIdx.x % per_row) * 256 + threadIdx.x;
+  if (i >= k) return;
+  const unsigned long long c = i < cap ? g[i] : 0ull;
+  const size_t o = (size_t)r * (size_t)k + (size_t)i;
+  pos[o] = c ? cand_pos(c) : -1;
+  val[o] = c ? row.logits[cand_pos(c)] : -INFINITY;
+  // count: the first zero (or the end) -- exactly one thread sees the edge.
+  const unsigned long long next = i + 1 < cap && i + 1 < k ? g[i + 1] : 0ull;
+  if (i == 0 && !c) count[r] = 0;
+  if (c && !next) count[r] = (int32_t)(i + 1);
+}
+
+size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 }  // namespace
 
-extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows,
-                                       int32_t k, int32_t *pos, float *val, int32_t *count,
-                                       cudaStream_t stream) {
-  if (k < 1 || k > FP4IDX_CUDA_TOPK_MAX || n_rows < 0 || (n_rows && (!rows || !pos || !val || !count)))
+extern "C" int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                                     fp4idx_cuda_topk_plan_t *p) {
+  if (!p || n_rows < 0 || (n_rows && !rows) || k < 1 || k > FP4IDX_CUDA_TOPK_MAX)
     return FP4IDX_EINVAL;
-  if (n_rows == 0) return FP4IDX_OK;
-  topk_kernel<<<n_rows, kThreads, 0, stream>>>(rows, k, pos, val, count);
-  return fp4idx__cuda_check(cudaGetLastError(), "topk: launch");
+  memset(p, 0, sizeof *p);
+  int64_t max_w = 0;
+  for (int32_t i = 0; i < n_rows; i++) {
+    if (rows[i].width < 0 || rows[i].width > INT32_MAX) return FP4IDX_EINVAL;
+    if (rows[i].width > max_w) max_w = rows[i].width;
+  }
+  // Chunks of whole tiles; at most kMaxChunks of them in one row.
+  const int64_t span = (int64_t)kTile * kMaxChunks;
+  const int64_t chunk_len = (int64_t)kTile * ((max_w + span - 1) / span > 0 ? (max_w + span - 1) / span : 1);
+  int64_t total = 0;
+  for (int32_t i = 0; i < n_rows; i++) {
+    rows[i].chunk0 = total;
+    total += (rows[i].width + chunk_len - 1) / chunk_len;
+  }
+  p->n_rows = n_rows;
+  p->k = k;
+  p->chunk_len = chunk_len;
+  p->total_chunks = total;
+  p->large_k = k > FP4IDX_CUDA_TOPK_SMEM_K;
+  const size_t cand_n = (size_t)total * (size_t)chunk_len;
+  if (total > INT_MAX || (p->large_k && cand_n > (size_t)INT_MAX)) return FP4IDX_E2BIG;
+  size_t off = 0;
+  p->o_hist = off; off = align256(off + (size_t)n_rows * kBins * 4);
+  if (p->large_k) {  // zeroed too: a row without chunks is an empty segment
+    p->o_seg = off; off = align256(off + (size_t)n_rows * 8);
+  }
+  p->memset_bytes = off;
+  p->o_ccount = off; off = align256(off + (size_t)total * 4);
+  p->o_cand = off; off = align256(off + cand_n * 8);
+  if (p->large_k) {
+    p->o_sorted = off; off = align256(off + cand_n * 8);
+    size_t tmp = 0;
+    cudaError_t e = cub::DeviceSegmentedRadixSort::SortKeysDescending(
+        nullptr, tmp, (const unsigned long long *)nullptr, (unsigned long long *)nullptr,
+        (int)cand_n, n_rows, (const int *)nullptr, (const int *)nullptr);
+    if (e != cudaSuccess) return fp4idx__cuda_check(e, "topk: sort size");
+    p->o_cub = off; off = align256(off + tmp);
+    p->cub_bytes = tmp;
+  }
+  p->ws_bytes = off;
+  return FP4IDX_OK;
+}
+
+extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
+                                       const fp4idx_cuda_topk_row_t *rows, void *ws,
+                                       int32_t *pos, float *val, int32_t *count,
+                                       cudaStream_t stream) {
+  if (!p || p->n_rows < 0 || p->k < 1 || p->k > FP4IDX_CUDA_TOPK_MAX ||
+      (p->n_rows && (!rows || !ws || !pos || !val || !count)))
+    return FP4IDX_EINVAL;
+  if (p->n_rows == 0) return FP4IDX_OK;
+  int rc;
+  uint8_t *w = (uint8_t *)ws;
+  uint32_t *hist = (uint32_t *)(w + p->o_hist), *ccount = (uint32_t *)(w + p->o_ccount);
+  unsigned long long *cand = (unsigned long long *)(w + p->o_cand);
+  int *seg = p->large_k ? (int *)(w + p->o_seg) : nullptr;
+  if ((rc = fp4idx__cuda_check(cudaMemsetAsync(w, 0, p->memset_bytes, stream), "topk: zero")))
+    return rc;
+  if (p->total_chunks > 0) {
+    hist_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
+        rows, p->n_rows, p->chunk_len, hist, seg, seg ? seg + p->n_rows : nullptr);
+    if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: histogram"))) return rc;
+    compact_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
+        rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k);
+    if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: compact"))) return rc;
+  }
+  if (!p->large_k) {
+    const size_t sm = 2 * kCap * sizeof(unsigned long long) + sizeof(FinishSmem);
+    if ((rc = fp4idx__cuda_check(
+             cudaFuncSetAttribute(finish_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)sm),
+             "topk: shared memory")))
+      return rc;
+    finish_kernel<<<p->n_rows, kFT, sm, stream>>>(rows, p->chunk_len, p->k, ccount, cand, pos,
+                                                  val, count);
+    return fp4idx__cuda_check(cudaGetLastError(), "topk: finish");
+  }
+  unsigned long long *sorted = (unsigned long long *)(w + p->o_sorted);
+  const size_t cand_n = (size_t)p->total_chunks * (size_t)p->chunk_len;
+  if (cand_n) {
+    size_t tmp = p->cub_bytes;
+    if ((rc = fp4idx__cuda_check(cub::DeviceSegmentedRadixSort::SortKeysDescending(
+                                     w + p->o_cub, tmp, cand, sorted, (int)cand_n, p->n_rows, seg,
+                                     seg + p->n_rows, 0, 64, stream),
+                                 "topk: segmented sort")))
+      return rc;
+  }
+  const int64_t blocks = (int64_t)((p->k + 255) / 256) * p->n_rows;
+  if (blocks > INT_MAX) return FP4IDX_E2BIG;
+  write_kernel<<<(unsigned)blocks, 256, 0, stream>>>(rows, p->chunk_len, p->k, sorted, pos, val, count);
+  return fp4idx__cuda_check(cudaGetLastError(), "topk: write");
 }

@@ -1,0 +1,36 @@
+/* bench_cuda_topk.h -- the top-k benchmark of fp4idx-bench-cuda
+ * (bench_cuda_topk.cu) and the previous top-k kernel it times as the
+ * baseline (bench_topk_old.cu). Benchmark code only, not the product. */
+#ifndef FP4IDX_BENCH_CUDA_TOPK_H
+#define FP4IDX_BENCH_CUDA_TOPK_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "fp4idx_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { FP4IDX_BENCH_TOPK_OLD_MAX = 4096 }; /* the old kernel's largest k */
+
+typedef struct fp4idx_bench_old_row_s {
+  const float *logits; /* [width] device */
+  int64_t width;
+} fp4idx_bench_old_row_t;
+
+/* The old one-block-per-row top-k: same outputs as fp4idx_cuda_topk_launch
+ * for k <= FP4IDX_BENCH_TOPK_OLD_MAX (FP4IDX_EINVAL above). rows: device. */
+int fp4idx_bench_topk_old_launch(const fp4idx_bench_old_row_t *rows, int32_t n_rows, int32_t k,
+                                 int32_t *pos, float *val, int32_t *count, cudaStream_t stream);
+
+/* `fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]`: the top-k table
+ * (argv[0] is "--topk"). Returns the process exit status. */
+int fp4idx_bench_topk_main(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,177 @@
+"""AsyncClient: the same methods as Client, as coroutines over asyncio
+streams. Calls from concurrent tasks share the connection and are
+pipelined: each request is written at once, and one reader task hands the
+replies (which come in request order) to the waiting calls in order.
+"""
+import asyncio
+import collections
+
+from . import wire
+from .errors import BY_NAME, Error
+from .methods import Methods, Queue, first_error
+
+_BACKLOG = 1 << 20  # bytes queued in the transport before a call waits (drain)
+
+
+class AsyncClient(Methods):
+    """asyncio client of one fp4idxd. Create it, then `await c.connect()` or
+    use `async with fp4idx.AsyncClient(...) as c:`; a call on a closed or
+    lost connection connects first. socket and timeout as for Client
+    (timeout: seconds per call; on expiry the connection is closed, every
+    waiting call fails with Timeout)."""
+
+    def __init__(self, socket=None, timeout=None):
+        self.socket_path = socket if socket is not None else wire.default_socket()
+        self.timeout = timeout
+        self._enc = wire.Encoder()
+        self._reader = self._writer = self._task = None
+        self._pending = collections.deque()  # (future, request, id), in send order
+        self._lock = None
+
+    async def connect(self):
+        """(Re)connects, failing calls still waiting on an old connection."""
+        await self.close()
+        try:
+            coro = asyncio.open_unix_connection(self.socket_path, limit=1 << 20)
+            self._reader, self._writer = await asyncio.wait_for(coro, self.timeout)
+        except asyncio.TimeoutError:
+            raise BY_NAME["ETIMEDOUT"](f"connect {self.socket_path}: timed out") from None
+        except OSError as e:
+            raise BY_NAME["ECONN"](f"connect {self.socket_path}: {e.strerror or e}") from None
+        self._task = asyncio.ensure_future(self._read_loop(self._reader))
+        return self
+
+    @property
+    def connected(self):
+        """True while a connection is open."""
+        return self._writer is not None
+
+    async def close(self):
+        """Closes the connection; calls still waiting fail with ConnectionLost."""
+        self._fail_all(BY_NAME["ECONN"]("connection closed"))
+        w, t = self._writer, self._task
+        self._reader = self._writer = self._task = None
+        if t is not None and t is not asyncio.current_task():
+            t.cancel()
+        if w is not None:
+            w.close()
+            try:
+                await w.wait_closed()
+            except OSError:
+                pass
+
+    async def __aenter__(self):
+        if self._writer is None:
+            await self.connect()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def pipeline(self):
+        """-> AsyncPipeline: queue calls, then `await p.execute()`."""
+        return AsyncPipeline(self)
+
+    # ---- requests ------------------------------------------------------------
+    async def _run(self, req):
+        (fut,) = await self._send([req])
+        return await self._wait(fut)
+
+    async def _send(self, reqs):
+        """Writes `reqs` in one write -> their futures."""
+        if self._writer is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:  # one connect at a time
+                if self._writer is None:
+                    await self.connect()
+        w = self._writer
+        if w is None:  # lost again while connecting
+            raise BY_NAME["ECONN"](f"{self.socket_path}: connection lost")
+        loop = asyncio.get_running_loop()
+        futs, chunks = [], []
+        for req in reqs:
+            rid, bufs = self._enc.frame(req)
+            fut = loop.create_future()
+            self._pending.append((fut, req, rid))
+            futs.append(fut)
+            chunks.extend(bufs)
+        w.writelines(chunks)  # no await between queueing and writing
+        # Wait for the socket only when the transport holds a backlog (drain
+        # is the flow control; a small request is already on its way).
+        if w.transport.get_write_buffer_size() > _BACKLOG:
+            try:
+                await w.drain()
+            except OSError as e:
+                await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
+        return futs
+
+    async def _wait(self, fut):
+        if self.timeout is None:
+            return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except asyncio.TimeoutError:
+            await self._lost(BY_NAME["ETIMEDOUT"](f"no reply within {self.timeout} s"))
+            return fut.result()  # raises the Timeout set by _lost
+
+    async def _read_loop(self, reader):
+        try:
+            while True:
+                hdr = await reader.readexactly(4)
+                body = await reader.readexactly(wire.body_length(hdr))
+                r = wire.decode(body)
+                if not self._pending:
+                    raise wire.desync("a reply nobody asked for")
+                fut, req, rid = self._pending.popleft()
+                try:
+                    res = wire.result(req, rid, r)
+                except Exception as e:  # the daemon's error, or a reply we cannot use
+                    if not fut.done():
+                        fut.set_exception(e)
+                    if getattr(e, "fatal", False):
+                        raise
+                    continue
+                if not fut.done():
+                    fut.set_result(res)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.IncompleteReadError:
+            await self._lost(BY_NAME["ECONN"]("daemon closed the connection"))
+        except Error as e:
+            await self._lost(e)
+        except OSError as e:
+            await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
+
+    def _fail_all(self, err):
+        while self._pending:
+            fut = self._pending.popleft()[0]
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()  # retrieved: no "never retrieved" warning
+
+    async def _lost(self, err):
+        self._fail_all(err)
+        await self.close()
+
+
+class AsyncPipeline(Queue):
+    """AsyncClient's pipeline: methods queue (and return the pipeline);
+    `await p.execute(raise_on_error=True)` writes all at once and returns
+    the results in order (errors as fp4idx.Error objects when
+    raise_on_error is False; a lost connection or a timeout always raises)."""
+
+    async def execute(self, raise_on_error=True):
+        """Writes the queued requests at once -> their results in order."""
+        reqs = self._take()
+        if not reqs:
+            return []
+        futs = await self._client._send(reqs)
+        results = await asyncio.gather(*(self._client._wait(f) for f in futs),
+                                       return_exceptions=True)
+        for r in results:
+            if not isinstance(r, Error) and isinstance(r, BaseException):
+                raise r
+            if isinstance(r, Error) and r.code in (-14, -15):
+                raise r
+        return first_error(results, raise_on_error)

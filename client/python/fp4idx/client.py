@@ -1,0 +1,290 @@
+"""The blocking client: one Unix socket connection, requests in order,
+pipelining through Pipeline.
+
+Not thread-safe: one Client per thread (as libfp4idx-client).
+"""
+import select
+import socket as _socket
+import time
+
+from . import wire
+from .errors import BY_NAME, Error, error_for
+from .methods import Methods, Queue, first_error
+
+_KEEP = 4 << 20  # a receive buffer grown above this is dropped after use
+_IOV_MAX = 1024
+_SMALL = 4096  # bodies below this are joined to their header for one send
+
+
+class Client(Methods):
+    """A connection to one fp4idxd.
+
+    socket: the daemon's socket path (None: $FP4IDX_SOCKET, else
+    $XDG_RUNTIME_DIR/fp4idx/fp4idxd.sock, else /run/fp4idx/fp4idxd.sock, as
+    libfp4idx-client). timeout: seconds, None to wait forever; it bounds
+    each wait for the socket of a call (connect, every send and receive),
+    and the whole exchange of a pipeline.
+
+    Connects at once (ConnectionLost when no daemon answers). When the
+    connection is lost, or a call times out, that call raises
+    ConnectionLost / Timeout and the connection is closed; the next call
+    connects again (it does not resend the failed request: an append may or
+    may not have been applied, as for any lost reply).
+    """
+
+    def __init__(self, socket=None, timeout=None):
+        self.socket_path = socket if socket is not None else wire.default_socket()
+        self.timeout = timeout
+        self._sock = None
+        self._enc = wire.Encoder()
+        self._guard = _Guard(self)
+        self._reset_buffer(1 << 16)
+        self.connect()
+
+    # ---- connection -------------------------------------------------------
+    def connect(self):
+        """(Re)connects, closing any old connection first."""
+        self.close()
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(self.socket_path)
+        except _socket.timeout:
+            s.close()
+            raise BY_NAME["ETIMEDOUT"](f"connect {self.socket_path}: timed out") from None
+        except OSError as e:
+            s.close()
+            raise BY_NAME["ECONN"](f"connect {self.socket_path}: {e.strerror or e}") from None
+        self._sock = s
+        return s
+
+    @property
+    def connected(self):
+        """True while a connection is open."""
+        return self._sock is not None
+
+    def close(self):
+        """Closes the connection (a later call connects again)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._start = self._end = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def pipeline(self):
+        """-> Pipeline: its methods queue requests; execute() sends them in
+        one write and returns the results in order."""
+        return Pipeline(self)
+
+    # ---- one request ------------------------------------------------------
+    def _run(self, req):
+        rid, bufs = self._enc.frame(req)
+        with self._guard:
+            self._send_frame(bufs)
+            r = self._recv_reply()
+        return self._result(req, rid, r)
+
+    def _start_req(self, req):
+        """Sends `req` -> its id (then _finish reads the reply)."""
+        rid, bufs = self._enc.frame(req)
+        with self._guard:
+            self._send_frame(bufs)
+        return rid
+
+    def _send_frame(self, bufs):
+        sock = self._sock or self.connect()
+        try:
+            if len(bufs[1]) < _SMALL:
+                sock.sendall(bufs[0] + bufs[1])  # one small copy, one syscall
+            else:
+                self._sendmsg_all(sock, bufs)  # header + body, no copy
+        except (BrokenPipeError, ConnectionResetError):
+            self._raise_parting_error()
+            raise
+
+    def _raise_parting_error(self):
+        """The daemon closed while we were sending: a frame above max_frame
+        gets one error reply (id 0) before the close (PROTOCOL.md, "When the
+        connection closes"); raise that error if it is there."""
+        try:
+            self._sock.settimeout(1.0)
+            r = self._recv_reply()
+        except (OSError, Error):
+            return
+        finally:
+            self.close()
+        if isinstance(r.get("status"), int) and r["status"] < 0:
+            raise error_for(r["status"], str(r.get("error", "")) +
+                            " (the daemon closed the connection)")
+
+    def _finish(self, req, rid):
+        with self._guard:
+            if self._sock is None:
+                raise BY_NAME["ECONN"]("connection lost before the reply")
+            r = self._recv_reply()
+        return self._result(req, rid, r)
+
+    def _result(self, req, rid, r):
+        try:
+            return wire.result(req, rid, r)
+        except Error as e:
+            if getattr(e, "fatal", False):
+                self.close()
+            raise
+
+    # ---- many requests ------------------------------------------------------
+    def _exchange(self, reqs):
+        """Sends `reqs` in one write while reading their replies (so that a
+        pipeline larger than the socket buffers cannot deadlock with the
+        daemon's 32-in-flight limit); -> list of results or Error objects."""
+        frames = [self._enc.frame(q) for q in reqs]
+        out = [memoryview(b) for _, bufs in frames for b in bufs]
+        replies = []
+        with self._guard:
+            sock = self._sock or self.connect()
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
+            sock.setblocking(False)
+            poller = select.poll()
+            try:
+                while len(replies) < len(frames):
+                    r = self._try_frame()
+                    if r is not None:
+                        replies.append(r)
+                        continue
+                    poller.register(sock, select.POLLIN | (select.POLLOUT if out else 0))
+                    wait = None if deadline is None else max(0, deadline - time.monotonic()) * 1000
+                    if not poller.poll(wait):
+                        raise _socket.timeout()
+                    if out:
+                        try:
+                            _drop_sent(out, sock.sendmsg(out[:_IOV_MAX]))
+                        except BlockingIOError:
+                            pass
+                    self._recv_some(sock)
+            finally:
+                if self._sock is sock:
+                    sock.settimeout(self.timeout)
+        results = []
+        for (rid, _), q, r in zip(frames, reqs, replies):
+            try:
+                results.append(self._result(q, rid, r))
+            except Error as e:
+                if getattr(e, "fatal", False):
+                    raise
+                results.append(e)
+        return results
+
+    # ---- transport ---------------------------------------------------------
+    @staticmethod
+    def _sendmsg_all(sock, bufs):
+        views = [memoryview(b) for b in bufs]
+        while views:
+            _drop_sent(views, sock.sendmsg(views[:_IOV_MAX]))
+
+    def _reset_buffer(self, size):
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    def _try_frame(self):
+        """-> one whole reply from the buffer, or None (never blocks)."""
+        avail = self._end - self._start
+        if avail < 4:
+            return None
+        s = self._start
+        n = wire.body_length(self._view[s:s + 4])
+        if avail < 4 + n:
+            if s + 4 + n > len(self._buf):  # make room for the whole frame
+                old = self._view[s:self._end]
+                size = max(len(self._buf), 4 + n)
+                buf = bytearray(size)
+                buf[:avail] = old
+                self._buf, self._view = buf, memoryview(buf)
+                self._start, self._end = 0, avail
+            return None
+        r = wire.decode(self._view[s + 4:s + 4 + n])
+        self._start = s + 4 + n
+        if self._start == self._end:
+            if len(self._buf) > _KEEP:
+                self._reset_buffer(1 << 16)
+            self._start = self._end = 0
+        return r
+
+    def _recv_some(self, sock):
+        if self._end == len(self._buf) and self._start:  # compact
+            avail = self._end - self._start
+            self._buf[:avail] = self._view[self._start:self._end]
+            self._start, self._end = 0, avail
+        try:
+            n = sock.recv_into(self._view[self._end:])
+        except BlockingIOError:
+            return
+        if n == 0:
+            raise BY_NAME["ECONN"]("daemon closed the connection")
+        self._end += n
+
+    def _recv_reply(self):
+        while True:
+            r = self._try_frame()
+            if r is not None:
+                return r
+            self._recv_some(self._sock)
+
+
+class _Guard:
+    """Maps socket failures to fp4idx errors and closes the connection (its
+    stream position is unknown after them)."""
+
+    __slots__ = ("c",)
+
+    def __init__(self, c):
+        self.c = c
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb):
+        if typ is None:
+            return False
+        if issubclass(typ, Error):
+            if e.code == BY_NAME["ECONN"].code or getattr(e, "fatal", False):
+                self.c.close()
+            return False
+        if issubclass(typ, _socket.timeout):
+            self.c.close()
+            raise BY_NAME["ETIMEDOUT"](f"no reply within {self.c.timeout} s") from None
+        if issubclass(typ, OSError):
+            self.c.close()
+            raise BY_NAME["ECONN"](f"{self.c.socket_path}: {e.strerror or e}") from None
+        return False
+
+
+def _drop_sent(views, n):
+    while n:
+        if n >= len(views[0]):
+            n -= len(views.pop(0))
+        else:
+            views[0] = views[0][n:]
+            n = 0
+
+
+class Pipeline(Queue):
+    """Requests collected and sent together: every method queues its request
+    and returns the pipeline; execute() sends them all in one write and
+    returns their results in order.
+
+    With raise_on_error=True (default) the first daemon error is raised after
+    all replies are read; with False errors are returned in the list as
+    fp4idx.Error objects. Used as a context manager, the queue is dropped
+    on exit.
+    """
+
+    def execute(self, raise_on_error=True):
+        """Sends the queued requests in one write -> their results in order."""
+        reqs = self._take()
+        return first_error(self._client._exchange(reqs) if reqs else [], raise_on_error)

@@ -1,0 +1,91 @@
+"""The public methods, written once: Client, Pipeline, AsyncClient and
+ShardedClient each supply `_run(request)` (run now, queue, await, route)."""
+from . import ops
+from .errors import Error
+
+
+class Methods:
+    def hello(self, version=1, client=None):
+        """Version handshake -> {"version", "server"}; UnsupportedVersion."""
+        return self._run(ops.hello(version, client))
+
+    def info(self):
+        """-> dict: version, server, backend, device, page_size, pages_total,
+        pages_free, sequences, max_frame."""
+        return self._run(ops.info())
+
+    def stats(self):
+        """-> dict of daemon counters (PROTOCOL.md, `stats`)."""
+        return self._run(ops.stats())
+
+    def save(self):
+        """Snapshot now (daemon with --data-dir; UnknownRequest otherwise)."""
+        return self._run(ops.save())
+
+    def append(self, seq, keys, rounding="rne"):
+        """Appends keys -> (first, length). keys: float32 / bf16 [n,128] or
+        uint8 [n,68] packed. NonFinite, PoolFull, ShapeMismatch."""
+        return self._run(ops.append(seq, keys, rounding))
+
+    def score(self, seq, q, w, lens=None, mask=None):
+        """-> logits float32 [R, W] (-inf where invisible). NoSequence,
+        OutOfRange (lens), ShapeMismatch."""
+        return self._run(ops.score(seq, q, w, lens, mask))
+
+    def topk(self, seq, q, w, k, lens=None, mask=None):
+        """-> (positions int32 [R,k], logits float32 [R,k], counts int32 [R]);
+        unused slots hold position -1 and logit -inf."""
+        return self._run(ops.score(seq, q, w, lens, mask, topk=k))
+
+    def score_many(self, entries, heads, topk=None):
+        """Several sequences in one request -> a list with score's (or topk's)
+        result per entry, in order."""
+        return self._run(ops.score_many(entries, heads, topk))
+
+    def truncate(self, seq, length):
+        """Keeps the first `length` keys -> the new length. OutOfRange."""
+        return self._run(ops.truncate(seq, length))
+
+    def drop(self, seq):
+        """Removes the sequence. NoSequence."""
+        return self._run(ops.drop(seq))
+
+    def read(self, seq, start=0, count=None, dequant=False):
+        """-> packed uint8 [n,68], or float32 [n,128] with dequant=True."""
+        return self._run(ops.read(seq, start, count, dequant))
+
+
+class Queue(Methods):
+    """The pipelines' common part: every method queues its request and
+    returns the pipeline (calls chain); execute() is each pipeline's own."""
+
+    def __init__(self, client):
+        self._client = client
+        self._reqs = []
+
+    def _run(self, req):
+        self._reqs.append(req)
+        return self
+
+    def __len__(self):
+        return len(self._reqs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._reqs = []
+
+    def _take(self):
+        reqs, self._reqs = self._reqs, []
+        return reqs
+
+
+def first_error(results, raise_on_error):
+    """Raises the first fp4idx.Error of `results` when raise_on_error;
+    -> results."""
+    if raise_on_error:
+        for r in results:
+            if isinstance(r, Error):
+                raise r
+    return results

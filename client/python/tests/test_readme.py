@@ -1,0 +1,46 @@
+"""The README's examples (client/python/README.md, and the Python one of
+the top README.md) run as written against real daemons, and print what
+their comments say."""
+import os
+import re
+import subprocess
+import sys
+
+from conftest import PKG, REPO
+
+
+def blocks():
+    out = []
+    for path in (os.path.join(PKG, "README.md"), os.path.join(REPO, "README.md")):
+        out += re.findall(r"```python\n(.*?)```", open(path).read(), re.S)
+    return out
+
+
+def expected(code):
+    """The comment of each print(...) line (None where there is none), in order."""
+    out = []
+    for line in code.splitlines():
+        if line.strip().startswith("print("):
+            m = re.search(r"\)\s+#\s(.*)$", line)
+            out.append(m.group(1).strip() if m else None)
+    return out
+
+
+def test_readme_examples_run(make_daemon):
+    runnable = [b for b in blocks() if re.search(r"^import .*\bfp4idx\b", b, re.M)]
+    assert len(runnable) >= 5
+    one = make_daemon()
+    shards = [make_daemon() for _ in range(3)]
+    env = dict(os.environ, FP4IDX_SOCKET=one.socket,
+               FP4IDX_SHARDS=",".join(d.socket for d in shards),
+               PYTHONPATH=PKG + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for code in runnable:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, f"README example failed:\n{code}\n{p.stderr}"
+        lines = p.stdout.splitlines()
+        want = expected(code)
+        assert len(lines) == len(want), (code, p.stdout)
+        for got, exp in zip(lines, want):
+            if exp is not None:
+                assert got == exp, (code, got, exp)

@@ -1,0 +1,418 @@
+/* test_cuda_topk.c -- the GPU top-k (kernels/cuda/topk.cu) bit for bit
+ * against the CPU: through the backend's score op with topk > 0 (CUDA vs the
+ * CPU backend) and through fp4idx_cuda_topk_launch on synthetic logits
+ * (vs fp4idx_test_ref_topk, a host sort). Order: logit descending, ties by
+ * lower position, only visible positions, padding (-1, -inf).
+ *
+ * Covered: Gaussian and dyadic logits; every logit equal; all rows
+ * invisible (-inf) and rows of width 0; lens < k; k = 1, k = the visible
+ * count, k = 65,536 and k = 1,048,576; widths that are multiples of
+ * nothing; 1,024 rows of different widths; a row of 4,000,000 positions;
+ * NaN (never returned) and -0 (ties +0); a CUDA graph replayed on new
+ * logits; argument errors. GPU tests skip cleanly without a GPU.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "fp4idx_backend.h"
+#include "fp4idx_cuda.h"
+#include "test_gpu.h"
+#include "test_util.h"
+
+/* ---- through fp4idx_cuda_topk_launch ------------------------------------- */
+
+/* Device copy of n_rows rows of logits (concatenated in lg, widths w), the
+ * plan and its outputs. */
+typedef struct {
+  int32_t n_rows, k;
+  float *d_lg;
+  fp4idx_cuda_topk_row_t *h_rows, *d_rows;
+  fp4idx_cuda_topk_plan_t plan;
+  void *ws;
+  int32_t *d_pos, *d_cnt;
+  float *d_val;
+} topk_run_t;
+
+static void run_setup(topk_run_t *t, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
+  memset(t, 0, sizeof *t);
+  t->n_rows = n_rows;
+  t->k = k;
+  int64_t total = 0;
+  for (int32_t r = 0; r < n_rows; r++) total += w[r];
+  cr_assert_eq(cudaMalloc((void **)&t->d_lg, sizeof(float) * (size_t)(total + 1)), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(t->d_lg, lg, sizeof(float) * (size_t)total, cudaMemcpyHostToDevice),
+               cudaSuccess);
+  t->h_rows = calloc((size_t)n_rows + 1, sizeof *t->h_rows);
+  cr_assert(t->h_rows);
+  int64_t at = 0;
+  for (int32_t r = 0; r < n_rows; r++) {
+    t->h_rows[r].logits = t->d_lg + at;
+    t->h_rows[r].width = w[r];
+    at += w[r];
+  }
+  cr_assert_eq(fp4idx_cuda_topk_plan(t->h_rows, n_rows, k, &t->plan), FP4IDX_OK);
+  cr_assert_eq(cudaMalloc((void **)&t->d_rows, sizeof *t->h_rows * ((size_t)n_rows + 1)), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(t->d_rows, t->h_rows, sizeof *t->h_rows * (size_t)n_rows,
+                          cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaMalloc(&t->ws, t->plan.ws_bytes), cudaSuccess);
+  const size_t nk = (size_t)n_rows * (size_t)k;
+  cr_assert_eq(cudaMalloc((void **)&t->d_pos, 4 * nk), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&t->d_val, 4 * nk), cudaSuccess);
+  cr_assert_eq(cudaMalloc((void **)&t->d_cnt, 4 * (size_t)n_rows), cudaSuccess);
+  /* Poison: every output must be written by the launch. */
+  cr_assert_eq(cudaMemset(t->d_pos, 0x5a, 4 * nk), cudaSuccess);
+  cr_assert_eq(cudaMemset(t->d_val, 0x5a, 4 * nk), cudaSuccess);
+  cr_assert_eq(cudaMemset(t->d_cnt, 0x5a, 4 * (size_t)n_rows), cudaSuccess);
+}
+
+static void run_free(topk_run_t *t) {
+  cudaFree(t->d_lg);
+  cudaFree(t->d_rows);
+  cudaFree(t->ws);
+  cudaFree(t->d_pos);
+  cudaFree(t->d_val);
+  cudaFree(t->d_cnt);
+  free(t->h_rows);
+}
+
+/* Compares the device outputs of t with the host sort of lg, row by row. */
+static void run_compare(const topk_run_t *t, const char *what, const int64_t *w, const float *lg) {
+  const int32_t n_rows = t->n_rows, k = t->k;
+  const size_t nk = (size_t)n_rows * (size_t)k;
+  int32_t *pos = malloc(4 * nk), *cnt = malloc(4 * (size_t)n_rows), *rp = malloc(4 * (size_t)k);
+  float *val = malloc(4 * nk), *rv = malloc(4 * (size_t)k);
+  int32_t rc;
+  cr_assert(pos && cnt && rp && val && rv);
+  cr_assert_eq(cudaMemcpy(pos, t->d_pos, 4 * nk, cudaMemcpyDeviceToHost), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(val, t->d_val, 4 * nk, cudaMemcpyDeviceToHost), cudaSuccess);
+  cr_assert_eq(cudaMemcpy(cnt, t->d_cnt, 4 * (size_t)n_rows, cudaMemcpyDeviceToHost), cudaSuccess);
+  int64_t at = 0;
+  for (int32_t r = 0; r < n_rows; r++) {
+    cr_assert_eq(fp4idx_test_ref_topk(lg + at, 1, w[r], k, rp, rv, &rc), 0);
+    cr_assert_eq(cnt[r], rc, "%s: row %d (width %lld): count %d, want %d", what, r,
+                 (long long)w[r], cnt[r], rc);
+    const int32_t *gp = pos + (size_t)r * (size_t)k;
+    for (int32_t i = 0; i < k; i++)
+      if (gp[i] != rp[i])
+        cr_assert_fail("%s: row %d (width %lld) k=%d: pair %d has position %d, want %d", what, r,
+                       (long long)w[r], k, i, gp[i], rp[i]);
+    cr_assert_eq(fp4idx_test_count_diff(val + (size_t)r * (size_t)k, rv, k), 0,
+                 "%s: row %d: logits differ", what, r);
+    at += w[r];
+  }
+  free(pos); free(cnt); free(rp); free(val); free(rv);
+}
+
+static void direct(const char *what, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
+  topk_run_t t;
+  run_setup(&t, n_rows, w, lg, k);
+  cr_assert_eq(fp4idx_cuda_topk_launch(&t.plan, t.d_rows, t.ws, t.d_pos, t.d_val, t.d_cnt, 0),
+               FP4IDX_OK, "%s: launch", what);
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess, "%s: kernel error", what);
+  run_compare(&t, what, w, lg);
+  run_free(&t);
+}
+
+static double gauss(fp4idx_test_rng_t *g) {
+  const double u = ((double)(fp4idx_test_rng_next(g) >> 11) + 0.5) / 9007199254740992.0;
+  const double v = (double)(fp4idx_test_rng_next(g) >> 11) / 9007199254740992.0;
+  return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* Fills n logits: kind 0 Gaussian f32, 1 dyadic k/8 (|k| <= 64, many
+ * ties), 2 every logit 1.5; positions >= vis are -inf. */
+static void fill(fp4idx_test_rng_t *g, float *x, int64_t n, int64_t vis, int kind) {
+  for (int64_t i = 0; i < n; i++) {
+    if (i >= vis) x[i] = -INFINITY;
+    else if (kind == 0) x[i] = (float)gauss(g);
+    else if (kind == 1) x[i] = (float)fp4idx_test_rng_range(g, -64, 64) / 8.0f;
+    else x[i] = 1.5f;
+  }
+}
+
+static float *rows_alloc(int32_t n_rows, const int64_t *w) {
+  int64_t total = 0;
+  for (int32_t r = 0; r < n_rows; r++) total += w[r];
+  float *x = malloc(sizeof(float) * (size_t)(total + 1));
+  cr_assert(x);
+  return x;
+}
+
+Test(cuda_topk, gaussian_and_dyadic_r4_400k, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17001);
+  const int64_t w[4] = {400000, 400000, 400000, 400000};
+  float *x = rows_alloc(4, w);
+  for (int kind = 0; kind < 2; kind++) {
+    for (int r = 0; r < 4; r++) fill(&g, x + r * w[0], w[0], w[0] - r, kind);
+    direct(kind ? "dyadic 4x400000 k=2048" : "gauss 4x400000 k=2048", 4, w, x, 2048);
+    direct(kind ? "dyadic 4x400000 k=512" : "gauss 4x400000 k=512", 4, w, x, 512);
+  }
+  free(x);
+}
+
+Test(cuda_topk, odd_widths_k1_and_visible_count, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17002);
+  const int64_t w[6] = {1, 3, 2049, 4097, 65537, 100003};
+  float *x = rows_alloc(6, w);
+  for (int kind = 0; kind < 2; kind++) {
+    int64_t at = 0;
+    for (int r = 0; r < 6; r++) { fill(&g, x + at, w[r], w[r], kind); at += w[r]; }
+    direct("k=1", 6, w, x, 1);
+    direct("k=7", 6, w, x, 7);
+    direct("k=4097 (visible count of a row)", 6, w, x, 4097);
+    direct("k=8192", 6, w, x, 8192);
+    direct("k=8193 (large-k path)", 6, w, x, 8193);
+  }
+  /* k equal to the visible count of the only row, smem and large-k paths */
+  const int64_t one = 5000;
+  fill(&g, x, one, 3000, 0);
+  direct("k=3000=visible of 5000", 1, &one, x, 3000);
+  const int64_t big = 100000;
+  float *y = rows_alloc(1, &big);
+  fill(&g, y, big, 20000, 0);
+  direct("k=20000=visible of 100000", 1, &big, y, 20000);
+  free(x);
+  free(y);
+}
+
+Test(cuda_topk, all_equal_ties_everywhere, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17003);
+  const int64_t w[3] = {100000, 9295, 12289};
+  float *x = rows_alloc(3, w);
+  int64_t at = 0;
+  for (int r = 0; r < 3; r++) { fill(&g, x + at, w[r], w[r] - 7 * r, 2); at += w[r]; }
+  direct("ties k=2048", 3, w, x, 2048);   /* candidates > shared memory: read in place */
+  direct("ties k=8192", 3, w, x, 8192);
+  direct("ties k=65536", 3, w, x, 65536); /* large-k path */
+  free(x);
+}
+
+Test(cuda_topk, invisible_rows_and_lens_below_k, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17004);
+  const int64_t w[7] = {0, 1000, 0, 3000, 70000, 1, 0};
+  const int64_t vis[7] = {0, 0, 0, 100, 0, 1, 0};
+  float *x = rows_alloc(7, w);
+  int64_t at = 0;
+  for (int r = 0; r < 7; r++) { fill(&g, x + at, w[r], vis[r], 0); at += w[r]; }
+  direct("invisible k=16", 7, w, x, 16);
+  direct("invisible k=512", 7, w, x, 512);
+  direct("invisible k=100000", 7, w, x, 100000);
+  const int64_t z[3] = {0, 0, 0};
+  direct("all widths 0", 3, z, x, 64);
+  direct("all widths 0, large k", 3, z, x, 10000);
+  free(x);
+}
+
+Test(cuda_topk, nan_never_returned_negative_zero_ties, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17005);
+  const int64_t w[2] = {30000, 30000};
+  float *x = rows_alloc(2, w);
+  fill(&g, x, 60000, 60000, 1);
+  for (int64_t i = 0; i < 60000; i += 5) x[i] = i % 2 ? NAN : -NAN;
+  for (int64_t i = 1; i < 60000; i += 7) x[i] = (i / 7) % 2 ? -0.0f : 0.0f;
+  direct("nan/-0 k=40000 (every visible)", 2, w, x, 40000);
+  for (int64_t i = 0; i < 60000; i++)
+    if (!isnan(x[i]) && x[i] > 0) x[i] = -x[i]; /* zeros become the best keys */
+  direct("nan/-0 k=3000", 2, w, x, 3000);
+  free(x);
+}
+
+Test(cuda_topk, rows_1024_of_different_widths, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17006);
+  int64_t w[1024];
+  for (int r = 0; r < 1024; r++) w[r] = fp4idx_test_rng_range(&g, 0, 20000);
+  w[5] = 0;
+  w[6] = 2048;
+  float *x = rows_alloc(1024, w);
+  int64_t at = 0;
+  for (int r = 0; r < 1024; r++) {
+    fill(&g, x + at, w[r], w[r] - fp4idx_test_rng_range(&g, 0, 3 < w[r] ? 3 : w[r]), r % 2);
+    at += w[r];
+  }
+  direct("1024 rows k=2048", 1024, w, x, 2048);
+  direct("1024 rows k=512", 1024, w, x, 512);
+  direct("1024 rows k=9000", 1024, w, x, 9000);
+  free(x);
+}
+
+Test(cuda_topk, k_65536_and_1048576_row_of_4m, .timeout = 900) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17007);
+  const int64_t w4[1] = {4000000};
+  float *x = rows_alloc(1, w4);
+  fill(&g, x, w4[0], w4[0], 0);
+  direct("4M gauss k=2048", 1, w4, x, 2048);
+  direct("4M gauss k=65536", 1, w4, x, 65536);
+  direct("4M gauss k=1048576", 1, w4, x, 1048576);
+  fill(&g, x, w4[0], w4[0], 1);
+  direct("4M dyadic k=512", 1, w4, x, 512);
+  direct("4M dyadic k=1048576", 1, w4, x, 1048576);
+  free(x);
+  const int64_t w2[2] = {300000, 700001};
+  float *y = rows_alloc(2, w2);
+  fill(&g, y, w2[0], 250000, 0);
+  fill(&g, y + w2[0], w2[1], w2[1], 0);
+  direct("2 rows k=1048576 (fewer visible)", 2, w2, y, 1048576);
+  direct("2 rows k=65536", 2, w2, y, 65536);
+  free(y);
+}
+
+Test(cuda_topk, graph_replay_on_new_logits, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17008);
+  const int64_t w[3] = {65536, 65536, 9295};
+  const int64_t total = 65536 * 2 + 9295;
+  float *x = rows_alloc(3, w);
+  for (int ks = 0; ks < 2; ks++) {
+    const int32_t k = ks ? 20000 : 2048;
+    topk_run_t t;
+    fill(&g, x, total, total, 0);
+    run_setup(&t, 3, w, x, k);
+    cudaStream_t st;
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    cr_assert_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    cr_assert_eq(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    cr_assert_eq(fp4idx_cuda_topk_launch(&t.plan, t.d_rows, t.ws, t.d_pos, t.d_val, t.d_cnt, st),
+                 FP4IDX_OK);
+    cr_assert_eq(cudaStreamEndCapture(st, &gr), cudaSuccess);
+    cr_assert_eq(cudaGraphInstantiate(&ge, gr, 0), cudaSuccess);
+    for (int rep = 0; rep < 2; rep++) {
+      if (rep) {
+        fill(&g, x, total, total, 1);
+        cr_assert_eq(cudaMemcpy(t.d_lg, x, sizeof(float) * total, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      cr_assert_eq(cudaGraphLaunch(ge, st), cudaSuccess);
+      cr_assert_eq(cudaStreamSynchronize(st), cudaSuccess);
+      run_compare(&t, rep ? "graph replay 2" : "graph replay 1", w, x);
+    }
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    cudaStreamDestroy(st);
+    run_free(&t);
+  }
+  free(x);
+}
+
+/* Argument errors: no GPU needed (nothing reaches the device). */
+Test(cuda_topk, plan_and_launch_errors) {
+  fp4idx_cuda_topk_row_t rows[2] = {{NULL, 10, 0}, {NULL, 20, 0}};
+  fp4idx_cuda_topk_plan_t p;
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 0, &p), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, FP4IDX_CUDA_TOPK_MAX + 1, &p), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, -1, 5, &p), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_plan(NULL, 2, 5, &p), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, NULL), FP4IDX_EINVAL);
+  rows[1].width = -1;
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, &p), FP4IDX_EINVAL);
+  rows[1].width = (int64_t)INT32_MAX + 1;
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, &p), FP4IDX_EINVAL);
+  rows[1].width = 20;
+  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, &p), FP4IDX_OK);
+  cr_assert_eq(rows[0].chunk0, 0);
+  cr_assert_eq(rows[1].chunk0, 1, "one chunk per short row");
+  cr_assert_eq(p.total_chunks, 2);
+  cr_assert(p.ws_bytes > 0);
+  int32_t dummy;
+  float fd;
+  cr_assert_eq(fp4idx_cuda_topk_launch(NULL, rows, &dummy, &dummy, &fd, &dummy, 0), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_launch(&p, rows, NULL, &dummy, &fd, &dummy, 0), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_launch(&p, rows, &dummy, NULL, &fd, &dummy, 0), FP4IDX_EINVAL);
+  fp4idx_cuda_topk_plan_t bad = p;
+  bad.k = 0;
+  cr_assert_eq(fp4idx_cuda_topk_launch(&bad, rows, &dummy, &dummy, &fd, &dummy, 0), FP4IDX_EINVAL);
+}
+
+/* ---- through the backend's score op ------------------------------------- */
+
+static fp4idx_backend_t *mk(int cuda, int64_t n_pages, int32_t P) {
+  fp4idx_backend_t *b = NULL;
+  cr_assert_eq(cuda ? fp4idx_backend_cuda_create(&b, 0) : fp4idx_backend_cpu_create(&b, 0), FP4IDX_OK);
+  cr_assert_eq(b->ops->pool_create(b, n_pages, P), FP4IDX_OK);
+  return b;
+}
+
+/* Two sequences over the same keys (the second a prefix of width w2 with
+ * its own rows), scored with topk on the CUDA and the CPU backend. */
+static void score_case(uint64_t seed, int64_t n, int rows, const int32_t *lens, int64_t w2,
+                       const int32_t *lens2, int with_mask, int32_t k) {
+  const int H = 32, P = 64;
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, seed);
+  fp4idx_test_case_t a, b2;
+  const int64_t np = (n + P - 1) / P + 3;
+  cr_assert_eq(fp4idx_test_case_dyadic(&a, &rng, H, rows, n, P, np, lens, with_mask), 0);
+  cr_assert_eq(fp4idx_test_case_dyadic(&b2, &rng, H, rows, w2, P, np, lens2, 0), 0);
+  fp4idx_backend_t *g = mk(1, np, P), *c = mk(0, np, P);
+  cr_assert_eq(g->ops->store(g, a.keys, FP4IDX_DTYPE_BF16, n, a.slots, FP4IDX_ROUND_RNE), 0);
+  cr_assert_eq(c->ops->store(c, a.keys, FP4IDX_DTYPE_BF16, n, a.slots, FP4IDX_ROUND_RNE), 0);
+  fp4idx_backend_seq_t sq[2] = {
+      {.pages = a.pages, .n_keys = n, .rows = rows, .width = a.width, .q = a.q, .w = a.w,
+       .lens = a.lens, .mask = a.mask},
+      {.pages = a.pages, .n_keys = n, .rows = rows, .width = b2.width, .q = b2.q, .w = b2.w,
+       .lens = b2.lens, .mask = NULL}};
+  const size_t nk = (size_t)2 * rows * (size_t)k;
+  int32_t *pg = malloc(4 * nk), *pc = malloc(4 * nk), cg[16], cc[16];
+  float *vg = malloc(4 * nk), *vc = malloc(4 * nk);
+  cr_assert(pg && pc && vg && vc && rows <= 8);
+  fp4idx_backend_batch_t bt = {.heads = H, .n_seqs = 2, .seqs = sq, .topk = k,
+                               .topk_pos = pg, .topk_val = vg, .topk_count = cg};
+  cr_assert_eq(g->ops->score(g, &bt), 0);
+  bt.topk_pos = pc; bt.topk_val = vc; bt.topk_count = cc;
+  cr_assert_eq(c->ops->score(c, &bt), 0);
+  cr_assert_eq(memcmp(cg, cc, sizeof(int32_t) * 2 * rows), 0, "seed %llu k=%d: counts differ",
+               (unsigned long long)seed, k);
+  for (size_t i = 0; i < nk; i++)
+    if (pg[i] != pc[i])
+      cr_assert_fail("seed %llu n=%lld k=%d: pair %zu (row %zu): GPU position %d, CPU %d",
+                     (unsigned long long)seed, (long long)n, k, i % (size_t)k, i / (size_t)k,
+                     pg[i], pc[i]);
+  cr_assert_eq(fp4idx_test_count_diff(vg, vc, (int64_t)nk), 0, "seed %llu: logits differ",
+               (unsigned long long)seed);
+  free(pg); free(pc); free(vg); free(vc);
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  fp4idx_test_case_free(&a);
+  fp4idx_test_case_free(&b2);
+}
+
+Test(cuda_topk_score, dyadic_vs_cpu_backend, .timeout = 600) {
+  NEED_GPU();
+  const int32_t l1[4] = {20011, 20010, 19000, 5}, l2[4] = {7001, 7000, 0, 6999};
+  const int32_t ks[6] = {1, 16, 512, 2048, 7001, 9000};
+  for (int i = 0; i < 6; i++) score_case(17100 + i, 20011, 4, l1, 7001, l2, i & 1, ks[i]);
+}
+
+Test(cuda_topk_score, lens_zero_and_below_k, .timeout = 600) {
+  NEED_GPU();
+  const int32_t z[3] = {0, 0, 0}, small[3] = {3, 0, 100};
+  score_case(17200, 5000, 3, z, 300, z, 0, 64);        /* every length 0 */
+  score_case(17201, 5000, 3, small, 4000, z, 1, 512);  /* lens < k */
+  score_case(17202, 5000, 3, small, 4000, z, 0, 10000);
+}
+
+Test(cuda_topk_score, k_65536_long_context, .timeout = 900) {
+  NEED_GPU();
+  const int32_t l1[2] = {200000, 150000}, l2[2] = {65536, 60000};
+  score_case(17300, 200000, 2, l1, 65536, l2, 0, 65536);
+  score_case(17301, 200000, 2, l1, 65536, l2, 1, 2048);
+}
