@@ -4,8 +4,8 @@
  *
  * Builds a host pool of GIB GiB (default 1) of 64-key pages filled with
  * random bytes, puts sequences of 4096 keys on shuffled pages, then times
- * fp4idx_snapshot_save (write, fsync, rename, folder fsync) and
- * fp4idx_snapshot_load into a fresh pool, three times each, and prints the
+ * fp4idx__snapshot_save (write, fsync, rename, folder fsync) and
+ * fp4idx__snapshot_load into a fresh pool, three times each, and prints the
  * median. --cold drops the page cache before each load (root only), so the
  * load reads from the disk. Also prints the CRC-32C speed. The pool lives in
  * host memory: with the CUDA backend add the device copy (~20+ GB/s pinned).
@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
   fp4idx_snap_info_t info;
   for (int r = 0; r < 3; r++) {
     double t0 = now();
-    int rc = fp4idx_snapshot_save(path, PS, n_pages, seqs, n_seqs, 1, rd, &src, &info,
+    int rc = fp4idx__snapshot_save(path, PS, n_pages, seqs, n_seqs, 1, rd, &src, &info,
                                   err, sizeof err);
     t_save[r] = now() - t0;
     if (rc) {
@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
     fp4idx_snap_seq_t *got = NULL;
     int64_t n = 0;
     t0 = now();
-    rc = fp4idx_snapshot_load(path, PS, n_pages, wr, &dst, &got, &n, NULL, err,
+    rc = fp4idx__snapshot_load(path, PS, n_pages, wr, &dst, &got, &n, NULL, err,
                               sizeof err);
     t_load[r] = now() - t0;
     if (rc || n != n_seqs) {
@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
   double gb = (double)info.file_bytes / 1e9;
 
   double t0 = now();
-  uint32_t c = fp4idx_crc32c(0, src.bytes, (size_t)n_pages * PAGE_BYTES);
+  uint32_t c = fp4idx__crc32c(0, src.bytes, (size_t)n_pages * PAGE_BYTES);
   double t_crc = now() - t0;
 
   printf("snapshot: %.3f GB file (%lld pages, %lld sequences, %lld keys) in %s\n", gb,
@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
          gb / t_save[1]);
   printf("load (%s cache, checked), median of 3: %.3f s = %.2f GB/s\n",
          cold ? "cold" : "warm", t_load[1], gb / t_load[1]);
-  printf("crc32c (%s): %.2f GB/s [%08x]\n", fp4idx_crc32c_hw() ? "sse4.2" : "table",
+  printf("crc32c (%s): %.2f GB/s [%08x]\n", fp4idx__crc32c_hw() ? "sse4.2" : "table",
          (double)n_pages * PAGE_BYTES / 1e9 / t_crc, c);
   unlink(path);
   free(seqs);

@@ -11,6 +11,12 @@
 
 #include "client_internal.h"
 #include "fp4idx_codec.h"
+#include "fp4idx_wire_key.h"
+
+_Static_assert(FP4IDX_CLIENT_SLOT_BYTES == FP4IDX_SLOT_BYTES,
+               "the client's fp4 slots are the key format's (fp4idx_format.h)");
+_Static_assert(FP4IDX_CLIENT_HEAD_DIM == FP4IDX_HEAD_DIM,
+               "the client's head dim is the key format's (fp4idx_format.h)");
 
 /* A finished round trip: the decoded response and the frame body its views
  * point into. Release with exchange_done(). */
@@ -282,13 +288,47 @@ fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   return FP4IDX_OK;
 }
 
-/* "save" (issue 5): the daemon writes its snapshot. */
+/* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};
   exchange_t x;
   fp4idx_status_t st = roundtrip(c, &req, &x);
   if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
+                                   uint32_t count, uint64_t *next_cursor,
+                                   fp4idx_client_seq_info_t **seqs, size_t *n) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (next_cursor == NULL || seqs == NULL || n == NULL)
+    return bad_arg(c, "next_cursor, seqs or n is NULL");
+  *next_cursor = 0;
+  *seqs = NULL;
+  *n = 0;
+  fp4idx_request_t req = {.op = FP4IDX_OP_LIST};
+  req.u.list.cursor = cursor;
+  req.u.list.count = count;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_list_resp_t *l = &x.resp.u.list;
+  if (l->nseqs > 0) {
+    fp4idx_client_seq_info_t *out = malloc(l->nseqs * sizeof *out);
+    if (out == NULL) {
+      exchange_done(&x);
+      return fp4idx__client_fail(c, FP4IDX_ENOMEM,
+                                 "no memory for %zu sequences", l->nseqs);
+    }
+    for (size_t i = 0; i < l->nseqs; i++)
+      out[i] = (fp4idx_client_seq_info_t){
+          .seq = l->seqs[i].seq, .keys = l->seqs[i].keys, .pages = l->seqs[i].pages};
+    *seqs = out;
+  }
+  *n = l->nseqs;
+  *next_cursor = l->cursor;
   exchange_done(&x);
   return FP4IDX_OK;
 }

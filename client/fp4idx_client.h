@@ -128,8 +128,8 @@ const char *fp4idx_client_last_error(const fp4idx_client_t *c);
 /* Returns the status of the last call on c (FP4IDX_OK after a success). */
 fp4idx_status_t fp4idx_client_last_status(const fp4idx_client_t *c);
 
-/* Frees a block returned by fp4idx_client_score, fp4idx_client_read or
- * fp4idx_client_stats. p may be NULL. */
+/* Frees a block returned by fp4idx_client_score, fp4idx_client_read,
+ * fp4idx_client_list or fp4idx_client_stats. p may be NULL. */
 void fp4idx_client_free(void *p);
 
 /* Returns the library version as "X.Y.Z" (static string). */
@@ -207,6 +207,29 @@ fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
  * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_ETYPE (daemon
  *   runs without --data-dir); FP4IDX_EIO (disk); connection errors. */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
+
+/* One sequence as fp4idx_client_list reports it. */
+typedef struct fp4idx_client_seq_info_s {
+  uint64_t seq;   /* sequence id */
+  uint64_t keys;  /* keys held */
+  uint64_t pages; /* pages they take */
+} fp4idx_client_seq_info_t;
+
+/* One step of a scan over the daemon's sequences, like Redis SCAN: start
+ * with cursor 0, pass each returned *next_cursor to the next call, stop when
+ * it is 0. Each step does bounded work on the daemon: about `count`
+ * sequences (a few more may come), possibly none while the scan is not
+ * complete. Every sequence that exists for the whole scan is returned at
+ * least once; one added or dropped meanwhile may or may not be; one may come
+ * twice if the daemon's table grew.
+ * Takes: count 1..10000, or 0 for the daemon's default (100); next_cursor,
+ *   seqs and n required.
+ * Returns: FP4IDX_OK with *seqs a block for fp4idx_client_free() (NULL when
+ *   *n == 0); FP4IDX_E2BIG (count above 10000); connection errors. On error
+ *   *seqs = NULL, *n = 0, *next_cursor = 0. */
+fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
+                                   uint32_t count, uint64_t *next_cursor,
+                                   fp4idx_client_seq_info_t **seqs, size_t *n);
 
 /* Reads keys [from, from+count) of seq; count = UINT64_MAX: to the end.
  * Takes: dequant 0: packed slots, *keys = uint8_t[n*68]; dequant 1: decoded

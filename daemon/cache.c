@@ -268,6 +268,43 @@ int fp4idx__cache_foreach(const fp4idx_cache_t *c,
   return FP4IDX_OK;
 }
 
+/* Bit reversal of a 64-bit cursor (the scan increments the reversed value,
+ * which is what keeps it valid when the table doubles). */
+static uint64_t fp4idx__cache_rev(uint64_t v) {
+  v = ((v >> 1) & 0x5555555555555555ULL) | ((v & 0x5555555555555555ULL) << 1);
+  v = ((v >> 2) & 0x3333333333333333ULL) | ((v & 0x3333333333333333ULL) << 2);
+  v = ((v >> 4) & 0x0F0F0F0F0F0F0F0FULL) | ((v & 0x0F0F0F0F0F0F0F0FULL) << 4);
+  v = ((v >> 8) & 0x00FF00FF00FF00FFULL) | ((v & 0x00FF00FF00FF00FFULL) << 8);
+  v = ((v >> 16) & 0x0000FFFF0000FFFFULL) | ((v & 0x0000FFFF0000FFFFULL) << 16);
+  return (v >> 32) | (v << 32);
+}
+
+int fp4idx__cache_scan(const fp4idx_cache_t *c, uint64_t cursor, uint64_t count,
+                       int (*fn)(const fp4idx_cache_seq_t *s, void *arg), void *arg,
+                       uint64_t *next) {
+  if (!c || !c->table || !fn || !next) return FP4IDX_EINVAL;
+  if (count < 1) count = 1;
+  uint64_t mask = c->table_cap - 1, v = cursor, emitted = 0;
+  uint64_t budget = count > UINT64_MAX / 10 ? UINT64_MAX : count * 10;
+  do {
+    /* Linear probing keeps every entry whose home is h in the run of full
+     * entries from h on: the bucket is that run, filtered by home. Entries
+     * are reported by home, not by where they sit, so the shifts of a
+     * backward-shift delete never move one across the cursor. */
+    uint64_t h = v & mask;
+    for (uint64_t i = h; c->table[i]; i = (i + 1) & mask) {
+      if ((fp4idx__cache_hash(c->table[i]->id) & mask) != h) continue;
+      int rc = fn(c->table[i], arg);
+      if (rc) return rc;
+      emitted++;
+    }
+    v |= ~mask;
+    v = fp4idx__cache_rev(fp4idx__cache_rev(v) + 1);
+  } while (v != 0 && emitted < count && --budget > 0);
+  *next = v;
+  return FP4IDX_OK;
+}
+
 int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
                         const int32_t *pages, int64_t n_pages) {
   if (!c || !c->table || n_keys < 0 || n_keys > FP4IDX_CACHE_MAX_KEYS ||

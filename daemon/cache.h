@@ -85,6 +85,22 @@ int fp4idx__cache_foreach(const fp4idx_cache_t *c,
                           int (*fn)(const fp4idx_cache_seq_t *s, void *arg),
                           void *arg);
 
+/* A SCAN-style step (Redis' dictScan) over the sequence table: calls
+ * fn(seq, arg) for the sequences of the hash buckets visited from `cursor`
+ * (0 starts a scan) and sets *next to the cursor of the next step (0: the
+ * scan is complete). Bounded work: it stops after the bucket that brings it
+ * to `count` sequences (so a few more may come, the collisions of that
+ * bucket), or after 10 * count buckets. Buckets are visited in reverse-bit
+ * order of their home index, so a scan that spans inserts, drops and table
+ * growth returns every sequence present for its whole duration at least
+ * once (once unless the table grew); sequences added or dropped meanwhile
+ * may or may not come. fn must not change the cache; a non-zero return
+ * stops the step and is returned (*next is then unchanged). Returns
+ * FP4IDX_OK, FP4IDX_EINVAL or fn's value. */
+int fp4idx__cache_scan(const fp4idx_cache_t *c, uint64_t cursor, uint64_t count,
+                       int (*fn)(const fp4idx_cache_seq_t *s, void *arg), void *arg,
+                       uint64_t *next);
+
 /* Recreates sequence `id` with n_keys keys on the given pages (restoring a
  * snapshot): every page must be free and in range, and there must be exactly
  * ceil(n_keys / P) of them. FP4IDX_EEXIST (id known), FP4IDX_EINVAL,

@@ -12,39 +12,45 @@
 
 #include "daemon.h"
 #include "fp4idx_codec.h"
+#include "fp4idx_fail.h"
+#include "fp4idx_wire_key.h"
 #include "log.h"
 #include "score.h"
 
 #define FP4IDX_CMD_MSG 320
 
-/* Formats an error message into msg and returns status. */
-static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fp4idx__cmd_fail(char *msg, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, FP4IDX_CMD_MSG, fmt, ap);
-  va_end(ap);
-  return status;
-}
+/* One request in flight through its handler: what a connection is to a
+ * Redis command (the append log replays through the same handlers with
+ * replay = 1: no hooks, no reply). */
+typedef struct fp4idx__cmd_s {
+  fp4idx_daemon_t *d;
+  const fp4idx_request_t *req;
+  fp4idx_response_t *resp;
+  char *msg;                     /* [FP4IDX_CMD_MSG] the error detail */
+  int replay;                    /* from the append log: not logged again */
+  void *scratch;                 /* what resp points into; freed by cleanup */
+  void (*cleanup)(void *scratch); /* after the response is encoded */
+} fp4idx__cmd_t;
 
-/* ---- ops ---------------------------------------------------------------- */
+/* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
 
-static int fp4idx__cmd_hello(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                             fp4idx_response_t *resp, char *msg) {
-  (void)d;
+static int fp4idx__cmd_hello(fp4idx__cmd_t *c) {
+  const fp4idx_request_t *req = c->req;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
   if (req->u.hello.version != FP4IDX_PROTOCOL_VERSION)
-    return fp4idx__cmd_fail(msg, FP4IDX_EVERSION,
-                            "protocol version %" PRIu64 " not supported (server speaks %u)",
-                            req->u.hello.version, FP4IDX_PROTOCOL_VERSION);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EVERSION,
+                        "protocol version %" PRIu64 " not supported (server speaks %u)",
+                        req->u.hello.version, FP4IDX_PROTOCOL_VERSION);
   resp->u.hello.version = FP4IDX_PROTOCOL_VERSION;
   snprintf(resp->u.hello.server, sizeof resp->u.hello.server, "fp4idxd %s",
            FP4IDXD_VERSION_STRING);
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
-  fp4idx_info_t *in = &resp->u.info;
+static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_info_t *in = &c->resp->u.info;
   in->version = FP4IDX_PROTOCOL_VERSION;
   snprintf(in->server, sizeof in->server, "fp4idxd %s", FP4IDXD_VERSION_STRING);
   snprintf(in->backend, sizeof in->backend, "%s", d->desc.name);
@@ -57,12 +63,12 @@ static int fp4idx__cmd_info(fp4idx_daemon_t *d, fp4idx_response_t *resp) {
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                              fp4idx_response_t *resp, char *msg) {
-  const fp4idx_append_req_t *a = &req->u.append;
-  fp4idx_dtype_t dtype = a->keys.dtype == FP4IDX_WIRE_BF16  ? FP4IDX_DTYPE_BF16
-              : a->keys.dtype == FP4IDX_WIRE_F32 ? FP4IDX_DTYPE_F32
-                                                 : FP4IDX_DTYPE_FP4;
+static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_append_req_t *a = &c->req->u.append;
+  fp4idx_dtype_t dtype = fp4idx_wire_key_dtype(a->keys.dtype);
   int64_t n = (int64_t)a->keys.shape[0];
   int64_t *slots = malloc((size_t)n * sizeof *slots);
   void *kcopy;
@@ -71,7 +77,7 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   int64_t first = 0;
   int created = 0, rc;
   if (!slots || !keys) {
-    rc = fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
@@ -80,20 +86,21 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
   if (rc == FP4IDX_EFULL) {
     int64_t need = (old_len + n + d->cache.page_size - 1) / d->cache.page_size -
                    (s ? s->n_pages : 0);
-    rc = fp4idx__cmd_fail(msg, rc,
-                          "page pool is full: %" PRId64 " keys need %" PRId64
-                          " new pages, %" PRId64 " of %" PRId64 " free",
-                          n, need, d->cache.n_free, d->cache.n_pages);
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc,
+                      "page pool is full: %" PRId64 " keys need %" PRId64
+                      " new pages, %" PRId64 " of %" PRId64 " free",
+                      n, need, d->cache.n_free, d->cache.n_pages);
     goto out;
   }
   if (rc) {
-    rc = fp4idx__cmd_fail(msg, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
-                          n, a->seq, fp4idx_strerror(rc));
+    rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "append of %" PRId64 " keys to sequence %" PRIu64 ": %s",
+                      n, a->seq, fp4idx_strerror(rc));
     goto out;
   }
-  rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots, a->rounding);
-  if (rc == FP4IDX_OK && d->hooks.mutation) {
-    packed = malloc((size_t)n * 68u);
+  rc = fp4idx__engine_store(d->engine, keys, dtype, n, slots,
+                              fp4idx_wire_rounding(a->rounding));
+  if (rc == FP4IDX_OK && d->hooks.mutation && !c->replay) {
+    packed = malloc((size_t)n * FP4IDX_SLOT_BYTES);
     rc = packed ? fp4idx__engine_read(d->engine, slots, n, 0, packed) : FP4IDX_ENOMEM;
     if (rc == FP4IDX_OK)
       rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_APPEND, a->seq, first, n, packed);
@@ -102,10 +109,10 @@ static int fp4idx__cmd_append(fp4idx_daemon_t *d, const fp4idx_request_t *req,
     /* All-or-nothing: give the reserved positions back. */
     fp4idx__cache_append_undo(&d->cache, a->seq, old_len, created);
     if (rc == FP4IDX_ENONFINITE)
-      rc = fp4idx__cmd_fail(msg, rc, "keys: NaN or inf in a key; nothing was stored");
+      rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "keys: NaN or inf in a key; nothing was stored");
     else
-      rc = fp4idx__cmd_fail(msg, rc, "storing keys: %s; nothing was stored",
-                            fp4idx_strerror(rc));
+      rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "storing keys: %s; nothing was stored",
+                        fp4idx_strerror(rc));
     goto out;
   }
   resp->u.append.first = (uint64_t)first;
@@ -117,73 +124,107 @@ out:
   return rc;
 }
 
-static int fp4idx__cmd_truncate(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                                fp4idx_response_t *resp, char *msg) {
-  const fp4idx_truncate_req_t *t = &req->u.truncate;
+/* A score alone through the command table (score.c does the work; the
+ * request path batches neighbouring scores in fp4idx__cmd_execute_batch
+ * instead, so this row only serves callers of a single handler). */
+static void fp4idx__score_job_free(void *p) {
+  fp4idx_score_job_t *j = p;
+  fp4idx__score_job_clear(j);
+  fp4idx__score_out_release(j->out);
+  free(j);
+}
+
+static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
+  fp4idx_score_job_t *j = calloc(1, sizeof *j);
+  if (!j) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
+  j->req = c->req;
+  j->msg = c->msg;
+  j->msgcap = FP4IDX_CMD_MSG;
+  c->scratch = j;
+  c->cleanup = fp4idx__score_job_free;
+  fp4idx__score_run(c->d, j, 1);
+  if (j->rc == FP4IDX_OK) {
+    c->resp->u.score.results = j->results;
+    c->resp->u.score.nresults = j->nresults;
+  }
+  return j->rc;
+}
+
+static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_truncate_req_t *t = &c->req->u.truncate;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
   if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
-                            "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
-                            t->length, s->n_keys, t->seq);
-  if (d->hooks.mutation) {
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
+                        t->length, s->n_keys, t->seq);
+  if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
-    if (rc) return fp4idx__cmd_fail(msg, rc, "truncate not logged: %s", fp4idx_strerror(rc));
+    if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
   int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "truncate: %s", fp4idx_strerror(rc));
-  resp->u.truncate.length = t->length;
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
+  c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_drop(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *msg) {
-  uint64_t id = req->u.drop.seq;
+static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  uint64_t id = c->req->u.drop.seq;
   if (!fp4idx__cache_find(&d->cache, id))
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
-  if (d->hooks.mutation) {
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, id);
+  if (d->hooks.mutation && !c->replay) {
     int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_DROP, id, 0, 0, NULL);
-    if (rc) return fp4idx__cmd_fail(msg, rc, "drop not logged: %s", fp4idx_strerror(rc));
+    if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
 }
 
-static int fp4idx__cmd_read(fp4idx_daemon_t *d, const fp4idx_request_t *req,
-                            fp4idx_response_t *resp, char *msg, void **out) {
-  const fp4idx_read_req_t *r = &req->u.read;
+static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
+  char *msg = c->msg;
+  const fp4idx_read_req_t *r = &c->req->u.read;
+  void **out = &c->scratch;
+  c->cleanup = free;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
-  if (!s) return fp4idx__cmd_fail(msg, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
+  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, r->seq);
   uint64_t n = (uint64_t)s->n_keys;
   if (r->from > n)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
-                            r->from, n);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE, "from %" PRIu64 " is above the %" PRIu64 " keys",
+                        r->from, n);
   uint64_t count = r->has_count ? r->count : n - r->from;
   if (count > n - r->from)
-    return fp4idx__cmd_fail(msg, FP4IDX_ERANGE,
-                            "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
-                            r->from, count, n);
-  uint64_t each = r->dequant ? 128u * 4u : 68u;
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "from %" PRIu64 " + count %" PRIu64 " is above the %" PRIu64 " keys",
+                        r->from, count, n);
+  uint64_t each = r->dequant ? FP4IDX_HEAD_DIM * sizeof(float) : FP4IDX_SLOT_BYTES;
   if (count > FP4IDX_CMD_MAX_RESULT / each)
-    return fp4idx__cmd_fail(msg, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
-                            count, FP4IDX_CMD_MAX_RESULT);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG, "read of %" PRIu64 " keys exceeds %" PRIu64 " bytes",
+                        count, FP4IDX_CMD_MAX_RESULT);
   int64_t *slots = malloc(count * sizeof *slots + 1);
   *out = malloc(count * each + 1);
   if (!slots || !*out) {
     free(slots);
-    return fp4idx__cmd_fail(msg, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " keys", count);
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " keys", count);
   }
   fp4idx__cache_slots(&d->cache, s, (int64_t)r->from, (int64_t)count, slots);
   int rc = count ? fp4idx__engine_read(d->engine, slots, (int64_t)count, r->dequant, *out) : 0;
   free(slots);
-  if (rc) return fp4idx__cmd_fail(msg, rc, "reading keys: %s", fp4idx_strerror(rc));
-  uint64_t shp[2] = {count, r->dequant ? 128u : 68u};
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "reading keys: %s", fp4idx_strerror(rc));
+  uint64_t shp[2] = {count, r->dequant ? FP4IDX_HEAD_DIM : FP4IDX_SLOT_BYTES};
   fp4idx_tensor_init(&resp->u.read.keys, r->dequant ? FP4IDX_WIRE_F32 : FP4IDX_WIRE_U8, 2, shp,
                      *out);
   return FP4IDX_OK;
 }
 
-static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
-                             fp4idx_op_stats_t **ops_out) {
+static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  fp4idx_response_t *resp = c->resp;
   fp4idx_daemon_stats_t snap;
   double up = 0;
   fp4idx__stats_snapshot(&d->stats, &snap, &up);
@@ -232,8 +273,102 @@ static int fp4idx__cmd_stats(fp4idx_daemon_t *d, fp4idx_response_t *resp,
     }
     o->sum_us = sh[i].sum_us;
   }
-  *ops_out = ops;
+  c->scratch = ops;
+  c->cleanup = free;
   return FP4IDX_OK;
+}
+
+static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  if (!d->hooks.save)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "save: persistence is not enabled");
+  return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
+}
+
+/* The sequences of one "list" step, collected by the cache scan. */
+typedef struct fp4idx__list_s {
+  fp4idx_list_entry_t *seqs;
+  size_t n, cap;
+} fp4idx__list_t;
+
+static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
+  fp4idx__list_t *l = arg;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    fp4idx_list_entry_t *p = realloc(l->seqs, cap * sizeof *p);
+    if (!p) return FP4IDX_ENOMEM;
+    l->seqs = p;
+    l->cap = cap;
+  }
+  l->seqs[l->n++] = (fp4idx_list_entry_t){
+      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages};
+  return 0;
+}
+
+/* "list": one SCAN step over the sequence table (fp4idx__cache_scan): bounded
+ * work per call, stable under inserts and drops between the calls. */
+static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
+  const fp4idx_list_req_t *r = &c->req->u.list;
+  fp4idx__list_t l = {0};
+  uint64_t next = 0;
+  int rc = fp4idx__cache_scan(&c->d->cache, r->cursor,
+                              r->count ? r->count : FP4IDX_PROTO_LIST_COUNT,
+                              fp4idx__list_add, &l, &next);
+  c->scratch = l.seqs;
+  c->cleanup = free;
+  if (rc)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, rc, "list: %s", fp4idx_strerror(rc));
+  c->resp->u.list = (fp4idx_list_resp_t){.cursor = next, .seqs = l.seqs, .nseqs = l.n};
+  return FP4IDX_OK;
+}
+
+/* ---- the command table ---------------------------------------------------- */
+
+typedef int (*fp4idx__cmd_fn)(fp4idx__cmd_t *c);
+
+/* One row per op, from FP4IDX_OP_MAP: the handler and the op's flags. */
+typedef struct fp4idx__command_s {
+  fp4idx_op_t op;
+  fp4idx__cmd_fn proc;
+  unsigned flags;
+} fp4idx__command_t;
+
+#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs, REQ, RESP) \
+  [FP4IDX_OP_##ID] = {FP4IDX_OP_##ID, fp4idx__cmd_##name, (flags)},
+static const fp4idx__command_t fp4idx__commands[FP4IDX_OP__COUNT] = {
+    FP4IDX_OP_MAP(FP4IDX__CMD_ROW)};
+#undef FP4IDX__CMD_ROW
+
+/* Runs req's handler; resp->id/op set. The caller frees c->scratch. */
+static int fp4idx__cmd_call(fp4idx__cmd_t *c) {
+  fp4idx_op_t op = c->req->op;
+  c->resp->id = c->req->id;
+  c->resp->op = op;
+  if ((int)op <= FP4IDX_OP_NONE || op >= FP4IDX_OP__COUNT || !fp4idx__commands[op].proc)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "unknown op");
+  return fp4idx__commands[op].proc(c);
+}
+
+static void fp4idx__cmd_release(fp4idx__cmd_t *c) {
+  if (c->cleanup) c->cleanup(c->scratch);
+  c->scratch = NULL;
+  c->cleanup = NULL;
+}
+
+int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *msg,
+                       size_t msgcap) {
+  fp4idx_response_t resp;
+  char detail[FP4IDX_CMD_MSG] = "";
+  memset(&resp, 0, sizeof resp);
+  fp4idx__cmd_t c = {.d = d, .req = req, .resp = &resp, .msg = detail, .replay = 1};
+  int rc;
+  if (!(fp4idx_op_flags(req->op) & FP4IDX_OPF_MUTATES))
+    rc = fp4idx__fail(detail, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "%s is not a logged op", fp4idx_op_name(req->op));
+  else
+    rc = fp4idx__cmd_call(&c);
+  fp4idx__cmd_release(&c);
+  if (rc && msg && msgcap) snprintf(msg, msgcap, "%s", detail[0] ? detail : fp4idx_strerror(rc));
+  return rc;
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
@@ -312,19 +447,13 @@ void fp4idx__cmd_publish(fp4idx_daemon_t *d) {
   __atomic_store_n(&d->pub.keys, (uint64_t)d->cache.n_keys, __ATOMIC_RELEASE);
 }
 
-/* Ops whose success changes the cache's counts. */
-static int fp4idx_op_mutates(fp4idx_op_t op) {
-  return op == FP4IDX_OP_APPEND || op == FP4IDX_OP_TRUNCATE || op == FP4IDX_OP_DROP;
-}
-
 int fp4idx__cmd_loop_op(const uint8_t *body, size_t len) {
   if (len > FP4IDX_CMD_LOOP_MAX) return 0;
   fp4idx_request_t req;
   int rc = fp4idx_decode_request(body, len, &req, NULL, 0);
   fp4idx_op_t op = req.op;
   fp4idx_request_clear(&req);
-  return rc == FP4IDX_OK &&
-         (op == FP4IDX_OP_HELLO || op == FP4IDX_OP_INFO || op == FP4IDX_OP_STATS);
+  return rc == FP4IDX_OK && (fp4idx_op_flags(op) & FP4IDX_OPF_LOOP);
 }
 
 /* One request on its way through fp4idx__cmd_execute_batch. */
@@ -335,27 +464,14 @@ typedef struct fp4idx__cmd_run_s {
   int rc;
   double td, te;                 /* decoded, executed */
   fp4idx_backend_timing_t timing;
-  fp4idx_score_job_t score;
-  fp4idx_op_stats_t *stat_ops;
-  void *read_buf;
+  fp4idx_score_job_t score;      /* a score of the batch */
+  fp4idx__cmd_t c;               /* any other op: its handler's context */
 } fp4idx__cmd_run_t;
 
-/* Any op but score, alone. */
+/* Any op but score, alone, through the command table. */
 static int fp4idx__cmd_one(fp4idx_daemon_t *d, fp4idx__cmd_run_t *r) {
-  char *msg = r->msg;
-  switch (r->req.op) {
-    case FP4IDX_OP_HELLO: return fp4idx__cmd_hello(d, &r->req, &r->resp, msg);
-    case FP4IDX_OP_INFO: return fp4idx__cmd_info(d, &r->resp);
-    case FP4IDX_OP_APPEND: return fp4idx__cmd_append(d, &r->req, &r->resp, msg);
-    case FP4IDX_OP_TRUNCATE: return fp4idx__cmd_truncate(d, &r->req, &r->resp, msg);
-    case FP4IDX_OP_DROP: return fp4idx__cmd_drop(d, &r->req, msg);
-    case FP4IDX_OP_READ: return fp4idx__cmd_read(d, &r->req, &r->resp, msg, &r->read_buf);
-    case FP4IDX_OP_STATS: return fp4idx__cmd_stats(d, &r->resp, &r->stat_ops);
-    case FP4IDX_OP_SAVE:
-      if (d->hooks.save) return d->hooks.save(d, d->hooks.arg, msg, FP4IDX_CMD_MSG);
-      return fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "save: persistence is not enabled");
-    default: return fp4idx__cmd_fail(msg, FP4IDX_ETYPE, "unknown op");
-  }
+  r->c = (fp4idx__cmd_t){.d = d, .req = &r->req, .resp = &r->resp, .msg = r->msg};
+  return fp4idx__cmd_call(&r->c);
 }
 
 /* Neighbouring scores r[0..n) as one batch (score.c). */
@@ -363,7 +479,7 @@ static void fp4idx__cmd_scores(fp4idx_daemon_t *d, fp4idx__cmd_run_t **r, int n)
   fp4idx_score_job_t *jobs = calloc((size_t)n, sizeof *jobs);
   if (!jobs) {
     for (int i = 0; i < n; i++)
-      r[i]->rc = fp4idx__cmd_fail(r[i]->msg, FP4IDX_ENOMEM, "out of memory for a score");
+      r[i]->rc = fp4idx__fail(r[i]->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
     return;
   }
   for (int i = 0; i < n; i++) {
@@ -416,7 +532,8 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
       continue;
     }
     if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, r);
-    if (r->rc == FP4IDX_OK && fp4idx_op_mutates(r->req.op)) fp4idx__cmd_publish(d);
+    if (r->rc == FP4IDX_OK && (fp4idx_op_flags(r->req.op) & FP4IDX_OPF_MUTATES))
+      fp4idx__cmd_publish(d);
     r->te = fp4idx__stats_now_us();
     i++;
   }
@@ -432,7 +549,8 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
       erc = fp4idx__cmd_encode(&r->resp, &out, reply);
       if (erc) {
         rc = erc;
-        fp4idx__cmd_fail(r->msg, erc, "encoding the response: %s", fp4idx_strerror(erc));
+        fp4idx__fail(r->msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s",
+                     fp4idx_strerror(erc));
       }
     }
     if (rc != FP4IDX_OK) {
@@ -467,8 +585,7 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
     fp4idx__stages_record(&d->stages, jobs[i].times,
                           fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
     fp4idx__score_job_clear(&r->score);
-    free(r->stat_ops);
-    free(r->read_buf);
+    fp4idx__cmd_release(&r->c);
     fp4idx_request_clear(&r->req);
   }
   free(runs);

@@ -1,8 +1,12 @@
 /* commands.h -- the request path, in a straight line:
- *   frame body -> fp4idx_decode_request (strict) -> validate against the
- *   cache (ENOSEQ, ERANGE, ESHAPE) -> cache -> engine -> response frame.
- * Runs on the worker thread only (it owns the cache there), so requests run
- * one at a time in arrival order.
+ *   frame body -> fp4idx_decode_request (strict) -> the op's row of the
+ *   command table (generated from FP4IDX_OP_MAP) -> its handler: validate
+ *   against the cache (ENOSEQ, ERANGE, ESHAPE) -> cache -> engine ->
+ *   response frame.
+ * Runs on the worker thread (it owns the cache there), in arrival order; a
+ * batch of queued requests runs in that order with neighbouring scores
+ * launched together (fp4idx__cmd_execute_batch); hello/info/stats may run
+ * on the loop (fp4idx__cmd_loop_op).
  */
 #ifndef FP4IDX_DAEMON_COMMANDS_H
 #define FP4IDX_DAEMON_COMMANDS_H
@@ -67,12 +71,12 @@ void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs
 /* Requests at most this long may be answered on the loop. */
 #define FP4IDX_CMD_LOOP_MAX 256u
 
-/* 1 when the frame body is a well-formed hello, info or stats request of at
- * most FP4IDX_CMD_LOOP_MAX bytes: ops that read nothing the worker changes
- * but d->pub and the stats (both safe from any thread), so the loop may
- * answer them itself (fp4idx__cmd_execute) when the connection has nothing
- * else in flight -- no worker hop, and the reply order is trivially kept.
- * Loop thread. */
+/* 1 when the frame body is a well-formed request of at most
+ * FP4IDX_CMD_LOOP_MAX bytes whose op has FP4IDX_OPF_LOOP (hello, info,
+ * stats: they read nothing the worker changes but d->pub and the stats,
+ * both safe from any thread), so the loop may answer it itself
+ * (fp4idx__cmd_execute) when the connection has nothing else in flight --
+ * no worker hop, and the reply order is trivially kept. Loop thread. */
 int fp4idx__cmd_loop_op(const uint8_t *body, size_t len);
 
 /* Publishes the cache's counts into d->pub (worker thread, after a
@@ -81,6 +85,17 @@ void fp4idx__cmd_publish(struct fp4idx_daemon_s *d);
 
 /* Frees what a reply holds (any thread: the output goes back to the engine). */
 void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply);
+
+struct fp4idx_request_s;
+
+/* Runs a logged op (FP4IDX_OPF_MUTATES: append, truncate, drop) read back
+ * from the append log through the same handler as a client's request, in a
+ * replay context: same checks and effect, no mutation hook (it is not logged
+ * again), no stats, no reply. Worker thread or startup (no request running).
+ * Returns FP4IDX_OK or the handler's status with its message in msg;
+ * FP4IDX_EINVAL for an op that is not logged. */
+int fp4idx__cmd_replay(struct fp4idx_daemon_s *d, const struct fp4idx_request_s *req,
+                       char *msg, size_t msgcap);
 
 /* Encodes an error response frame {"id": 0, "status", "error"} (for frames
  * the server rejects before decoding). Returns FP4IDX_OK or FP4IDX_ENOMEM. */

@@ -179,7 +179,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         break;
       case 'F': {
         fp4idx_fsync_t pol;
-        if (fp4idx_fsync_parse(optarg, &pol)) {
+        if (fp4idx__fsync_parse(optarg, &pol)) {
           fprintf(err, "fp4idxd: --fsync: '%s' is not always, everysec or no\n", optarg);
           return FP4IDX_EINVAL;
         }

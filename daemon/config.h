@@ -25,7 +25,7 @@ typedef struct fp4idx_config_s {
   int threads;                    /* --threads for the CPU backend (0 = cores) */
   fp4idx_log_level_t log_level;   /* --log-level */
   char data_dir[4096];            /* --data-dir; "" = no persistence */
-  int fsync_policy;               /* --fsync: fp4idx_fsync_t (daemon/aof.h) */
+  int fsync_policy;               /* --fsync: fp4idx_fsync_t (persist/aof.h) */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,

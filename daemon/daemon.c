@@ -10,55 +10,6 @@
 #include "commands.h"
 #include "fp4idx_status.h"
 #include "log.h"
-#include "score.h"
-
-/* ---- requests: server -> worker -> server ------------------------------- */
-
-static void fp4idx__daemon_out_free(void *arg, void *p) {
-  (void)arg;
-  fp4idx__score_out_release(p);
-}
-
-/* Hands a reply to its request (the server writes it). */
-static void fp4idx__daemon_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *reply) {
-  req->resp = reply->frame;
-  req->resp_len = reply->frame_len;
-  req->payloads = reply->payloads;
-  req->npayloads = reply->npayloads;
-  req->wire_len = reply->total_len;
-  req->out = reply->out;
-  req->out_free = fp4idx__daemon_out_free;
-  req->out_free_arg = NULL;
-  /* The body (and the views into it) are not needed any more. */
-  free(req->body);
-  req->body = NULL;
-  if (!req->resp) req->close_after = 1; /* could not even encode an error */
-  req->t_done_us = fp4idx__stats_now_us();
-}
-
-/* The requests queued back to back when the worker took them (worker.h):
- * neighbouring scores become one launch (fp4idx__cmd_execute_batch). */
-static void fp4idx__daemon_req_batch(fp4idx_job_t **jobs, int n) {
-  fp4idx_req_t *first = jobs[0]->data;
-  fp4idx_daemon_t *d = first->conn->srv->data;
-  double tq = fp4idx__stats_now_us();
-  fp4idx_cmd_job_t cj[FP4IDX_WORKER_MAX_BATCH];
-  fp4idx_cmd_reply_t replies[FP4IDX_WORKER_MAX_BATCH];
-  fp4idx_stage_times_t times[FP4IDX_WORKER_MAX_BATCH];
-  for (int i = 0; i < n; i++) {
-    fp4idx_req_t *req = jobs[i]->data;
-    memset(&times[i], 0, sizeof times[i]);
-    times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
-    cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len, .t0_us = req->t0_us,
-                               .tq_us = tq, .times = &times[i], .reply = &replies[i]};
-  }
-  fp4idx__cmd_execute_batch(d, cj, n);
-  for (int i = 0; i < n; i++) fp4idx__daemon_req_reply(jobs[i]->data, &replies[i]);
-}
-
-static void fp4idx__daemon_req_work(fp4idx_job_t *job) {
-  fp4idx__daemon_req_batch(&job, 1);
-}
 
 /* The cache changed a sequence's page list: keep the backend's copy. */
 static void fp4idx__daemon_pages_changed(void *arg, uint64_t id, const int32_t *pages,
@@ -70,31 +21,7 @@ static void fp4idx__daemon_pages_changed(void *arg, uint64_t id, const int32_t *
                       (unsigned long long)id, fp4idx_strerror(rc));
 }
 
-static void fp4idx__daemon_req_done(fp4idx_job_t *job) {
-  fp4idx__server_req_done(job->data);
-}
-
-static void fp4idx__daemon_submit_req(fp4idx_server_t *srv, fp4idx_req_t *req) {
-  fp4idx_daemon_t *d = srv->data;
-  if (req->conn->pending == 1 && fp4idx__cmd_loop_op(req->body, req->body_len)) {
-    /* hello/info/stats with nothing else in flight: answered here, no
-     * worker hop; the server writes it when submit returns */
-    fp4idx__daemon_req_batch((fp4idx_job_t *[]){&req->job}, 1);
-    req->done = 1;
-    return;
-  }
-  req->job.work = fp4idx__daemon_req_work;
-  req->job.batch = fp4idx__daemon_req_batch;
-  req->job.done = fp4idx__daemon_req_done;
-  req->job.data = req;
-  fp4idx__worker_submit(&d->worker, &req->job);
-}
-
-static int fp4idx__daemon_error_frame(fp4idx_server_t *srv, int status, const char *msg,
-                                      uint8_t **frame, size_t *len) {
-  (void)srv;
-  return fp4idx__cmd_error_frame(status, msg, frame, len);
-}
+/* ---- server events ------------------------------------------------------ */
 
 static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
   fp4idx_daemon_t *d = srv->data;
@@ -168,8 +95,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
   d->server.stages = &d->stages;
   d->server.data = d;
-  d->server.submit = fp4idx__daemon_submit_req;
-  d->server.error_frame = fp4idx__daemon_error_frame;
+  d->server.worker = &d->worker;
   d->server.conn_event = fp4idx__daemon_conn_event;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;

@@ -33,7 +33,7 @@ typedef struct fp4idx_daemon_s fp4idx_daemon_t;
 
 /* What a mutation hook is told (worker thread, after validation). */
 typedef enum fp4idx_mutation_e {
-  FP4IDX_MUT_APPEND = 1,   /* pos = first position, count = keys, slots = packed [count,68] */
+  FP4IDX_MUT_APPEND = 1,   /* pos = first position, count = keys, slots = packed [count, FP4IDX_SLOT_BYTES] */
   FP4IDX_MUT_TRUNCATE = 2, /* pos = new length */
   FP4IDX_MUT_DROP = 3
 } fp4idx_mutation_t;

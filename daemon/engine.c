@@ -85,7 +85,7 @@ int fp4idx__engine_open(fp4idx_engine_t **out, const fp4idx_config_t *cfg,
       if (bytes > (4ull << 30)) bytes = 4ull << 30;
     }
   }
-  uint64_t page_bytes = (uint64_t)cfg->page_size * 68u;
+  uint64_t page_bytes = (uint64_t)cfg->page_size * FP4IDX_SLOT_BYTES;
   uint64_t pages = bytes / page_bytes;
   if (pages > INT32_MAX) pages = INT32_MAX; /* page ids are int32 */
   if (pages < 1) {

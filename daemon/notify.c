@@ -3,7 +3,7 @@
  * sd_notify(3) and sd_listen_fds(3)). */
 #define _GNU_SOURCE
 #include "notify.h"
-#include "bytes.h"
+#include "fp4idx_fail.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -115,8 +115,7 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
 #ifdef FP4IDX_HAVE_SYSTEMD
   n = sd_listen_fds(1); /* 1: unset LISTEN_* so children don't see them */
   if (n < 0) {
-    fp4idx__seterr(err, errlen, "LISTEN_FDS: %s", strerror(-n));
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "LISTEN_FDS: %s", strerror(-n));
   }
 #else
   const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
@@ -130,11 +129,9 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
 #endif
   if (n == 0) return 0;
   if (n != 1) {
-    fp4idx__seterr(err, errlen,
-           "socket activation passed %d file descriptors; fp4idxd takes exactly "
-           "one listening Unix stream socket",
-           n);
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "socket activation passed %d file descriptors; fp4idxd takes exactly "
+                        "one listening Unix stream socket",
+                        n);
   }
   int f = LISTEN_FDS_START;
   int type = 0, listening = 0, ok;
@@ -148,10 +145,8 @@ int fp4idx_notify_listen_fd(int *fd, char *err, size_t errlen) {
   ok = ok && getsockname(f, (struct sockaddr *)&ss, &sl) == 0 &&
        ss.ss_family == AF_UNIX;
   if (!ok) {
-    fp4idx__seterr(err, errlen,
-           "socket activation: fd 3 is not a listening Unix stream socket "
-           "(use ListenStream=/path in the .socket unit)");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "socket activation: fd 3 is not a listening Unix stream socket "
+                        "(use ListenStream=/path in the .socket unit)");
   }
   fcntl(f, F_SETFD, FD_CLOEXEC);
   *fd = f;

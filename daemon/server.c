@@ -11,8 +11,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "fp4idx_status.h"
+#include "score.h"
 #include "log.h"
+#include "mkdirs.h"
 #include "stats.h"
 
 static void fp4idx__server_flush(fp4idx_conn_t *c);
@@ -201,12 +204,11 @@ static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
 /* A frame that cannot be a request (too long, empty): reply with `status`
  * and close after the reply; read nothing more. */
 static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *msg) {
-  fp4idx_server_t *srv = c->srv;
   fp4idx__log_info("connection %llu: %s; closing after the error reply",
                    (unsigned long long)c->id, msg);
   c->eof = 1;
   fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (!r || !srv->error_frame || srv->error_frame(srv, status, msg, &r->resp, &r->resp_len)) {
+  if (!r || fp4idx__cmd_error_frame(status, msg, &r->resp, &r->resp_len)) {
     free(r);
     fp4idx__server_conn_close(c);
     return;
@@ -218,6 +220,58 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
   fp4idx__server_flush(c);
 }
 
+static void fp4idx__server_out_free(void *arg, void *p) {
+  (void)arg;
+  fp4idx__score_out_release(p);
+}
+
+/* Hands a reply to its request (the server writes it). */
+static void fp4idx__server_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *reply) {
+  req->resp = reply->frame;
+  req->resp_len = reply->frame_len;
+  req->payloads = reply->payloads;
+  req->npayloads = reply->npayloads;
+  req->wire_len = reply->total_len;
+  req->out = reply->out;
+  req->out_free = fp4idx__server_out_free;
+  req->out_free_arg = NULL;
+  /* The body (and the views into it) are not needed any more. */
+  free(req->body);
+  req->body = NULL;
+  if (!req->resp) req->close_after = 1; /* could not even encode an error */
+  req->t_done_us = fp4idx__stats_now_us();
+}
+
+/* Worker thread (or the loop, for a request it answers itself): the
+ * requests queued back to back when the worker took them (worker.h), from
+ * body to response frame; neighbouring scores become one launch
+ * (fp4idx__cmd_execute_batch). */
+static void fp4idx__server_req_batch(fp4idx_job_t **jobs, int n) {
+  fp4idx_req_t *first = jobs[0]->data;
+  struct fp4idx_daemon_s *d = first->conn->srv->data;
+  double tq = fp4idx__stats_now_us();
+  fp4idx_cmd_job_t cj[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx_cmd_reply_t replies[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx_stage_times_t times[FP4IDX_WORKER_MAX_BATCH];
+  for (int i = 0; i < n; i++) {
+    fp4idx_req_t *req = jobs[i]->data;
+    memset(&times[i], 0, sizeof times[i]);
+    times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
+    cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len, .t0_us = req->t0_us,
+                               .tq_us = tq, .times = &times[i], .reply = &replies[i]};
+  }
+  fp4idx__cmd_execute_batch(d, cj, n);
+  for (int i = 0; i < n; i++) fp4idx__server_req_reply(jobs[i]->data, &replies[i]);
+}
+
+static void fp4idx__server_req_work(fp4idx_job_t *job) {
+  fp4idx__server_req_batch(&job, 1);
+}
+
+static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
+  fp4idx__server_req_done(job->data);
+}
+
 /* A whole frame is in the reader: hand its body to a request and queue it. */
 static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   fp4idx_req_t *r = calloc(1, sizeof *r);
@@ -226,18 +280,24 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
     fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
     return;
   }
+  r->job.work = fp4idx__server_req_work;
+  r->job.batch = fp4idx__server_req_batch;
+  r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
   r->t_first_us = c->in_frame ? c->t_frame_us : r->t0_us;
   c->in_frame = 0;
   fp4idx__server_enqueue(c, r);
-  c->srv->submit(c->srv, r);
-  if (r->done) {
-    /* answered on the loop (no worker hop, so no wake time); written from
-     * here without re-entering the parser */
+  if (c->pending == 1 && fp4idx__cmd_loop_op(r->body, r->body_len)) {
+    /* hello/info/stats with nothing else in flight: answered here, no
+     * worker hop (so no wake time), written without re-entering the parser */
+    fp4idx__server_req_batch((fp4idx_job_t *[]){&r->job}, 1);
+    r->done = 1;
     if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
     fp4idx__server_flush(c);
+    return;
   }
+  fp4idx__worker_submit(c->srv->worker, &r->job);
 }
 
 /* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */
@@ -390,23 +450,6 @@ static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
   fp4idx__server_update_reading(c);
 }
 
-/* mkdir -p of the folder holding `path`. */
-static int fp4idx__server_mkdirs(const char *path, mode_t mode) {
-  char dir[108];
-  snprintf(dir, sizeof dir, "%s", path);
-  char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return 0;
-  *slash = '\0';
-  for (char *p = dir + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(dir, mode) && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  if (mkdir(dir, mode) && errno != EEXIST) return -1;
-  return 0;
-}
-
 /* 1 when a daemon accepts connections on `path`, 0 when nothing answers
  * (stale file removed, or no file). -1 when the path holds something else. */
 static int fp4idx__server_probe(const char *path) {
@@ -449,7 +492,7 @@ int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
   if (!srv || !path || !*path) return FP4IDX_EINVAL;
   if (strlen(path) >= sizeof srv->path) return FP4IDX_E2BIG;
   if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  if (fp4idx__server_mkdirs(path, geteuid() == 0 ? 0755 : 0700)) {
+  if (fp4idx__mkdirs(path, geteuid() == 0 ? 0755 : 0700, 1)) {
     fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
     return FP4IDX_EIO;
   }

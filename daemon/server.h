@@ -4,9 +4,12 @@
  *   fp4idx__server_read_cb -> fp4idx__server_parse (the codec's incremental
  *   frame reader, state on the connection; "need more bytes" is a normal
  *   return; bodies are read straight into their buffer) ->
- *   srv->submit(req) (the daemon queues it on the worker) ... worker ...
- *   fp4idx__server_req_done(req) -> fp4idx__server_flush (writes every
- *   finished response at the head of the connection's list, so responses
+ *   fp4idx__worker_submit (fp4idx__cmd_execute_batch on the worker thread,
+ *   over what is queued back to back: neighbouring scores share a launch;
+ *   hello/info/stats from an otherwise idle connection are answered right
+ *   here instead) -> fp4idx__server_req_done(req) -> fp4idx__server_flush
+ *   (writes every finished response at the head of the connection's list,
+ *   the frame bytes and the result tensors in one writev, so responses
  *   leave in request order).
  *
  * Caps: a frame longer than max_frame gets an E2BIG reply and the connection
@@ -91,12 +94,9 @@ struct fp4idx_server_s {
   uint64_t n_conns;
   uint64_t next_conn_id;
   int stopping;
-  /* Set by the daemon. submit: queue req (its done path must call
-   * fp4idx__server_req_done). error_frame: encode an error response with
-   * id 0 into a malloc'd frame. conn_event: +1 / -1 on open / close. */
-  void (*submit)(fp4idx_server_t *srv, fp4idx_req_t *req);
-  int (*error_frame)(fp4idx_server_t *srv, int status, const char *msg,
-                     uint8_t **frame, size_t *len);
+  /* Set by the daemon. worker: where requests run (fp4idx__cmd_execute
+   * with data as the daemon). conn_event: +1 / -1 on open / close. */
+  fp4idx_worker_t *worker;
   void (*conn_event)(fp4idx_server_t *srv, int delta);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
   fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */

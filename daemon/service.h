@@ -1,6 +1,6 @@
 /* service.h -- fp4idxd as a service: systemd notification, socket
- * activation, the watchdog, and persistence (snapshot + append log) wired
- * into the daemon through its hooks (daemon.h).
+ * activation, the watchdog (service.c), and persistence (snapshot + append
+ * log, service_persist.c) wired into the daemon through its hooks (daemon.h).
  *
  * main.c: fp4idx__service_listen_fd() first (before anything may touch fd 3
  * or the LISTEN_* variables), fp4idx__daemon_init, fp4idx__service_attach,

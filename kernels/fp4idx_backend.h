@@ -1,7 +1,7 @@
 /* fp4idx_backend.h -- the interface every compute backend implements.
  *
  * A backend owns the page pool (device memory for CUDA, host memory for the
- * CPU backend) and runs the contract of DESIGN.md sections 1-3: quantize and
+ * CPU backend) and runs the contract of PROTOCOL.md's appendix (key format, quantizer, scorer): quantize and
  * store keys at given slots, read slots back, and score verify rows against a
  * sequence's pages (full logits or top-k). It knows nothing of sequences,
  * sockets or allocation policy: the daemon's cache (daemon/cache.c) maps

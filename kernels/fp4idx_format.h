@@ -1,4 +1,4 @@
-/* fp4idx_format.h -- the FP4 index-key format, in one place (DESIGN.md s1-2).
+/* fp4idx_format.h -- the FP4 index-key format, in one place (PROTOCOL.md "Appendix: key format and scorer").
  *
  * Header-only and usable from host C and from CUDA device code alike. It holds:
  *   - the key and page layout (68-byte slots, SGLang-compatible pages);
@@ -136,7 +136,7 @@ FP4IDX_HD float fp4idx_slot_element(const uint8_t *payload,
   return fp4idx_e2m1_to_f32(code) * fp4idx_ue8m0_to_f32(scales[e >> 5]);
 }
 
-/* ---- quantizer (DESIGN.md s2) ------------------------------------------ */
+/* ---- quantizer (PROTOCOL.md appendix, "Quantizer") ------------------------------------------ */
 
 /* UE8M0 exponent for a block whose max |x| is amax: sf = max(amax/6, 1e-4),
  * ceil to a power of two through the fp32 fields, clamp to [1, 254]. */

@@ -15,9 +15,7 @@
 
 #include "fp4idx_codec.h"
 
-/* Formats the detail into msg (if any) and returns `status`. */
-int fp4idx__fail(char *msg, size_t cap, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+#include "fp4idx_fail.h" /* fp4idx__fail: format the detail, return the status */
 
 /* Walks one msgpack object spanning exactly body[0..len). Returns 0,
  * FP4IDX_EPROTO (truncated, invalid byte, trailing bytes) or FP4IDX_E2BIG
@@ -45,6 +43,16 @@ typedef struct fp4idx__field_s {
 int fp4idx__map_fields(const msgpack_object *map, const char *path,
                        fp4idx__field_t *fields, size_t n, bool strict,
                        char *msg, size_t cap);
+
+/* The fields of one decoded map, matched against a name table. */
+typedef struct fp4idx__fields_s {
+  fp4idx__field_t *f;
+  size_t n;
+} fp4idx__fields_t;
+
+/* Returns the value of field `name` (NULL when absent or nil). A name the
+ * table does not hold is a bug in the codec: it is reported as absent. */
+const msgpack_object *fp4idx__fv(const fp4idx__fields_t *fs, const char *name);
 
 /* Returns the value of key `name` of map `map` (first match), or NULL. */
 const msgpack_object *fp4idx__map_get(const msgpack_object *map,
@@ -102,5 +110,74 @@ int fp4idx__frame_end(msgpack_sbuffer *sb, size_t start, int rc);
 int fp4idx__pack_cstr(msgpack_packer *pk, const char *s);
 int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n);
 int fp4idx__pack_tensor(msgpack_packer *pk, const fp4idx_tensor_t *t);
+
+/* Writes the head of a request map of 2 + nfields entries: its size, "id"
+ * and "op". Returns msgpack's result (0 or -1). */
+int fp4idx__pack_req_head(msgpack_packer *pk, const fp4idx_request_t *req,
+                          size_t nfields);
+/* The same for a success response: size, "id", "status": 0. */
+int fp4idx__pack_resp_head(msgpack_packer *pk, const fp4idx_response_t *r,
+                           size_t nfields);
+int fp4idx__pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v);
+int fp4idx__pack_kv_tensor(msgpack_packer *pk, const char *k,
+                           const fp4idx_tensor_t *t);
+
+/* ---- the op table (ops.c), generated from FP4IDX_OP_MAP -------------------- */
+
+/* Per-op codec functions (codec_ops.c), named by the REQ and RESP columns.
+ * decode: the map's fields (top-level names of the op's row, plus "id", "op"
+ * / "id", "status", "error") into the op's union member; returns 0 or a
+ * status with the detail in msg. pack: the whole map of a request or success
+ * response; returns 0, FP4IDX_EINVAL (the struct breaks PROTOCOL.md) or
+ * FP4IDX_ENOMEM (the buffer did not grow). */
+typedef int (*fp4idx__req_decode_fn)(const fp4idx__fields_t *f,
+                                     fp4idx_request_t *req, char *msg,
+                                     size_t cap);
+typedef int (*fp4idx__req_pack_fn)(msgpack_packer *pk,
+                                   const fp4idx_request_t *req);
+typedef int (*fp4idx__resp_decode_fn)(const fp4idx__fields_t *f,
+                                      fp4idx_response_t *resp, char *msg,
+                                      size_t cap);
+typedef int (*fp4idx__resp_pack_fn)(msgpack_packer *pk,
+                                    const fp4idx_response_t *resp);
+
+#define FP4IDX__CODEC_PROTOS(ID, name, flags, rq, rs, REQ, RESP)              \
+  int fp4idx__##REQ##_req_decode(const fp4idx__fields_t *f,                  \
+                                 fp4idx_request_t *req, char *msg,           \
+                                 size_t cap);                                \
+  int fp4idx__##REQ##_req_pack(msgpack_packer *pk,                           \
+                               const fp4idx_request_t *req);                 \
+  int fp4idx__##RESP##_resp_decode(const fp4idx__fields_t *f,                \
+                                   fp4idx_response_t *resp, char *msg,       \
+                                   size_t cap);                              \
+  int fp4idx__##RESP##_resp_pack(msgpack_packer *pk,                         \
+                                 const fp4idx_response_t *resp);
+FP4IDX_OP_MAP(FP4IDX__CODEC_PROTOS)
+#undef FP4IDX__CODEC_PROTOS
+
+/* One row of the op table. Field names are NULL-terminated; requests start
+ * with "id", "op", responses with "id", "status", "error". */
+typedef struct fp4idx__op_desc_s {
+  const char *name;
+  unsigned flags;
+  const char *req_fields[FP4IDX_OP_MAX_FIELDS];
+  const char *resp_fields[FP4IDX_OP_MAX_FIELDS];
+  fp4idx__req_decode_fn req_decode;
+  fp4idx__req_pack_fn req_pack;
+  fp4idx__resp_decode_fn resp_decode;
+  fp4idx__resp_pack_fn resp_pack;
+} fp4idx__op_desc_t;
+
+/* Indexed by fp4idx_op_t; row FP4IDX_OP_NONE is all zero. */
+extern const fp4idx__op_desc_t fp4idx__ops[FP4IDX_OP__COUNT];
+
+/* The row of `op`, or NULL for NONE/unknown. */
+const fp4idx__op_desc_t *fp4idx__op_desc(fp4idx_op_t op);
+
+/* Matches the top-level map against `names` (NULL-terminated) into the
+ * caller's storage f[FP4IDX_OP_MAX_FIELDS]; fs then looks them up by name. */
+int fp4idx__map_named(const msgpack_object *map, const char *const *names,
+                      bool strict, fp4idx__field_t *f, fp4idx__fields_t *fs,
+                      char *msg, size_t cap);
 
 #endif /* FP4IDX_CODEC_INTERNAL_H */

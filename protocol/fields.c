@@ -4,36 +4,6 @@
 
 #include "codec_internal.h"
 
-int fp4idx__fail(char *msg, size_t cap, int status, const char *fmt, ...) {
-  if (msg != NULL && cap > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, cap, fmt, ap);
-    va_end(ap);
-  }
-  return status;
-}
-
-static const char *const op_names[FP4IDX_OP__COUNT] = {
-    [FP4IDX_OP_HELLO] = "hello",       [FP4IDX_OP_INFO] = "info",
-    [FP4IDX_OP_APPEND] = "append",     [FP4IDX_OP_SCORE] = "score",
-    [FP4IDX_OP_TRUNCATE] = "truncate", [FP4IDX_OP_DROP] = "drop",
-    [FP4IDX_OP_READ] = "read",         [FP4IDX_OP_STATS] = "stats",
-    [FP4IDX_OP_SAVE] = "save"};
-
-const char *fp4idx_op_name(fp4idx_op_t op) {
-  if ((int)op <= FP4IDX_OP_NONE || op >= FP4IDX_OP__COUNT) return "?";
-  return op_names[op];
-}
-
-fp4idx_op_t fp4idx_op_from_name(const char *name, size_t len) {
-  if (name == NULL) return FP4IDX_OP_NONE;
-  for (int op = FP4IDX_OP_NONE + 1; op < FP4IDX_OP__COUNT; op++)
-    if (strlen(op_names[op]) == len && memcmp(op_names[op], name, len) == 0)
-      return (fp4idx_op_t)op;
-  return FP4IDX_OP_NONE;
-}
-
 static bool str_is(const msgpack_object *o, const char *s) {
   size_t n = strlen(s);
   return o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&

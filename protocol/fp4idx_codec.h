@@ -72,6 +72,8 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_STRING 256u               /* "client", "error", ... */
 #define FP4IDX_PROTO_MAX_STATS_OPS 32u             /* entries of "requests" */
 #define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
+#define FP4IDX_PROTO_LIST_COUNT 100u               /* "list" default count */
+#define FP4IDX_PROTO_MAX_LIST_COUNT 10000u         /* "list" "count" bound */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
  * strings on the wire are truncated (they are informational). */
@@ -82,17 +84,58 @@ extern "C" {
 
 /* ---- operations ----------------------------------------------------------- */
 
+/* Flags of an op (third column of FP4IDX_OP_MAP). */
+#define FP4IDX_OPF_MUTATES 1u /* changes the cache: logged before the reply,
+                                 replayed from the append log */
+#define FP4IDX_OPF_PERSIST 2u /* needs the daemon's persistence (--data-dir) */
+#define FP4IDX_OPF_LOOP 4u    /* reads no cache or engine state (info and
+                                 stats read the counts the worker publishes
+                                 after each mutation): the daemon's loop
+                                 thread may answer it itself */
+
+/* The op list: one row per operation of PROTOCOL.md "Requests and
+ * responses", in wire-name order of the spec. Everything per-op is generated
+ * from it: the enum (FP4IDX_OP_<ID>), the names, the field tables the codec
+ * matches maps against (fields are looked up by name), the codec dispatch
+ * (protocol/ops.c) and the daemon's command table (daemon/commands.c).
+ *
+ *   X(ID, name, flags, request fields, response fields, REQ, RESP)
+ *
+ * REQ names the request codec: fp4idx__REQ_req_decode / _req_pack (REQ
+ * `none`: no fields); RESP the response codec: fp4idx__RESP_resp_decode /
+ * _resp_pack (protocol/codec_ops.c). The daemon's handler is
+ * fp4idx__cmd_<name> (daemon/commands.c). Adding an op: a row here, its
+ * request/response structs below (and their union members), its codec
+ * functions, its handler and its client call. */
+#define FP4IDX_OP_MAP(X)                                                      \
+  X(HELLO, hello, FP4IDX_OPF_LOOP, ("version", "client"),                     \
+    ("version", "server"), hello, hello)                                      \
+  X(INFO, info, FP4IDX_OPF_LOOP, (),                                                        \
+    ("version", "server", "backend", "device", "page_size", "pages_total",    \
+     "pages_free", "sequences", "max_frame"),                                 \
+    none, info)                                                               \
+  X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
+    ("first", "length"), append, append)                                      \
+  X(SCORE, score, 0, ("heads", "topk", "seqs"), ("results"), score, score)    \
+  X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
+    truncate, truncate)                                                       \
+  X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
+  X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
+  X(STATS, stats, FP4IDX_OPF_LOOP, (),                                                      \
+    ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
+     "pages_total", "pages_free", "requests", "stages"),                      \
+    none, stats)                                                              \
+  X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
+  X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)
+
+/* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
+#define FP4IDX_OP_MAX_FIELDS 13u
+
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
-  FP4IDX_OP_HELLO,
-  FP4IDX_OP_INFO,
-  FP4IDX_OP_APPEND,
-  FP4IDX_OP_SCORE,
-  FP4IDX_OP_TRUNCATE,
-  FP4IDX_OP_DROP,
-  FP4IDX_OP_READ,
-  FP4IDX_OP_STATS,
-  FP4IDX_OP_SAVE,
+#define FP4IDX__OP_ENUM(ID, name, flags, rq, rs, REQ, RESP) FP4IDX_OP_##ID,
+  FP4IDX_OP_MAP(FP4IDX__OP_ENUM)
+#undef FP4IDX__OP_ENUM
   FP4IDX_OP__COUNT
 } fp4idx_op_t;
 
@@ -102,6 +145,9 @@ const char *fp4idx_op_name(fp4idx_op_t op);
 /* Returns the op named by the `len` bytes at `name` (not NUL-terminated), or
  * FP4IDX_OP_NONE if no op has that name. */
 fp4idx_op_t fp4idx_op_from_name(const char *name, size_t len);
+
+/* Returns the FP4IDX_OPF_* flags of `op` (0 for NONE/unknown). */
+unsigned fp4idx_op_flags(fp4idx_op_t op);
 
 /* ---- tensors -------------------------------------------------------------- */
 
@@ -310,6 +356,12 @@ typedef struct fp4idx_read_req_s {
   bool dequant;    /* default false: packed u8 [n,68]; true: f32 [n,128] */
 } fp4idx_read_req_t;
 
+/* "list" {"cursor"?, "count"?}: one step of a scan over the sequences. */
+typedef struct fp4idx_list_req_s {
+  uint64_t cursor; /* 0 (the default) starts a scan */
+  uint32_t count;  /* 1..FP4IDX_PROTO_MAX_LIST_COUNT; 0: absent (default) */
+} fp4idx_list_req_t;
+
 /* A request. "info", "stats" and "save" have no fields. */
 typedef struct fp4idx_request_s {
   uint64_t id;    /* echoed by the response; 0 when it could not be read */
@@ -321,6 +373,7 @@ typedef struct fp4idx_request_s {
     fp4idx_truncate_req_t truncate;
     fp4idx_drop_req_t drop;
     fp4idx_read_req_t read;
+    fp4idx_list_req_t list;
   } u;
   void *owned_; /* private: what the decoder allocated (score seqs) */
 } fp4idx_request_t;
@@ -446,6 +499,21 @@ typedef struct fp4idx_stats_s {
   size_t nstages;
 } fp4idx_stats_t;
 
+/* One entry of "list" "seqs". */
+typedef struct fp4idx_list_entry_s {
+  uint64_t seq;
+  uint64_t keys;  /* keys held */
+  uint64_t pages; /* pages they take */
+} fp4idx_list_entry_t;
+
+/* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is
+ * complete) and the sequences of this step (any order, possibly none). */
+typedef struct fp4idx_list_resp_s {
+  uint64_t cursor;
+  fp4idx_list_entry_t *seqs;
+  size_t nseqs;
+} fp4idx_list_resp_t;
+
 /* A response. When status < 0 only id, status and error are meaningful.
  * "drop" and "save" have no fields. */
 typedef struct fp4idx_response_s {
@@ -461,6 +529,7 @@ typedef struct fp4idx_response_s {
     fp4idx_truncate_resp_t truncate;
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
+    fp4idx_list_resp_t list;
   } u;
   void *owned_; /* private: what the decoder allocated */
 } fp4idx_response_t;

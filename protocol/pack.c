@@ -29,3 +29,27 @@ int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n) {
 int fp4idx__pack_cstr(msgpack_packer *pk, const char *s) {
   return fp4idx__pack_strn(pk, s, strlen(s));
 }
+
+int fp4idx__pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v) {
+  return fp4idx__pack_cstr(pk, k) | msgpack_pack_uint64(pk, v);
+}
+
+int fp4idx__pack_kv_tensor(msgpack_packer *pk, const char *k,
+                           const fp4idx_tensor_t *t) {
+  return fp4idx__pack_cstr(pk, k) | fp4idx__pack_tensor(pk, t);
+}
+
+int fp4idx__pack_req_head(msgpack_packer *pk, const fp4idx_request_t *req,
+                          size_t nfields) {
+  return msgpack_pack_map(pk, 2 + nfields) |
+         fp4idx__pack_kv_uint(pk, "id", req->id) |
+         fp4idx__pack_cstr(pk, "op") |
+         fp4idx__pack_cstr(pk, fp4idx_op_name(req->op));
+}
+
+int fp4idx__pack_resp_head(msgpack_packer *pk, const fp4idx_response_t *r,
+                           size_t nfields) {
+  return msgpack_pack_map(pk, 2 + nfields) |
+         fp4idx__pack_kv_uint(pk, "id", r->id) |
+         fp4idx__pack_cstr(pk, "status") | msgpack_pack_int(pk, 0);
+}

@@ -1,4 +1,9 @@
-/* status.c -- names and messages of the codes in fp4idx_status.h. */
+/* status.c -- names and messages of the codes in fp4idx_status.h, and
+ * fp4idx__fail (fp4idx_fail.h), which pairs a status with its message. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "fp4idx_fail.h"
 #include "fp4idx_status.h"
 
 const char *fp4idx_strerror(int status) {
@@ -21,4 +26,14 @@ const char *fp4idx_status_name(int status) {
 #undef FP4IDX__STATUS_NAME
   }
   return "UNKNOWN";
+}
+
+int fp4idx__fail(char *msg, size_t cap, int status, const char *fmt, ...) {
+  if (msg != NULL && cap > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+  }
+  return status;
 }

@@ -17,7 +17,7 @@ target_compile_definitions(fp4idx_daemon_harness PRIVATE
   FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(fp4idx_daemon_harness fp4idxd)
 
-foreach(t golden errors concurrency lifecycle memory reqpath)
+foreach(t golden errors concurrency lifecycle memory list reqpath)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
     LABELS daemon)

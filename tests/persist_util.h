@@ -1,4 +1,4 @@
-/* persist_util.h -- small helpers shared by the persistence tests (helper E):
+/* persist_util.h -- small helpers shared by the persistence tests:
  * temporary folders, a host-memory page pool with snapshot callbacks, file
  * byte surgery. Header-only (static functions) to stay out of tests/common. */
 #ifndef FP4IDX_TESTS_PERSIST_UTIL_H

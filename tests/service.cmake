@@ -1,8 +1,5 @@
-# Tests of issue 5 (service, install, persistence): snapshot and append log
+# Tests of fp4idxd as a service (install, persistence): snapshot and append log
 # files, SGLang export, sd_notify/LISTEN_FDS, the systemd unit files.
-if(NOT TARGET fp4idx_persist)
-  include(${PROJECT_SOURCE_DIR}/daemon/persist.cmake)
-endif()
 
 fp4idx_add_test(test_snapshot SOURCES test_snapshot.c LIBS fp4idx_persist)
 fp4idx_add_test(test_aof SOURCES test_aof.c LIBS fp4idx_persist)
@@ -33,10 +30,6 @@ if(TARGET fp4idxd)
                                  ${CMAKE_BINARY_DIR})
   set_tests_properties(test_deb PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
 endif()
-
-# Snapshot save/load speed (not a test): bench_snapshot [GiB] [dir].
-add_executable(bench_snapshot ${PROJECT_SOURCE_DIR}/bench/bench_snapshot.c)
-target_link_libraries(bench_snapshot PRIVATE fp4idx_persist)
 
 # The real daemon as a service (restart, kill -9, socket activation, notify).
 if(TARGET fp4idx_daemon_harness)

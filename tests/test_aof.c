@@ -53,21 +53,21 @@ static void write_script(const char *path, fp4idx_fsync_t pol, int64_t offs[N_RE
   fill_random(keys_c, sizeof keys_c, 3);
   fp4idx_aof_t *a = NULL;
   char err[256] = "";
-  cr_assert_eq(fp4idx_aof_open(&a, path, 1, pol, 0, err, sizeof err), FP4IDX_OK, "%s",
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, pol, 0, err, sizeof err), FP4IDX_OK, "%s",
                err);
-  offs[0] = fp4idx_aof_size(a);
+  offs[0] = fp4idx__aof_size(a);
   cr_assert_eq(offs[0], FP4IDX_AOF_HEADER_BYTES);
-  cr_assert_eq(fp4idx_aof_append(a, 7, 0, 3, keys_a), FP4IDX_OK);
-  offs[1] = fp4idx_aof_size(a);
-  cr_assert_eq(fp4idx_aof_append(a, 1ull << 63, 0, 1, keys_b), FP4IDX_OK);
-  offs[2] = fp4idx_aof_size(a);
-  cr_assert_eq(fp4idx_aof_truncate(a, 7, 2), FP4IDX_OK);
-  offs[3] = fp4idx_aof_size(a);
-  cr_assert_eq(fp4idx_aof_drop(a, 1ull << 63), FP4IDX_OK);
-  offs[4] = fp4idx_aof_size(a);
-  cr_assert_eq(fp4idx_aof_append(a, 7, 2, 70, keys_c), FP4IDX_OK);
-  offs[5] = fp4idx_aof_size(a);
-  fp4idx_aof_close(a);
+  cr_assert_eq(fp4idx__aof_append(a, 7, 0, 3, keys_a), FP4IDX_OK);
+  offs[1] = fp4idx__aof_size(a);
+  cr_assert_eq(fp4idx__aof_append(a, 1ull << 63, 0, 1, keys_b), FP4IDX_OK);
+  offs[2] = fp4idx__aof_size(a);
+  cr_assert_eq(fp4idx__aof_truncate(a, 7, 2), FP4IDX_OK);
+  offs[3] = fp4idx__aof_size(a);
+  cr_assert_eq(fp4idx__aof_drop(a, 1ull << 63), FP4IDX_OK);
+  offs[4] = fp4idx__aof_size(a);
+  cr_assert_eq(fp4idx__aof_append(a, 7, 2, 70, keys_c), FP4IDX_OK);
+  offs[5] = fp4idx__aof_size(a);
+  fp4idx__aof_close(a);
   cr_assert_eq(file_size(path), offs[5]);
 }
 
@@ -100,14 +100,14 @@ static void with_log(char *dir, size_t dcap, char *path, size_t pcap) {
 
 Test(aof, fsync_policy_names) {
   fp4idx_fsync_t p;
-  cr_assert_eq(fp4idx_fsync_parse("always", &p), FP4IDX_OK);
+  cr_assert_eq(fp4idx__fsync_parse("always", &p), FP4IDX_OK);
   cr_assert_eq(p, FP4IDX_FSYNC_ALWAYS);
-  cr_assert_eq(fp4idx_fsync_parse("everysec", &p), FP4IDX_OK);
+  cr_assert_eq(fp4idx__fsync_parse("everysec", &p), FP4IDX_OK);
   cr_assert_eq(p, FP4IDX_FSYNC_EVERYSEC);
-  cr_assert_eq(fp4idx_fsync_parse("no", &p), FP4IDX_OK);
+  cr_assert_eq(fp4idx__fsync_parse("no", &p), FP4IDX_OK);
   cr_assert_eq(p, FP4IDX_FSYNC_NO);
-  cr_assert_eq(fp4idx_fsync_parse("sometimes", &p), FP4IDX_EINVAL);
-  cr_assert_str_eq(fp4idx_fsync_name(FP4IDX_FSYNC_EVERYSEC), "everysec");
+  cr_assert_eq(fp4idx__fsync_parse("sometimes", &p), FP4IDX_EINVAL);
+  cr_assert_str_eq(fp4idx__fsync_name(FP4IDX_FSYNC_EVERYSEC), "everysec");
 }
 
 Test(aof, replay_is_exact_for_every_policy) {
@@ -121,7 +121,7 @@ Test(aof, replay_is_exact_for_every_policy) {
     sink_t s = {0};
     fp4idx_aof_replay_t res;
     char err[256] = "";
-    cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
+    cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
                  FP4IDX_OK, "%s", err);
     cr_assert(res.exists && !res.stale);
     cr_assert_eq(res.gen, 1);
@@ -143,7 +143,7 @@ Test(aof, missing_log_is_empty) {
   with_log(dir, sizeof dir, path, sizeof path);
   sink_t s = {0};
   fp4idx_aof_replay_t res;
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   cr_assert_eq(res.exists, 0);
   cr_assert_eq(s.n, 0);
   tmpdir_rm(dir);
@@ -168,7 +168,7 @@ Test(aof, truncated_tail_tolerated_at_every_cut) {
     sink_t s = {0};
     fp4idx_aof_replay_t res;
     char err[256] = "";
-    int rc = fp4idx_aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err);
+    int rc = fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err);
     cr_assert_eq(rc, FP4IDX_OK, "cut %lld: %s", (long long)cut, err);
     expect_script(&s, complete);
     cr_assert_eq(res.valid_bytes, offs[complete]);
@@ -187,15 +187,15 @@ Test(aof, truncated_tail_tolerated_at_every_cut) {
   file_truncate(path, offs[4] + 100);
   sink_t s = {0};
   fp4idx_aof_replay_t res;
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   sink_free(&s);
   fp4idx_aof_t *a = NULL;
-  cr_assert_eq(fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, res.valid_bytes,
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, res.valid_bytes,
                                NULL, 0),
                FP4IDX_OK);
-  cr_assert_eq(fp4idx_aof_append(a, 7, 2, 70, keys_c), FP4IDX_OK);
-  fp4idx_aof_close(a);
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_append(a, 7, 2, 70, keys_c), FP4IDX_OK);
+  fp4idx__aof_close(a);
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   expect_script(&s, 5);
   cr_assert_eq(res.warning[0], 0);
   sink_free(&s);
@@ -210,7 +210,7 @@ Test(aof, zero_filled_tail_tolerated) {
   file_truncate(path, offs[5] + 4096); /* the file system extended with zeros */
   sink_t s = {0};
   fp4idx_aof_replay_t res;
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   expect_script(&s, 5);
   cr_assert_eq(res.valid_bytes, offs[5]);
   cr_assert_neq(res.warning[0], 0);
@@ -236,7 +236,7 @@ Test(aof, corrupted_middle_reported) {
     sink_t s = {0};
     fp4idx_aof_replay_t res;
     char err[256] = "";
-    int rc = fp4idx_aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err);
+    int rc = fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err);
     cr_assert_eq(rc, FP4IDX_ECORRUPT, "flip at %lld: rc %d", (long long)off, rc);
     char want[32];
     snprintf(want, sizeof want, "offset %lld", (long long)offs[rec]);
@@ -250,7 +250,7 @@ Test(aof, corrupted_middle_reported) {
     file_flip(path, off, 0x01);
     sink_t s = {0};
     fp4idx_aof_replay_t res;
-    cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0),
+    cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0),
                  FP4IDX_ECORRUPT, "header flip at %lld", (long long)off);
     cr_assert_eq(s.n, 0);
   }
@@ -267,7 +267,7 @@ Test(aof, damaged_last_record_is_a_torn_tail) {
   file_flip(path, offs[4] + 40 + 1000, 0x80);
   sink_t s = {0};
   fp4idx_aof_replay_t res;
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   expect_script(&s, 4);
   cr_assert_not_null(strstr(res.warning, "checksum"), "%s", res.warning);
   sink_free(&s);
@@ -283,25 +283,25 @@ Test(aof, generations_and_rewrite) {
   fp4idx_aof_replay_t res;
   char err[256] = "";
   /* Older than the snapshot: skipped, nothing applied. */
-  cr_assert_eq(fp4idx_aof_replay(path, 2, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_replay(path, 2, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   cr_assert(res.stale);
   cr_assert_eq(s.n, 0);
   /* Newer than the snapshot: refused. */
-  cr_assert_eq(fp4idx_aof_replay(path, 0, sink_apply, &s, &res, err, sizeof err),
+  cr_assert_eq(fp4idx__aof_replay(path, 0, sink_apply, &s, &res, err, sizeof err),
                FP4IDX_ECORRUPT);
   cr_assert_not_null(strstr(err, "newer"), "%s", err);
   cr_assert_eq(s.n, 0);
 
   /* Compaction: a fresh log of generation 2, then more records. */
   fp4idx_aof_t *a = NULL;
-  cr_assert_eq(fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_EVERYSEC, offs[5], NULL, 0),
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_EVERYSEC, offs[5], NULL, 0),
                FP4IDX_OK);
-  cr_assert_eq(fp4idx_aof_rewrite(a, 2), FP4IDX_OK);
-  cr_assert_eq(fp4idx_aof_gen(a), 2);
-  cr_assert_eq(fp4idx_aof_size(a), FP4IDX_AOF_HEADER_BYTES);
-  cr_assert_eq(fp4idx_aof_drop(a, 9), FP4IDX_OK);
-  fp4idx_aof_close(a);
-  cr_assert_eq(fp4idx_aof_replay(path, 2, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_rewrite(a, 2), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_gen(a), 2);
+  cr_assert_eq(fp4idx__aof_size(a), FP4IDX_AOF_HEADER_BYTES);
+  cr_assert_eq(fp4idx__aof_drop(a, 9), FP4IDX_OK);
+  fp4idx__aof_close(a);
+  cr_assert_eq(fp4idx__aof_replay(path, 2, sink_apply, &s, &res, NULL, 0), FP4IDX_OK);
   cr_assert_eq(res.gen, 2);
   cr_assert_eq(s.n, 1);
   cr_assert(s.recs[0].op == FP4IDX_AOF_DROP && s.recs[0].seq == 9);
@@ -321,7 +321,7 @@ Test(aof, apply_error_stops_replay) {
   s.fail_at = 3;
   fp4idx_aof_replay_t res;
   char err[256] = "";
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
                FP4IDX_ERANGE);
   cr_assert_eq(s.n, 2);
   char want[32];
@@ -335,24 +335,24 @@ Test(aof, bad_arguments) {
   char dir[64], path[128];
   with_log(dir, sizeof dir, path, sizeof path);
   fp4idx_aof_t *a = NULL;
-  cr_assert_eq(fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 5, NULL, 0),
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 5, NULL, 0),
                FP4IDX_EINVAL);
-  cr_assert_eq(fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 100, NULL, 0),
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 100, NULL, 0),
                FP4IDX_EIO); /* keep_bytes of a log that does not exist */
-  cr_assert_eq(fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 0, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 0, NULL, 0), FP4IDX_OK);
   unsigned char k[68] = {0};
-  cr_assert_eq(fp4idx_aof_append(a, 1, 0, 0, k), FP4IDX_EINVAL);
-  cr_assert_eq(fp4idx_aof_append(a, 1, -1, 1, k), FP4IDX_EINVAL);
-  cr_assert_eq(fp4idx_aof_truncate(a, 1, -1), FP4IDX_EINVAL);
-  cr_assert_eq(fp4idx_aof_size(a), FP4IDX_AOF_HEADER_BYTES);
-  fp4idx_aof_close(a);
+  cr_assert_eq(fp4idx__aof_append(a, 1, 0, 0, k), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx__aof_append(a, 1, -1, 1, k), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx__aof_truncate(a, 1, -1), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx__aof_size(a), FP4IDX_AOF_HEADER_BYTES);
+  fp4idx__aof_close(a);
   /* A file that is not a log. */
   FILE *f = fopen(path, "w");
   fputs("this is not an append log, just text of some length", f);
   fclose(f);
   sink_t s = {0};
   fp4idx_aof_replay_t res;
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, NULL, 0),
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, NULL, 0),
                FP4IDX_ECORRUPT);
   tmpdir_rm(dir);
 }
@@ -375,18 +375,18 @@ Test(aof, failed_write_leaves_a_replayable_log) {
     unsigned char small[2 * 68], big[1000 * 68];
     fill_random(small, sizeof small, 4);
     fill_random(big, sizeof big, 5);
-    if (fp4idx_aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, 0, NULL, 0)) _exit(10);
-    if (fp4idx_aof_append(a, 1, 0, 2, small)) _exit(11);
+    if (fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, 0, NULL, 0)) _exit(10);
+    if (fp4idx__aof_append(a, 1, 0, 2, small)) _exit(11);
     struct rlimit rl = {.rlim_cur = 20000, .rlim_max = RLIM_INFINITY};
     if (setrlimit(RLIMIT_FSIZE, &rl)) _exit(12);
-    int64_t before = fp4idx_aof_size(a);
+    int64_t before = fp4idx__aof_size(a);
     /* 68 KB do not fit under 20000 bytes: a partial write, then EFBIG. */
-    if (fp4idx_aof_append(a, 1, 2, 1000, big) != FP4IDX_EIO) _exit(13);
-    if (fp4idx_aof_size(a) != before) _exit(14);
+    if (fp4idx__aof_append(a, 1, 2, 1000, big) != FP4IDX_EIO) _exit(13);
+    if (fp4idx__aof_size(a) != before) _exit(14);
     struct stat st;
     if (stat(path, &st) || st.st_size != before) _exit(15);
-    if (fp4idx_aof_append(a, 1, 2, 2, small)) _exit(16);
-    fp4idx_aof_close(a);
+    if (fp4idx__aof_append(a, 1, 2, 2, small)) _exit(16);
+    fp4idx__aof_close(a);
     _exit(0);
   }
   int st = 0;
@@ -396,7 +396,7 @@ Test(aof, failed_write_leaves_a_replayable_log) {
   sink_t s = {0};
   fp4idx_aof_replay_t res;
   char err[256] = "";
-  cr_assert_eq(fp4idx_aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err),
                FP4IDX_OK, "%s", err);
   cr_assert_eq(s.n, 2);
   cr_assert(s.recs[0].pos == 0 && s.recs[0].count == 2);

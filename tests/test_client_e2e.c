@@ -648,3 +648,46 @@ Test(e2e_tiny_pool, full_pool_is_efull_and_changes_nothing) {
   free(k);
   fp4idx_client_close(c);
 }
+
+/* fp4idx_client_list: a full walk of the cursors sees every sequence with
+ * its keys and pages; bad arguments change nothing on the connection. */
+Test(e2e, list_walks_every_sequence) {
+  fp4idx_client_t *c = open_client();
+  static uint8_t slots[70 * FP4IDX_CLIENT_SLOT_BYTES];
+  for (uint64_t s = 1; s <= 30; s++) {
+    uint64_t first, len;
+    cr_assert_eq(fp4idx_client_append_fp4(c, 500 + s, slots, (size_t)(s * 2 + 1), &first, &len),
+                 FP4IDX_OK, "%s", fp4idx_client_last_error(c));
+  }
+  int seen[31] = {0};
+  uint64_t cursor = 0;
+  int steps = 0;
+  do {
+    fp4idx_client_seq_info_t *v;
+    size_t n;
+    cr_assert_eq(fp4idx_client_list(c, cursor, 4, &cursor, &v, &n), FP4IDX_OK, "%s",
+                 fp4idx_client_last_error(c));
+    for (size_t i = 0; i < n; i++) {
+      cr_assert(v[i].seq > 500 && v[i].seq <= 530);
+      uint64_t s = v[i].seq - 500;
+      cr_assert_eq(v[i].keys, s * 2 + 1);
+      cr_assert_eq(v[i].pages, (s * 2 + 1 + 63) / 64);
+      seen[s]++;
+    }
+    fp4idx_client_free(v);
+    cr_assert_lt(++steps, 10000);
+  } while (cursor != 0);
+  for (int s = 1; s <= 30; s++) cr_expect_eq(seen[s], 1, "sequence %d", 500 + s);
+  /* arguments */
+  fp4idx_client_seq_info_t *v = (void *)1;
+  size_t n = 7;
+  uint64_t next = 9;
+  cr_expect_eq(fp4idx_client_list(c, 0, 10001, &next, &v, &n), FP4IDX_E2BIG);
+  cr_expect_null(v);
+  cr_expect_eq(n, 0u);
+  cr_expect_eq(next, 0u);
+  cr_expect_eq(fp4idx_client_list(c, 0, 1, NULL, &v, &n), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_list(NULL, 0, 1, &next, &v, &n), FP4IDX_EINVAL);
+  cr_expect(fp4idx_client_connected(c));
+  fp4idx_client_close(c);
+}

@@ -114,7 +114,7 @@ Test(cpu_store, quantize_matches_golden_and_reads_back) {
     cr_assert_eq(memcmp(back + i * 68, pay + i * 64, 64), 0, "payload %d", i);
     cr_assert_eq(memcmp(back + i * 68 + 64, sc + i * 4, 4), 0, "scales %d", i);
   }
-  /* page bytes are where DESIGN.md s1 says */
+  /* page bytes are where fp4idx_format.h says */
   uint8_t *page = malloc(32 * 68);
   int64_t s = slots[5];
   cr_assert_eq(b->ops->read_pages(b, s / 32, 1, page), 0);

@@ -261,3 +261,85 @@ Test(cache, adopt_claims_given_pages) {
   check_invariants(&c);
   fp4idx__cache_destroy(&c);
 }
+
+/* ---- scan (the "list" op's cursor) ------------------------------------------- */
+
+#define SCAN_IDS 40000u
+
+typedef struct scan_seen_s {
+  unsigned char *seen; /* [SCAN_IDS * 4] times each id came */
+  uint64_t step;       /* sequences in this step */
+} scan_seen_t;
+
+static int scan_cb(const fp4idx_cache_seq_t *s, void *arg) {
+  scan_seen_t *x = arg;
+  cr_assert_lt(s->id, SCAN_IDS * 4);
+  if (x->seen[s->id] < 255) x->seen[s->id]++;
+  x->step++;
+  return 0;
+}
+
+static void add_seq(fp4idx_cache_t *c, uint64_t id) {
+  int64_t first;
+  int created;
+  cr_assert_eq(fp4idx__cache_append(c, id, 1, &first, NULL, &created), FP4IDX_OK);
+}
+
+Test(cache, scan_returns_each_sequence_once_in_bounded_steps) {
+  fp4idx_cache_t c;
+  cr_assert_eq(fp4idx__cache_init(&c, 4000, 1), FP4IDX_OK);
+  for (uint64_t id = 0; id < 3000; id++) add_seq(&c, id * 3 + 1);
+  scan_seen_t x = {calloc(SCAN_IDS * 4, 1), 0};
+  uint64_t cursor = 0, steps = 0;
+  do {
+    x.step = 0;
+    cr_assert_eq(fp4idx__cache_scan(&c, cursor, 10, scan_cb, &x, &cursor), FP4IDX_OK);
+    cr_assert_leq(x.step, 10 + 8, "a step returned %llu", (unsigned long long)x.step);
+    steps++;
+  } while (cursor != 0);
+  for (uint64_t id = 0; id < 3000; id++)
+    cr_assert_eq(x.seen[id * 3 + 1], 1, "id %llu seen %d times",
+                 (unsigned long long)(id * 3 + 1), x.seen[id * 3 + 1]);
+  cr_assert_geq(steps, 3000 / 18, "bounded steps: %llu", (unsigned long long)steps);
+  /* emptied (the table keeps its size): nothing comes, and a step looks at
+   * no more than 10 * count buckets, so it takes table_cap / 100 steps */
+  fp4idx__cache_clear(&c);
+  x.step = 0;
+  steps = 0;
+  do {
+    cr_assert_eq(fp4idx__cache_scan(&c, cursor, 10, scan_cb, &x, &cursor), FP4IDX_OK);
+    steps++;
+  } while (cursor != 0);
+  cr_assert_eq(x.step, 0u);
+  cr_assert_eq(steps, c.table_cap / 100 + (c.table_cap % 100 != 0));
+  cr_assert_eq(fp4idx__cache_scan(&c, 0, 10, NULL, &x, &cursor), FP4IDX_EINVAL);
+  free(x.seen);
+  fp4idx__cache_destroy(&c);
+}
+
+/* Inserts (growing the table several times) and drops between the steps:
+ * every sequence present for the whole scan still comes at least once. */
+Test(cache, scan_is_stable_under_inserts_drops_and_growth) {
+  fp4idx_cache_t c;
+  cr_assert_eq(fp4idx__cache_init(&c, 60000, 1), FP4IDX_OK);
+  /* stable: ids 4k (never dropped); volatile: 4k+1 (dropped while scanning) */
+  for (uint64_t k = 0; k < 2000; k++) {
+    add_seq(&c, 4 * k);
+    add_seq(&c, 4 * k + 1);
+  }
+  scan_seen_t x = {calloc(SCAN_IDS * 4, 1), 0};
+  uint64_t cursor = 0, next_new = 0, next_drop = 0;
+  do {
+    cr_assert_eq(fp4idx__cache_scan(&c, cursor, 5, scan_cb, &x, &cursor), FP4IDX_OK);
+    /* new ids 4k+2 (up to SCAN_IDS of them: the table doubles several times) */
+    for (int i = 0; i < 40 && next_new < SCAN_IDS / 2; i++, next_new++)
+      add_seq(&c, 4 * next_new + 2);
+    if (next_drop < 2000)
+      cr_assert_eq(fp4idx__cache_drop(&c, 4 * next_drop++ + 1), FP4IDX_OK);
+  } while (cursor != 0);
+  cr_assert_gt(c.table_cap, 8192u, "the table grew during the scan");
+  for (uint64_t k = 0; k < 2000; k++)
+    cr_assert_geq(x.seen[4 * k], 1, "stable id %llu missed", (unsigned long long)(4 * k));
+  free(x.seen);
+  fp4idx__cache_destroy(&c);
+}

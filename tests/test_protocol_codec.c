@@ -791,3 +791,163 @@ Test(codec, names_and_tensor_init) {
   cr_assert_eq(fp4idx_load_f32(buf + 5, 0), 1.0f);
   cr_assert_eq(fp4idx_load_bf16(buf + 7, 0), 0x3f80);
 }
+
+/* ---- every op of the op list: what the encoder writes, the decoder takes ---- */
+
+/* A small valid request of `op` (tensors point into `buf`); an op without a
+ * sample here fails the test below, so a new row of FP4IDX_OP_MAP gets one. */
+static bool sample_request(fp4idx_op_t op, fp4idx_request_t *r,
+                           fp4idx_score_seq_t *seq, unsigned char *buf) {
+  memset(r, 0, sizeof(*r));
+  r->id = 100 + (uint64_t)op;
+  r->op = op;
+  switch (op) {
+    case FP4IDX_OP_HELLO:
+      r->u.hello.version = 1;
+      r->u.hello.client = (fp4idx_strview_t){"test", 4};
+      return true;
+    case FP4IDX_OP_APPEND:
+      r->u.append.seq = 7;
+      r->u.append.rounding = FP4IDX_WIRE_ROUND_THRESHOLD;
+      return fp4idx_tensor_init(&r->u.append.keys, FP4IDX_WIRE_U8, 2,
+                                (uint64_t[]){2, FP4IDX_PROTO_SLOT_BYTES},
+                                buf) == 0;
+    case FP4IDX_OP_SCORE:
+      memset(seq, 0, sizeof(*seq));
+      seq->seq = 7;
+      r->u.score.heads = 2;
+      r->u.score.topk = 3;
+      r->u.score.seqs = seq;
+      r->u.score.nseqs = 1;
+      return fp4idx_tensor_init(&seq->q, FP4IDX_WIRE_BF16, 3,
+                                (uint64_t[]){1, 2, FP4IDX_PROTO_HEAD_DIM},
+                                buf) == 0 &&
+             fp4idx_tensor_init(&seq->w, FP4IDX_WIRE_BF16, 2,
+                                (uint64_t[]){1, 2}, buf) == 0;
+    case FP4IDX_OP_TRUNCATE:
+      r->u.truncate.seq = 7;
+      r->u.truncate.length = 3;
+      return true;
+    case FP4IDX_OP_DROP: r->u.drop.seq = 7; return true;
+    case FP4IDX_OP_READ:
+      r->u.read = (fp4idx_read_req_t){.seq = 7, .from = 1, .count = 2,
+                                      .has_count = true, .dequant = true};
+      return true;
+    case FP4IDX_OP_LIST:
+      r->u.list.cursor = 0x8000000000000001ull;
+      r->u.list.count = 25;
+      return true;
+    case FP4IDX_OP_INFO: case FP4IDX_OP_STATS: case FP4IDX_OP_SAVE:
+      return true;
+    default: return false;
+  }
+}
+
+Test(codec, every_op_encodes_what_decodes) {
+  static unsigned char buf[1024];
+  for (size_t i = 0; i < sizeof(buf); i++) buf[i] = (unsigned char)(i * 7);
+  for (int op = FP4IDX_OP_NONE + 1; op < FP4IDX_OP__COUNT; op++) {
+    fp4idx_request_t in, out;
+    fp4idx_score_seq_t seq;
+    cr_assert(sample_request((fp4idx_op_t)op, &in, &seq, buf),
+              "no sample request for op %s", fp4idx_op_name((fp4idx_op_t)op));
+    msgpack_sbuffer a, b;
+    msgpack_sbuffer_init(&a);
+    msgpack_sbuffer_init(&b);
+    cr_assert_eq(fp4idx_encode_request(&a, &in), 0, "%s",
+                 fp4idx_op_name((fp4idx_op_t)op));
+    char msg[256];
+    int rc = fp4idx_decode_request(a.data + 4, a.size - 4, &out, msg,
+                                   sizeof(msg));
+    cr_assert_eq(rc, 0, "%s: %s", fp4idx_op_name((fp4idx_op_t)op), msg);
+    cr_assert_eq(out.op, (fp4idx_op_t)op);
+    cr_assert_eq(out.id, in.id);
+    /* and the decoded request encodes to the very same bytes */
+    cr_assert_eq(fp4idx_encode_request(&b, &out), 0);
+    cr_assert_eq(a.size, b.size, "%s", fp4idx_op_name((fp4idx_op_t)op));
+    cr_assert(memcmp(a.data, b.data, a.size) == 0, "%s",
+              fp4idx_op_name((fp4idx_op_t)op));
+    fp4idx_request_clear(&out);
+    msgpack_sbuffer_destroy(&a);
+    msgpack_sbuffer_destroy(&b);
+  }
+}
+
+/* The op table's flags: what the daemon logs, replays and refuses without
+ * persistence. */
+Test(codec, op_flags) {
+  cr_assert(fp4idx_op_flags(FP4IDX_OP_APPEND) & FP4IDX_OPF_MUTATES);
+  cr_assert(fp4idx_op_flags(FP4IDX_OP_TRUNCATE) & FP4IDX_OPF_MUTATES);
+  cr_assert(fp4idx_op_flags(FP4IDX_OP_DROP) & FP4IDX_OPF_MUTATES);
+  cr_assert_not(fp4idx_op_flags(FP4IDX_OP_SCORE) & FP4IDX_OPF_MUTATES);
+  cr_assert_not(fp4idx_op_flags(FP4IDX_OP_READ) & FP4IDX_OPF_MUTATES);
+  cr_assert(fp4idx_op_flags(FP4IDX_OP_SAVE) & FP4IDX_OPF_PERSIST);
+  cr_assert_eq(fp4idx_op_flags(FP4IDX_OP_NONE), 0u);
+  cr_assert_eq(fp4idx_op_flags(FP4IDX_OP__COUNT), 0u);
+  for (int op = FP4IDX_OP_NONE + 1; op < FP4IDX_OP__COUNT; op++) {
+    const char *n = fp4idx_op_name((fp4idx_op_t)op);
+    cr_assert_eq(fp4idx_op_from_name(n, strlen(n)), (fp4idx_op_t)op);
+  }
+}
+
+/* "list": the response round trip, and what the encoder refuses. */
+Test(codec, list_round_trip_and_encoder_checks) {
+  fp4idx_list_entry_t e[3] = {{7, 130, 3}, {0, 0, 0}, {UINT64_MAX, 1, 1}};
+  fp4idx_response_t in = {.id = 9, .op = FP4IDX_OP_LIST};
+  in.u.list = (fp4idx_list_resp_t){.cursor = 12345, .seqs = e, .nseqs = 3};
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), 0);
+  fp4idx_response_t out;
+  char msg[256];
+  cr_assert_eq(fp4idx_decode_response(sb.data + 4, sb.size - 4, FP4IDX_OP_LIST,
+                                      &out, msg, sizeof(msg)),
+               0, "%s", msg);
+  cr_assert_eq(out.u.list.cursor, 12345u);
+  cr_assert_eq(out.u.list.nseqs, 3u);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(out.u.list.seqs[i].seq, e[i].seq);
+    cr_assert_eq(out.u.list.seqs[i].keys, e[i].keys);
+    cr_assert_eq(out.u.list.seqs[i].pages, e[i].pages);
+  }
+  fp4idx_response_clear(&out);
+  /* an empty step: cursor not 0, no sequences */
+  msgpack_sbuffer_clear(&sb);
+  in.u.list = (fp4idx_list_resp_t){.cursor = 5};
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), 0);
+  cr_assert_eq(fp4idx_decode_response(sb.data + 4, sb.size - 4, FP4IDX_OP_LIST,
+                                      &out, msg, sizeof(msg)),
+               0);
+  cr_assert_eq(out.u.list.nseqs, 0u);
+  cr_assert_null(out.u.list.seqs);
+  cr_assert_eq(out.u.list.cursor, 5u);
+  fp4idx_response_clear(&out);
+  /* seqs NULL with a count: refused, buffer unchanged */
+  msgpack_sbuffer_clear(&sb);
+  in.u.list = (fp4idx_list_resp_t){.cursor = 5, .nseqs = 2};
+  cr_assert_eq(fp4idx_encode_response(&sb, &in), FP4IDX_EINVAL);
+  cr_assert_eq(sb.size, 0u);
+  /* requests: count 0 is "absent", above the bound E2BIG */
+  fp4idx_request_t r = {.id = 1, .op = FP4IDX_OP_LIST};
+  r.u.list.count = FP4IDX_PROTO_MAX_LIST_COUNT + 1;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), FP4IDX_E2BIG);
+  cr_assert_eq(sb.size, 0u);
+  r.u.list.count = 0;
+  cr_assert_eq(fp4idx_encode_request(&sb, &r), 0);
+  fp4idx_request_t back;
+  cr_assert_eq(fp4idx_decode_request(sb.data + 4, sb.size - 4, &back, msg,
+                                     sizeof(msg)),
+               0, "%s", msg);
+  cr_assert_eq(back.u.list.count, 0u);
+  cr_assert_eq(back.u.list.cursor, 0u);
+  fp4idx_request_clear(&back);
+  /* a malformed reply: an entry without "pages" */
+  msgpack_sbuffer_clear(&sb);
+  cr_assert_eq(mp_build(&sb, "{id: 9, status: 0, cursor: 0, seqs: [{seq: 1, keys: 2}]}"), 0);
+  cr_assert_eq(fp4idx_decode_response(sb.data, sb.size, FP4IDX_OP_LIST, &out,
+                                      msg, sizeof(msg)),
+               FP4IDX_EPROTO);
+  cr_assert(strstr(msg, "pages") != NULL, "%s", msg);
+  fp4idx_response_clear(&out);
+  msgpack_sbuffer_destroy(&sb);
+}

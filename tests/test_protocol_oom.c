@@ -43,9 +43,11 @@ static void arm(long n) {
 }
 static void disarm(void) { fail_at = -1; }
 
+/* Its first q (32 KiB) is larger than a fresh msgpack_sbuffer, so that
+ * encoding it has to grow the buffer (the allocation the OOM loop fails). */
 static const char *const score_text =
-    "{id: 6, op: 'score', heads: 2, seqs: [{seq: 1, q: T(bf16, [2, 2, 128]), "
-    "w: T(bf16, [2, 2]), lens: T(i32, [2])}, {seq: 2, q: T(bf16, [1, 2, 128]), "
+    "{id: 6, op: 'score', heads: 2, seqs: [{seq: 1, q: T(bf16, [64, 2, 128]), "
+    "w: T(bf16, [64, 2]), lens: T(i32, [64])}, {seq: 2, q: T(bf16, [1, 2, 128]), "
     "w: T(bf16, [1, 2])}]}";
 
 Test(oom, decode_request) {

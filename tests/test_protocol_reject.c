@@ -193,6 +193,13 @@ static const reject_case_t cases[] = {
     {"{id: 9, op: 'read', seq: 1, count: 'all'}", FP4IDX_EPROTO, 9, "count"},
     {"{id: 9, op: 'read', seq: 1, dequant: 1}", FP4IDX_EPROTO, 9, "dequant"},
     {"{id: 9, op: 'read', seq: 1, dequant: 'yes'}", FP4IDX_EPROTO, 9, "dequant"},
+    /* list */
+    {"{id: 4, op: 'list', cursor: -1}", FP4IDX_EPROTO, 4, "cursor"},
+    {"{id: 4, op: 'list', cursor: 'x'}", FP4IDX_EPROTO, 4, "cursor"},
+    {"{id: 4, op: 'list', count: 0}", FP4IDX_EPROTO, 4, "count"},
+    {"{id: 4, op: 'list', count: 10001}", FP4IDX_E2BIG, 4, "count"},
+    {"{id: 4, op: 'list', count: 1.5}", FP4IDX_EPROTO, 4, "count"},
+    {"{id: 4, op: 'list', seq: 1}", FP4IDX_EPROTO, 4, "seq"},
     /* nesting */
     /* msgpack-level errors come before the id is read: id 0 */
     {"{id: 3, op: 'info', x: [[[[[[[[1]]]]]]]]}", FP4IDX_E2BIG, 0, "nesting"},
@@ -232,6 +239,8 @@ Test(reject, table_bases_are_valid) {
   const char *ok[] = {
       APPEND("T(bf16, [2, 128])"), APPEND("T(f32, [1, 128])"),
       APPEND("T(u8, [3, 68])"),
+      "{id: 4, op: 'list'}", "{id: 4, op: 'list', cursor: 0, count: 10000}",
+      "{id: 4, op: 'list', cursor: nil, count: 1}",
       SCORE("", "{seq: 2, q: T(bf16, [2, 4, 128]), w: T(bf16, [2, 4]), "
                 "lens: T(i32, [2]), mask: T(u8, [2, 5])}"),
       SCORE(", topk: 1048576", SEQ1),

@@ -95,6 +95,7 @@ Test(spec, limits_table_matches_the_header) {
       {"error message (bytes)", FP4IDX_PROTO_ERROR_CAP - 1},
       {"stats `requests` entries", FP4IDX_PROTO_MAX_STATS_OPS},
       {"latency buckets per op", FP4IDX_PROTO_MAX_BUCKETS},
+      {"list `count`", FP4IDX_PROTO_MAX_LIST_COUNT},
   };
   for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
     char row[128];

@@ -431,6 +431,24 @@ int transcript_build(transcript_msg_t *m, int cap) {
       return -1;
     rc |= fp4idx_encode_error(&t->sb, 5, st, msg);
   }
+
+  /* list: one step from cursor 0 sees all there is (seq 7), cursor 0 back */
+  memset(&rq, 0, sizeof(rq));
+  rq.id = 6;
+  rq.op = FP4IDX_OP_LIST;
+  rq.u.list.count = 10;
+  if (!(t = tmsg(m, &n, cap, 1, "list, id 6: cursor 0, count 10"))) return -1;
+  rc |= fp4idx_encode_request(&t->sb, &rq);
+  {
+    fp4idx_list_entry_t e = {.seq = 7, .keys = 1, .pages = 1};
+    memset(&rs, 0, sizeof(rs));
+    rs.id = 6;
+    rs.op = FP4IDX_OP_LIST;
+    rs.u.list = (fp4idx_list_resp_t){.cursor = 0, .seqs = &e, .nseqs = 1};
+    if (!(t = tmsg(m, &n, cap, 0, "list reply: cursor 0 (complete), seq 7 with 1 key on 1 page")))
+      return -1;
+    rc |= fp4idx_encode_response(&t->sb, &rs);
+  }
   return rc != 0 ? -1 : n;
 }
 

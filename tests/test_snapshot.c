@@ -14,9 +14,9 @@
 
 Test(crc32c, check_value) {
   /* The standard check value of CRC-32C (Castagnoli). */
-  cr_assert_eq(fp4idx_crc32c(0, "123456789", 9), 0xE3069283u);
-  cr_assert_eq(fp4idx_crc32c_sw(0, "123456789", 9), 0xE3069283u);
-  cr_assert_eq(fp4idx_crc32c(0, NULL, 0), 0u);
+  cr_assert_eq(fp4idx__crc32c(0, "123456789", 9), 0xE3069283u);
+  cr_assert_eq(fp4idx__crc32c_sw(0, "123456789", 9), 0xE3069283u);
+  cr_assert_eq(fp4idx__crc32c(0, NULL, 0), 0u);
 }
 
 Test(crc32c, hardware_equals_table_and_chains) {
@@ -30,11 +30,11 @@ Test(crc32c, hardware_equals_table_and_chains) {
   for (size_t a = 0; a < 8; a++) {
     for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
       size_t len = lens[i];
-      uint32_t hw = fp4idx_crc32c(0, buf + a, len);
-      uint32_t sw = fp4idx_crc32c_sw(0, buf + a, len);
+      uint32_t hw = fp4idx__crc32c(0, buf + a, len);
+      uint32_t sw = fp4idx__crc32c_sw(0, buf + a, len);
       cr_assert_eq(hw, sw, "align %zu len %zu: %08x vs %08x", a, len, hw, sw);
       size_t cut = len / 3;
-      uint32_t chained = fp4idx_crc32c(fp4idx_crc32c(0, buf + a, cut), buf + a + cut,
+      uint32_t chained = fp4idx__crc32c(fp4idx__crc32c(0, buf + a, cut), buf + a + cut,
                                        len - cut);
       cr_assert_eq(chained, hw);
     }
@@ -84,7 +84,7 @@ static void scenario_fini(scenario_t *s) {
 
 static int save(scenario_t *s, uint64_t gen) {
   char err[256] = "";
-  int rc = fp4idx_snapshot_save(s->path, PS, POOL, s->seqs, s->n_seqs, gen,
+  int rc = fp4idx__snapshot_save(s->path, PS, POOL, s->seqs, s->n_seqs, gen,
                                 host_pool_read, &s->pool, NULL, err, sizeof err);
   return rc;
 }
@@ -93,7 +93,7 @@ static int save(scenario_t *s, uint64_t gen) {
 static int load(scenario_t *s, int64_t n_pages, int32_t ps, host_pool_t *into,
                 fp4idx_snap_seq_t **seqs, int64_t *n, char *err, size_t errlen) {
   host_pool_init(into, n_pages, ps);
-  return fp4idx_snapshot_load(s->path, ps, n_pages, host_pool_write, into, seqs, n,
+  return fp4idx__snapshot_load(s->path, ps, n_pages, host_pool_write, into, seqs, n,
                               NULL, err, errlen);
 }
 
@@ -126,7 +126,7 @@ Test(snapshot, round_trip_into_smaller_pool) {
   cr_assert_neq(access(tmp, F_OK), 0, "temporary file left behind");
 
   fp4idx_snap_info_t info;
-  cr_assert_eq(fp4idx_snapshot_probe(s.path, &info, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__snapshot_probe(s.path, &info, NULL, 0), FP4IDX_OK);
   cr_assert_eq(info.n_seqs, 6);
   cr_assert_eq(info.n_pages, 37);
   cr_assert_eq(info.n_keys, 0 + 1 + 15 + 16 + 17 + 500);
@@ -253,16 +253,16 @@ Test(snapshot, failed_save_keeps_old_snapshot) {
   scenario_init(&s);
   cr_assert_eq(save(&s, 1), FP4IDX_OK);
   fp4idx_snap_info_t before;
-  cr_assert_eq(fp4idx_snapshot_probe(s.path, &before, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__snapshot_probe(s.path, &before, NULL, 0), FP4IDX_OK);
   s.pool.fail_at = 2;
   s.seqs[5].n_keys = 400; /* a different content that must not land */
   char err[256] = "";
-  int rc = fp4idx_snapshot_save(s.path, PS, POOL, s.seqs, s.n_seqs, 2,
+  int rc = fp4idx__snapshot_save(s.path, PS, POOL, s.seqs, s.n_seqs, 2,
                                 host_pool_read, &s.pool, NULL, err, sizeof err);
   cr_assert_eq(rc, FP4IDX_EIO);
   cr_assert_not_null(strstr(err, "reading pages"), "%s", err);
   fp4idx_snap_info_t after;
-  cr_assert_eq(fp4idx_snapshot_probe(s.path, &after, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__snapshot_probe(s.path, &after, NULL, 0), FP4IDX_OK);
   cr_assert_eq(after.log_gen, 1);
   cr_assert_eq(after.n_keys, before.n_keys);
   cr_assert_eq(after.created_ns, before.created_ns);
@@ -282,7 +282,7 @@ Test(snapshot, save_rejects_bad_tables) {
   scenario_init(&s);
   s.pages[0] = POOL; /* out of range */
   cr_assert_eq(save(&s, 1), FP4IDX_EINVAL);
-  cr_assert_eq(fp4idx_snapshot_save(s.path, 3, POOL, s.seqs, 1, 1, host_pool_read,
+  cr_assert_eq(fp4idx__snapshot_save(s.path, 3, POOL, s.seqs, 1, 1, host_pool_read,
                                     &s.pool, NULL, NULL, 0),
                FP4IDX_EINVAL); /* page size not a power of two */
   cr_assert_neq(access(s.path, F_OK), 0);
@@ -300,7 +300,7 @@ Test(snapshot, load_write_error) {
   fp4idx_snap_seq_t *got = NULL;
   int64_t n = 0;
   char err[256] = "";
-  cr_assert_eq(fp4idx_snapshot_load(s.path, PS, POOL, host_pool_write, &into, &got,
+  cr_assert_eq(fp4idx__snapshot_load(s.path, PS, POOL, host_pool_write, &into, &got,
                                     &n, NULL, err, sizeof err),
                FP4IDX_EIO);
   cr_assert_null(got);
@@ -332,14 +332,14 @@ Test(snapshot, multi_buffer_round_trip_and_late_failure) {
   tmpdir_make(dir, sizeof dir);
   snprintf(path, sizeof path, "%s/big.fp4s", dir);
   char err[256] = "";
-  cr_assert_eq(fp4idx_snapshot_save(path, 64, pool, seqs, NS, 9, host_pool_read, &src,
+  cr_assert_eq(fp4idx__snapshot_save(path, 64, pool, seqs, NS, 9, host_pool_read, &src,
                                     NULL, err, sizeof err),
                FP4IDX_OK, "%s", err);
   host_pool_t dst;
   host_pool_init(&dst, used, 64);
   fp4idx_snap_seq_t *got = NULL;
   int64_t n = 0;
-  cr_assert_eq(fp4idx_snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
+  cr_assert_eq(fp4idx__snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
                                     err, sizeof err),
                FP4IDX_OK, "%s", err);
   cr_assert_eq(n, NS);
@@ -358,12 +358,12 @@ Test(snapshot, multi_buffer_round_trip_and_late_failure) {
   off_t size = file_size(path);
   src.fail_at = 9000;
   src.calls = 0;
-  cr_assert_eq(fp4idx_snapshot_save(path, 64, pool, seqs, NS, 10, host_pool_read, &src,
+  cr_assert_eq(fp4idx__snapshot_save(path, 64, pool, seqs, NS, 10, host_pool_read, &src,
                                     NULL, err, sizeof err),
                FP4IDX_EIO);
   cr_assert_eq(file_size(path), size);
   fp4idx_snap_info_t info;
-  cr_assert_eq(fp4idx_snapshot_probe(path, &info, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__snapshot_probe(path, &info, NULL, 0), FP4IDX_OK);
   cr_assert_eq(info.log_gen, 9);
   char tmp[160];
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -373,14 +373,14 @@ Test(snapshot, multi_buffer_round_trip_and_late_failure) {
   dst.fail_at = 2; /* the second of the two buffers */
   dst.calls = 0;
   got = NULL;
-  cr_assert_eq(fp4idx_snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
+  cr_assert_eq(fp4idx__snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
                                     err, sizeof err),
                FP4IDX_EIO);
   cr_assert_null(got);
   /* A flipped byte in the last buffer: refused. */
   file_flip(path, size - 5, 0x40);
   dst.fail_at = 0;
-  cr_assert_eq(fp4idx_snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
+  cr_assert_eq(fp4idx__snapshot_load(path, 64, used, host_pool_write, &dst, &got, &n, NULL,
                                     err, sizeof err),
                FP4IDX_ECORRUPT);
   cr_assert_null(got);

@@ -191,7 +191,8 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv);
-/* service_cmds.c (issue 5): save, export, import. */
+int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv);
+/* service_cmds.c: save, export, import (what persistence adds). */
 int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv);

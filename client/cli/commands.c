@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fp4idx_codec.h"
+#include "fp4idx_format.h"
 
 /* ---- shared helpers -------------------------------------------------------- */
 
@@ -452,7 +454,7 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
       case 'o': out = optarg; break;
       case 'H':
         if (fp4idx__cli_parse_num(cli, "--heads", optarg, &heads)) return FP4IDX_EINVAL;
-        if (heads < 1 || heads > 128)
+        if (heads < 1 || heads > FP4IDX_PROTO_MAX_HEADS)
           return fp4idx__cli_usage(&cli->err, "--heads: H must be 1..128");
         break;
       case 'k':
@@ -659,6 +661,107 @@ int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv) {
            (unsigned long long)from);
 out:
   fp4idx_client_free(keys);
+  fp4idx_client_close(c);
+  return st;
+}
+
+/* ---- list ------------------------------------------------------------------ */
+
+static int seq_info_cmp(const void *a, const void *b) {
+  const fp4idx_client_seq_info_t *x = a, *y = b;
+  return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'},
+                                     {"count", required_argument, 0, 'n'},
+                                     {"cursor", required_argument, 0, 'c'},
+                                     {"format", required_argument, 0, 'f'},
+                                     {0}};
+  uint64_t count = 0, cursor = 0;
+  int one_step = 0, fmt = FP4IDX_FORMAT_TEXT, ch;
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "hn:c:f:", lo)) != -1) {
+    switch (ch) {
+      case 'h':
+        puts("usage: fp4idx-cli [-s SOCKET] list [--count N] [--cursor C]\n"
+             "                  [--format text|json]\n"
+             "Lists the daemon's sequences with their key and page counts,\n"
+             "sorted by id. The daemon answers in bounded steps (like Redis\n"
+             "SCAN) of about N sequences (1..10000, default 100); without\n"
+             "--cursor all steps are walked. --cursor C runs the one step at\n"
+             "cursor C (0 starts) and prints the next cursor (0: complete).");
+        return 0;
+      case 'n':
+        if (fp4idx__cli_parse_num(cli, "--count", optarg, &count)) return FP4IDX_EINVAL;
+        if (count < 1 || count > FP4IDX_PROTO_MAX_LIST_COUNT)
+          return fp4idx__cli_usage(&cli->err, "--count: N must be 1..%u",
+                                   FP4IDX_PROTO_MAX_LIST_COUNT);
+        break;
+      case 'c':
+        if (fp4idx__cli_parse_num(cli, "--cursor", optarg, &cursor)) return FP4IDX_EINVAL;
+        one_step = 1;
+        break;
+      case 'f':
+        fmt = fp4idx__parse_format(optarg);
+        if (fmt != FP4IDX_FORMAT_TEXT && fmt != FP4IDX_FORMAT_JSON)
+          return fp4idx__cli_usage(&cli->err, "--format: expected text or json");
+        break;
+      default: return FP4IDX_EINVAL;
+    }
+  }
+  if (optind != argc)
+    return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'", argv[optind]);
+  fp4idx_client_t *c;
+  int st = fp4idx__cli_connect(cli, &c);
+  if (st) return st;
+  fp4idx_client_seq_info_t *all = NULL;
+  size_t n_all = 0;
+  do {
+    fp4idx_client_seq_info_t *part;
+    size_t n;
+    st = fp4idx_client_list(c, cursor, (uint32_t)count, &cursor, &part, &n);
+    if (st) {
+      client_fail(cli, c, st);
+      goto out;
+    }
+    if (n) {
+      fp4idx_client_seq_info_t *grown = realloc(all, (n_all + n) * sizeof *all);
+      if (!grown) {
+        fp4idx_client_free(part);
+        st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory for %zu sequences",
+                              n_all + n);
+        goto out;
+      }
+      all = grown;
+      memcpy(all + n_all, part, n * sizeof *part);
+    }
+    n_all += n;
+    fp4idx_client_free(part);
+  } while (!one_step && cursor != 0);
+  /* sorted, and once each: a walk may meet a sequence twice when the
+   * daemon's table grew under it */
+  if (n_all) qsort(all, n_all, sizeof *all, seq_info_cmp);
+  size_t u = 0;
+  for (size_t i = 0; i < n_all; i++)
+    if (u == 0 || all[i].seq != all[u - 1].seq) all[u++] = all[i];
+  if (fmt == FP4IDX_FORMAT_JSON) {
+    printf("{");
+    if (one_step) printf("\"cursor\":%llu,", (unsigned long long)cursor);
+    printf("\"sequences\":[");
+    for (size_t i = 0; i < u; i++)
+      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu}", i ? "," : "",
+             (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
+             (unsigned long long)all[i].pages);
+    printf("]}\n");
+  } else {
+    printf("seq keys pages\n");
+    for (size_t i = 0; i < u; i++)
+      printf("%llu %llu %llu\n", (unsigned long long)all[i].seq,
+             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages);
+    if (one_step) printf("cursor: %llu\n", (unsigned long long)cursor);
+  }
+out:
+  free(all);
   fp4idx_client_close(c);
   return st;
 }

@@ -30,6 +30,7 @@ static const struct {
     {"truncate", fp4idx__cmd_truncate, "keep the first N keys of a sequence"},
     {"drop", fp4idx__cmd_drop, "drop a sequence"},
     {"read", fp4idx__cmd_read, "read keys back (packed or dequantized)"},
+    {"list", fp4idx__cmd_list, "list the sequences with their keys and pages"},
     {"save", fp4idx__cmd_save, "make the daemon write its snapshot now"},
     {"export", fp4idx__cmd_export, "write a sequence in SGLang's page layout"},
     {"import", fp4idx__cmd_import, "append an exported (or SGLang) sequence"},

@@ -1,6 +1,6 @@
-/* service_cmds.c -- fp4idx-cli save, export and import (helper E, issue 5):
- * a snapshot on demand, and one sequence to/from SGLang's page layout
- * (daemon/export.h) so caches move between fp4idx and SGLang. */
+/* service_cmds.c -- fp4idx-cli save, export and import, what persistence
+ * adds: a snapshot on demand, and one sequence to/from SGLang's page layout
+ * (persist/export.h) so caches move between fp4idx and SGLang. */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <stdio.h>
@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "cli.h"
+#include "fp4idx_codec.h"
+#include "fp4idx_format.h"
 #include "export.h"
 
 /* ---- save -------------------------------------------------------------------- */
@@ -92,7 +94,7 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
       goto fail;
     }
     if (got) {
-      void *grown = realloc(keys, (n + got) * 68);
+      void *grown = realloc(keys, (n + got) * FP4IDX_SLOT_BYTES);
       if (!grown) {
         fp4idx_client_free(part);
         free(keys);
@@ -101,14 +103,14 @@ int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
                                 n + got);
       }
       keys = grown;
-      memcpy((uint8_t *)keys + n * 68, part, got * 68);
+      memcpy((uint8_t *)keys + n * FP4IDX_SLOT_BYTES, part, got * FP4IDX_SLOT_BYTES);
       n += got;
     }
     fp4idx_client_free(part);
     if (got < piece) break;
   }
   char err[512] = "";
-  st = fp4idx_export_write(path, seq, keys, (int64_t)n, (int32_t)ps,
+  st = fp4idx__export_write(path, seq, keys, (int64_t)n, (int32_t)ps,
                            raw ? FP4IDX_EXPORT_RAW : 0, err, sizeof err);
   if (st) fp4idx__cli_fail(&cli->err, st, "%s", err);
   else
@@ -171,7 +173,7 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
   fp4idx_export_info_t info = {.n_keys = (int64_t)count, .page_size = (int32_t)ps};
   uint8_t *slots = NULL;
   char err[512] = "";
-  int st = fp4idx_export_read(path, raw ? FP4IDX_EXPORT_RAW : 0, &info, &slots, err,
+  int st = fp4idx__export_read(path, raw ? FP4IDX_EXPORT_RAW : 0, &info, &slots, err,
                               sizeof err);
   if (st) return fp4idx__cli_fail(&cli->err, st, "%s", err);
   fp4idx_client_t *c;
@@ -185,7 +187,7 @@ int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
     uint64_t k = (uint64_t)info.n_keys - done;
     if (k > chunk) k = chunk;
     uint64_t f;
-    st = fp4idx_client_append_fp4(c, seq, slots + done * 68, k, &f, &len);
+    st = fp4idx_client_append_fp4(c, seq, slots + done * FP4IDX_SLOT_BYTES, k, &f, &len);
     if (st) {
       fp4idx__cli_fail(&cli->err, st, "after %llu of %lld keys: %s",
                        (unsigned long long)done, (long long)info.n_keys,

@@ -76,7 +76,7 @@ static int fp4idx__cpu_pool_create(fp4idx_backend_t *b, int64_t n_pages,
   fp4idx__cpu_t *c = fp4idx__impl(b);
   if (c->pool) return FP4IDX_EINVAL; /* called once */
   if (n_pages < 1 || !fp4idx_page_size_valid(page_size)) return FP4IDX_EINVAL;
-  /* n_pages * page_size * 68 must fit in size_t and int64 */
+  /* n_pages * page_size * FP4IDX_SLOT_BYTES must fit in size_t and int64 */
   if (n_pages > INT64_MAX / fp4idx_page_bytes(page_size)) return FP4IDX_ENOMEM;
   int64_t bytes = n_pages * fp4idx_page_bytes(page_size);
   if ((uint64_t)bytes > (uint64_t)SIZE_MAX) return FP4IDX_ENOMEM;

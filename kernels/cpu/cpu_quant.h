@@ -1,4 +1,4 @@
-/* cpu_quant.h -- the CPU backend's fast quantizer (DESIGN.md s2), private.
+/* cpu_quant.h -- the CPU backend's fast quantizer (PROTOCOL.md appendix, "Quantizer"), private.
  *
  * Output is byte for byte that of fp4idx_quantize_key (kernels/
  * fp4idx_format.h), which stays the one definition of the format: the scale

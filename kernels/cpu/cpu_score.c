@@ -1,4 +1,4 @@
-/* cpu_score.c -- the CPU scorer, bit-exact to DESIGN.md s3.
+/* cpu_score.c -- the CPU scorer, bit-exact to PROTOCOL.md's appendix ("Scorer").
  *
  * For a sequence with R verify rows and H heads, each key l and row r:
  *   k = bf16(decode(k_l));  d[h] = bf16(q[r,h] . k);

@@ -145,7 +145,7 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
   uint32_t smin = 255, smax = 0;
   for (int j = 0; j < nd; j++) {
     int64_t l = t0 + j;
-    /* DESIGN.md s1 page layout without a division: page base, then the
+    /* The page layout of fp4idx_format.h without a division: page base, then the
      * payload of slot o at o*64 and its scales at P*64 + o*4 */
     const uint8_t *page = c->pool + (int64_t)sq->pages[l >> c->pshift] * c->P * FP4IDX_SLOT_BYTES;
     int64_t o = l & (c->P - 1);

@@ -203,7 +203,9 @@ static int fp4idx__cuda_store(fp4idx_backend_t *b, const void *keys, fp4idx_dtyp
   if (n == 0) return FP4IDX_OK;
   if (!fp4idx__slots_ok(b, slots, n)) return FP4IDX_EINVAL;
   int rc;
-  const size_t kb = (size_t)n * (dtype == FP4IDX_DTYPE_BF16 ? 256 : dtype == FP4IDX_DTYPE_F32 ? 512 : 68);
+  const size_t kb = (size_t)n * (dtype == FP4IDX_DTYPE_BF16 ? FP4IDX_HEAD_DIM * 2u
+                                 : dtype == FP4IDX_DTYPE_F32 ? FP4IDX_HEAD_DIM * 4u
+                                                             : FP4IDX_SLOT_BYTES);
   const size_t off_slots = fp4idx__align(kb), total = off_slots + (size_t)n * 8;
   CK(cudaSetDevice(c->device), "set device");
   fp4idx__stage_t *st;
@@ -241,7 +243,7 @@ static int fp4idx__cuda_read(fp4idx_backend_t *b, const int64_t *slots, int64_t 
   if (n == 0) return FP4IDX_OK;
   if (!fp4idx__slots_ok(b, slots, n)) return FP4IDX_EINVAL;
   int rc;
-  const size_t ob = (size_t)n * (dequant ? 512 : 68);
+  const size_t ob = (size_t)n * (dequant ? FP4IDX_HEAD_DIM * 4u : FP4IDX_SLOT_BYTES);
   const size_t off_out = fp4idx__align((size_t)n * 8);
   const size_t total = off_out + ob;
   CK(cudaSetDevice(c->device), "set device");
@@ -327,7 +329,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     if (s->resident && np) dev_pages[i] = fp4idx__seqpages_get(c->seqpages, s->seq, np);
     o_pages[5 * i + 0] = off;
     if (!dev_pages[i]) off = fp4idx__align(off + (size_t)np * 4);
-    o_pages[5 * i + 1] = off; off = fp4idx__align(off + (size_t)s->rows * H * 256);
+    o_pages[5 * i + 1] = off; off = fp4idx__align(off + (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
     o_pages[5 * i + 2] = off; off = fp4idx__align(off + (size_t)s->rows * H * 2);
     o_pages[5 * i + 3] = off; off = fp4idx__align(off + (size_t)s->rows * 4);
     o_pages[5 * i + 4] = off;
@@ -383,7 +385,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     const fp4idx_backend_seq_t *s = &bt->seqs[i];
     const int64_t np = (s->width + P - 1) / P;
     if (np && !dev_pages[i]) memcpy(h + o_pages[5 * i], s->pages, (size_t)np * 4);
-    memcpy(h + o_pages[5 * i + 1], s->q, (size_t)s->rows * H * 256);
+    memcpy(h + o_pages[5 * i + 1], s->q, (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
     memcpy(h + o_pages[5 * i + 2], s->w, (size_t)s->rows * H * 2);
     memcpy(h + o_pages[5 * i + 3], s->lens, (size_t)s->rows * 4);
     if (s->mask) memcpy(h + o_pages[5 * i + 4], s->mask, (size_t)s->rows * (size_t)s->width);

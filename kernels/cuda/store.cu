@@ -1,7 +1,7 @@
 /* store.cu -- quantize + store, packed store, gather (packed or dequantized),
  * and the exhaustive decode table used by the tests.
  *
- * Quantize (DESIGN.md s2) runs the quantizer of fp4idx_format.h on the
+ * Quantize (PROTOCOL.md appendix, "Quantizer") runs the quantizer of fp4idx_format.h on the
  * device, so the bytes are the CPU's and the golden files' by construction.
  * All-or-nothing without a host round trip: a check kernel raises a device
  * flag when any element is NaN/inf; the store kernel, queued behind it on

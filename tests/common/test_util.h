@@ -78,7 +78,7 @@ double fp4idx_test_key_element(const uint8_t *slot68, int e);
 
 /* ---- reference scorer ------------------------------------------------------ */
 
-/* DESIGN.md s3 in float64:
+/* The scorer of PROTOCOL.md's appendix in float64:
  *   keys   [n_keys, 68] packed slots in POSITION order (no pages);
  *   q      [rows, heads, 128] bf16, w [rows, heads] bf16;
  *   lens   [rows] visible counts (NULL: every row sees `width`);

@@ -87,9 +87,9 @@ typedef struct fp4idx_aof_replay_s {
 typedef struct fp4idx_aof_s fp4idx_aof_t;
 
 /* Parses "always", "everysec" or "no". Returns FP4IDX_OK or FP4IDX_EINVAL. */
-int fp4idx_fsync_parse(const char *s, fp4idx_fsync_t *out);
+int fp4idx__fsync_parse(const char *s, fp4idx_fsync_t *out);
 /* Returns the policy's name ("always", ...). */
-const char *fp4idx_fsync_name(fp4idx_fsync_t p);
+const char *fp4idx__fsync_name(fp4idx_fsync_t p);
 
 /* Reads the log at path and calls apply for each record in order.
  * A log whose generation is below expect_gen is skipped (res->stale = 1).
@@ -104,7 +104,7 @@ const char *fp4idx_fsync_name(fp4idx_fsync_t p);
  *   FP4IDX_EVERSION; FP4IDX_EIO; or apply's error (message gives the record).
  * Records applied before an error stay applied: the caller discards its state
  * (the daemon refuses to start). */
-int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
+int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
                       fp4idx_aof_apply_fn apply, void *ctx,
                       fp4idx_aof_replay_t *res, char *err, size_t errlen);
 
@@ -114,7 +114,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
  *   replaces whatever is at path (atomically: temp file, fsync, rename).
  * Starts the everysec thread when policy says so.
  * Returns FP4IDX_OK, FP4IDX_EINVAL, FP4IDX_ENOMEM, FP4IDX_EIO (message). */
-int fp4idx_aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
+int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
                     fp4idx_fsync_t policy, int64_t keep_bytes, char *err,
                     size_t errlen);
 
@@ -123,25 +123,25 @@ int fp4idx_aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
  * was (so it stays replayable) and FP4IDX_EIO is returned: the caller must
  * then undo the operation and fail the request.
  * append: n >= 1 packed slots [n,68] stored at positions pos..pos+n-1. */
-int fp4idx_aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
+int fp4idx__aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
                       const uint8_t *slots);
-int fp4idx_aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length);
-int fp4idx_aof_drop(fp4idx_aof_t *a, uint64_t seq);
+int fp4idx__aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length);
+int fp4idx__aof_drop(fp4idx_aof_t *a, uint64_t seq);
 
 /* fdatasync now. Returns FP4IDX_OK or FP4IDX_EIO. */
-int fp4idx_aof_sync(fp4idx_aof_t *a);
+int fp4idx__aof_sync(fp4idx_aof_t *a);
 
 /* Compaction: atomically replaces the log with a fresh, empty one of
  * generation new_gen (call after a snapshot with log generation new_gen is
  * durable). Returns FP4IDX_OK or FP4IDX_EIO (the old log then stays). */
-int fp4idx_aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen);
+int fp4idx__aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen);
 
 /* Current generation and size in bytes. */
-uint64_t fp4idx_aof_gen(const fp4idx_aof_t *a);
-int64_t fp4idx_aof_size(const fp4idx_aof_t *a);
+uint64_t fp4idx__aof_gen(const fp4idx_aof_t *a);
+int64_t fp4idx__aof_size(const fp4idx_aof_t *a);
 
 /* Syncs, stops the everysec thread, closes. NULL is a no-op. */
-void fp4idx_aof_close(fp4idx_aof_t *a);
+void fp4idx__aof_close(fp4idx_aof_t *a);
 
 #ifdef __cplusplus
 }

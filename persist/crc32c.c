@@ -118,7 +118,7 @@ static uint32_t sw_raw(uint32_t crc, const unsigned char *p, size_t len) {
   return crc;
 }
 
-uint32_t fp4idx_crc32c_sw(uint32_t crc, const void *buf, size_t len) {
+uint32_t fp4idx__crc32c_sw(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&init_once, init);
   if (!buf) return crc;
   return ~sw_raw(~crc, buf, len);
@@ -177,7 +177,7 @@ hw_raw(uint32_t crc, const unsigned char *next, size_t len) {
 }
 #endif
 
-uint32_t fp4idx_crc32c(uint32_t crc, const void *buf, size_t len) {
+uint32_t fp4idx__crc32c(uint32_t crc, const void *buf, size_t len) {
   pthread_once(&init_once, init);
   if (!buf) return crc;
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -186,7 +186,7 @@ uint32_t fp4idx_crc32c(uint32_t crc, const void *buf, size_t len) {
   return ~sw_raw(~crc, buf, len);
 }
 
-int fp4idx_crc32c_hw(void) {
+int fp4idx__crc32c_hw(void) {
   pthread_once(&init_once, init);
   return have_hw;
 }

@@ -40,7 +40,7 @@ struct fp4idx_aof_s {
 };
 
 
-int fp4idx_fsync_parse(const char *s, fp4idx_fsync_t *out) {
+int fp4idx__fsync_parse(const char *s, fp4idx_fsync_t *out) {
   if (!s || !out) return FP4IDX_EINVAL;
   if (!strcmp(s, "always")) *out = FP4IDX_FSYNC_ALWAYS;
   else if (!strcmp(s, "everysec")) *out = FP4IDX_FSYNC_EVERYSEC;
@@ -49,7 +49,7 @@ int fp4idx_fsync_parse(const char *s, fp4idx_fsync_t *out) {
   return FP4IDX_OK;
 }
 
-const char *fp4idx_fsync_name(fp4idx_fsync_t p) {
+const char *fp4idx__fsync_name(fp4idx_fsync_t p) {
   switch (p) {
   case FP4IDX_FSYNC_ALWAYS: return "always";
   case FP4IDX_FSYNC_EVERYSEC: return "everysec";
@@ -66,7 +66,7 @@ static int all_zero(const unsigned char *p, size_t n) {
   return 1;
 }
 
-int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
+int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
                       fp4idx_aof_apply_fn apply, void *ctx,
                       fp4idx_aof_replay_t *res, char *err, size_t errlen) {
   int rc = FP4IDX_OK, fd = -1;
@@ -78,8 +78,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return FP4IDX_OK;
-    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
-    return FP4IDX_EIO;
+    return fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
   }
   res->exists = 1;
   struct stat st;
@@ -87,8 +86,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
   size = (size_t)st.st_size;
   res->file_bytes = (int64_t)size;
   if (size < FP4IDX_AOF_HEADER_BYTES) {
-    fp4idx__seterr(err, errlen, "%s: append log is truncated inside its header", path);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: append log is truncated inside its header", path);
     goto out;
   }
   map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -97,16 +95,14 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
     goto ioerr;
   }
   madvise(map, size, MADV_SEQUENTIAL);
-  if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx_crc32c(0, map, 28) ||
+  if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx__crc32c(0, map, 28) ||
       fp4idx__get32(map + 12) != FP4IDX_AOF_HEADER_BYTES) {
-    fp4idx__seterr(err, errlen, "%s: not an fp4idx append log or corrupt header", path);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx append log or corrupt header", path);
     goto out;
   }
   if (fp4idx__get32(map + 8) != 1) {
-    fp4idx__seterr(err, errlen, "%s: append log version %u, this build reads 1", path,
-           fp4idx__get32(map + 8));
-    rc = FP4IDX_EVERSION;
+    rc = fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: append log version %u, this build reads 1", path,
+                      fp4idx__get32(map + 8));
     goto out;
   }
   res->gen = fp4idx__get64(map + 16);
@@ -116,11 +112,9 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
     goto out;
   }
   if (res->gen > expect_gen) {
-    fp4idx__seterr(err, errlen,
-           "%s: append log generation %llu is newer than the snapshot's (%llu): "
-           "the snapshot it continues is missing; refusing to replay",
-           path, (unsigned long long)res->gen, (unsigned long long)expect_gen);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: append log generation %llu is newer than the snapshot's (%llu): "
+                      "the snapshot it continues is missing; refusing to replay",
+                      path, (unsigned long long)res->gen, (unsigned long long)expect_gen);
     goto out;
   }
 
@@ -135,17 +129,15 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                path, off, rem);
       break;
     }
-    if (fp4idx__get32(r + 32) != fp4idx_crc32c(0, r, 32)) {
+    if (fp4idx__get32(r + 32) != fp4idx__crc32c(0, r, 32)) {
       if (all_zero(r, rem)) {
         snprintf(res->warning, sizeof res->warning,
                  "append log %s: dropped %zu zero bytes at the tail (offset %zu)",
                  path, rem, off);
         break;
       }
-      fp4idx__seterr(err, errlen,
-             "%s: corrupt append log record header at offset %zu (of %zu bytes)",
-             path, off, size);
-      rc = FP4IDX_ECORRUPT;
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: corrupt append log record header at offset %zu (of %zu bytes)",
+                        path, off, size);
       goto out;
     }
     uint32_t magic = fp4idx__get32(r), op = fp4idx__get32(r + 4);
@@ -154,8 +146,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
         (op == FP4IDX_AOF_APPEND ? (count < 1 || count > (uint64_t)INT64_MAX / 128)
                                  : count != 0) ||
         fp4idx__get64(r + 16) > (uint64_t)INT64_MAX) {
-      fp4idx__seterr(err, errlen, "%s: invalid append log record at offset %zu", path, off);
-      rc = FP4IDX_ECORRUPT;
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: invalid append log record at offset %zu", path, off);
       goto out;
     }
     uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD + count * FP4IDX_SLOT_BYTES;
@@ -166,7 +157,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                path, off, rem, (unsigned long long)rlen);
       break;
     }
-    if (fp4idx__get32(r + rlen - 4) != fp4idx_crc32c(0, r, rlen - 4)) {
+    if (fp4idx__get32(r + rlen - 4) != fp4idx__crc32c(0, r, rlen - 4)) {
       if (off + rlen == size) {
         snprintf(res->warning, sizeof res->warning,
                  "append log %s: dropped the last record at offset %zu: "
@@ -174,11 +165,9 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
                  path, off);
         break;
       }
-      fp4idx__seterr(err, errlen,
-             "%s: corrupt append log record at offset %zu (checksum mismatch, "
-             "%zu bytes follow it)",
-             path, off, (size_t)(size - off - rlen));
-      rc = FP4IDX_ECORRUPT;
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: corrupt append log record at offset %zu (checksum mismatch, "
+                        "%zu bytes follow it)",
+                        path, off, (size_t)(size - off - rlen));
       goto out;
     }
     fp4idx_aof_record_t rec = {
@@ -191,11 +180,10 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
     };
     rc = apply(ctx, &rec);
     if (rc != FP4IDX_OK) {
-      fp4idx__seterr(err, errlen,
-             "%s: record at offset %zu (op %u, seq %llu, pos %lld) does not "
-             "apply: %s",
-             path, off, op, (unsigned long long)rec.seq, (long long)rec.pos,
-             fp4idx_strerror(rc));
+      rc = fp4idx__fail(err, errlen, rc, "%s: record at offset %zu (op %u, seq %llu, pos %lld) does not "
+                        "apply: %s",
+                        path, off, op, (unsigned long long)rec.seq, (long long)rec.pos,
+                        fp4idx_strerror(rc));
       goto out;
     }
     res->records++;
@@ -213,8 +201,7 @@ int fp4idx_aof_replay(const char *path, uint64_t expect_gen,
   goto out;
 
 ioerr:
-  fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
-  rc = FP4IDX_EIO;
+  rc = fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
 out:
   if (map) munmap(map, size);
   if (fd >= 0) close(fd);
@@ -237,7 +224,7 @@ static int create_fresh(const char *path, uint64_t gen) {
   fp4idx__put32(h + 8, 1);
   fp4idx__put32(h + 12, FP4IDX_AOF_HEADER_BYTES);
   fp4idx__put64(h + 16, gen);
-  fp4idx__put32(h + 28, fp4idx_crc32c(0, h, 28));
+  fp4idx__put32(h + 28, fp4idx__crc32c(0, h, 28));
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0640);
   if (fd < 0) return -1;
   if (write(fd, h, sizeof h) != (ssize_t)sizeof h || fsync(fd) ||
@@ -269,21 +256,19 @@ static void *flusher_main(void *arg) {
   return NULL;
 }
 
-int fp4idx_aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
+int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
                     fp4idx_fsync_t policy, int64_t keep_bytes, char *err,
                     size_t errlen) {
   if (!out || !path || keep_bytes < 0 ||
       (keep_bytes > 0 && keep_bytes < FP4IDX_AOF_HEADER_BYTES) ||
       policy > FP4IDX_FSYNC_NO) {
-    fp4idx__seterr(err, errlen, "append log open: invalid arguments");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "append log open: invalid arguments");
   }
   *out = NULL;
   fp4idx_aof_t *a = calloc(1, sizeof *a);
   if (!a || !(a->path = strdup(path))) {
     free(a);
-    fp4idx__seterr(err, errlen, "append log open: out of memory");
-    return FP4IDX_ENOMEM;
+    return fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "append log open: out of memory");
   }
   a->gen = gen;
   a->policy = policy;
@@ -313,7 +298,7 @@ ioerr_sync:
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
 ioerr:
-  fp4idx__seterr(err, errlen, "append log %s: %s", path, strerror(errno));
+  (void)fp4idx__fail(err, errlen, FP4IDX_EIO, "append log %s: %s", path, strerror(errno));
   if (a->fd >= 0) close(a->fd);
   free(a->path);
   free(a);
@@ -329,10 +314,10 @@ static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
   fp4idx__put64(head + 8, seq);
   fp4idx__put64(head + 16, pos);
   fp4idx__put64(head + 24, count);
-  fp4idx__put32(head + 32, fp4idx_crc32c(0, head, 32));
+  fp4idx__put32(head + 32, fp4idx__crc32c(0, head, 32));
   size_t plen = (size_t)count * FP4IDX_SLOT_BYTES;
-  uint32_t crc = fp4idx_crc32c(0, head, REC_HEAD);
-  if (op == FP4IDX_AOF_APPEND) crc = fp4idx_crc32c(crc, slots, plen);
+  uint32_t crc = fp4idx__crc32c(0, head, REC_HEAD);
+  if (op == FP4IDX_AOF_APPEND) crc = fp4idx__crc32c(crc, slots, plen);
   fp4idx__put32(tail, crc);
 
   struct iovec iov[3] = {{head, REC_HEAD}, {(void *)slots, plen}, {tail, 4}};
@@ -372,28 +357,28 @@ fail:
   return FP4IDX_EIO;
 }
 
-int fp4idx_aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
+int fp4idx__aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
                       const uint8_t *slots) {
   if (!a || pos < 0 || n < 1 || !slots) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_APPEND, seq, (uint64_t)pos, (uint64_t)n, slots);
 }
 
-int fp4idx_aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length) {
+int fp4idx__aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length) {
   if (!a || length < 0) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_TRUNCATE, seq, (uint64_t)length, 0, NULL);
 }
 
-int fp4idx_aof_drop(fp4idx_aof_t *a, uint64_t seq) {
+int fp4idx__aof_drop(fp4idx_aof_t *a, uint64_t seq) {
   if (!a) return FP4IDX_EINVAL;
   return put_record(a, FP4IDX_AOF_DROP, seq, 0, 0, NULL);
 }
 
-int fp4idx_aof_sync(fp4idx_aof_t *a) {
+int fp4idx__aof_sync(fp4idx_aof_t *a) {
   if (!a) return FP4IDX_EINVAL;
   return fdatasync(a->fd) == 0 ? FP4IDX_OK : FP4IDX_EIO;
 }
 
-int fp4idx_aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
+int fp4idx__aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
   if (!a) return FP4IDX_EINVAL;
   int fd = create_fresh(a->path, new_gen);
   if (fd < 0) return FP4IDX_EIO;
@@ -408,10 +393,10 @@ int fp4idx_aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
   return FP4IDX_OK;
 }
 
-uint64_t fp4idx_aof_gen(const fp4idx_aof_t *a) { return a ? a->gen : 0; }
-int64_t fp4idx_aof_size(const fp4idx_aof_t *a) { return a ? a->size : 0; }
+uint64_t fp4idx__aof_gen(const fp4idx_aof_t *a) { return a ? a->gen : 0; }
+int64_t fp4idx__aof_size(const fp4idx_aof_t *a) { return a ? a->size : 0; }
 
-void fp4idx_aof_close(fp4idx_aof_t *a) {
+void fp4idx__aof_close(fp4idx_aof_t *a) {
   if (!a) return;
   if (a->flusher_on) {
     pthread_mutex_lock(&a->mu);

@@ -1,11 +1,9 @@
 /* bytes.h -- little helpers shared by the on-disk formats (snapshot.c,
- * aof.c, export.c) and notify.c: fixed little-endian integer fields, whatever
- * the host's byte order, and printf-style error messages into a caller's
- * buffer. */
-#ifndef FP4IDX_DAEMON_BYTES_H
-#define FP4IDX_DAEMON_BYTES_H
+ * aof.c, export.c): fixed little-endian integer fields, whatever the host's
+ * byte order. */
+#ifndef FP4IDX_PERSIST_BYTES_H
+#define FP4IDX_PERSIST_BYTES_H
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,15 +25,8 @@ static inline uint64_t fp4idx__get64(const unsigned char *p) {
   return v;
 }
 
-/* Formats a message into err[errlen]; does nothing when err is NULL. */
-static inline void fp4idx__seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static inline void fp4idx__seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
+/* Error messages: fp4idx__fail (protocol/fp4idx_fail.h) formats one into a
+ * caller's err[errlen] and returns the status. */
+#include "fp4idx_fail.h"
 
-#endif /* FP4IDX_DAEMON_BYTES_H */
+#endif /* FP4IDX_PERSIST_BYTES_H */

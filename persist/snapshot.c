@@ -251,7 +251,7 @@ static void header_encode(unsigned char *h, const header_t *hd) {
   fp4idx__put64(h + 72, hd->info.created_ns);
   fp4idx__put32(h + 80, hd->table_crc);
   fp4idx__put32(h + 84, hd->pool_crc);
-  fp4idx__put32(h + 124, fp4idx_crc32c(0, h, 124));
+  fp4idx__put32(h + 124, fp4idx__crc32c(0, h, 124));
 }
 
 /* Decodes and checks a header against the file size. */
@@ -259,19 +259,16 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
                          const char *path, header_t *hd, char *err,
                          size_t errlen) {
   if (memcmp(h, MAGIC, 8) != 0) {
-    fp4idx__seterr(err, errlen, "%s: not an fp4idx snapshot (bad magic)", path);
-    return FP4IDX_ECORRUPT;
+    return fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx snapshot (bad magic)", path);
   }
-  if (fp4idx__get32(h + 124) != fp4idx_crc32c(0, h, 124)) {
-    fp4idx__seterr(err, errlen, "%s: header checksum mismatch (corrupt header)", path);
-    return FP4IDX_ECORRUPT;
+  if (fp4idx__get32(h + 124) != fp4idx__crc32c(0, h, 124)) {
+    return fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: header checksum mismatch (corrupt header)", path);
   }
   memset(hd, 0, sizeof *hd);
   hd->info.version = fp4idx__get32(h + 8);
   if (hd->info.version != FP4IDX_SNAPSHOT_VERSION) {
-    fp4idx__seterr(err, errlen, "%s: snapshot format version %u, this build reads %d",
-           path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
-    return FP4IDX_EVERSION;
+    return fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: snapshot format version %u, this build reads %d",
+                        path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
   }
   uint32_t hbytes = fp4idx__get32(h + 12), psize = fp4idx__get32(h + 16), slot = fp4idx__get32(h + 20);
   hd->info.n_seqs = (int64_t)fp4idx__get64(h + 24);
@@ -292,23 +289,20 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
       hd->pool_bytes != (uint64_t)hd->info.n_pages * psize * FP4IDX_SLOT_BYTES ||
       hd->table_bytes < (uint64_t)hd->info.n_seqs * 16 ||
       hd->table_bytes > (UINT64_MAX >> 2)) {
-    fp4idx__seterr(err, errlen, "%s: inconsistent snapshot header", path);
-    return FP4IDX_ECORRUPT;
+    return fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: inconsistent snapshot header", path);
   }
   uint64_t want = FP4IDX_SNAPSHOT_HEADER_BYTES + hd->table_bytes + hd->pool_bytes;
   if (want != file_bytes) {
-    fp4idx__seterr(err, errlen,
-           "%s: snapshot is %s: header says %llu bytes, file has %llu", path,
-           file_bytes < want ? "truncated" : "longer than its header says",
-           (unsigned long long)want, (unsigned long long)file_bytes);
-    return FP4IDX_ECORRUPT;
+    return fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: snapshot is %s: header says %llu bytes, file has %llu", path,
+                        file_bytes < want ? "truncated" : "longer than its header says",
+                        (unsigned long long)want, (unsigned long long)file_bytes);
   }
   return FP4IDX_OK;
 }
 
 /* ---- save --------------------------------------------------------------- */
 
-int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
+int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
                          const fp4idx_snap_seq_t *seqs, int64_t n_seqs,
                          uint64_t log_gen, fp4idx_snap_read_fn read_fn, void *ctx,
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
@@ -322,12 +316,10 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   if (!path || !read_fn || page_size < 1 || page_size > (1 << 16) ||
       (page_size & (page_size - 1)) || pool_pages < 0 ||
       pool_pages > INT32_MAX || n_seqs < 0 || (n_seqs && !seqs)) {
-    fp4idx__seterr(err, errlen, "snapshot save: invalid arguments");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: invalid arguments");
   }
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-    fp4idx__seterr(err, errlen, "snapshot save: path too long");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: path too long");
   }
   memset(&hd, 0, sizeof hd);
   const size_t page_bytes = (size_t)page_size * FP4IDX_SLOT_BYTES;
@@ -340,18 +332,15 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   for (int64_t s = 0; s < n_seqs; s++) {
     int64_t np = pages_of(seqs[s].n_keys, page_size);
     if (seqs[s].n_keys < 0 || (np && !seqs[s].pages)) {
-      fp4idx__seterr(err, errlen, "snapshot save: sequence %llu: bad key count",
-             (unsigned long long)seqs[s].id);
-      rc = FP4IDX_EINVAL;
+      rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: sequence %llu: bad key count",
+                        (unsigned long long)seqs[s].id);
       goto out;
     }
     for (int64_t i = 0; i < np; i++) {
       int32_t p = seqs[s].pages[i];
       if (p < 0 || p >= pool_pages || file_index[p] != -1) {
-        fp4idx__seterr(err, errlen,
-               "snapshot save: sequence %llu: page %d out of range or shared",
-               (unsigned long long)seqs[s].id, (int)p);
-        rc = FP4IDX_EINVAL;
+        rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: sequence %llu: page %d out of range or shared",
+                          (unsigned long long)seqs[s].id, (int)p);
         goto out;
       }
       file_index[p] = 0;
@@ -389,7 +378,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   for (int64_t s = 0; s < n_seqs; s++) {
     int64_t np = pages_of(seqs[s].n_keys, page_size);
     if (tlen + 16 > (1u << 20)) {
-      hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+      hd.table_crc = fp4idx__crc32c(hd.table_crc, tbuf, tlen);
       if (write_all(fd, tbuf, tlen)) goto ioerr;
       tlen = 0;
     }
@@ -398,7 +387,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
     tlen += 16;
     for (int64_t i = 0; i < np; i++) {
       if (tlen + 4 > (1u << 20)) {
-        hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+        hd.table_crc = fp4idx__crc32c(hd.table_crc, tbuf, tlen);
         if (write_all(fd, tbuf, tlen)) goto ioerr;
         tlen = 0;
       }
@@ -406,7 +395,7 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
       tlen += 4;
     }
   }
-  hd.table_crc = fp4idx_crc32c(hd.table_crc, tbuf, tlen);
+  hd.table_crc = fp4idx__crc32c(hd.table_crc, tbuf, tlen);
   if (tlen && write_all(fd, tbuf, tlen)) goto ioerr;
 
   /* Pool: used pages in ascending order, copied run by run (one callback per
@@ -426,12 +415,12 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
       n++;
     rc = read_fn(ctx, p, n, out + fill * page_bytes);
     if (rc != FP4IDX_OK) {
-      fp4idx__seterr(err, errlen, "snapshot save: reading pages %lld..%lld: %s",
-             (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+      rc = fp4idx__fail(err, errlen, rc, "snapshot save: reading pages %lld..%lld: %s",
+                        (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       iopipe_finish(&pipe, 0);
       goto out;
     }
-    hd.pool_crc = fp4idx_crc32c(hd.pool_crc, out + fill * page_bytes,
+    hd.pool_crc = fp4idx__crc32c(hd.pool_crc, out + fill * page_bytes,
                                 (size_t)n * page_bytes);
     fill += (size_t)n;
     p += n;
@@ -463,12 +452,10 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
   goto out;
 
 nomem:
-  fp4idx__seterr(err, errlen, "snapshot save: out of memory");
-  rc = FP4IDX_ENOMEM;
+  rc = fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "snapshot save: out of memory");
   goto out;
 ioerr:
-  fp4idx__seterr(err, errlen, "snapshot save: %s: %s", tmp, strerror(errno));
-  rc = FP4IDX_EIO;
+  rc = fp4idx__fail(err, errlen, FP4IDX_EIO, "snapshot save: %s: %s", tmp, strerror(errno));
 out:
   if (fd >= 0) close(fd);
   if (rc != FP4IDX_OK) unlink(tmp);
@@ -489,25 +476,24 @@ static int open_and_header(const char *path, int *fd_out, header_t *hd,
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return FP4IDX_SNAPSHOT_NONE;
-    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
-    return FP4IDX_EIO;
+    return fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
   }
   struct stat st;
   unsigned char h[FP4IDX_SNAPSHOT_HEADER_BYTES];
   if (fstat(fd, &st)) {
-    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
+    (void)fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
     close(fd);
     return FP4IDX_EIO;
   }
   ssize_t got = read_full(fd, h, sizeof h);
   if (got < 0) {
-    fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
+    (void)fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
     close(fd);
     return FP4IDX_EIO;
   }
   if (got < (ssize_t)sizeof h) {
-    fp4idx__seterr(err, errlen, "%s: snapshot is truncated (%lld bytes, header needs %d)",
-           path, (long long)got, FP4IDX_SNAPSHOT_HEADER_BYTES);
+    (void)fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: snapshot is truncated (%lld bytes, header needs %d)",
+                       path, (long long)got, FP4IDX_SNAPSHOT_HEADER_BYTES);
     close(fd);
     return FP4IDX_ECORRUPT;
   }
@@ -520,7 +506,7 @@ static int open_and_header(const char *path, int *fd_out, header_t *hd,
   return FP4IDX_OK;
 }
 
-int fp4idx_snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
+int fp4idx__snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
                           size_t errlen) {
   header_t hd;
   int fd = -1;
@@ -532,7 +518,7 @@ int fp4idx_snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
   return FP4IDX_OK;
 }
 
-int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
+int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
                          fp4idx_snap_write_fn write_fn, void *ctx,
                          fp4idx_snap_seq_t **seqs_out, int64_t *n_seqs_out,
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
@@ -543,27 +529,22 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   fp4idx_snap_seq_t *seqs = NULL;
 
   if (!path || !write_fn || !seqs_out || !n_seqs_out || pool_pages < 0) {
-    fp4idx__seterr(err, errlen, "snapshot load: invalid arguments");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot load: invalid arguments");
   }
   *seqs_out = NULL;
   *n_seqs_out = 0;
   rc = open_and_header(path, &fd, &hd, err, errlen);
   if (rc != FP4IDX_OK) return rc;
   if (hd.info.page_size != page_size) {
-    fp4idx__seterr(err, errlen,
-           "%s: snapshot page size is %d, the daemon runs with %d "
-           "(start with --page-size %d to load it)",
-           path, (int)hd.info.page_size, (int)page_size, (int)hd.info.page_size);
-    rc = FP4IDX_EINVAL;
+    rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "%s: snapshot page size is %d, the daemon runs with %d "
+                      "(start with --page-size %d to load it)",
+                      path, (int)hd.info.page_size, (int)page_size, (int)hd.info.page_size);
     goto out;
   }
   if (hd.info.n_pages > pool_pages) {
-    fp4idx__seterr(err, errlen,
-           "%s: snapshot holds %lld pages, the pool has only %lld "
-           "(raise --cache-bytes)",
-           path, (long long)hd.info.n_pages, (long long)pool_pages);
-    rc = FP4IDX_EFULL;
+    rc = fp4idx__fail(err, errlen, FP4IDX_EFULL, "%s: snapshot holds %lld pages, the pool has only %lld "
+                      "(raise --cache-bytes)",
+                      path, (long long)hd.info.n_pages, (long long)pool_pages);
     goto out;
   }
 
@@ -575,9 +556,8 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   ssize_t got = read_full(fd, table, hd.table_bytes);
   if (got < 0) goto ioerr;
   if ((uint64_t)got != hd.table_bytes ||
-      fp4idx_crc32c(0, table, hd.table_bytes) != hd.table_crc) {
-    fp4idx__seterr(err, errlen, "%s: sequence table checksum mismatch (corrupt)", path);
-    rc = FP4IDX_ECORRUPT;
+      fp4idx__crc32c(0, table, hd.table_bytes) != hd.table_crc) {
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: sequence table checksum mismatch (corrupt)", path);
     goto out;
   }
   /* One block: the structs, then all page lists. */
@@ -640,20 +620,19 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
       int e = errno;
       iopipe_finish(&pipe, 0);
       if (e == EPIPE) {
-        fp4idx__seterr(err, errlen, "%s: snapshot is truncated in its pool section", path);
-        rc = FP4IDX_ECORRUPT;
+        rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: snapshot is truncated in its pool section", path);
         goto out;
       }
       errno = e;
       goto ioerr;
     }
     int64_t n = (int64_t)(pipe.len[cur] / page_bytes);
-    crc = fp4idx_crc32c(crc, in, pipe.len[cur]);
+    crc = fp4idx__crc32c(crc, in, pipe.len[cur]);
     rc = write_fn(ctx, p, n, in);
     if (rc != FP4IDX_OK) {
       iopipe_finish(&pipe, 0);
-      fp4idx__seterr(err, errlen, "%s: writing pages %lld..%lld into the pool: %s",
-             path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
+      rc = fp4idx__fail(err, errlen, rc, "%s: writing pages %lld..%lld into the pool: %s",
+                        path, (long long)p, (long long)(p + n - 1), fp4idx_strerror(rc));
       goto out;
     }
     iopipe_pass(&pipe, cur, 0);
@@ -661,10 +640,8 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   }
   iopipe_finish(&pipe, 0);
   if (crc != hd.pool_crc) {
-    fp4idx__seterr(err, errlen,
-           "%s: pool checksum mismatch (corrupt page data); nothing loaded",
-           path);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: pool checksum mismatch (corrupt page data); nothing loaded",
+                      path);
     goto out;
   }
   *seqs_out = seqs;
@@ -675,16 +652,13 @@ int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages
   goto out;
 
 badtable:
-  fp4idx__seterr(err, errlen, "%s: inconsistent sequence table (corrupt)", path);
-  rc = FP4IDX_ECORRUPT;
+  rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: inconsistent sequence table (corrupt)", path);
   goto out;
 nomem:
-  fp4idx__seterr(err, errlen, "snapshot load: out of memory");
-  rc = FP4IDX_ENOMEM;
+  rc = fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "snapshot load: out of memory");
   goto out;
 ioerr:
-  fp4idx__seterr(err, errlen, "%s: %s", path, strerror(errno));
-  rc = FP4IDX_EIO;
+  rc = fp4idx__fail(err, errlen, FP4IDX_EIO, "%s: %s", path, strerror(errno));
 out:
   if (fd >= 0) close(fd);
   free(table);

@@ -1,5 +1,5 @@
 /* export.h -- one sequence in SGLang's page layout, to move caches between
- * fp4idx and SGLang's FP4 index-K pool (DESIGN.md s1).
+ * fp4idx and SGLang's FP4 index-K pool (fp4idx_format.h, page layout).
  *
  * A sequence of n keys becomes ceil(n / P) pages of P * 68 bytes: first the P
  * 64-byte payloads (slot o at o * 64), then the P 4-byte scale words (slot o
@@ -42,23 +42,23 @@ typedef struct fp4idx_export_info_s {
 } fp4idx_export_info_t;
 
 /* Bytes of the pages for n keys at page size P: ceil(n / P) * P * 68. */
-int64_t fp4idx_export_pages_bytes(int64_t n, int32_t page_size);
+int64_t fp4idx__export_pages_bytes(int64_t n, int32_t page_size);
 
 /* Packed slots [n,68] (payload then scales per key, the wire's layout) ->
- * pages (fp4idx_export_pages_bytes(n, P) bytes, unused slots zeroed).
+ * pages (fp4idx__export_pages_bytes(n, P) bytes, unused slots zeroed).
  * Returns FP4IDX_OK or FP4IDX_EINVAL (n < 0, P not a power of two <= 65536,
  * NULL pointers with n > 0). */
-int fp4idx_export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
+int fp4idx__export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
                        uint8_t *pages);
 
 /* Pages -> packed slots [n,68]; the inverse of pack. Same errors. */
-int fp4idx_export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
+int fp4idx__export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
                          uint8_t *slots);
 
 /* Writes sequence `seq` (n packed slots) as an export file at path (temp file
  * + fsync + rename). flags: 0 or FP4IDX_EXPORT_RAW.
  * Returns FP4IDX_OK, FP4IDX_EINVAL, FP4IDX_ENOMEM, FP4IDX_EIO (message). */
-int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
+int fp4idx__export_write(const char *path, uint64_t seq, const uint8_t *slots,
                         int64_t n, int32_t page_size, int flags, char *err,
                         size_t errlen);
 
@@ -69,7 +69,7 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
  * Unused slots of the last page are ignored (SGLang may leave old bytes there).
  * Returns FP4IDX_OK, FP4IDX_ECORRUPT (bad magic, header or page checksum, file
  * size), FP4IDX_EVERSION, FP4IDX_EINVAL, FP4IDX_ENOMEM, FP4IDX_EIO. */
-int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
+int fp4idx__export_read(const char *path, int flags, fp4idx_export_info_t *info,
                        uint8_t **slots_out, char *err, size_t errlen);
 
 #ifdef __cplusplus

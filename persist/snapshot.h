@@ -22,7 +22,7 @@
  *   sequence table, per sequence:
  *     u64 id, u64 keys, then ceil(keys / P) u32 stored-page indices
  *   pool section: the stored pages, P * 68 bytes each in SGLang's page layout
- *     (DESIGN.md s1), in ascending order of their page id at save time.
+ *     (fp4idx_format.h, page layout), in ascending order of their page id at save time.
  *
  * Only pages that sequences use are stored. Loading puts stored page i at pool
  * page i, so a snapshot loads into a pool of any size that has room (the page
@@ -44,7 +44,7 @@ extern "C" {
 enum {
   FP4IDX_SNAPSHOT_VERSION = 1,
   FP4IDX_SNAPSHOT_HEADER_BYTES = 128,
-  FP4IDX_SNAPSHOT_NONE = 1 /* fp4idx_snapshot_load: no file (not an error) */
+  FP4IDX_SNAPSHOT_NONE = 1 /* fp4idx__snapshot_load: no file (not an error) */
 };
 
 /* One sequence of the table. */
@@ -86,7 +86,7 @@ typedef struct fp4idx_snap_info_s {
  *   shared), FP4IDX_ENOMEM, FP4IDX_EIO (file system, message names the path
  *   and errno), or the read callback's error. On error the old snapshot, if
  *   any, is untouched and the temporary file removed. */
-int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
+int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,
                          const fp4idx_snap_seq_t *seqs, int64_t n_seqs,
                          uint64_t log_gen, fp4idx_snap_read_fn read, void *ctx,
                          fp4idx_snap_info_t *info, char *err, size_t errlen);
@@ -106,14 +106,14 @@ int fp4idx_snapshot_save(const char *path, int32_t page_size, int64_t pool_pages
  *   FP4IDX_EINVAL (page size differs from page_size); FP4IDX_EFULL (the pool
  *   has fewer pages than the snapshot stores); FP4IDX_ENOMEM; FP4IDX_EIO;
  *   or the write callback's error. */
-int fp4idx_snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
+int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_pages,
                          fp4idx_snap_write_fn write, void *ctx,
                          fp4idx_snap_seq_t **seqs_out, int64_t *n_seqs_out,
                          fp4idx_snap_info_t *info, char *err, size_t errlen);
 
 /* Reads and checks only the header of `path` (a cheap look, e.g. for the
  * log generation before replay). Same returns as load for the header part. */
-int fp4idx_snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
+int fp4idx__snapshot_probe(const char *path, fp4idx_snap_info_t *info, char *err,
                           size_t errlen);
 
 /* fsyncs the folder that holds `path` (after a rename into it).

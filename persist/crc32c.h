@@ -22,13 +22,13 @@ extern "C" {
  * new CRC-32C (standard: initial ~0, reflected, final xor ~0, so that
  * crc32c(0, "123456789", 9) == 0xE3069283). Chained calls equal one call
  * over the concatenation. buf may be NULL when len is 0. Thread-safe. */
-uint32_t fp4idx_crc32c(uint32_t crc, const void *buf, size_t len);
+uint32_t fp4idx__crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* The portable table version (for tests that compare both paths). */
-uint32_t fp4idx_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+uint32_t fp4idx__crc32c_sw(uint32_t crc, const void *buf, size_t len);
 
-/* 1 when fp4idx_crc32c uses the CPU instruction, else 0. */
-int fp4idx_crc32c_hw(void);
+/* 1 when fp4idx__crc32c uses the CPU instruction, else 0. */
+int fp4idx__crc32c_hw(void);
 
 #ifdef __cplusplus
 }

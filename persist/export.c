@@ -23,16 +23,16 @@
 /* Page sizes follow the key format's rule (a power of two up to 2^16). */
 static int psize_ok(int32_t p) { return fp4idx_page_size_valid(p); }
 
-int64_t fp4idx_export_pages_bytes(int64_t n, int32_t page_size) {
+int64_t fp4idx__export_pages_bytes(int64_t n, int32_t page_size) {
   if (n < 0 || !psize_ok(page_size)) return -1;
   return (n + page_size - 1) / page_size * page_size * FP4IDX_SLOT_BYTES;
 }
 
-int fp4idx_export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
+int fp4idx__export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
                        uint8_t *pages) {
   if (n < 0 || !psize_ok(page_size) || (n > 0 && (!slots || !pages)))
     return FP4IDX_EINVAL;
-  int64_t bytes = fp4idx_export_pages_bytes(n, page_size);
+  int64_t bytes = fp4idx__export_pages_bytes(n, page_size);
   memset(pages, 0, (size_t)bytes);
   /* Position i sits at slot i of the exported pages (pages in order). */
   for (int64_t i = 0; i < n; i++) {
@@ -45,7 +45,7 @@ int fp4idx_export_pack(const uint8_t *slots, int64_t n, int32_t page_size,
   return FP4IDX_OK;
 }
 
-int fp4idx_export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
+int fp4idx__export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
                          uint8_t *slots) {
   if (n < 0 || !psize_ok(page_size) || (n > 0 && (!slots || !pages)))
     return FP4IDX_EINVAL;
@@ -59,7 +59,7 @@ int fp4idx_export_unpack(const uint8_t *pages, int64_t n, int32_t page_size,
   return FP4IDX_OK;
 }
 
-int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
+int fp4idx__export_write(const char *path, uint64_t seq, const uint8_t *slots,
                         int64_t n, int32_t page_size, int flags, char *err,
                         size_t errlen) {
   int rc = FP4IDX_OK, fd = -1;
@@ -68,16 +68,14 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
   if (!path || n < 0 || !psize_ok(page_size) || (n > 0 && !slots) ||
       (flags & ~FP4IDX_EXPORT_RAW) ||
       snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-    fp4idx__seterr(err, errlen, "export: invalid arguments");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "export: invalid arguments");
   }
-  int64_t bytes = fp4idx_export_pages_bytes(n, page_size);
+  int64_t bytes = fp4idx__export_pages_bytes(n, page_size);
   pages = malloc(bytes ? (size_t)bytes : 1);
   if (!pages) {
-    fp4idx__seterr(err, errlen, "export: out of memory");
-    return FP4IDX_ENOMEM;
+    return fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "export: out of memory");
   }
-  fp4idx_export_pack(slots, n, page_size, pages);
+  fp4idx__export_pack(slots, n, page_size, pages);
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) goto ioerr;
   if (!(flags & FP4IDX_EXPORT_RAW)) {
@@ -91,8 +89,8 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
     fp4idx__put64(h + 24, seq);
     fp4idx__put64(h + 32, (uint64_t)n);
     fp4idx__put64(h + 40, (uint64_t)(bytes / ((int64_t)page_size * FP4IDX_SLOT_BYTES)));
-    fp4idx__put32(h + 48, fp4idx_crc32c(0, pages, (size_t)bytes));
-    fp4idx__put32(h + 60, fp4idx_crc32c(0, h, 60));
+    fp4idx__put32(h + 48, fp4idx__crc32c(0, pages, (size_t)bytes));
+    fp4idx__put32(h + 60, fp4idx__crc32c(0, h, 60));
     if (write(fd, h, sizeof h) != (ssize_t)sizeof h) goto ioerr;
   }
   for (int64_t off = 0; off < bytes;) {
@@ -110,8 +108,7 @@ int fp4idx_export_write(const char *path, uint64_t seq, const uint8_t *slots,
   (void)fp4idx__fsync_parent(path);
   goto out;
 ioerr:
-  fp4idx__seterr(err, errlen, "export: %s: %s", tmp, strerror(errno));
-  rc = FP4IDX_EIO;
+  rc = fp4idx__fail(err, errlen, FP4IDX_EIO, "export: %s: %s", tmp, strerror(errno));
   unlink(tmp);
 out:
   if (fd >= 0) close(fd);
@@ -119,13 +116,12 @@ out:
   return rc;
 }
 
-int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
+int fp4idx__export_read(const char *path, int flags, fp4idx_export_info_t *info,
                        uint8_t **slots_out, char *err, size_t errlen) {
   int rc = FP4IDX_OK, fd = -1;
   uint8_t *pages = NULL, *slots = NULL;
   if (!path || !info || !slots_out || (flags & ~FP4IDX_EXPORT_RAW)) {
-    fp4idx__seterr(err, errlen, "import: invalid arguments");
-    return FP4IDX_EINVAL;
+    return fp4idx__fail(err, errlen, FP4IDX_EINVAL, "import: invalid arguments");
   }
   *slots_out = NULL;
   fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -139,15 +135,13 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
     ssize_t got = pread(fd, h, sizeof h, 0);
     if (got < 0) goto ioerr;
     if (got < (ssize_t)sizeof h || memcmp(h, MAGIC, 8) ||
-        fp4idx__get32(h + 60) != fp4idx_crc32c(0, h, 60)) {
-      fp4idx__seterr(err, errlen, "%s: not an fp4idx export file or corrupt header", path);
-      rc = FP4IDX_ECORRUPT;
+        fp4idx__get32(h + 60) != fp4idx__crc32c(0, h, 60)) {
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx export file or corrupt header", path);
       goto out;
     }
     if (fp4idx__get32(h + 8) != 1) {
-      fp4idx__seterr(err, errlen, "%s: export format version %u, this build reads 1",
-             path, fp4idx__get32(h + 8));
-      rc = FP4IDX_EVERSION;
+      rc = fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: export format version %u, this build reads 1",
+                        path, fp4idx__get32(h + 8));
       goto out;
     }
     in.page_size = (int32_t)fp4idx__get32(h + 16);
@@ -159,32 +153,28 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
     if (!psize_ok(in.page_size) || fp4idx__get32(h + 20) != FP4IDX_SLOT_BYTES ||
         in.n_keys < 0 || in.n_keys > (INT64_MAX >> 8) ||
         in.n_pages != (in.n_keys + in.page_size - 1) / in.page_size) {
-      fp4idx__seterr(err, errlen, "%s: inconsistent export header", path);
-      rc = FP4IDX_ECORRUPT;
+      rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: inconsistent export header", path);
       goto out;
     }
   } else {
     if (!psize_ok(in.page_size) || in.n_keys < 0 || in.n_keys > (INT64_MAX >> 8)) {
-      fp4idx__seterr(err, errlen, "import: raw file needs a key count and a page size");
-      rc = FP4IDX_EINVAL;
+      rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "import: raw file needs a key count and a page size");
       goto out;
     }
     in.n_pages = (in.n_keys + in.page_size - 1) / in.page_size;
   }
-  int64_t bytes = fp4idx_export_pages_bytes(in.n_keys, in.page_size);
+  int64_t bytes = fp4idx__export_pages_bytes(in.n_keys, in.page_size);
   if (size != hbytes + (uint64_t)bytes) {
-    fp4idx__seterr(err, errlen, "%s: %s: expected %llu bytes, file has %llu", path,
-           size < hbytes + (uint64_t)bytes ? "truncated" : "wrong size",
-           (unsigned long long)(hbytes + (uint64_t)bytes),
-           (unsigned long long)size);
-    rc = FP4IDX_ECORRUPT;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: %s: expected %llu bytes, file has %llu", path,
+                      size < hbytes + (uint64_t)bytes ? "truncated" : "wrong size",
+                      (unsigned long long)(hbytes + (uint64_t)bytes),
+                      (unsigned long long)size);
     goto out;
   }
   pages = malloc(bytes ? (size_t)bytes : 1);
   slots = malloc(in.n_keys ? (size_t)in.n_keys * FP4IDX_SLOT_BYTES : 1);
   if (!pages || !slots) {
-    fp4idx__seterr(err, errlen, "import: out of memory");
-    rc = FP4IDX_ENOMEM;
+    rc = fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "import: out of memory");
     goto out;
   }
   for (int64_t off = 0; off < bytes;) {
@@ -196,19 +186,17 @@ int fp4idx_export_read(const char *path, int flags, fp4idx_export_info_t *info,
     if (r == 0) break;
     off += r;
   }
-  if (!(flags & FP4IDX_EXPORT_RAW) && fp4idx_crc32c(0, pages, (size_t)bytes) != crc) {
-    fp4idx__seterr(err, errlen, "%s: page checksum mismatch (corrupt)", path);
-    rc = FP4IDX_ECORRUPT;
+  if (!(flags & FP4IDX_EXPORT_RAW) && fp4idx__crc32c(0, pages, (size_t)bytes) != crc) {
+    rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: page checksum mismatch (corrupt)", path);
     goto out;
   }
-  fp4idx_export_unpack(pages, in.n_keys, in.page_size, slots);
+  fp4idx__export_unpack(pages, in.n_keys, in.page_size, slots);
   *info = in;
   *slots_out = slots;
   slots = NULL;
   goto out;
 ioerr:
-  fp4idx__seterr(err, errlen, "import: %s: %s", path, strerror(errno));
-  rc = FP4IDX_EIO;
+  rc = fp4idx__fail(err, errlen, FP4IDX_EIO, "import: %s: %s", path, strerror(errno));
 out:
   if (fd >= 0) close(fd);
   free(pages);
