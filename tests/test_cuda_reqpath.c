@@ -8,24 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime_api.h>
-
 #include "fp4idx_backend.h"
+#include "test_gpu.h"
 #include "test_util.h"
-
-static int have_gpu(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n > 0;
-}
-
-#define NEED_GPU()                                   \
-  do {                                               \
-    if (!have_gpu()) cr_skip_test("no CUDA device"); \
-  } while (0)
 
 static fp4idx_backend_t *mk(int cuda, int64_t n_pages, int32_t P) {
   fp4idx_backend_t *b = NULL;
