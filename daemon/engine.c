@@ -37,6 +37,7 @@ int fp4idx__engine_describe(fp4idx_engine_t *e, fp4idx_engine_desc_t *desc) {
   snprintf(desc->device, sizeof desc->device, "%.127s", info.device);
   desc->mem_total = info.mem_total;
   desc->mem_free = info.mem_free;
+  desc->batch_work = info.batch_work;
   return FP4IDX_OK;
 }
 

@@ -22,6 +22,7 @@ typedef struct fp4idx_engine_desc_s {
   char name[16];      /* "cpu" | "cuda" */
   char device[128];
   uint64_t mem_total, mem_free;
+  uint64_t batch_work;  /* fp4idx_backend_info_t.batch_work */
 } fp4idx_engine_desc_t;
 
 /* Opens the backend `cfg` asks for: cuda (FP4IDX_ENODEV when not built in or

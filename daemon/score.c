@@ -102,6 +102,7 @@ static int fp4idx__score_prepare(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
                                       .seq = cs->id, .resident = 1};
     rows += s->rows;
     cells += (uint64_t)s->rows * width;
+    j->work += (uint64_t)s->rows * sr->heads * (width ? width : 1);
   }
   uint64_t k = sr->topk;
   uint64_t bytes = k ? rows * (k * 8u + 4u) : cells * 4u;
@@ -203,6 +204,7 @@ void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
   fp4idx_score_job_t **g = malloc((size_t)(n > 0 ? n : 1) * sizeof *g);
   for (int i = 0; i < n; i++) {
     jobs[i].group = -1;
+    jobs[i].work = 0;
     jobs[i].out = NULL;
     jobs[i].nresults = 0;
     memset(&jobs[i].timing, 0, sizeof jobs[i].timing);
@@ -220,15 +222,18 @@ void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
     if (jobs[i].rc != FP4IDX_OK || jobs[i].group >= 0) continue;
     const fp4idx_score_req_t *a = &jobs[i].req->u.score;
     int m = 0;
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, work = 0;
     for (int x = i; x < n; x++) {
       const fp4idx_score_req_t *b = &jobs[x].req->u.score;
       if (jobs[x].rc != FP4IDX_OK || jobs[x].group >= 0 || b->heads != a->heads ||
           b->topk != a->topk)
         continue;
       uint64_t add = fp4idx__score_bytes(&jobs[x], a->topk);
-      if (m > 0 && bytes + add > FP4IDX_SCORE_MAX_LAUNCH) break; /* next round */
+      if (m > 0 && (bytes + add > FP4IDX_SCORE_MAX_LAUNCH ||
+                    work + jobs[x].work > d->desc.batch_work))
+        break; /* next round */
       bytes += add;
+      work += jobs[x].work;
       jobs[x].group = i;
       g[m++] = &jobs[x];
     }

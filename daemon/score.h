@@ -7,7 +7,9 @@
  * ONE call (fp4idx_backend_batch_t takes many sequences), whose outputs are
  * split back: each request's result tensors are views into the launch's
  * shared output buffer (engine host memory, pinned on CUDA), which lives
- * until the last of its responses is written. Scores do not change the
+ * until the last of its responses is written. A launch takes requests up
+ * to the backend's batch_work (its fixed cost amortized; beyond that a
+ * request would only wait for its neighbours). Scores do not change the
  * cache, so running neighbours together gives each exactly the state it
  * would have seen alone (protocol/PROTOCOL.md: per-connection order and
  * per-request atomicity stay as they are).
@@ -49,6 +51,7 @@ typedef struct fp4idx_score_job_s {
   fp4idx_backend_seq_t *eng;
   void **owned;
   uint64_t rows, cells;
+  uint64_t work;                 /* sum of rows x heads x width */
   int group;
 } fp4idx_score_job_t;
 

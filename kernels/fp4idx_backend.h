@@ -35,6 +35,11 @@ typedef struct fp4idx_backend_info_s {
   int device_index;      /* CUDA ordinal, -1 for the CPU */
   uint64_t mem_total;    /* bytes of device (or host) memory */
   uint64_t mem_free;     /* bytes free at the time of the call */
+  /* Most work (sum over sequences of rows x heads x width) that is worth
+   * putting in ONE score call when requests could share it: a launch's
+   * fixed cost is amortized up to there, beyond it a request would only
+   * wait for its neighbours' compute. 0: never combine requests. */
+  uint64_t batch_work;
 } fp4idx_backend_info_t;
 
 /* One sequence of a score batch: R verify rows against the first keys of a

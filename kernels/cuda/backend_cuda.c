@@ -157,6 +157,8 @@ static int fp4idx__cuda_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *inf
   info->device_index = c->device;
   info->mem_total = tot;
   info->mem_free = fr;
+  /* one launch fills the GPU: e.g. 64 requests of 4 x 32 rows at 32,768 keys */
+  info->batch_work = (uint64_t)1 << 28;
 out:
   return rc;
 }
