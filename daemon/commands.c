@@ -502,6 +502,71 @@ static void fp4idx__cmd_scores(fp4idx_daemon_t *d, fp4idx__cmd_run_t **r, int n)
   free(jobs);
 }
 
+/* The reply of job i: encoded (or its error), recorded in stats and
+ * stages, its buffers freed; then jobs[i].finished, if set. */
+static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
+  fp4idx_cmd_reply_t *reply = job->reply;
+  int rc = r->rc;
+  memset(reply, 0, sizeof *reply);
+  msgpack_sbuffer out;
+  msgpack_sbuffer_init(&out);
+  int erc = rc;
+  if (rc == FP4IDX_OK) {
+    erc = fp4idx__cmd_encode(&r->resp, &out, reply);
+    if (erc) {
+      rc = erc;
+      fp4idx__fail(r->msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s",
+                   fp4idx_strerror(erc));
+    }
+  }
+  if (rc != FP4IDX_OK) {
+    if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", fp4idx_strerror(rc));
+    if (rc == FP4IDX_EDEVICE || rc == FP4IDX_EINTERNAL || rc == FP4IDX_ENOMEM)
+      fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(r->req.op), r->req.id, r->msg);
+    else
+      fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(r->req.op), r->req.id,
+                        fp4idx_status_name(rc), r->msg);
+    msgpack_sbuffer_clear(&out);
+    reply->npayloads = 0;
+    erc = fp4idx_encode_error(&out, r->req.id, rc, r->msg);
+  }
+  if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
+    reply->frame_len = out.size;
+    reply->frame = (uint8_t *)msgpack_sbuffer_release(&out);
+  }
+  msgpack_sbuffer_destroy(&out);
+  reply->total_len = reply->frame_len;
+  for (size_t p = 0; p < reply->npayloads; p++) reply->total_len += reply->payloads[p].len;
+  /* the output stays only while the reply sends from it */
+  if (reply->npayloads)
+    reply->out = r->score.out;
+  else
+    fp4idx__score_out_release(r->score.out);
+  r->score.out = NULL;
+
+  double tf = fp4idx__stats_now_us();
+  fp4idx__stats_record(&d->stats, r->req.op, rc, tf - job->t0_us);
+  fp4idx__cmd_stage_times(job->times, job->t0_us, job->tq_us, r->td, r->te, tf, &r->timing);
+  fp4idx__stages_record(&d->stages, job->times,
+                        fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
+  fp4idx__score_job_clear(&r->score);
+  fp4idx__cmd_release(&r->c);
+  fp4idx_request_clear(&r->req);
+  if (job->finished) job->finished(job->arg);
+}
+
+/* An upper bound of a decoded score's work (rows x heads x keys of its
+ * sequences), to cut runs of scores at the backend's batch_work before
+ * they are checked (unknown sequences count 0: they fail alone anyway). */
+static uint64_t fp4idx__cmd_score_work(fp4idx_daemon_t *d, const fp4idx_request_t *req) {
+  uint64_t w = 0;
+  for (size_t i = 0; i < req->u.score.nseqs; i++) {
+    const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, req->u.score.seqs[i].seq);
+    if (cs) w += (uint64_t)req->u.score.seqs[i].rows * req->u.score.heads * (uint64_t)cs->n_keys;
+  }
+  return w;
+}
+
 void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
   fp4idx__cmd_run_t *runs = calloc((size_t)n, sizeof *runs);
   fp4idx__cmd_run_t **sc = calloc((size_t)n, sizeof *sc);
@@ -510,11 +575,16 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
     fp4idx__log_error("out of memory for a batch of %d requests", n);
     free(runs);
     free(sc);
-    for (int i = 0; i < n; i++) memset(jobs[i].reply, 0, sizeof *jobs[i].reply);
+    for (int i = 0; i < n; i++) {
+      memset(jobs[i].reply, 0, sizeof *jobs[i].reply);
+      if (jobs[i].finished) jobs[i].finished(jobs[i].arg);
+    }
     return;
   }
-  /* Decode all, then run in queue order: each maximal run of neighbouring
-   * scores is one score batch, everything else one by one. */
+  /* Decode all, then run in queue order: each run of neighbouring scores
+   * (cut where its work would pass the backend's batch_work) is one score
+   * batch, everything else one by one; each reply is finished as soon as
+   * its part has run, so a request never waits for later ones. */
   for (int i = 0; i < n; i++) {
     fp4idx__cmd_run_t *r = &runs[i];
     r->rc = fp4idx_decode_request(jobs[i].body, jobs[i].len, &r->req, r->msg, sizeof r->msg);
@@ -525,68 +595,24 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
   for (int i = 0; i < n;) {
     fp4idx__cmd_run_t *r = &runs[i];
     if (r->rc == FP4IDX_OK && r->req.op == FP4IDX_OP_SCORE) {
-      int m = 0;
-      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE)
+      int m = 0, first = i;
+      uint64_t work = 0;
+      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE) {
+        uint64_t w = fp4idx__cmd_score_work(d, &runs[i].req);
+        if (m > 0 && work + w > d->desc.batch_work) break;
+        work += w;
         sc[m++] = &runs[i++];
+      }
       fp4idx__cmd_scores(d, sc, m);
+      for (int k = first; k < i; k++) fp4idx__cmd_finish(d, &jobs[k], &runs[k]);
       continue;
     }
     if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, r);
     if (r->rc == FP4IDX_OK && (fp4idx_op_flags(r->req.op) & FP4IDX_OPF_MUTATES))
       fp4idx__cmd_publish(d);
     r->te = fp4idx__stats_now_us();
+    fp4idx__cmd_finish(d, &jobs[i], r);
     i++;
-  }
-  for (int i = 0; i < n; i++) {
-    fp4idx__cmd_run_t *r = &runs[i];
-    fp4idx_cmd_reply_t *reply = jobs[i].reply;
-    int rc = r->rc;
-    memset(reply, 0, sizeof *reply);
-    msgpack_sbuffer out;
-    msgpack_sbuffer_init(&out);
-    int erc = rc;
-    if (rc == FP4IDX_OK) {
-      erc = fp4idx__cmd_encode(&r->resp, &out, reply);
-      if (erc) {
-        rc = erc;
-        fp4idx__fail(r->msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s",
-                     fp4idx_strerror(erc));
-      }
-    }
-    if (rc != FP4IDX_OK) {
-      if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", fp4idx_strerror(rc));
-      if (rc == FP4IDX_EDEVICE || rc == FP4IDX_EINTERNAL || rc == FP4IDX_ENOMEM)
-        fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(r->req.op), r->req.id, r->msg);
-      else
-        fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(r->req.op), r->req.id,
-                          fp4idx_status_name(rc), r->msg);
-      msgpack_sbuffer_clear(&out);
-      reply->npayloads = 0;
-      erc = fp4idx_encode_error(&out, r->req.id, rc, r->msg);
-    }
-    if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
-      reply->frame_len = out.size;
-      reply->frame = (uint8_t *)msgpack_sbuffer_release(&out);
-    }
-    msgpack_sbuffer_destroy(&out);
-    reply->total_len = reply->frame_len;
-    for (size_t p = 0; p < reply->npayloads; p++) reply->total_len += reply->payloads[p].len;
-    /* the output stays only while the reply sends from it */
-    if (reply->npayloads)
-      reply->out = r->score.out;
-    else
-      fp4idx__score_out_release(r->score.out);
-    r->score.out = NULL;
-
-    double tf = fp4idx__stats_now_us();
-    fp4idx__stats_record(&d->stats, r->req.op, rc, tf - jobs[i].t0_us);
-    fp4idx__cmd_stage_times(jobs[i].times, jobs[i].t0_us, jobs[i].tq_us, r->td, r->te, tf,
-                            &r->timing);
-    fp4idx__stages_record(&d->stages, jobs[i].times,
-                          fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
-    fp4idx__score_job_clear(&r->score);
-    fp4idx__cmd_release(&r->c);
-    fp4idx_request_clear(&r->req);
   }
   free(runs);
   free(sc);

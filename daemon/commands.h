@@ -59,6 +59,9 @@ typedef struct fp4idx_cmd_job_s {
   double t0_us, tq_us;
   fp4idx_stage_times_t *times;
   fp4idx_cmd_reply_t *reply;
+  /* optional: called as soon as *reply is final (before later jobs run) */
+  void (*finished)(void *arg);
+  void *arg;
 } fp4idx_cmd_job_t;
 
 /* Executes jobs[0..n) (queue order, as the worker took them) with the

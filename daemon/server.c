@@ -242,30 +242,51 @@ static void fp4idx__server_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *repl
   req->t_done_us = fp4idx__stats_now_us();
 }
 
-/* Worker thread (or the loop, for a request it answers itself): the
- * requests queued back to back when the worker took them (worker.h), from
- * body to response frame; neighbouring scores become one launch
- * (fp4idx__cmd_execute_batch). */
-static void fp4idx__server_req_batch(fp4idx_job_t **jobs, int n) {
+/* One finished request of a batch: its reply goes to the request, and
+ * (on the worker) the request to the loop at once. */
+typedef struct fp4idx__server_done_s {
+  fp4idx_req_t *req;
+  fp4idx_cmd_reply_t *reply;
+  fp4idx_worker_t *worker;  /* NULL on the loop */
+} fp4idx__server_done_t;
+
+static void fp4idx__server_req_finished(void *arg) {
+  fp4idx__server_done_t *f = arg;
+  fp4idx__server_req_reply(f->req, f->reply);
+  if (f->worker) fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
+}
+
+/* The requests queued back to back when the worker took them (worker.h),
+ * or (on_loop) one the loop answers itself, from body to response frame;
+ * neighbouring scores become one launch (fp4idx__cmd_execute_batch), and
+ * each reply leaves as soon as it is ready. */
+static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop) {
   fp4idx_req_t *first = jobs[0]->data;
   struct fp4idx_daemon_s *d = first->conn->srv->data;
   double tq = fp4idx__stats_now_us();
   fp4idx_cmd_job_t cj[FP4IDX_WORKER_MAX_BATCH];
   fp4idx_cmd_reply_t replies[FP4IDX_WORKER_MAX_BATCH];
   fp4idx_stage_times_t times[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx__server_done_t done[FP4IDX_WORKER_MAX_BATCH];
   for (int i = 0; i < n; i++) {
     fp4idx_req_t *req = jobs[i]->data;
     memset(&times[i], 0, sizeof times[i]);
     times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
+    done[i] = (fp4idx__server_done_t){.req = req, .reply = &replies[i],
+                                      .worker = on_loop ? NULL : first->conn->srv->worker};
     cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len, .t0_us = req->t0_us,
-                               .tq_us = tq, .times = &times[i], .reply = &replies[i]};
+                               .tq_us = tq, .times = &times[i], .reply = &replies[i],
+                               .finished = fp4idx__server_req_finished, .arg = &done[i]};
   }
   fp4idx__cmd_execute_batch(d, cj, n);
-  for (int i = 0; i < n; i++) fp4idx__server_req_reply(jobs[i]->data, &replies[i]);
+}
+
+static void fp4idx__server_req_batch(fp4idx_job_t **jobs, int n) {
+  fp4idx__server_run(jobs, n, 0);
 }
 
 static void fp4idx__server_req_work(fp4idx_job_t *job) {
-  fp4idx__server_req_batch(&job, 1);
+  fp4idx__server_run(&job, 1, 0);
 }
 
 static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
@@ -291,7 +312,7 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   if (c->pending == 1 && fp4idx__cmd_loop_op(r->body, r->body_len)) {
     /* hello/info/stats with nothing else in flight: answered here, no
      * worker hop (so no wake time), written without re-entering the parser */
-    fp4idx__server_req_batch((fp4idx_job_t *[]){&r->job}, 1);
+    fp4idx__server_run((fp4idx_job_t *[]){&r->job}, 1, 1);
     r->done = 1;
     if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
     fp4idx__server_flush(c);

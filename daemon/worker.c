@@ -43,6 +43,9 @@ static void *fp4idx__worker_main(void *arg) {
     w->todo_head = j;
     if (!w->todo_head) w->todo_tail = NULL;
     pthread_mutex_unlock(&w->mu);
+    memset(w->run_posted, 0, (size_t)n);
+    w->run = run;
+    w->run_n = n;
     if (run[0]->batch) {
       run[0]->batch(run, n);
       w->batches++;
@@ -50,18 +53,27 @@ static void *fp4idx__worker_main(void *arg) {
     } else {
       run[0]->work(run[0]);
     }
-    for (int i = 0; i < n; i++) run[i]->next = i + 1 < n ? run[i + 1] : NULL;
-    pthread_mutex_lock(&w->mu);
-    if (w->done_tail) w->done_tail->next = run[0]; else w->done_head = run[0];
-    w->done_tail = run[n - 1];
-    pthread_mutex_unlock(&w->mu);
-    /* Outside the lock, so the loop's drain never waits on us; the send
-     * coalesces and the loop takes the whole done list. */
-    uv_async_send(&w->async);
+    /* the rest, in order (posted ones may be gone already: not touched) */
+    w->run_n = 0;
+    for (int i = 0; i < n; i++)
+      if (!w->run_posted[i]) fp4idx__worker_post(w, run[i]);
     pthread_mutex_lock(&w->mu);
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;
+}
+
+void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
+  for (int i = 0; i < w->run_n; i++)
+    if (w->run[i] == job) w->run_posted[i] = 1;
+  job->next = NULL;
+  pthread_mutex_lock(&w->mu);
+  if (w->done_tail) w->done_tail->next = job; else w->done_head = job;
+  w->done_tail = job;
+  pthread_mutex_unlock(&w->mu);
+  /* Outside the lock, so the loop's drain never waits on us; the send
+   * coalesces and the loop takes the whole done list. */
+  uv_async_send(&w->async);
 }
 
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {

@@ -45,6 +45,9 @@ typedef struct fp4idx_worker_s {
   int started;
   uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
   uint64_t batches, batched_jobs; /* batch calls and the jobs in them (worker) */
+  fp4idx_job_t **run;      /* the batch being run, and which of its jobs */
+  uint8_t run_posted[FP4IDX_WORKER_MAX_BATCH]; /* were posted (worker) */
+  int run_n;
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
   void *data;              /* user's */
 } fp4idx_worker_t;
@@ -55,6 +58,12 @@ int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop);
 
 /* Queues a job (loop thread only). job->work and job->done must be set. */
 void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
+
+/* From inside a batch call (worker thread): job (one of the batch) is
+ * finished, hand it to the loop now rather than when the whole batch
+ * returns, so that it does not wait for its neighbours. The job may be
+ * freed by its done callback from then on: do not touch it again. */
+void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job);
 
 /* Runs the remaining jobs, joins the thread, delivers their done callbacks
  * and closes the async handle (loop thread only; the loop must still run to
