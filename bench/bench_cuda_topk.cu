@@ -11,6 +11,8 @@
  * call = elapsed / 200, the median of 3 such runs. Each top-k launch
  * includes its workspace memset and every kernel.
  * --only CASE: the cases whose name contains CASE.
+ * --path auto|chunked|cluster: the planner's choice (default) or a forced
+ * path (fp4idx_cuda_topk_plan_path), to time both paths of one binary.
  * --check: the new kernel's pairs and counts compared bit for bit with a
  * host sort (logit descending, position ascending), and the old kernel's.
  */
@@ -136,12 +138,19 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
   int check = 0;
   const char *csv = nullptr, *only = nullptr;
+  fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
+    else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "auto")) i++;
+    else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "chunked"))
+      path = FP4IDX_CUDA_TOPK_CHUNKED, i++;
+    else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "cluster"))
+      path = FP4IDX_CUDA_TOPK_CLUSTER, i++;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]\n");
+      fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
+                      " [--path auto|chunked|cluster]\n");
       return 2;
     }
   }
@@ -210,7 +219,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
 
     for (int k : {512, 2048}) {
       fp4idx_cuda_topk_plan_t tp;
-      FCK(fp4idx_cuda_topk_plan(rows.data(), nr, k, &tp));
+      FCK(fp4idx_cuda_topk_plan_path(rows.data(), nr, k, path, &tp));
       fp4idx_cuda_topk_row_t *drows;
       fp4idx_bench_old_row_t *dorows;
       void *ws;

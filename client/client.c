@@ -277,6 +277,21 @@ fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
   return FP4IDX_OK;
 }
 
+fp4idx_status_t fp4idx_client_fork(fp4idx_client_t *c, uint64_t src, uint64_t dst,
+                                   uint64_t length, uint64_t *new_length) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  fp4idx_request_t req = {.op = FP4IDX_OP_FORK};
+  req.u.fork.src = src;
+  req.u.fork.dst = dst;
+  req.u.fork.length = length;
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  if (new_length) *new_length = x.resp.u.fork.length;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
   if (c == NULL) return FP4IDX_EINVAL;
   fp4idx_request_t req = {.op = FP4IDX_OP_DROP};
@@ -324,7 +339,8 @@ fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
     }
     for (size_t i = 0; i < l->nseqs; i++)
       out[i] = (fp4idx_client_seq_info_t){
-          .seq = l->seqs[i].seq, .keys = l->seqs[i].keys, .pages = l->seqs[i].pages};
+          .seq = l->seqs[i].seq, .keys = l->seqs[i].keys, .pages = l->seqs[i].pages,
+          .pages_shared = l->seqs[i].pages_shared};
     *seqs = out;
   }
   *n = l->nseqs;
@@ -629,8 +645,19 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   s->keys = in->keys;
   s->pages_total = in->pages_total;
   s->pages_free = in->pages_free;
+  s->pages_shared = in->pages_shared;
   copy_str(s->backend, sizeof s->backend, in->backend);
   copy_str(s->device, sizeof s->device, in->device);
+  s->keys_appended = in->keys_appended;
+  s->rows_scored = in->rows_scored;
+  s->request_bytes = in->request_bytes;
+  s->response_bytes = in->response_bytes;
+  _Static_assert(sizeof s->status_errors == sizeof in->status_errors,
+                 "status_errors: client and wire tables differ");
+  memcpy(s->status_errors, in->status_errors, sizeof s->status_errors);
+  s->queue_depth = in->queue_depth;
+  s->device_mem_total = in->device_mem_total;
+  s->device_mem_free = in->device_mem_free;
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
   s->nstages = (uint32_t)in->nstages;

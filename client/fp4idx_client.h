@@ -171,8 +171,8 @@ fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c, fp4idx_client_info_t *out
  *   receive the position of the first new key and the new key count.
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (bad argument, n == 0); FP4IDX_E2BIG
  *   (the request exceeds the daemon's frame limit: send fewer keys per
- *   call); FP4IDX_ENONFINITE (NaN/inf in a key); FP4IDX_EFULL (pool full);
- *   connection errors. On any error nothing was stored. */
+ *   call); FP4IDX_ENONFINITE (NaN/inf in a key, or a packed scale byte 0
+ *   or 255); FP4IDX_EFULL (pool full); connection errors. On any error nothing was stored. */
 fp4idx_status_t fp4idx_client_append(fp4idx_client_t *c, uint64_t seq,
                                      fp4idx_client_keys_t dtype,
                                      const void *keys, size_t n,
@@ -199,13 +199,28 @@ fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
 fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
                                        uint64_t length, uint64_t *new_length);
 
+/* Makes the new sequence dst the first `length` keys of src without copying
+ * them: the daemon shares src's pages, and appends, truncates and drops of
+ * either sequence later never show in the other (prompt prefixes, parallel
+ * sampling, beam search; PROTOCOL.md "fork"). Takes no free page; the first
+ * append into a shared, partly filled last page takes one (EFULL then).
+ * Takes: length <= src's key count; dst not yet known; new_length (may be
+ *   NULL) receives dst's length.
+ * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown src); FP4IDX_EEXIST (dst
+ *   exists, dst == src included); FP4IDX_ERANGE (length above src's key
+ *   count); FP4IDX_ENOMEM (daemon out of host memory); connection errors.
+ *   On any error nothing changed. */
+fp4idx_status_t fp4idx_client_fork(fp4idx_client_t *c, uint64_t src, uint64_t dst,
+                                   uint64_t length, uint64_t *new_length);
+
 /* Drops sequence seq and frees its pages.
  * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); connection errors. */
 fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
 
 /* Asks the daemon to write its snapshot now (and start a fresh append log).
- * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_ETYPE (daemon
- *   runs without --data-dir); FP4IDX_EIO (disk); connection errors. */
+ * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EDISABLED (daemon
+ *   runs without --data-dir; ETYPE from daemons before that code);
+ *   FP4IDX_EIO (disk); connection errors. */
 fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
 
 /* One sequence as fp4idx_client_list reports it. */
@@ -213,6 +228,7 @@ typedef struct fp4idx_client_seq_info_s {
   uint64_t seq;   /* sequence id */
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_client_seq_info_t;
 
 /* One step of a scan over the daemon's sequences, like Redis SCAN: start
@@ -274,8 +290,8 @@ typedef struct fp4idx_client_result_s {
  * Returns: FP4IDX_OK with *out an array of nseqs results, in order, in one
  *   block (all arrays inside it) for fp4idx_client_free(); FP4IDX_EINVAL;
  *   FP4IDX_ENOSEQ (a sequence is unknown); FP4IDX_ERANGE (lens[r] above the
- *   key count or negative); FP4IDX_ESHAPE; FP4IDX_E2BIG; connection errors.
- *   On error *out = NULL. */
+ *   key count or negative); FP4IDX_ENONFINITE (NaN or inf in a q or w);
+ *   FP4IDX_ESHAPE; FP4IDX_E2BIG; connection errors. On error *out = NULL. */
 fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
                                     uint32_t topk,
                                     const fp4idx_client_seq_t *seqs,
@@ -324,6 +340,8 @@ typedef struct fp4idx_client_op_stats_s {
   const uint64_t *hist;     /* [nbuckets] */
 } fp4idx_client_op_stats_t;
 
+#define FP4IDX_CLIENT_MAX_STATUSES 64 /* status codes 0..-63 */
+
 typedef struct fp4idx_client_stats_s {
   double uptime_s;
   uint64_t connections;
@@ -340,6 +358,20 @@ typedef struct fp4idx_client_stats_s {
    * errors is 0. nstages is 0 with a daemon that does not report stages. */
   uint32_t nstages;
   fp4idx_client_op_stats_t *stages; /* [nstages], inside the same block */
+  /* Since the daemon started (0 from daemons that do not send them): */
+  uint64_t keys_appended;          /* keys of acknowledged appends */
+  uint64_t rows_scored;            /* verify rows of answered scores */
+  uint64_t request_bytes;          /* request frames received, prefix included */
+  uint64_t response_bytes;         /* response frames sent, prefix included */
+  /* errors by status: status_errors[-code] answers with that code
+   * (fp4idx_status.h; index 0 unused), e.g. [-FP4IDX_ENOSEQ]. */
+  uint64_t status_errors[FP4IDX_CLIENT_MAX_STATUSES];
+  /* Now: */
+  uint64_t queue_depth;            /* requests waiting for the worker */
+  uint64_t device_mem_total;       /* bytes of device (CPU: host) memory */
+  uint64_t device_mem_free;        /* of which free */
+  uint64_t pages_shared;           /* pages two sequences or more see (forks;
+                                      0 from a daemon without fork) */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

@@ -60,6 +60,7 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   in->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
   in->sequences = __atomic_load_n(&d->pub.sequences, __ATOMIC_ACQUIRE);
   in->max_frame = d->cfg.max_frame;
+  in->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
   return FP4IDX_OK;
 }
 
@@ -80,6 +81,9 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRId64 " keys", n);
     goto out;
   }
+  /* Packed keys: scale bytes 1..254 only (PROTOCOL.md, append). */
+  rc = fp4idx_append_keys_check(a, msg, FP4IDX_CMD_MSG);
+  if (rc) goto out;
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, a->seq);
   int64_t old_len = s ? s->n_keys : 0;
   rc = fp4idx__cache_append(&d->cache, a->seq, n, &first, slots, &created);
@@ -150,22 +154,30 @@ static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   return j->rc;
 }
 
+/* A known sequence holding at least `length` keys (truncate, fork), else
+ * ENOSEQ / ERANGE with the message. */
+static int fp4idx__cmd_check_length(fp4idx__cmd_t *c, uint64_t seq, uint64_t length) {
+  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&c->d->cache, seq);
+  if (!s) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, seq);
+  if (length > (uint64_t)s->n_keys)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
+                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
+                        length, s->n_keys, seq);
+  return FP4IDX_OK;
+}
+
 static int fp4idx__cmd_truncate(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   char *msg = c->msg;
   const fp4idx_truncate_req_t *t = &c->req->u.truncate;
-  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, t->seq);
-  if (!s) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, t->seq);
-  if (t->length > (uint64_t)s->n_keys)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ERANGE,
-                        "length %" PRIu64 " is above the %" PRId64 " keys of sequence %" PRIu64,
-                        t->length, s->n_keys, t->seq);
+  int rc = fp4idx__cmd_check_length(c, t->seq, t->length);
+  if (rc) return rc;
   if (d->hooks.mutation && !c->replay) {
-    int rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_TRUNCATE, t->seq,
                                (int64_t)t->length, 0, NULL);
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate not logged: %s", fp4idx_strerror(rc));
   }
-  int rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
+  rc = fp4idx__cache_truncate(&d->cache, t->seq, (int64_t)t->length);
   if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "truncate: %s", fp4idx_strerror(rc));
   c->resp->u.truncate.length = t->length;
   return FP4IDX_OK;
@@ -182,6 +194,32 @@ static int fp4idx__cmd_drop(fp4idx__cmd_t *c) {
     if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "drop not logged: %s", fp4idx_strerror(rc));
   }
   return fp4idx__cache_drop(&d->cache, id);
+}
+
+/* Forked first, then logged (a fork can fail for memory, a logged record
+ * must not): a log failure drops dst again, which lets go of exactly what
+ * the fork took. */
+static int fp4idx__cmd_fork(fp4idx__cmd_t *c) {
+  fp4idx_daemon_t *d = c->d;
+  char *msg = c->msg;
+  const fp4idx_fork_req_t *f = &c->req->u.fork;
+  int rc = fp4idx__cmd_check_length(c, f->src, f->length);
+  if (rc) return rc;
+  if (fp4idx__cache_find(&d->cache, f->dst))
+    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_EEXIST, "sequence %" PRIu64 " already exists",
+                        f->dst);
+  rc = fp4idx__cache_fork(&d->cache, f->src, f->dst, (int64_t)f->length);
+  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork: %s", fp4idx_strerror(rc));
+  if (d->hooks.mutation && !c->replay) {
+    rc = d->hooks.mutation(d, d->hooks.arg, FP4IDX_MUT_FORK, f->dst, (int64_t)f->length,
+                           (int64_t)f->src, NULL);
+    if (rc) {
+      (void)fp4idx__cache_drop(&d->cache, f->dst);
+      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "fork not logged: %s", fp4idx_strerror(rc));
+    }
+  }
+  c->resp->u.fork.length = f->length;
+  return FP4IDX_OK;
 }
 
 static int fp4idx__cmd_read(fp4idx__cmd_t *c) {
@@ -235,8 +273,15 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   st->keys = __atomic_load_n(&d->pub.keys, __ATOMIC_ACQUIRE);
   st->pages_total = (uint64_t)d->cache.n_pages;
   st->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
+  st->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
+  fp4idx__stats_to_wire(&snap, st);
+  fp4idx_engine_desc_t now; /* device memory at this moment */
+  if (fp4idx__engine_describe(d->engine, &now) == FP4IDX_OK) {
+    st->device_mem_total = now.mem_total;
+    st->device_mem_free = now.mem_free;
+  }
   fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS + FP4IDX_STAGE__COUNT, sizeof *ops);
   if (!ops) return FP4IDX_ENOMEM;
   size_t k = 0;
@@ -281,12 +326,14 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
 static int fp4idx__cmd_save(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   if (!d->hooks.save)
-    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ETYPE, "save: persistence is not enabled");
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EDISABLED,
+                        "persistence is not enabled: start fp4idxd with --data-dir");
   return d->hooks.save(d, d->hooks.arg, c->msg, FP4IDX_CMD_MSG);
 }
 
 /* The sequences of one "list" step, collected by the cache scan. */
 typedef struct fp4idx__list_s {
+  const fp4idx_cache_t *cache;
   fp4idx_list_entry_t *seqs;
   size_t n, cap;
 } fp4idx__list_t;
@@ -301,7 +348,8 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
     l->cap = cap;
   }
   l->seqs[l->n++] = (fp4idx_list_entry_t){
-      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages};
+      .seq = s->id, .keys = (uint64_t)s->n_keys, .pages = (uint64_t)s->n_pages,
+      .pages_shared = (uint64_t)fp4idx__cache_seq_shared(l->cache, s)};
   return 0;
 }
 
@@ -309,7 +357,7 @@ static int fp4idx__list_add(const fp4idx_cache_seq_t *s, void *arg) {
  * work per call, stable under inserts and drops between the calls. */
 static int fp4idx__cmd_list(fp4idx__cmd_t *c) {
   const fp4idx_list_req_t *r = &c->req->u.list;
-  fp4idx__list_t l = {0};
+  fp4idx__list_t l = {.cache = &c->d->cache};
   uint64_t next = 0;
   int rc = fp4idx__cache_scan(&c->d->cache, r->cursor,
                               r->count ? r->count : FP4IDX_PROTO_LIST_COUNT,
@@ -445,6 +493,11 @@ void fp4idx__cmd_publish(fp4idx_daemon_t *d) {
   __atomic_store_n(&d->pub.pages_free, (uint64_t)d->cache.n_free, __ATOMIC_RELEASE);
   __atomic_store_n(&d->pub.sequences, d->cache.n_seqs, __ATOMIC_RELEASE);
   __atomic_store_n(&d->pub.keys, (uint64_t)d->cache.n_keys, __ATOMIC_RELEASE);
+  /* A walk of the table: only once a fork or a restore shared a page. */
+  uint64_t shared = d->cache.forked || d->cache.n_multi > 0
+                        ? (uint64_t)fp4idx__cache_shared_pages(&d->cache)
+                        : 0;
+  __atomic_store_n(&d->pub.pages_shared, shared, __ATOMIC_RELEASE);
 }
 
 int fp4idx__cmd_loop_op(const uint8_t *body, size_t len) {
@@ -546,6 +599,8 @@ static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx
 
   double tf = fp4idx__stats_now_us();
   fp4idx__stats_record(&d->stats, r->req.op, rc, tf - job->t0_us);
+  fp4idx__stats_request(&d->stats, &r->req, rc, job->len + FP4IDX_FRAME_HEADER,
+                        reply->total_len);
   fp4idx__cmd_stage_times(job->times, job->t0_us, job->tq_us, r->td, r->te, tf, &r->timing);
   fp4idx__stages_record(&d->stages, job->times,
                         fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));

@@ -91,7 +91,7 @@ void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply
 
 struct fp4idx_request_s;
 
-/* Runs a logged op (FP4IDX_OPF_MUTATES: append, truncate, drop) read back
+/* Runs a logged op (FP4IDX_OPF_MUTATES: append, truncate, drop, fork) read back
  * from the append log through the same handler as a client's request, in a
  * replay context: same checks and effect, no mutation hook (it is not logged
  * again), no stats, no reply. Worker thread or startup (no request running).

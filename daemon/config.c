@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,24 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->max_frame = 64u << 20;
   cfg->threads = 0;
   cfg->log_level = FP4IDX_LOG_INFO;
+  cfg->log_format = FP4IDX_LOG_FORMAT_AUTO;
   cfg->fsync_policy = FP4IDX_FSYNC_EVERYSEC;
+  cfg->socket_mode = 0660;
+  cfg->socket_gid = -1;
+  cfg->buffer_budget = 0;
+  cfg->buffer_timeout_s = 30;
+}
+
+/* A group name or number -> gid; -1 when unknown. */
+static long fp4idx__config_group(const char *s) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (!errno && end != s && !*end && v >= 0 && v < INT32_MAX) return v;
+  struct group gr, *res = NULL;
+  char buf[4096];
+  if (getgrnam_r(s, &gr, buf, sizeof buf, &res) || !res) return -1;
+  return (long)res->gr_gid;
 }
 
 int fp4idx__config_parse_size(const char *s, uint64_t *out) {
@@ -75,10 +93,29 @@ static void fp4idx__config_usage(FILE *out) {
     "  -m, --max-frame SIZE   largest request frame (default 64M)\n"
     "  -t, --threads N        CPU backend threads (default: one per core)\n"
     "  -l, --log-level LEVEL  error|warn|info|debug (default info)\n"
+    "      --log-format FMT   auto|text|journal (default auto: journal, i.e.\n"
+    "                         \"<3>message\" priority prefixes, when stderr is\n"
+    "                         systemd's journal ($JOURNAL_STREAM), else text)\n"
     "  -D, --data-dir DIR     keep the cache across restarts: snapshot and\n"
     "                         append log in DIR (default: none)\n"
     "      --fsync POLICY     append log flush: always|everysec|no\n"
     "                         (default everysec)\n"
+    "      --metrics-listen ADDR:PORT\n"
+    "                         serve Prometheus metrics at\n"
+    "                         http://ADDR:PORT/metrics (default off; PORT\n"
+    "                         alone = 127.0.0.1:PORT; [IPv6]:PORT)\n"
+    "      --allow-data-loss  start even when the append log is shorter than it\n"
+    "                         is known to have been, or missing (default: refuse)\n"
+    "      --socket-mode MODE permissions of the socket file, octal (default\n"
+    "                         0660; the umask is not used)\n"
+    "      --socket-group GRP group of the socket file, a name or a number\n"
+    "                         (default: the daemon's)\n"
+    "      --buffer-budget SIZE  bytes all connections together may make the\n"
+    "                         daemon buffer (unsent replies, requests not yet\n"
+    "                         run); at the budget the connections holding the\n"
+    "                         most are not read (default: RAM/64, 64M..2G)\n"
+    "      --buffer-timeout S close a connection that holds its share of unsent\n"
+    "                         replies and reads nothing for S seconds (default 30)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -96,8 +133,15 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"max-frame", required_argument, NULL, 'm'},
       {"threads", required_argument, NULL, 't'},
       {"log-level", required_argument, NULL, 'l'},
+      {"log-format", required_argument, NULL, 'L'},
       {"data-dir", required_argument, NULL, 'D'},
       {"fsync", required_argument, NULL, 'F'},
+      {"metrics-listen", required_argument, NULL, 'M'},
+      {"socket-mode", required_argument, NULL, 'O'},
+      {"socket-group", required_argument, NULL, 'G'},
+      {"buffer-budget", required_argument, NULL, 'B'},
+      {"buffer-timeout", required_argument, NULL, 'T'},
+      {"allow-data-loss", no_argument, NULL, 'A'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -170,6 +214,12 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
           return FP4IDX_EINVAL;
         }
         break;
+      case 'L':
+        if (fp4idx__log_parse_format(optarg, &cfg->log_format)) {
+          fprintf(err, "fp4idxd: --log-format: '%s' is not auto, text or journal\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        break;
       case 'D':
         if (!*optarg || strlen(optarg) >= sizeof cfg->data_dir - 32) {
           fprintf(err, "fp4idxd: --data-dir: path empty or too long\n");
@@ -186,6 +236,53 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         cfg->fsync_policy = (int)pol;
         break;
       }
+      case 'M':
+        /* Syntax only here; metrics_http.c parses it into an address. */
+        if (!*optarg || strlen(optarg) >= sizeof cfg->metrics_listen ||
+            strspn(optarg, "0123456789abcdefABCDEF.:[]") != strlen(optarg)) {
+          fprintf(err, "fp4idxd: --metrics-listen: '%s' is not PORT, IPv4:PORT or "
+                       "[IPv6]:PORT\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        strcpy(cfg->metrics_listen, optarg);
+        break;
+      case 'O':
+        errno = 0;
+        v = strtol(optarg, &end, 8);
+        if (errno || end == optarg || *end || v < 0 || v > 0777) {
+          fprintf(err, "fp4idxd: --socket-mode: '%s' is not an octal mode in 0..0777\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->socket_mode = (int)v;
+        break;
+      case 'G':
+        cfg->socket_gid = *optarg ? fp4idx__config_group(optarg) : -1;
+        if (cfg->socket_gid < 0) {
+          fprintf(err, "fp4idxd: --socket-group: no group '%s'\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        break;
+      case 'B':
+        if (fp4idx__config_parse_size(optarg, &sz) || sz < (16u << 20)) {
+          fprintf(err, "fp4idxd: --buffer-budget: '%s' is not a size of at least 16M\n", optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->buffer_budget = sz;
+        break;
+      case 'T': {
+        errno = 0;
+        double t = strtod(optarg, &end);
+        if (errno || end == optarg || *end || !(t >= 0.01 && t <= 86400)) {
+          fprintf(err, "fp4idxd: --buffer-timeout: '%s' is not a number of seconds in 0.01..86400\n",
+                  optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->buffer_timeout_s = t;
+        break;
+      }
+      case 'A':
+        cfg->allow_data_loss = 1;
+        break;
       case 'h':
         fp4idx__config_usage(out);
         return 1;

@@ -24,12 +24,21 @@ typedef struct fp4idx_config_s {
   uint64_t max_frame;             /* --max-frame bytes */
   int threads;                    /* --threads for the CPU backend (0 = cores) */
   fp4idx_log_level_t log_level;   /* --log-level */
+  fp4idx_log_format_t log_format; /* --log-format (auto: journal if stderr is) */
   char data_dir[4096];            /* --data-dir; "" = no persistence */
   int fsync_policy;               /* --fsync: fp4idx_fsync_t (persist/aof.h) */
+  char metrics_listen[64];        /* --metrics-listen ADDR:PORT; "" = off */
+  int socket_mode;                /* --socket-mode, octal (default 0660) */
+  long socket_gid;                /* --socket-group, resolved; -1 = none */
+  uint64_t buffer_budget;         /* --buffer-budget bytes; 0 = from RAM */
+  double buffer_timeout_s;        /* --buffer-timeout (default 30) */
+  int allow_data_loss;            /* --allow-data-loss: start on a short log */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,
- * cache 0 = default share, page size 64, max frame 64 MiB, threads 0, info). */
+ * cache 0 = default share, page size 64, max frame 64 MiB, threads 0, info,
+ * socket mode 0660, no socket group, buffer budget 0 = sized from RAM,
+ * buffer timeout 30 s). */
 void fp4idx__config_defaults(fp4idx_config_t *cfg);
 
 /* Parses argv (getopt_long). Returns 0 to run, 1 when --help or --version was

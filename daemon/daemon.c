@@ -6,8 +6,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
+#include "budget.h"
 #include "fp4idx_status.h"
 #include "log.h"
 
@@ -22,6 +24,11 @@ static void fp4idx__daemon_pages_changed(void *arg, uint64_t id, const int32_t *
 }
 
 /* ---- server events ------------------------------------------------------ */
+
+static void fp4idx__daemon_pressure(fp4idx_server_t *srv, int on) {
+  fp4idx_daemon_t *d = srv->data;
+  fp4idx__worker_pause_bulk(&d->worker, on && !srv->stopping);
+}
 
 static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
   fp4idx_daemon_t *d = srv->data;
@@ -88,6 +95,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
     goto err;
   }
   d->cache_ok = 1;
+  fp4idx__cache_set_copy(&d->cache, fp4idx__engine_copy_page, d->engine);
   fp4idx__cache_set_pages_hook(&d->cache, fp4idx__daemon_pages_changed, d);
   rc = fp4idx__stages_init(&d->stages);
   if (rc) goto err;
@@ -95,8 +103,18 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
   d->server.stages = &d->stages;
   d->server.data = d;
+  d->server.socket_mode = d->cfg.socket_mode;
+  d->server.socket_gid = d->cfg.socket_gid;
+  if (!d->cfg.buffer_budget) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    d->cfg.buffer_budget =
+        fp4idx__budget_default(pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0);
+  }
+  d->server.budget = d->cfg.buffer_budget;
+  d->server.buffer_timeout_us = d->cfg.buffer_timeout_s * 1e6;
   d->server.worker = &d->worker;
   d->server.conn_event = fp4idx__daemon_conn_event;
+  d->server.pressure = fp4idx__daemon_pressure;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
@@ -164,9 +182,11 @@ int fp4idx__daemon_run(fp4idx_daemon_t *d) {
     fp4idx__log_error("cannot start the worker thread");
     return 1;
   }
-  fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu",
+  fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu, "
+                   "buffer budget %llu MiB",
                    FP4IDXD_VERSION_STRING, d->desc.name, d->cfg.page_size,
-                   (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame);
+                   (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame,
+                   (unsigned long long)(d->cfg.buffer_budget >> 20));
   if (d->hooks.ready) d->hooks.ready(d, d->hooks.arg);
   uv_run(&d->loop, UV_RUN_DEFAULT);
   return d->exit_code;

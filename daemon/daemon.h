@@ -35,7 +35,9 @@ typedef struct fp4idx_daemon_s fp4idx_daemon_t;
 typedef enum fp4idx_mutation_e {
   FP4IDX_MUT_APPEND = 1,   /* pos = first position, count = keys, slots = packed [count, FP4IDX_SLOT_BYTES] */
   FP4IDX_MUT_TRUNCATE = 2, /* pos = new length */
-  FP4IDX_MUT_DROP = 3
+  FP4IDX_MUT_DROP = 3,
+  FP4IDX_MUT_FORK = 4      /* seq = the new sequence, pos = length, count = the source
+                              sequence's id (as int64_t bits) */
 } fp4idx_mutation_t;
 
 /* Hooks for other modules; every member optional (NULL). All run with the
@@ -56,11 +58,12 @@ typedef struct fp4idx_daemon_hooks_s {
    * are stored (slots = what was stored, packed); a negative return undoes
    * the append and becomes the reply's status. TRUNCATE/DROP: called before
    * the change is applied; a negative return leaves the cache unchanged and
-   * becomes the reply's status. */
+   * becomes the reply's status. FORK: called after the fork; a negative
+   * return drops the new sequence and becomes the reply's status. */
   int (*mutation)(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op, uint64_t seq,
                   int64_t pos, int64_t count, const uint8_t *slots);
   /* The "save" op. Returns FP4IDX_OK or a negative status with a message in
-   * msg. Without this hook "save" answers ETYPE. */
+   * msg. Without this hook "save" answers EDISABLED. */
   int (*save)(fp4idx_daemon_t *d, void *arg, char *msg, size_t msgcap);
   void *arg;
 } fp4idx_daemon_hooks_t;
@@ -79,7 +82,7 @@ struct fp4idx_daemon_s {
    * requests answered on the loop (info, stats): written by the worker
    * after each request, read anywhere (__atomic). */
   struct {
-    uint64_t pages_free, sequences, keys;
+    uint64_t pages_free, sequences, keys, pages_shared;
   } pub;
   fp4idx_daemon_hooks_t hooks;
   uv_signal_t sig_int, sig_term;

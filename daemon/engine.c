@@ -138,6 +138,11 @@ int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
   return e->b->ops->write_pages(e->b, first, count, in);
 }
 
+int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to) {
+  fp4idx_engine_t *e = ctx;
+  return e->b->ops->copy_pages(e->b, from, to, 1);
+}
+
 int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch) {
   return e->b->ops->score(e->b, batch);
 }

@@ -94,9 +94,11 @@ static int fp4idx__score_prepare(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
       lens = o[2] = l;
     }
     if (fp4idx_tensor_present(&s->mask)) mask = fp4idx__tensor_aligned(&s->mask, &o[3]);
-    if (!q || !w || !lens || (fp4idx_tensor_present(&s->mask) && !mask))
+    const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
+    if (!q || !w || !lens || (fp4idx_tensor_present(&s->mask) && !mask) ||
+        fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
       return fp4idx__score_fail(j, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    j->eng[i] = (fp4idx_backend_seq_t){.pages = cs->pages, .n_keys = cs->n_keys,
+    j->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = q, .w = w, .lens = lens, .mask = mask,
                                       .seq = cs->id, .resident = 1};

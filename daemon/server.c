@@ -1,32 +1,38 @@
-/* server.c -- listening socket, connections, framing, response order.
- * See server.h for the request path and the caps. */
+/* server.c -- connections, framing, dispatch to the worker, response order.
+ * See server.h for the request path and the caps, budget.h for the buffer
+ * budget, listener.c for the listening socket. */
 #define _GNU_SOURCE
 #include "server.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "commands.h"
+#include "daemon.h"
 #include "fp4idx_status.h"
 #include "score.h"
 #include "log.h"
-#include "mkdirs.h"
 #include "stats.h"
 
 static void fp4idx__server_flush(fp4idx_conn_t *c);
 static void fp4idx__server_conn_close(fp4idx_conn_t *c);
 static void fp4idx__server_update_reading(fp4idx_conn_t *c);
+static void fp4idx__server_pump(fp4idx_conn_t *c);
+static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop);
 static void fp4idx__server_check_stopped(fp4idx_server_t *srv);
 
 void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame) {
   memset(srv, 0, sizeof *srv);
   srv->loop = loop;
   srv->max_frame = max_frame;
+  srv->socket_mode = FP4IDX_SERVER_SOCKET_MODE;
+  srv->socket_gid = -1;
+  srv->spare_fd = -1;
+  srv->budget = fp4idx__budget_default(0);
+  srv->buffer_timeout_us = FP4IDX_BUDGET_TIMEOUT_DEFAULT_S * 1e6;
 }
 
 void fp4idx__server_req_free(fp4idx_req_t *req) {
@@ -42,6 +48,8 @@ void fp4idx__server_req_free(fp4idx_req_t *req) {
 
 static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
   fp4idx_server_t *srv = c->srv;
+  fp4idx__budget_hold(c, -(int64_t)c->held_in, -(int64_t)c->held_out);
+  fp4idx__budget_release_grant(c);
   if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   srv->n_conns--;
@@ -52,20 +60,30 @@ static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
   fp4idx__server_check_stopped(srv);
 }
 
+/* Drops request r (unlinked by the caller) with what it held. */
+static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
+  int64_t in = r->done ? 0 : (int64_t)r->body_len;
+  int64_t out = r->done && !r->write_started ? (int64_t)r->wire_len : 0;
+  fp4idx__budget_hold(c, -in, -out);
+  c->pending--;
+  fp4idx__server_req_free(r);
+}
+
 static void fp4idx__server_close_cb(uv_handle_t *h) {
   fp4idx_conn_t *c = h->data;
   c->closed = 1;
   /* Every started write has had its callback (UV_ECANCELED at the latest);
-   * finished responses that were never written are dropped here. Requests
-   * still on the worker stay in the list until their done callback. */
+   * finished responses that were never written, and requests never handed
+   * to the worker, are dropped here. Requests still on the worker stay in
+   * the list until their done callback. */
   fp4idx_req_t **pp = &c->head;
   c->tail = NULL;
+  c->undispatched = NULL;
   while (*pp) {
     fp4idx_req_t *r = *pp;
-    if (r->done) {
+    if (r->done || !r->dispatched) {
       *pp = r->next;
-      c->pending--;
-      fp4idx__server_req_free(r);
+      fp4idx__server_req_drop(c, r);
     } else {
       c->tail = r;
       pp = &r->next;
@@ -80,7 +98,17 @@ static void fp4idx__server_conn_close(fp4idx_conn_t *c) {
   c->closing = 1;
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
   c->reading = 0;
+  /* The partial frame goes now (close_cb may wait for the worker). */
+  fp4idx__budget_hold(c, -(int64_t)c->fr_held, 0);
+  c->fr_held = 0;
+  fp4idx_frame_reader_free(&c->fr);
+  fp4idx__budget_release_grant(c);
   uv_close((uv_handle_t *)&c->pipe, fp4idx__server_close_cb);
+}
+
+void fp4idx__server_drop(fp4idx_conn_t *c) {
+  c->dead = 1;
+  fp4idx__server_conn_close(c);
 }
 
 /* Closes a connection that has nothing left to do: the peer is done sending
@@ -100,10 +128,11 @@ static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
   if (!c->head) c->tail = NULL;
   c->pending--;
   c->out_bytes -= r->wire_len;
+  c->progress_us = fp4idx__stats_now_us();
   if (status == 0 && c->srv->stages)
-    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE,
-                       fp4idx__stats_now_us() - r->t_write_us);
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, c->progress_us - r->t_write_us);
   int close_after = r->close_after;
+  fp4idx__budget_hold(c, 0, -(int64_t)r->wire_len);
   fp4idx__server_req_free(r);
   if (c->closing) {
     return; /* close_cb finishes the cleanup */
@@ -111,17 +140,14 @@ static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
   if (status < 0) {
     fp4idx__log_debug("connection %llu: write failed: %s", (unsigned long long)c->id,
                       uv_strerror(status));
-    c->dead = 1;
-    fp4idx__server_conn_close(c);
+    fp4idx__server_drop(c);
     return;
   }
   if (close_after) {
     fp4idx__server_conn_close(c);
     return;
   }
-  fp4idx__server_flush(c);
-  fp4idx__server_update_reading(c);
-  fp4idx__server_maybe_close(c);
+  fp4idx__server_resume(c);
 }
 
 static void fp4idx__server_flush(fp4idx_conn_t *c) {
@@ -154,8 +180,7 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
                       fp4idx__server_write_cb);
     if (bufs != small) free(bufs);
     if (rc < 0) {
-      c->dead = 1;
-      fp4idx__server_conn_close(c);
+      fp4idx__server_drop(c);
       return;
     }
     r->write_started = 1;
@@ -170,6 +195,11 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
   if (req->t_done_us > 0 && c->srv->stages)
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE,
                        fp4idx__stats_now_us() - req->t_done_us);
+  c->inflight--;
+  /* The body is gone (the worker freed it); the reply is held until it is
+   * written out. */
+  if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
+  fp4idx__budget_hold(c, -(int64_t)req->body_len, (int64_t)req->wire_len);
   if (c->closed) {
     /* The connection is gone: unlink and drop the response. */
     fp4idx_req_t **pp = &c->head, *prev = NULL;
@@ -177,21 +207,17 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
     if (*pp) {
       *pp = req->next;
       if (c->tail == req) c->tail = prev;
-      c->pending--;
     }
-    fp4idx__server_req_free(req);
+    req->body_len = 0; /* already released above */
+    fp4idx__server_req_drop(c, req);
     if (!c->head) fp4idx__server_conn_free(c);
     return;
   }
   if (c->closing) return; /* close_cb frees it */
-  fp4idx__server_flush(c);
-  fp4idx__server_update_reading(c);
-  fp4idx__server_maybe_close(c);
+  fp4idx__server_resume(c);
 }
 
-/* ---- reading and framing ------------------------------------------------ */
-
-static void fp4idx__server_update_reading(fp4idx_conn_t *c);
+/* ---- dispatch: parsed requests to the worker ---------------------------- */
 
 static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
   r->conn = c;
@@ -199,7 +225,47 @@ static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
   if (c->tail) c->tail->next = r; else c->head = r;
   c->tail = r;
   c->pending++;
+  if (!r->dispatched && !c->undispatched) c->undispatched = r;
 }
+
+/* Hands parsed requests to the worker, in order, while the budget allows. */
+static void fp4idx__server_pump(fp4idx_conn_t *c) {
+  while (c->undispatched && !c->closing && fp4idx__budget_may_dispatch(c)) {
+    fp4idx_req_t *r = c->undispatched;
+    c->undispatched = r->next;
+    r->dispatched = 1;
+    /* The bulk lane for a connection that pipelines (more requests wait
+     * behind this one) or leaves replies unread; all its requests in flight
+     * share one lane, so they run in its order (worker.h). */
+    if (c->pending == 1 && fp4idx__cmd_loop_op(r->body, r->body_len)) {
+      /* hello/info/stats with nothing else in flight or unwritten: answered
+       * here, no worker hop (so no wake time and no queue), under the same
+       * budget check as a dispatch; its reply is held like a worker's. */
+      fp4idx__server_run((fp4idx_job_t *[]){&r->job}, 1, 1);
+      r->done = 1;
+      if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
+      fp4idx__budget_hold(c, -(int64_t)r->body_len, (int64_t)r->wire_len);
+      if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
+      fp4idx__server_flush(c);
+      continue;
+    }
+    if (!c->inflight) c->bulk = c->held_out > 0 || c->pending > 1;
+    r->job.bulk = c->bulk;
+    c->inflight++;
+    fp4idx__stats_queue(&((fp4idx_daemon_t *)c->srv->data)->stats, +1);
+    fp4idx__worker_submit(c->srv->worker, &r->job);
+  }
+}
+
+void fp4idx__server_resume(fp4idx_conn_t *c) {
+  if (c->closing) return;
+  fp4idx__server_flush(c);
+  fp4idx__server_pump(c);
+  fp4idx__server_update_reading(c);
+  fp4idx__server_maybe_close(c);
+}
+
+/* ---- reading and framing ------------------------------------------------ */
 
 /* A frame that cannot be a request (too long, empty): reply with `status`
  * and close after the reply; read nothing more. */
@@ -215,8 +281,10 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
   }
   r->wire_len = r->resp_len;
   r->done = 1;
+  r->dispatched = 1;
   r->close_after = 1;
   fp4idx__server_enqueue(c, r);
+  fp4idx__budget_hold(c, 0, (int64_t)r->wire_len);
   fp4idx__server_flush(c);
 }
 
@@ -235,10 +303,16 @@ static void fp4idx__server_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *repl
   req->out = reply->out;
   req->out_free = fp4idx__server_out_free;
   req->out_free_arg = NULL;
-  /* The body (and the views into it) are not needed any more. */
+  /* The body (and the views into it) are not needed any more; body_len
+   * stays, for the budget's release in req_done. */
   free(req->body);
   req->body = NULL;
   if (!req->resp) req->close_after = 1; /* could not even encode an error */
+  /* The encoder's buffer grows by doubling: give back the slack, since the
+   * reply may wait a long time for a client that does not read, and the
+   * buffer budget counts it. Shrinking keeps the block in place. */
+  uint8_t *fit = req->resp ? realloc(req->resp, req->resp_len) : NULL;
+  if (fit) req->resp = fit;
   req->t_done_us = fp4idx__stats_now_us();
 }
 
@@ -270,6 +344,7 @@ static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop) {
   fp4idx__server_done_t done[FP4IDX_WORKER_MAX_BATCH];
   for (int i = 0; i < n; i++) {
     fp4idx_req_t *req = jobs[i]->data;
+    if (!on_loop) fp4idx__stats_queue(&d->stats, -1); /* running now */
     memset(&times[i], 0, sizeof times[i]);
     times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
     done[i] = (fp4idx__server_done_t){.req = req, .reply = &replies[i],
@@ -293,14 +368,27 @@ static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
   fp4idx__server_req_done(job->data);
 }
 
+/* The partial frame's memory, counted against the budget. */
+static void fp4idx__server_track_frame(fp4idx_conn_t *c) {
+  size_t cap = 0;
+  fp4idx_frame_reader_capacity(&c->fr, &cap);
+  if (cap == c->fr_held) return;
+  fp4idx__budget_hold(c, (int64_t)cap - (int64_t)c->fr_held, 0);
+  c->fr_held = cap;
+}
+
 /* A whole frame is in the reader: hand its body to a request and queue it. */
-static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
+static void fp4idx__server_take_frame(fp4idx_conn_t *c) {
   fp4idx_req_t *r = calloc(1, sizeof *r);
   if (!r || fp4idx_frame_reader_take(&c->fr, &r->body, &r->body_len)) {
     free(r);
     fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
     return;
   }
+  /* The frame's bytes move from the reader to the request. */
+  fp4idx__budget_hold(c, (int64_t)r->body_len - (int64_t)c->fr_held, 0);
+  c->fr_held = 0;
+  fp4idx__budget_release_grant(c);
   r->job.work = fp4idx__server_req_work;
   r->job.batch = fp4idx__server_req_batch;
   r->job.done = fp4idx__server_req_job_done;
@@ -309,16 +397,8 @@ static void fp4idx__server_dispatch(fp4idx_conn_t *c) {
   r->t_first_us = c->in_frame ? c->t_frame_us : r->t0_us;
   c->in_frame = 0;
   fp4idx__server_enqueue(c, r);
-  if (c->pending == 1 && fp4idx__cmd_loop_op(r->body, r->body_len)) {
-    /* hello/info/stats with nothing else in flight: answered here, no
-     * worker hop (so no wake time), written without re-entering the parser */
-    fp4idx__server_run((fp4idx_job_t *[]){&r->job}, 1, 1);
-    r->done = 1;
-    if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
-    fp4idx__server_flush(c);
-    return;
-  }
-  fp4idx__worker_submit(c->srv->worker, &r->job);
+  /* No pump here: the caller parses every frame the read brought first, so
+   * the lane choice sees whether more requests wait (pipelining). */
 }
 
 /* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */
@@ -332,17 +412,12 @@ static void fp4idx__server_frame_error(fp4idx_conn_t *c, int rc) {
   fp4idx__server_bad_frame(c, rc, msg);
 }
 
-static int fp4idx__server_over_caps(const fp4idx_conn_t *c) {
-  return c->pending >= FP4IDX_SERVER_MAX_PENDING || c->out_bytes >= FP4IDX_SERVER_MAX_OUT_BYTES;
-}
-
 /* Feeds the unparsed bytes of the scratch buffer to the frame reader, one
- * frame at a time. Stops at a cap and leaves the rest in scratch
- * (in_off/in_len) for when the connection drains: a client that pipelines
- * more than the caps allow is simply read more slowly. Callers enter only
- * below the caps; the check after each frame keeps it so. */
+ * frame at a time. Stops where the budget says (budget.h) and leaves the
+ * rest in scratch (in_off/in_len) for when the connection drains: a client
+ * that pipelines more than the caps allow is simply read more slowly. */
 static void fp4idx__server_parse(fp4idx_conn_t *c) {
-  while (c->in_len > 0 && !c->eof && !c->closing) {
+  while (c->in_len > 0 && !c->eof && !c->closing && fp4idx__budget_may_read(c)) {
     size_t used = 0;
     if (!c->in_frame) { /* these bytes begin a frame */
       c->in_frame = 1;
@@ -355,12 +430,11 @@ static void fp4idx__server_parse(fp4idx_conn_t *c) {
       fp4idx__server_frame_error(c, rc);
       break;
     }
-    if (rc == 1) {
-      fp4idx__server_dispatch(c);
-      if (fp4idx__server_over_caps(c)) break; /* resume from update_reading */
-    }
+    if (rc == 1) fp4idx__server_take_frame(c);
+    else fp4idx__server_track_frame(c);
   }
   if (c->in_len == 0 || c->eof || c->closing) c->in_off = c->in_len = 0;
+  fp4idx__server_pump(c);
 }
 
 static void fp4idx__server_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
@@ -388,8 +462,7 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
      * complete requests are still written (a half-closed peer reads them). */
     c->eof = 1;
     if (nread != UV_EOF) {
-      c->dead = 1; /* e.g. ECONNRESET: nobody will read the responses */
-      fp4idx__server_conn_close(c);
+      fp4idx__server_drop(c); /* e.g. ECONNRESET: nobody will read the responses */
       return;
     }
     fp4idx__server_update_reading(c);
@@ -401,7 +474,10 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     c->in_len = (size_t)nread;
     fp4idx__server_parse(c);
   } else if (fp4idx_frame_reader_commit(&c->fr, (size_t)nread) == 1) {
-    fp4idx__server_dispatch(c);
+    fp4idx__server_take_frame(c);
+    fp4idx__server_pump(c);
+  } else {
+    fp4idx__server_track_frame(c);
   }
   fp4idx__server_update_reading(c);
 }
@@ -410,10 +486,9 @@ static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
   if (c->closing) return;
   /* Bytes left over from an earlier read go first (they may fill the caps
    * again); the socket is read only when none are left. */
-  if (c->in_len > 0 && !c->eof && !c->srv->stopping && !fp4idx__server_over_caps(c))
-    fp4idx__server_parse(c);
+  if (c->in_len > 0 && !c->eof && !c->srv->stopping) fp4idx__server_parse(c);
   if (c->closing) return;
-  int want = !c->eof && !c->srv->stopping && c->in_len == 0 && !fp4idx__server_over_caps(c);
+  int want = !c->eof && !c->srv->stopping && c->in_len == 0 && fp4idx__budget_may_read(c);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->pipe, fp4idx__server_alloc_cb,
                       fp4idx__server_read_cb) == 0)
@@ -424,162 +499,46 @@ static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
   }
 }
 
-/* ---- accepting ---------------------------------------------------------- */
+/* ---- accepting (the listener side is in listener.c) --------------------- */
 
-static void fp4idx__server_reject_close_cb(uv_handle_t *h) { free(h); }
-
-static void fp4idx__server_connection_cb(uv_stream_t *l, int status) {
-  fp4idx_server_t *srv = l->data;
-  if (status < 0) {
-    fp4idx__log_warn("accept: %s", uv_strerror(status));
-    return;
-  }
-  if (srv->stopping || srv->n_conns >= FP4IDX_SERVER_MAX_CONNS) {
-    uv_pipe_t *p = malloc(sizeof *p);
-    if (!p || uv_pipe_init(srv->loop, p, 0)) {
-      free(p);
-      return;
-    }
-    if (uv_accept(l, (uv_stream_t *)p) == 0)
-      fp4idx__log_warn("refusing a connection: %s",
-                       srv->stopping ? "shutting down" : "too many connections");
-    uv_close((uv_handle_t *)p, fp4idx__server_reject_close_cb);
-    return;
-  }
+int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
   fp4idx_conn_t *c = calloc(1, sizeof *c);
   if (!c || !(c->scratch = malloc(FP4IDX_SERVER_SCRATCH)) ||
       uv_pipe_init(srv->loop, &c->pipe, 0)) {
-    fp4idx__log_error("out of memory for a connection");
     if (c) free(c->scratch);
     free(c);
-    return;
+    return FP4IDX_ENOMEM;
   }
   c->srv = srv;
   c->pipe.data = c;
   c->id = ++srv->next_conn_id;
+  c->progress_us = fp4idx__stats_now_us();
   fp4idx_frame_reader_init(&c->fr, (uint32_t)srv->max_frame);
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
   srv->n_conns++;
   if (srv->conn_event) srv->conn_event(srv, +1);
+  fp4idx__budget_start(srv);
   if (uv_accept(l, (uv_stream_t *)&c->pipe)) {
     fp4idx__server_conn_close(c);
-    return;
+    return FP4IDX_OK; /* the peer left before we took it: nothing to report */
   }
   fp4idx__log_debug("connection %llu opened", (unsigned long long)c->id);
   fp4idx__server_update_reading(c);
-}
-
-/* 1 when a daemon accepts connections on `path`, 0 when nothing answers
- * (stale file removed, or no file). -1 when the path holds something else. */
-static int fp4idx__server_probe(const char *path) {
-  struct stat st;
-  if (lstat(path, &st) != 0) return 0;
-  if (!S_ISSOCK(st.st_mode)) return -1;
-  /* Non-blocking: a live daemon with a full backlog answers EAGAIN instead
-   * of stalling our start. */
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sun_family = AF_UNIX;
-  memcpy(sa.sun_path, path, strlen(path));
-  int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-  int err = errno;
-  close(fd);
-  if (rc == 0) return 1;
-  if (err == ECONNREFUSED || err == ENOENT) {
-    fp4idx__log_info("removing stale socket %s", path);
-    unlink(path);
-    return 0;
-  }
-  return 1; /* e.g. EAGAIN: a live daemon with a full backlog */
-}
-
-static int fp4idx__server_listen_handle(fp4idx_server_t *srv, uv_pipe_t *p) {
-  p->data = srv;
-  int rc = uv_listen((uv_stream_t *)p, 128, fp4idx__server_connection_cb);
-  if (rc) {
-    fp4idx__log_error("listen: %s", uv_strerror(rc));
-    return FP4IDX_EIO;
-  }
-  srv->n_listeners++;
-  srv->listeners_open++;
-  return FP4IDX_OK;
-}
-
-int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path) {
-  if (!srv || !path || !*path) return FP4IDX_EINVAL;
-  if (strlen(path) >= sizeof srv->path) return FP4IDX_E2BIG;
-  if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  if (fp4idx__mkdirs(path, geteuid() == 0 ? 0755 : 0700, 1)) {
-    fp4idx__log_error("cannot create the folder of %s: %s", path, strerror(errno));
-    return FP4IDX_EIO;
-  }
-  int probe = fp4idx__server_probe(path);
-  if (probe == 1) {
-    fp4idx__log_error("another daemon is answering on %s", path);
-    return FP4IDX_EEXIST;
-  }
-  if (probe < 0) {
-    fp4idx__log_error("%s exists and is not a socket", path);
-    return FP4IDX_EEXIST;
-  }
-  uv_pipe_t *p = &srv->listeners[srv->n_listeners];
-  int rc = uv_pipe_init(srv->loop, p, 0);
-  if (rc) return FP4IDX_EIO;
-  rc = uv_pipe_bind(p, path);
-  if (rc) {
-    fp4idx__log_error("bind %s: %s", path, uv_strerror(rc));
-    uv_close((uv_handle_t *)p, NULL);
-    return FP4IDX_EIO;
-  }
-  snprintf(srv->path, sizeof srv->path, "%s", path);
-  rc = fp4idx__server_listen_handle(srv, p);
-  if (rc) {
-    unlink(path);
-    srv->path[0] = '\0';
-    uv_close((uv_handle_t *)p, NULL);
-    return rc;
-  }
-  fp4idx__log_info("listening on %s", path);
-  return FP4IDX_OK;
-}
-
-int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd) {
-  if (!srv || fd < 0) return FP4IDX_EINVAL;
-  if (srv->n_listeners >= FP4IDX_SERVER_MAX_LISTENERS) return FP4IDX_E2BIG;
-  uv_pipe_t *p = &srv->listeners[srv->n_listeners];
-  int rc = uv_pipe_init(srv->loop, p, 0);
-  if (rc) return FP4IDX_EIO;
-  rc = uv_pipe_open(p, fd);
-  if (rc) {
-    fp4idx__log_error("adopting socket fd %d: %s", fd, uv_strerror(rc));
-    uv_close((uv_handle_t *)p, NULL);
-    return FP4IDX_EIO;
-  }
-  rc = fp4idx__server_listen_handle(srv, p);
-  if (rc) {
-    uv_close((uv_handle_t *)p, NULL);
-    return rc;
-  }
-  fp4idx__log_info("listening on inherited socket fd %d", fd);
   return FP4IDX_OK;
 }
 
 /* ---- stopping ----------------------------------------------------------- */
 
 void fp4idx__server_close_all(fp4idx_server_t *srv) {
-  for (fp4idx_conn_t *c = srv->conns; c; c = c->next) {
-    c->dead = 1;
-    fp4idx__server_conn_close(c);
-  }
+  for (fp4idx_conn_t *c = srv->conns; c; c = c->next) fp4idx__server_drop(c);
 }
 
 static void fp4idx__server_check_stopped(fp4idx_server_t *srv) {
   if (srv->stopping == 1 && srv->listeners_open == 0 && srv->n_conns == 0) {
     srv->stopping = 2; /* report once */
+    fp4idx__budget_stop(srv);
     if (srv->on_stopped) srv->on_stopped(srv);
   }
 }
@@ -593,6 +552,10 @@ static void fp4idx__server_listener_close_cb(uv_handle_t *h) {
 void fp4idx__server_stop(fp4idx_server_t *srv) {
   if (srv->stopping) return;
   srv->stopping = 1;
+  /* What was received is answered: no lane waits from here on. */
+  if (srv->pressure) srv->pressure(srv, 0);
+  if (srv->spare_fd >= 0) close(srv->spare_fd);
+  srv->spare_fd = -1;
   /* Unlink before close: from here on a new daemon may bind the path. */
   if (srv->path[0]) {
     unlink(srv->path);
@@ -604,8 +567,7 @@ void fp4idx__server_stop(fp4idx_server_t *srv) {
   }
   for (fp4idx_conn_t *c = srv->conns, *next; c; c = next) {
     next = c->next;
-    fp4idx__server_update_reading(c); /* stops reading: stopping is set */
-    fp4idx__server_maybe_close(c);    /* idle ones close now */
+    fp4idx__server_resume(c); /* stops reading (stopping is set); idle ones close */
   }
   fp4idx__server_check_stopped(srv);
 }

@@ -13,9 +13,14 @@
  *   leave in request order).
  *
  * Caps: a frame longer than max_frame gets an E2BIG reply and the connection
- * closes after it; a connection with more than FP4IDX_SERVER_MAX_PENDING
- * requests in flight or FP4IDX_SERVER_MAX_OUT_BYTES of unsent replies is not
- * read from until it drains (a slow reader only slows itself).
+ * closes after it; a connection with FP4IDX_SERVER_MAX_PENDING requests
+ * received and not answered, or holding its per-connection cap of buffered
+ * bytes, is not read from until it drains (a slow reader only slows itself).
+ * A parsed request goes to the worker only while its connection has fewer
+ * than FP4IDX_SERVER_MAX_INFLIGHT on it (one: the worker is one thread, so
+ * pipelining gains only the hand-off; and a client that does not read then
+ * has at most one reply coming that it will not read).
+ * Above all connections sits the global buffer budget (budget.c).
  */
 #ifndef FP4IDX_DAEMON_SERVER_H
 #define FP4IDX_DAEMON_SERVER_H
@@ -31,8 +36,12 @@
 #define FP4IDX_SERVER_MAX_LISTENERS 4
 #define FP4IDX_SERVER_MAX_CONNS 1024
 #define FP4IDX_SERVER_MAX_PENDING 32
+#define FP4IDX_SERVER_MAX_INFLIGHT 1
 #define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
 #define FP4IDX_SERVER_SCRATCH 65536
+/* fds kept free below RLIMIT_NOFILE besides the connections (listener.c) */
+#define FP4IDX_LISTENER_RESERVE_FDS 32
+#define FP4IDX_SERVER_SOCKET_MODE 0660
 
 typedef struct fp4idx_server_s fp4idx_server_t;
 typedef struct fp4idx_conn_s fp4idx_conn_t;
@@ -51,6 +60,7 @@ typedef struct fp4idx_req_s {
   void *out;                /* memory the payloads point into, freed by out_free */
   void (*out_free)(void *arg, void *p);
   void *out_free_arg;
+  int dispatched;           /* handed to srv->submit */
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
   int write_started;
@@ -74,8 +84,16 @@ struct fp4idx_conn_s {
   size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
   /* requests in arrival order; head is the next response to write */
   fp4idx_req_t *head, *tail;
+  fp4idx_req_t *undispatched;  /* first request not yet submitted, or NULL */
   size_t pending;              /* requests in the list */
+  size_t inflight;             /* submitted, not done */
+  int bulk;                    /* the worker lane of the requests in flight */
   size_t out_bytes;            /* response bytes handed to uv_write, unsent */
+  /* buffered bytes counted against the budget (budget.c) */
+  size_t held_in;              /* partial frame + bodies not yet run */
+  size_t held_out;             /* replies done and not yet written out */
+  size_t fr_held;              /* the partial frame's share of held_in */
+  double progress_us;          /* last write completed (or first reply queued) */
   int reading;                 /* uv_read_start active */
   int eof;                     /* peer finished sending (or bad frame) */
   int closing;                 /* uv_close called */
@@ -94,10 +112,33 @@ struct fp4idx_server_s {
   uint64_t n_conns;
   uint64_t next_conn_id;
   int stopping;
+  /* the socket file (listener.c): set after init, before listening */
+  int socket_mode;             /* default FP4IDX_SERVER_SOCKET_MODE */
+  long socket_gid;             /* -1: the daemon's group */
+  /* fd budget and refusals (listener.c) */
+  int fds_planned;
+  uint64_t base_fds;           /* open when listening started */
+  int spare_fd;                /* released to drain the backlog at EMFILE */
+  double refused_log_us;       /* last refusal line (0: none yet) */
+  uint64_t refused_unlogged;   /* refusals since that line */
+  uv_pipe_t reject_pipe;       /* refuses a connection without malloc */
+  int reject_busy;
+  /* the buffer budget (budget.c): set after init, before listening */
+  uint64_t budget;             /* bytes; 0 = FP4IDX_BUDGET_MIN */
+  double buffer_timeout_us;    /* close a full, unread connection after this */
+  uint64_t held;               /* bytes held over all connections */
+  int over_budget;             /* held reached budget (until below 7/8) */
+  fp4idx_conn_t *grant;        /* may finish its frame while over budget */
+  uv_timer_t reaper;           /* closes connections past the timeout */
+  int reaper_on;
+  uint64_t slow_closed;        /* connections closed by the timeout */
   /* Set by the daemon. worker: where requests run (fp4idx__cmd_execute
    * with data as the daemon). conn_event: +1 / -1 on open / close. */
   fp4idx_worker_t *worker;
   void (*conn_event)(fp4idx_server_t *srv, int delta);
+  /* pressure: 1 when the buffer budget is reached, 0 when it lifts (and at
+   * stop); the daemon holds the worker's bulk lane meanwhile. May be NULL. */
+  void (*pressure)(fp4idx_server_t *srv, int on);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
   fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */
   void *data;                  /* the daemon's */
@@ -106,16 +147,41 @@ struct fp4idx_server_s {
 /* Initializes an idle server on `loop` (no listener yet). */
 void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame);
 
-/* Binds and listens on `path`: creates the parent folder if missing (0700,
- * or 0755 as root), refuses with FP4IDX_EEXIST when another daemon answers
- * on it, removes a stale socket file. FP4IDX_EIO (bind/listen failed; a log
- * line says why), FP4IDX_E2BIG (path too long), FP4IDX_EINVAL. */
+/* Binds and listens on `path` (listener.c): creates the parent folder if
+ * missing (0700, or 0755 as root), refuses with FP4IDX_EEXIST when another
+ * daemon answers on it, removes a stale socket file; the file gets exactly
+ * srv->socket_mode and, when srv->socket_gid >= 0, that group. FP4IDX_EIO
+ * (bind/chown/chmod/listen failed; a log line says why), FP4IDX_E2BIG (path
+ * too long), FP4IDX_EINVAL. */
 int fp4idx__server_listen_path(fp4idx_server_t *srv, const char *path);
 
-/* Listens on an already bound (e.g. systemd-activated) socket fd. The fd is
- * owned by the server afterwards. FP4IDX_EIO, FP4IDX_E2BIG (too many). */
+/* Whether `path` is free to listen on: FP4IDX_OK when nothing is there or a
+ * stale socket file was (it is removed), FP4IDX_EEXIST (logged) when a
+ * daemon answers there or the path holds something that is not a socket.
+ * fp4idx__server_listen_path checks again; main calls this before the pool
+ * is allocated, so a refused start costs no device memory. */
+int fp4idx__server_check_path(const char *path);
+
+/* Listens on an already bound (e.g. systemd-activated) socket fd (its mode
+ * is the unit's SocketMode=). The fd is owned by the server afterwards.
+ * FP4IDX_EIO, FP4IDX_E2BIG (too many). */
 int fp4idx__server_listen_fd(fp4idx_server_t *srv, int fd);
 
+/* The connection cap now: FP4IDX_SERVER_MAX_CONNS, or less when the current
+ * RLIMIT_NOFILE leaves less room (listener.c). */
+uint64_t fp4idx__listener_conn_cap(const fp4idx_server_t *srv);
+
+/* Re-checks whether c may be read and its parsed requests dispatched (the
+ * budget calls it when pressure lifts). */
+void fp4idx__server_resume(fp4idx_conn_t *c);
+
+/* Closes c now, dropping unsent replies (the budget's timeout). */
+void fp4idx__server_drop(fp4idx_conn_t *c);
+
+/* Accepts the pending connection of listener l as a new connection and
+ * starts reading it (listener.c calls it below the caps). FP4IDX_OK, or
+ * FP4IDX_ENOMEM with nothing accepted. */
+int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l);
 /* Stops accepting (closes the listeners, unlinks the socket file), stops
  * reading, lets every connection finish its in-flight requests and flush,
  * then closes it; srv->on_stopped runs once everything is closed. */

@@ -22,6 +22,7 @@
 #include "fp4idx_format.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "logmark.h"
 #include "mkdirs.h"
 #include "notify.h"
 #include "snapshot.h"
@@ -60,16 +61,21 @@ static int fp4idx__service_write_pages(void *ctx, int64_t first, int64_t count,
 /* ---- save: snapshot, then a fresh log ---------------------------------------- */
 
 typedef struct fp4idx__collect_s {
+  fp4idx_cache_t *cache;
   fp4idx_snap_seq_t *seqs;
   int64_t n, cap;
 } fp4idx__collect_t;
 
 static int fp4idx__service_collect(const fp4idx_cache_seq_t *s, void *arg) {
   fp4idx__collect_t *c = arg;
-  if (c->n >= c->cap) return 1; /* cannot happen: cap = n_seqs */
+  const int32_t *pages;
+  if (c->n >= c->cap) return FP4IDX_EINTERNAL; /* cannot happen: cap = n_seqs */
+  /* (Fills the sequence's flat page list, a cache: no state changes.) */
+  int rc = fp4idx__cache_pages(c->cache, s, &pages);
+  if (rc) return rc;
   c->seqs[c->n].id = s->id;
   c->seqs[c->n].n_keys = s->n_keys;
-  c->seqs[c->n].pages = s->pages;
+  c->seqs[c->n].pages = (int32_t *)pages;
   c->n++;
   return 0;
 }
@@ -87,7 +93,13 @@ static int fp4idx__service_save(fp4idx_service_t *svc, char *msg, size_t cap) {
     snprintf(msg, cap, "save: out of memory");
     return FP4IDX_ENOMEM;
   }
-  fp4idx__cache_foreach(&d->cache, fp4idx__service_collect, &c);
+  c.cache = &d->cache;
+  rc = fp4idx__cache_foreach(&d->cache, fp4idx__service_collect, &c);
+  if (rc) {
+    free(c.seqs);
+    snprintf(msg, cap, "save: %s", fp4idx_strerror(rc));
+    return rc;
+  }
   uint64_t gen = fp4idx__aof_gen(svc->aof) + 1;
   fp4idx_snap_info_t info;
   double t0 = fp4idx__service_now();
@@ -155,11 +167,66 @@ static int fp4idx__service_apply(void *ctx, const fp4idx_aof_record_t *r) {
       req.op = FP4IDX_OP_DROP;
       req.u.drop.seq = r->seq;
       break;
+    case FP4IDX_AOF_FORK:
+      req.op = FP4IDX_OP_FORK;
+      req.u.fork.src = r->src;
+      req.u.fork.dst = r->seq;
+      req.u.fork.length = (uint64_t)r->pos;
+      break;
     default: return FP4IDX_ECORRUPT;
   }
   int rc = fp4idx__cmd_replay(d, &req, msg, sizeof msg);
   if (rc) fp4idx__log_error("append log record at byte %" PRId64 ": %s", r->offset, msg);
   return rc;
+}
+
+/* Tail loss (logmark.h): after the replay, compares what is on disk with
+ * what the snapshot and the log's mark say existed. A shorter or missing log
+ * is refused with ECORRUPT naming what is missing, or, with
+ * --allow-data-loss, logged as an ERROR and accepted. */
+static int fp4idx__service_check_tail(fp4idx_service_t *svc, int have_snapshot, uint64_t gen,
+                                      const fp4idx_aof_replay_t *res) {
+  char mark_path[4300], err[4400] = "", what[9000] = "";
+  uint64_t mgen = 0, mbytes = 0;
+  if (fp4idx__logmark_path(svc->log_path, mark_path, sizeof mark_path)) return FP4IDX_OK;
+  int mrc = fp4idx__logmark_read(mark_path, &mgen, &mbytes, err, sizeof err);
+  if (mrc == FP4IDX_ECORRUPT || mrc == FP4IDX_EIO)
+    fp4idx__log_warn("%s; ignoring it (it can only tell of a loss, never cause one)", err);
+  int have_mark = mrc == FP4IDX_OK;
+  if (have_mark && mgen > gen)
+    snprintf(what, sizeof what,
+             "%s says append log generation %" PRIu64 " existed, but %s: the snapshot that "
+             "generation continued is missing",
+             mark_path, mgen,
+             have_snapshot ? "the snapshot continues an older generation" : "there is no snapshot");
+  else if (!res->exists && have_snapshot)
+    snprintf(what, sizeof what,
+             "the snapshot %s is continued by append log generation %" PRIu64
+             ", but the log %s is missing",
+             svc->snap_path, gen, svc->log_path);
+  else if (!res->exists && have_mark && mgen == gen && mbytes > FP4IDX_AOF_HEADER_BYTES)
+    snprintf(what, sizeof what,
+             "the append log %s is missing; it had reached %" PRIu64
+             " bytes (generation %" PRIu64 ") by its last checkpoint (%s)",
+             svc->log_path, mbytes, mgen, mark_path);
+  else if (res->exists && !res->stale && have_mark && mgen == res->gen &&
+           (uint64_t)res->valid_bytes < mbytes)
+    snprintf(what, sizeof what,
+             "the append log %s ends at byte %" PRId64 " (%" PRId64 " records replayed), but it "
+             "had reached byte %" PRIu64 " by its last checkpoint (%s): the last %" PRIu64
+             " bytes of acknowledged writes are missing",
+             svc->log_path, res->valid_bytes, res->records, mbytes, mark_path,
+             mbytes - (uint64_t)res->valid_bytes);
+  if (!what[0]) return FP4IDX_OK;
+  if (svc->d->cfg.allow_data_loss) {
+    fp4idx__log_error("DATA LOSS: %s", what);
+    fp4idx__log_error("starting anyway (--allow-data-loss): those writes are gone");
+    return FP4IDX_OK;
+  }
+  fp4idx__log_error("%s", what);
+  fp4idx__log_error("refusing to start (ECORRUPT): restore the missing data, or start with "
+                    "--allow-data-loss to accept the loss");
+  return FP4IDX_ECORRUPT;
 }
 
 int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
@@ -201,6 +268,7 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
   int64_t n = 0;
   fp4idx_snap_info_t info;
   uint64_t gen = 1;
+  int have_snapshot = 0;
   fp4idx_notify_status("loading %s", svc->snap_path);
   double t0 = fp4idx__service_now();
   rc = fp4idx__snapshot_load(svc->snap_path, d->cache.page_size, d->cache.n_pages,
@@ -227,6 +295,7 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
     }
     free(seqs);
     gen = info.log_gen;
+    have_snapshot = 1;
     fp4idx__log_info("snapshot loaded: %" PRId64 " sequences, %" PRId64 " keys, %.1f MB "
                      "in %.3f s (%.2f GB/s)",
                      info.n_seqs, info.n_keys, (double)info.file_bytes / 1e6, dt,
@@ -245,14 +314,19 @@ int fp4idx__service_startup(fp4idx_daemon_t *d, void *arg) {
     return rc;
   }
   if (res.warning[0]) fp4idx__log_warn("%s", res.warning);
+  rc = fp4idx__service_check_tail(svc, have_snapshot, gen, &res);
+  if (rc) {
+    fp4idx__cache_clear(&d->cache);
+    return rc;
+  }
   if (res.stale)
     fp4idx__log_info("append log generation %" PRIu64 " is already in the snapshot "
                      "(generation %" PRIu64 "): starting a fresh log",
                      res.gen, gen);
   else if (res.records)
     fp4idx__log_info("append log replayed: %" PRId64 " records (%" PRId64 " appends, %" PRId64
-                     " keys, %" PRId64 " truncates, %" PRId64 " drops)",
-                     res.records, res.appends, res.keys, res.truncates, res.drops);
+                     " keys, %" PRId64 " truncates, %" PRId64 " drops, %" PRId64 " forks)",
+                     res.records, res.appends, res.keys, res.truncates, res.drops, res.forks);
   int64_t keep = (res.exists && !res.stale) ? res.valid_bytes : 0;
   rc = fp4idx__aof_open(&svc->aof, svc->log_path, gen, (fp4idx_fsync_t)d->cfg.fsync_policy,
                        keep, err, sizeof err);
@@ -284,6 +358,7 @@ int fp4idx__service_mutation(fp4idx_daemon_t *d, void *arg, fp4idx_mutation_t op
     case FP4IDX_MUT_APPEND: rc = fp4idx__aof_append(svc->aof, seq, pos, count, slots); break;
     case FP4IDX_MUT_TRUNCATE: rc = fp4idx__aof_truncate(svc->aof, seq, pos); break;
     case FP4IDX_MUT_DROP: rc = fp4idx__aof_drop(svc->aof, seq); break;
+    case FP4IDX_MUT_FORK: rc = fp4idx__aof_fork(svc->aof, (uint64_t)count, seq, pos); break;
     default: rc = FP4IDX_EINVAL; break;
   }
   if (rc) {
@@ -305,9 +380,9 @@ int fp4idx__service_save_hook(fp4idx_daemon_t *d, void *arg, char *msg, size_t c
   (void)d;
   fp4idx_service_t *svc = arg;
   if (!svc->aof) {
-    /* PROTOCOL.md: save without persistence is ETYPE. */
-    snprintf(msg, cap, "save: persistence is not enabled (start fp4idxd with --data-dir)");
-    return FP4IDX_ETYPE;
+    /* PROTOCOL.md: save without persistence is EDISABLED. */
+    snprintf(msg, cap, "persistence is not enabled: start fp4idxd with --data-dir");
+    return FP4IDX_EDISABLED;
   }
   return fp4idx__service_save(svc, msg, cap);
 }

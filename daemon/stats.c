@@ -45,6 +45,41 @@ void fp4idx__stats_record(fp4idx_daemon_stats_t *s, fp4idx_op_t op, int status, 
   pthread_mutex_unlock(&s->mu);
 }
 
+void fp4idx__stats_request(fp4idx_daemon_stats_t *s, const fp4idx_request_t *req,
+                           int status, uint64_t req_bytes, uint64_t resp_bytes) {
+  uint64_t keys = 0, rows = 0;
+  if (status == FP4IDX_OK && req->op == FP4IDX_OP_APPEND) {
+    keys = req->u.append.keys.shape[0];
+  } else if (status == FP4IDX_OK && req->op == FP4IDX_OP_SCORE) {
+    for (size_t i = 0; i < req->u.score.nseqs; i++) rows += req->u.score.seqs[i].rows;
+  }
+  int64_t k = status < 0 ? -(int64_t)status : 0;
+  if (k >= FP4IDX_STATS_STATUSES) k = FP4IDX_STATS_STATUSES - 1;
+  pthread_mutex_lock(&s->mu);
+  s->keys_appended += keys;
+  s->rows_scored += rows;
+  s->request_bytes += req_bytes;
+  s->response_bytes += resp_bytes;
+  if (k) s->status_errors[k]++;
+  pthread_mutex_unlock(&s->mu);
+}
+
+void fp4idx__stats_to_wire(const fp4idx_daemon_stats_t *snap, fp4idx_stats_t *st) {
+  st->keys_appended = snap->keys_appended;
+  st->rows_scored = snap->rows_scored;
+  st->request_bytes = snap->request_bytes;
+  st->response_bytes = snap->response_bytes;
+  st->queue_depth = snap->queue_depth;
+  memcpy(st->status_errors, snap->status_errors, sizeof st->status_errors);
+}
+
+void fp4idx__stats_queue(fp4idx_daemon_stats_t *s, int delta) {
+  pthread_mutex_lock(&s->mu);
+  if (delta > 0) s->queue_depth++;
+  else if (s->queue_depth > 0) s->queue_depth--;
+  pthread_mutex_unlock(&s->mu);
+}
+
 void fp4idx__stats_conn(fp4idx_daemon_stats_t *s, int delta) {
   pthread_mutex_lock(&s->mu);
   if (delta > 0) {
@@ -62,6 +97,12 @@ void fp4idx__stats_snapshot(fp4idx_daemon_stats_t *s, fp4idx_daemon_stats_t *out
   out->connections = s->connections;
   out->connections_total = s->connections_total;
   memcpy(out->ops, s->ops, sizeof s->ops);
+  out->keys_appended = s->keys_appended;
+  out->rows_scored = s->rows_scored;
+  out->request_bytes = s->request_bytes;
+  out->response_bytes = s->response_bytes;
+  memcpy(out->status_errors, s->status_errors, sizeof s->status_errors);
+  out->queue_depth = s->queue_depth;
   pthread_mutex_unlock(&s->mu);
   if (uptime_s) *uptime_s = fp4idx__stats_now_us() / 1e6 - s->start_s;
 }

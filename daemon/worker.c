@@ -1,4 +1,4 @@
-/* worker.c -- the compute thread and its FIFO queue (see worker.h). */
+/* worker.c -- the compute thread and its two FIFO lanes (see worker.h). */
 #define _GNU_SOURCE
 #include "worker.h"
 
@@ -30,18 +30,35 @@ static void *fp4idx__worker_main(void *arg) {
   fp4idx_job_t *run[FP4IDX_WORKER_MAX_BATCH];
   pthread_mutex_lock(&w->mu);
   for (;;) {
-    while (!w->todo_head && !w->stopping) pthread_cond_wait(&w->cv, &w->mu);
-    fp4idx_job_t *j = w->todo_head;
-    if (!j) break; /* stopping and nothing left */
-    /* The job, and with a batch function its queued neighbours of the
-     * same kind (what is there now: no waiting). */
+    int bulk;
+    while (!w->todo_head && !(bulk = w->bulk_head && (!w->bulk_paused || w->stopping)) &&
+           !w->stopping)
+      pthread_cond_wait(&w->cv, &w->mu);
+    bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
+    /* The lane: normal first, one bulk run after every BULK_EVERY normal
+     * jobs while both wait. */
+    fp4idx_job_t **head, **tail;
+    int from_normal = w->todo_head && (!bulk || w->normal_streak < FP4IDX_WORKER_BULK_EVERY);
+    if (from_normal) {
+      head = &w->todo_head;
+      tail = &w->todo_tail;
+    } else if (bulk) {
+      head = &w->bulk_head;
+      tail = &w->bulk_tail;
+    } else {
+      break; /* stopping and nothing left */
+    }
+    /* The job, and with a batch function its neighbours of the same kind
+     * queued behind it in the same lane (what is there now: no waiting). */
+    fp4idx_job_t *j = *head;
     int n = 0;
     do {
       run[n++] = j;
       j = j->next;
     } while (run[0]->batch && j && j->batch == run[0]->batch && n < FP4IDX_WORKER_MAX_BATCH);
-    w->todo_head = j;
-    if (!w->todo_head) w->todo_tail = NULL;
+    *head = j;
+    if (!*head) *tail = NULL;
+    w->normal_streak = from_normal && bulk ? w->normal_streak + n : 0;
     pthread_mutex_unlock(&w->mu);
     memset(w->run_posted, 0, (size_t)n);
     w->run = run;
@@ -103,8 +120,18 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job) {
   job->next = NULL;
   w->queued++;
   pthread_mutex_lock(&w->mu);
-  if (w->todo_tail) w->todo_tail->next = job; else w->todo_head = job;
-  w->todo_tail = job;
+  fp4idx_job_t **head = job->bulk ? &w->bulk_head : &w->todo_head;
+  fp4idx_job_t **tail = job->bulk ? &w->bulk_tail : &w->todo_tail;
+  if (*tail) (*tail)->next = job; else *head = job;
+  *tail = job;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+void fp4idx__worker_pause_bulk(fp4idx_worker_t *w, int on) {
+  if (!w->started) return;
+  pthread_mutex_lock(&w->mu);
+  w->bulk_paused = on;
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
 }

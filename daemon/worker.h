@@ -1,11 +1,24 @@
-/* worker.h -- one compute thread per backend, with a FIFO job queue.
+/* worker.h -- one compute thread per backend, with two FIFO job queues.
  *
  * The loop thread submits jobs; the worker runs job->work (or job->batch
- * over a run of neighbouring jobs of one kind) on its own thread in
- * submission order (one queue for every operation is what makes an
- * acknowledged append visible to the next score from any connection), then
- * hands the job back to the loop, which runs job->done. The loop is woken with
- * a uv_async_t and never waits for compute.
+ * over a run of jobs of one kind queued back to back in one lane, what is
+ * there now: no waiting) on its own thread, then hands the job back to the
+ * loop, which runs job->done. The loop is woken with a uv_async_t and never
+ * waits for compute.
+ *
+ * Order: jobs run in submission order within each of two lanes, the normal
+ * one and the bulk one (job->bulk): the worker takes the normal lane first,
+ * and one bulk job after every FP4IDX_WORKER_BULK_EVERY normal ones while
+ * both wait, so bulk work never starves. The server puts the requests of a
+ * connection that pipelines or leaves replies unread in the bulk lane (all
+ * of a connection's requests in flight share one lane, so each connection's
+ * requests still run in its order), so a client waiting for one reply is not
+ * queued behind other clients' backlog. While the server is over its
+ * buffer budget the bulk lane waits (fp4idx__worker_pause_bulk): its replies
+ * would only be held. Any two requests of different
+ * connections that are both unanswered may run in either order; a request
+ * runs after every request answered before it arrived (an acknowledged
+ * append is visible to the next score of any client).
  */
 #ifndef FP4IDX_DAEMON_WORKER_H
 #define FP4IDX_DAEMON_WORKER_H
@@ -31,7 +44,10 @@ struct fp4idx_job_s {
   void (*batch)(fp4idx_job_t **jobs, int n);
   fp4idx_job_t *next;              /* queue link, owned by the worker */
   void *data;                      /* the submitter's */
+  int bulk;                        /* 1: the bulk lane (see above) */
 };
+
+#define FP4IDX_WORKER_BULK_EVERY 4
 
 typedef struct fp4idx_worker_s {
   uv_loop_t *loop;
@@ -39,7 +55,10 @@ typedef struct fp4idx_worker_s {
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  fp4idx_job_t *todo_head, *todo_tail;  /* guarded by mu */
+  fp4idx_job_t *todo_head, *todo_tail;  /* normal lane, guarded by mu */
+  fp4idx_job_t *bulk_head, *bulk_tail;  /* bulk lane, guarded by mu */
+  int normal_streak;       /* normal jobs run while bulk ones waited (mu) */
+  int bulk_paused;         /* the bulk lane waits (mu) */
   fp4idx_job_t *done_head, *done_tail;  /* guarded by mu */
   int stopping;            /* guarded by mu */
   int started;
@@ -56,7 +75,8 @@ typedef struct fp4idx_worker_s {
  * FP4IDX_ENOMEM / FP4IDX_EINTERNAL (thread or handle creation failed). */
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop);
 
-/* Queues a job (loop thread only). job->work and job->done must be set. */
+/* Queues a job on the lane job->bulk says (loop thread only). job->work and
+ * job->done must be set. */
 void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
 
 /* From inside a batch call (worker thread): job (one of the batch) is
@@ -64,6 +84,10 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
  * returns, so that it does not wait for its neighbours. The job may be
  * freed by its done callback from then on: do not touch it again. */
 void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job);
+
+/* Holds (on = 1) or releases (0) the bulk lane (loop thread). Stopping runs
+ * every job regardless. */
+void fp4idx__worker_pause_bulk(fp4idx_worker_t *w, int on);
 
 /* Runs the remaining jobs, joins the thread, delivers their done callbacks
  * and closes the async handle (loop thread only; the loop must still run to

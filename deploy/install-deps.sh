@@ -10,9 +10,13 @@
 set -euo pipefail
 
 # systemd: systemd-analyze, systemd-socket-activate, systemd-sysusers and
-# systemd-tmpfiles for the service tests (they skip without it).
-build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev systemd)
-runtime_pkgs=(libuv1 libmsgpackc2)
+# systemd-tmpfiles for the service tests (they skip without it). lintian:
+# the Debian packages' check (tests/test_lintian.sh). clang + libclang-rt-dev
+# (libFuzzer's runtime, only recommended by clang): the codec fuzzer that
+# .ci/run runs (tests/fuzz/run.sh).
+build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev systemd
+            libmicrohttpd-dev lintian clang libclang-rt-dev)
+runtime_pkgs=(libuv1 libmsgpackc2 libmicrohttpd12)
 pkgs=("${build_pkgs[@]}")
 [ "${1:-}" = "--runtime" ] && pkgs=("${runtime_pkgs[@]}")
 

@@ -4,7 +4,8 @@
 # Installs what is missing, builds, starts fp4idxd on a private socket (the
 # CUDA backend when a GPU is present, else the CPU backend), injects 100,000
 # keys with fp4idx-cli, scores 4 verify rows of 32 heads, prints the top-16
-# positions of each row and the time of each step, and stops the daemon.
+# positions of each row and the time of each step, stops the daemon, and
+# prints where the binaries are and what to run next.
 #
 #   deploy/quickstart.sh            (env: BUILD_DIR, KEYS, HEADS, ROWS)
 set -euo pipefail
@@ -94,3 +95,20 @@ done_
 
 echo "top-16 (position:logit) of each verify row:"
 cat "$work/top16.txt"
+
+cat <<NEXT
+
+The binaries are in $build:
+  daemon   $daemon
+  CLI      $cli
+  library  $build/client/libfp4idx-client.so (headers: $build/include/fp4idx)
+Next:
+  # a daemon of your own, then the CLI ('fp4idx-cli help' lists the commands)
+  $daemon --socket /tmp/fp4idxd.sock &
+  $cli -s /tmp/fp4idxd.sock info
+  # README.md "The library": a program against this build tree
+  PKG_CONFIG_PATH=$build/pkgconfig cc app.c -o app \$(pkg-config --cflags --libs libfp4idx-client)
+  # every test; the Debian packages (README.md "As a service")
+  $root/tests/run.sh
+  (cd $build && cpack -G DEB)
+NEXT

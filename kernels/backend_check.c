@@ -1,4 +1,5 @@
-/* backend_check.c -- argument checks every backend's score op shares.
+/* backend_check.c -- argument checks every backend's score and copy_pages
+ * ops share.
  * The daemon validates requests before they reach a backend; these checks
  * keep a backend safe on its own (tests, benchmarks, other callers). */
 #include "fp4idx_backend.h"
@@ -27,5 +28,13 @@ int fp4idx_backend_check_score(const fp4idx_backend_t *b,
     for (int64_t p = 0; p < np; p++)
       if (sq->pages[p] < 0 || sq->pages[p] >= b->n_pages) return FP4IDX_EINVAL;
   }
+  return FP4IDX_OK;
+}
+
+int fp4idx_backend_check_copy(const fp4idx_backend_t *b, int64_t from, int64_t to,
+                              int64_t count) {
+  if (!b || b->n_pages < 1 || from < 0 || to < 0 || count < 0) return FP4IDX_EINVAL;
+  if (from > b->n_pages - count || to > b->n_pages - count) return FP4IDX_EINVAL;
+  if (count > 0 && from < to + count && to < from + count) return FP4IDX_EINVAL; /* overlap */
   return FP4IDX_OK;
 }

@@ -145,6 +145,12 @@ typedef struct fp4idx_backend_ops_s {
    * written). host_alloc: FP4IDX_OK or FP4IDX_ENOMEM. */
   int (*host_alloc)(fp4idx_backend_t *b, size_t bytes, void **out);
   void (*host_free)(fp4idx_backend_t *b, void *p);
+  /* Copies pool pages [from, from+count) to [to, to+count) inside the pool,
+   * without a round trip through the host: the daemon's copy-on-write of a
+   * shared, partly filled page (daemon/cache.h). The ranges must not overlap;
+   * count == 0 is a no-op. Returns FP4IDX_OK, FP4IDX_EINVAL (no pool, range
+   * outside it, overlap), FP4IDX_EDEVICE. */
+  int (*copy_pages)(fp4idx_backend_t *b, int64_t from, int64_t to, int64_t count);
 } fp4idx_backend_ops_t;
 
 struct fp4idx_backend_s {
@@ -168,6 +174,11 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device);
  * Returns FP4IDX_OK or FP4IDX_EINVAL. Both backends call it first. */
 int fp4idx_backend_check_score(const fp4idx_backend_t *b,
                                const fp4idx_backend_batch_t *batch);
+
+/* Checks a copy_pages request: pool present, both ranges inside it, no
+ * overlap. Returns FP4IDX_OK or FP4IDX_EINVAL. Both backends call it first. */
+int fp4idx_backend_check_copy(const fp4idx_backend_t *b, int64_t from, int64_t to,
+                              int64_t count);
 
 /* Convenience wrappers: b->ops->f(b, ...). */
 static inline void fp4idx_backend_destroy(fp4idx_backend_t *b) {

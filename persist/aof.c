@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "logmark.h"
 #include "snapshot.h" /* fp4idx__fsync_parent */
 
 #define MAGIC "FP4IDXLG"
@@ -37,7 +38,26 @@ struct fp4idx_aof_s {
   int flusher_on;
   int stop;
   int dirty;
+  char *mark_path;    /* logmark.h: how far the log reached on disk */
+  int64_t marked;     /* the length the mark holds */
+  double mark_time;   /* when it was written (CLOCK_MONOTONIC s) */
 };
+
+static double aof_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Records that `bytes` of the log are on disk (the caller synced them). The
+ * mark is advisory -- it can only make a later start refuse a shorter log --
+ * so a failure to write it is not an error of the append. */
+static void aof_mark(fp4idx_aof_t *a, uint64_t gen, int64_t bytes) {
+  if (fp4idx__logmark_write(a->mark_path, gen, (uint64_t)bytes, NULL, 0) == FP4IDX_OK) {
+    a->marked = bytes;
+    a->mark_time = aof_now();
+  }
+}
 
 
 int fp4idx__fsync_parse(const char *s, fp4idx_fsync_t *out) {
@@ -142,14 +162,15 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
     }
     uint32_t magic = fp4idx__get32(r), op = fp4idx__get32(r + 4);
     uint64_t count = fp4idx__get64(r + 24);
-    if (magic != REC_MAGIC || op < FP4IDX_AOF_APPEND || op > FP4IDX_AOF_DROP ||
+    if (magic != REC_MAGIC || op < FP4IDX_AOF_APPEND || op > FP4IDX_AOF_FORK ||
         (op == FP4IDX_AOF_APPEND ? (count < 1 || count > (uint64_t)INT64_MAX / 128)
-                                 : count != 0) ||
+                                 : op != FP4IDX_AOF_FORK && count != 0) ||
         fp4idx__get64(r + 16) > (uint64_t)INT64_MAX) {
       rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: invalid append log record at offset %zu", path, off);
       goto out;
     }
-    uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD + count * FP4IDX_SLOT_BYTES;
+    uint64_t rlen = FP4IDX_AOF_RECORD_OVERHEAD +
+                    (op == FP4IDX_AOF_APPEND ? count * FP4IDX_SLOT_BYTES : 0);
     if (rlen > rem) {
       snprintf(res->warning, sizeof res->warning,
                "append log %s: dropped an incomplete last record at offset %zu "
@@ -174,7 +195,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
         .op = (fp4idx_aof_op_t)op,
         .seq = fp4idx__get64(r + 8),
         .pos = (int64_t)fp4idx__get64(r + 16),
-        .count = (int64_t)count,
+        .count = op == FP4IDX_AOF_FORK ? 0 : (int64_t)count,
+        .src = op == FP4IDX_AOF_FORK ? count : 0,
         .slots = op == FP4IDX_AOF_APPEND ? r + REC_HEAD : NULL,
         .offset = (int64_t)off,
     };
@@ -192,6 +214,8 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
       res->keys += (int64_t)count;
     } else if (op == FP4IDX_AOF_TRUNCATE) {
       res->truncates++;
+    } else if (op == FP4IDX_AOF_FORK) {
+      res->forks++;
     } else {
       res->drops++;
     }
@@ -248,8 +272,10 @@ static void *flusher_main(void *arg) {
     pthread_cond_timedwait(&a->cv, &a->mu, &ts);
     if (__atomic_exchange_n(&a->dirty, 0, __ATOMIC_RELAXED)) {
       /* fdatasync under the lock only guards against the fd being swapped by
-       * rewrite; the writer does not take the lock for plain writes. */
-      fdatasync(a->fd);
+       * rewrite; the writer does not take the lock for plain writes. Every
+       * record counted in size before the sync is on disk after it. */
+      int64_t size = __atomic_load_n(&a->size, __ATOMIC_ACQUIRE);
+      if (fdatasync(a->fd) == 0 && size > a->marked) aof_mark(a, a->gen, size);
     }
   }
   pthread_mutex_unlock(&a->mu);
@@ -273,6 +299,13 @@ int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
   a->gen = gen;
   a->policy = policy;
   a->fd = -1;
+  size_t mlen = strlen(path) + 8;
+  if (!(a->mark_path = malloc(mlen)) || fp4idx__logmark_path(path, a->mark_path, mlen)) {
+    free(a->mark_path);
+    free(a->path);
+    free(a);
+    return fp4idx__fail(err, errlen, FP4IDX_ENOMEM, "append log open: out of memory");
+  }
   if (keep_bytes > 0) {
     a->fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
     if (a->fd < 0 || ftruncate(a->fd, keep_bytes) || fsync(a->fd)) goto ioerr;
@@ -282,6 +315,9 @@ int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
     if (a->fd < 0) goto ioerr;
     a->size = FP4IDX_AOF_HEADER_BYTES;
   }
+  /* What is on disk now (synced above) is what the log reached: a mark
+   * claiming more (a loss accepted with --allow-data-loss) is replaced. */
+  aof_mark(a, gen, a->size);
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->cv, NULL);
   if (policy == FP4IDX_FSYNC_EVERYSEC) {
@@ -300,6 +336,7 @@ ioerr_sync:
 ioerr:
   (void)fp4idx__fail(err, errlen, FP4IDX_EIO, "append log %s: %s", path, strerror(errno));
   if (a->fd >= 0) close(a->fd);
+  free(a->mark_path);
   free(a->path);
   free(a);
   return FP4IDX_EIO;
@@ -315,7 +352,7 @@ static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
   fp4idx__put64(head + 16, pos);
   fp4idx__put64(head + 24, count);
   fp4idx__put32(head + 32, fp4idx__crc32c(0, head, 32));
-  size_t plen = (size_t)count * FP4IDX_SLOT_BYTES;
+  size_t plen = op == FP4IDX_AOF_APPEND ? (size_t)count * FP4IDX_SLOT_BYTES : 0;
   uint32_t crc = fp4idx__crc32c(0, head, REC_HEAD);
   if (op == FP4IDX_AOF_APPEND) crc = fp4idx__crc32c(crc, slots, plen);
   fp4idx__put32(tail, crc);
@@ -345,10 +382,12 @@ static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
   }
   if (a->policy == FP4IDX_FSYNC_ALWAYS) {
     if (fdatasync(a->fd)) goto fail;
-  } else if (a->policy == FP4IDX_FSYNC_EVERYSEC) {
-    __atomic_store_n(&a->dirty, 1, __ATOMIC_RELAXED);
   }
-  a->size += (int64_t)(REC_HEAD + plen + 4);
+  __atomic_store_n(&a->size, a->size + (int64_t)(REC_HEAD + plen + 4), __ATOMIC_RELEASE);
+  if (a->policy == FP4IDX_FSYNC_EVERYSEC) __atomic_store_n(&a->dirty, 1, __ATOMIC_RELAXED);
+  /* always: the record is on disk; a checkpoint once a second at most. */
+  if (a->policy == FP4IDX_FSYNC_ALWAYS && aof_now() - a->mark_time >= 1.0)
+    aof_mark(a, a->gen, a->size);
   return FP4IDX_OK;
 
 fail:
@@ -373,9 +412,18 @@ int fp4idx__aof_drop(fp4idx_aof_t *a, uint64_t seq) {
   return put_record(a, FP4IDX_AOF_DROP, seq, 0, 0, NULL);
 }
 
+int fp4idx__aof_fork(fp4idx_aof_t *a, uint64_t src, uint64_t dst, int64_t length) {
+  if (!a || length < 0) return FP4IDX_EINVAL;
+  return put_record(a, FP4IDX_AOF_FORK, dst, (uint64_t)length, src, NULL);
+}
+
 int fp4idx__aof_sync(fp4idx_aof_t *a) {
   if (!a) return FP4IDX_EINVAL;
-  return fdatasync(a->fd) == 0 ? FP4IDX_OK : FP4IDX_EIO;
+  if (fdatasync(a->fd)) return FP4IDX_EIO;
+  pthread_mutex_lock(&a->mu);
+  aof_mark(a, a->gen, a->size);
+  pthread_mutex_unlock(&a->mu);
+  return FP4IDX_OK;
 }
 
 int fp4idx__aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
@@ -388,6 +436,8 @@ int fp4idx__aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
   a->gen = new_gen;
   a->size = FP4IDX_AOF_HEADER_BYTES;
   __atomic_store_n(&a->dirty, 0, __ATOMIC_RELAXED);
+  /* Under the lock: the flusher never marks the old generation after this. */
+  aof_mark(a, new_gen, a->size);
   pthread_mutex_unlock(&a->mu);
   close(old);
   return FP4IDX_OK;
@@ -405,10 +455,11 @@ void fp4idx__aof_close(fp4idx_aof_t *a) {
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->flusher, NULL);
   }
-  fdatasync(a->fd);
+  if (fdatasync(a->fd) == 0) aof_mark(a, a->gen, a->size);
   close(a->fd);
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
+  free(a->mark_path);
   free(a->path);
   free(a);
 }

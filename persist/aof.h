@@ -1,4 +1,4 @@
-/* aof.h -- the append log: every acknowledged append, truncate and drop,
+/* aof.h -- the append log: every acknowledged append, truncate, drop and fork,
  * written before the reply, replayed on start after the snapshot.
  *
  * Appends are logged as the packed 68-byte slots that were stored (64 payload
@@ -10,12 +10,13 @@
  *   header, 32 bytes: "FP4IDXLG", u32 version (1), u32 header bytes (32),
  *     u64 generation, u32 zero, u32 CRC-32C of bytes 0..27
  *   records, each 40 + 68 * count bytes:
- *      0 u32 magic 0x52344650 ("PF4R")   4 u32 op (1 append, 2 truncate, 3 drop)
- *      8 u64 seq                         16 u64 pos (append: first position;
- *                                            truncate: new length; drop: 0)
- *     24 u64 count (append: keys; else 0)
+ *      0 u32 magic 0x52344650 ("PF4R")   4 u32 op (1 append, 2 truncate, 3 drop,
+ *                                                  4 fork)
+ *      8 u64 seq (fork: the new sequence) 16 u64 pos (append: first position;
+ *                                            truncate, fork: new length; drop: 0)
+ *     24 u64 count (append: keys; fork: the source sequence; else 0)
  *     32 u32 CRC-32C of bytes 0..31 (so a damaged length is never trusted)
- *     36 count * 68 bytes of slots
+ *     36 count * 68 bytes of slots (append only)
  *     then u32 CRC-32C of the whole record before it
  *
  * Generations tie the log to the snapshot: a snapshot records generation G,
@@ -31,8 +32,16 @@
  * cut; a process crash loses nothing since the data is in the kernel), no
  * (the kernel decides).
  *
+ * Checkpoints (logmark.h, "<log>.mark"): after an fdatasync covered the log
+ * up to some length -- the everysec thread's, every record's under always
+ * (a mark once a second at most), at open, rewrite, sync and close -- that
+ * length and the generation are written to the mark, so a start can tell a
+ * log that lost acknowledged records (cut, even at a record boundary, or
+ * deleted) from one that never had them. Under `no` the mark moves only at
+ * open, rewrite, sync and close.
+ *
  * Threading: one thread writes (the daemon's worker); the everysec thread
- * only calls fdatasync.
+ * only calls fdatasync and writes the mark.
  */
 #ifndef FP4IDX_AOF_H
 #define FP4IDX_AOF_H
@@ -57,15 +66,18 @@ typedef enum fp4idx_fsync_e {
 typedef enum fp4idx_aof_op_e {
   FP4IDX_AOF_APPEND = 1,
   FP4IDX_AOF_TRUNCATE = 2,
-  FP4IDX_AOF_DROP = 3
+  FP4IDX_AOF_DROP = 3,
+  FP4IDX_AOF_FORK = 4 /* a log with forks stops a daemon that predates them
+                         (an invalid record): it refuses to start */
 } fp4idx_aof_op_t;
 
 /* One record as replay hands it over. */
 typedef struct fp4idx_aof_record_s {
   fp4idx_aof_op_t op;
   uint64_t seq;
-  int64_t pos;          /* append: first position; truncate: new length */
+  int64_t pos;          /* append: first position; truncate, fork: new length */
   int64_t count;        /* append: keys */
+  uint64_t src;         /* fork: the source sequence (seq is the new one) */
   const uint8_t *slots; /* append: [count, 68] packed slots (valid in the call) */
   int64_t offset;       /* byte offset of the record in the file */
 } fp4idx_aof_record_t;
@@ -78,7 +90,7 @@ typedef struct fp4idx_aof_replay_s {
   int exists;           /* 0: no log file (nothing replayed, not an error) */
   int stale;            /* 1: log generation < expected: skipped */
   uint64_t gen;         /* the log's generation */
-  int64_t records, appends, truncates, drops, keys;
+  int64_t records, appends, truncates, drops, forks, keys;
   int64_t valid_bytes;  /* end of the last good record */
   int64_t file_bytes;
   char warning[256];    /* non-empty when a torn tail was dropped */
@@ -127,6 +139,8 @@ int fp4idx__aof_append(fp4idx_aof_t *a, uint64_t seq, int64_t pos, int64_t n,
                       const uint8_t *slots);
 int fp4idx__aof_truncate(fp4idx_aof_t *a, uint64_t seq, int64_t length);
 int fp4idx__aof_drop(fp4idx_aof_t *a, uint64_t seq);
+/* fork: dst became the first `length` keys of src. */
+int fp4idx__aof_fork(fp4idx_aof_t *a, uint64_t src, uint64_t dst, int64_t length);
 
 /* fdatasync now. Returns FP4IDX_OK or FP4IDX_EIO. */
 int fp4idx__aof_sync(fp4idx_aof_t *a);

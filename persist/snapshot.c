@@ -238,7 +238,7 @@ typedef struct header_s {
 static void header_encode(unsigned char *h, const header_t *hd) {
   memset(h, 0, FP4IDX_SNAPSHOT_HEADER_BYTES);
   memcpy(h, MAGIC, 8);
-  fp4idx__put32(h + 8, FP4IDX_SNAPSHOT_VERSION);
+  fp4idx__put32(h + 8, hd->info.version);
   fp4idx__put32(h + 12, FP4IDX_SNAPSHOT_HEADER_BYTES);
   fp4idx__put32(h + 16, (uint32_t)hd->info.page_size);
   fp4idx__put32(h + 20, FP4IDX_SLOT_BYTES);
@@ -266,7 +266,7 @@ static int header_decode(const unsigned char *h, uint64_t file_bytes,
   }
   memset(hd, 0, sizeof *hd);
   hd->info.version = fp4idx__get32(h + 8);
-  if (hd->info.version != FP4IDX_SNAPSHOT_VERSION) {
+  if (hd->info.version < 1 || hd->info.version > FP4IDX_SNAPSHOT_VERSION) {
     return fp4idx__fail(err, errlen, FP4IDX_EVERSION, "%s: snapshot format version %u, this build reads %d",
                         path, hd->info.version, FP4IDX_SNAPSHOT_VERSION);
   }
@@ -308,6 +308,8 @@ int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_page
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
   int rc = FP4IDX_OK, fd = -1;
   int32_t *file_index = NULL; /* pool page -> stored index, -1 if unused */
+  int64_t *last = NULL;       /* pool page -> the last sequence naming it */
+  int shared = 0;
   unsigned char *tbuf = NULL;
   iopipe_t pipe;
   char tmp[PATH_MAX];
@@ -324,11 +326,14 @@ int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_page
   memset(&hd, 0, sizeof hd);
   const size_t page_bytes = (size_t)page_size * FP4IDX_SLOT_BYTES;
 
-  /* Mark used pages (and catch ids out of range or used twice), then number
-   * them in ascending page order: the order in which they are copied out. */
+  /* Mark used pages (and catch ids out of range or twice in a sequence),
+   * then number them in ascending page order: the order in which they are
+   * copied out. A page several sequences name is stored once. */
   file_index = malloc(sizeof *file_index * (size_t)(pool_pages ? pool_pages : 1));
-  if (!file_index) goto nomem;
+  last = malloc(sizeof *last * (size_t)(pool_pages ? pool_pages : 1));
+  if (!file_index || !last) goto nomem;
   memset(file_index, 0xff, sizeof *file_index * (size_t)pool_pages);
+  memset(last, 0xff, sizeof *last * (size_t)pool_pages);
   for (int64_t s = 0; s < n_seqs; s++) {
     int64_t np = pages_of(seqs[s].n_keys, page_size);
     if (seqs[s].n_keys < 0 || (np && !seqs[s].pages)) {
@@ -338,12 +343,14 @@ int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_page
     }
     for (int64_t i = 0; i < np; i++) {
       int32_t p = seqs[s].pages[i];
-      if (p < 0 || p >= pool_pages || file_index[p] != -1) {
-        rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: sequence %llu: page %d out of range or shared",
+      if (p < 0 || p >= pool_pages || last[p] == s) {
+        rc = fp4idx__fail(err, errlen, FP4IDX_EINVAL, "snapshot save: sequence %llu: page %d out of range or listed twice",
                           (unsigned long long)seqs[s].id, (int)p);
         goto out;
       }
+      shared |= file_index[p] == 0;
       file_index[p] = 0;
+      last[p] = s;
     }
     hd.info.n_keys += seqs[s].n_keys;
     hd.table_bytes += 16 + 4 * (uint64_t)np;
@@ -352,7 +359,7 @@ int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_page
   for (int64_t p = 0; p < pool_pages; p++)
     if (file_index[p] == 0) file_index[p] = (int32_t)n_stored++;
 
-  hd.info.version = FP4IDX_SNAPSHOT_VERSION;
+  hd.info.version = shared ? 2 : 1;
   hd.info.page_size = page_size;
   hd.info.n_seqs = n_seqs;
   hd.info.n_pages = n_stored;
@@ -460,6 +467,7 @@ out:
   if (fd >= 0) close(fd);
   if (rc != FP4IDX_OK) unlink(tmp);
   free(file_index);
+  free(last);
   free(tbuf);
   return rc;
 }
@@ -524,7 +532,8 @@ int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_page
                          fp4idx_snap_info_t *info, char *err, size_t errlen) {
   int rc, fd = -1;
   header_t hd;
-  unsigned char *table = NULL, *seen = NULL;
+  unsigned char *table = NULL;
+  int64_t *seen = NULL; /* stored page -> the last sequence naming it, -1 */
   iopipe_t pipe;
   fp4idx_snap_seq_t *seqs = NULL;
 
@@ -551,8 +560,9 @@ int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_page
   /* Table: read whole (its size is bounded by the file size, checked), check
    * its checksum, then parse it with every bound checked. */
   table = malloc(hd.table_bytes ? hd.table_bytes : 1);
-  seen = calloc((size_t)hd.info.n_pages / 8 + 1, 1);
+  seen = malloc(sizeof *seen * ((size_t)hd.info.n_pages + 1));
   if (!table || !seen) goto nomem;
+  memset(seen, 0xff, sizeof *seen * ((size_t)hd.info.n_pages + 1));
   ssize_t got = read_full(fd, table, hd.table_bytes);
   if (got < 0) goto ioerr;
   if ((uint64_t)got != hd.table_bytes ||
@@ -580,13 +590,15 @@ int fp4idx__snapshot_load(const char *path, int32_t page_size, int64_t pool_page
     for (int64_t i = 0; i < np; i++) {
       uint32_t p = fp4idx__get32(table + off);
       off += 4;
-      if ((int64_t)p >= hd.info.n_pages || (seen[p / 8] & (1u << (p % 8))))
+      /* Once per sequence; in two sequences only in a version 2 file. */
+      if ((int64_t)p >= hd.info.n_pages || seen[p] == s ||
+          (seen[p] >= 0 && hd.info.version < 2))
         goto badtable;
-      seen[p / 8] |= (unsigned char)(1u << (p % 8));
+      used += seen[p] < 0; /* distinct pages */
+      seen[p] = s;
       *idx++ = (int32_t)p;
     }
     keys += nk;
-    used += (uint64_t)np;
   }
   if (off != hd.table_bytes || used != (uint64_t)hd.info.n_pages ||
       keys != (uint64_t)hd.info.n_keys)

@@ -9,7 +9,7 @@
  * File layout (all integers little-endian):
  *
  *   header, 128 bytes
- *     0  magic "FP4IDXSN"            8  u32 version (1)
+ *     0  magic "FP4IDXSN"            8  u32 version (1, or 2 when pages are shared)
  *    12  u32 header bytes (128)     16  u32 page size P
  *    20  u32 slot bytes (68)        24  u64 sequences
  *    32  u64 stored pages           40  u64 table bytes
@@ -23,6 +23,11 @@
  *     u64 id, u64 keys, then ceil(keys / P) u32 stored-page indices
  *   pool section: the stored pages, P * 68 bytes each in SGLang's page layout
  *     (fp4idx_format.h, page layout), in ascending order of their page id at save time.
+ *
+ * Shared pages (forks, protocol/PROTOCOL.md): several sequences name the same
+ * stored page, each once; a page is stored once. Such a file is version 2,
+ * so a reader of version 1 refuses it (EVERSION) rather than misreading it;
+ * a file without sharing stays version 1.
  *
  * Only pages that sequences use are stored. Loading puts stored page i at pool
  * page i, so a snapshot loads into a pool of any size that has room (the page
@@ -42,7 +47,7 @@ extern "C" {
 #endif
 
 enum {
-  FP4IDX_SNAPSHOT_VERSION = 1,
+  FP4IDX_SNAPSHOT_VERSION = 2, /* the newest read and written (1: no sharing) */
   FP4IDX_SNAPSHOT_HEADER_BYTES = 128,
   FP4IDX_SNAPSHOT_NONE = 1 /* fp4idx__snapshot_load: no file (not an error) */
 };
@@ -78,12 +83,13 @@ typedef struct fp4idx_snap_info_s {
  * "<path>.tmp", fsync, rename over path, fsync of the folder. A crash at any
  * point leaves either the old snapshot or the new one, never a mix.
  * Takes: page_size P (power of two), pool_pages (every page id must be in
- *   [0, pool_pages) and used by one sequence at most), the table, log_gen
+ *   [0, pool_pages) and listed once per sequence; several sequences may
+ *   share it), the table, log_gen
  *   (recorded for the append log that follows), read (bulk page copies, called
  *   with ascending ranges of at most a few MiB), info (optional, filled on
  *   success), err/errlen (optional message buffer).
  * Returns FP4IDX_OK; FP4IDX_EINVAL (bad arguments, a page id out of range or
- *   shared), FP4IDX_ENOMEM, FP4IDX_EIO (file system, message names the path
+ *   twice in one sequence), FP4IDX_ENOMEM, FP4IDX_EIO (file system, message names the path
  *   and errno), or the read callback's error. On error the old snapshot, if
  *   any, is untouched and the temporary file removed. */
 int fp4idx__snapshot_save(const char *path, int32_t page_size, int64_t pool_pages,

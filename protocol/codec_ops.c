@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "codec_internal.h"
 #include "fp4idx_wire_key.h" /* the sizes below are the key format's */
@@ -52,6 +53,14 @@ static int kv_fixstr(msgpack_packer *pk, const char *k, const char *v,
 static int get_uint(const fp4idx__fields_t *f, const char *name,
                     uint64_t *out, char *msg, size_t cap) {
   return fp4idx__get_uint(fp4idx__fv(f, name), "", name, out, msg, cap);
+}
+
+/* A response field added after version 1 shipped: 0 when absent. */
+static int get_opt_uint(const fp4idx__fields_t *f, const char *name,
+                        uint64_t *out, char *msg, size_t cap) {
+  const msgpack_object *v = fp4idx__fv(f, name);
+  *out = 0;
+  return v ? fp4idx__get_uint(v, "", name, out, msg, cap) : 0;
 }
 
 static int get_fixstr(const fp4idx__fields_t *f, const char *name, char *out,
@@ -177,14 +186,15 @@ int fp4idx__info_resp_decode(const fp4idx__fields_t *f,
       (rc = get_uint(f, "pages_total", &in->pages_total, msg, cap)) ||
       (rc = get_uint(f, "pages_free", &in->pages_free, msg, cap)) ||
       (rc = get_uint(f, "sequences", &in->sequences, msg, cap)) ||
-      (rc = get_uint(f, "max_frame", &in->max_frame, msg, cap)))
+      (rc = get_uint(f, "max_frame", &in->max_frame, msg, cap)) ||
+      (rc = get_opt_uint(f, "pages_shared", &in->pages_shared, msg, cap)))
     return rc;
   return 0;
 }
 
 int fp4idx__info_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   const fp4idx_info_t *in = &r->u.info;
-  int rc = fp4idx__pack_resp_head(pk, r, 9);
+  int rc = fp4idx__pack_resp_head(pk, r, 10);
   rc |= fp4idx__pack_kv_uint(pk, "version", in->version);
   rc |= kv_fixstr(pk, "server", in->server, sizeof(in->server));
   rc |= kv_fixstr(pk, "backend", in->backend, sizeof(in->backend));
@@ -194,6 +204,7 @@ int fp4idx__info_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   rc |= fp4idx__pack_kv_uint(pk, "pages_free", in->pages_free);
   rc |= fp4idx__pack_kv_uint(pk, "sequences", in->sequences);
   rc |= fp4idx__pack_kv_uint(pk, "max_frame", in->max_frame);
+  rc |= fp4idx__pack_kv_uint(pk, "pages_shared", in->pages_shared);
   return packed(rc);
 }
 
@@ -615,6 +626,35 @@ int fp4idx__drop_req_pack(msgpack_packer *pk, const fp4idx_request_t *req) {
   return packed(rc);
 }
 
+/* ---- fork ------------------------------------------------------------------------ */
+
+int fp4idx__fork_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
+                            char *msg, size_t cap) {
+  int rc = get_uint(f, "src", &req->u.fork.src, msg, cap);
+  if (rc == 0) rc = get_uint(f, "dst", &req->u.fork.dst, msg, cap);
+  if (rc == 0) rc = get_uint(f, "length", &req->u.fork.length, msg, cap);
+  return rc;
+}
+
+int fp4idx__fork_req_pack(msgpack_packer *pk, const fp4idx_request_t *req) {
+  int rc = fp4idx__pack_req_head(pk, req, 3);
+  rc |= fp4idx__pack_kv_uint(pk, "src", req->u.fork.src);
+  rc |= fp4idx__pack_kv_uint(pk, "dst", req->u.fork.dst);
+  rc |= fp4idx__pack_kv_uint(pk, "length", req->u.fork.length);
+  return packed(rc);
+}
+
+int fp4idx__fork_resp_decode(const fp4idx__fields_t *f, fp4idx_response_t *resp,
+                             char *msg, size_t cap) {
+  return get_uint(f, "length", &resp->u.fork.length, msg, cap);
+}
+
+int fp4idx__fork_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
+  int rc = fp4idx__pack_resp_head(pk, r, 1);
+  rc |= fp4idx__pack_kv_uint(pk, "length", r->u.fork.length);
+  return packed(rc);
+}
+
 /* ---- read ------------------------------------------------------------------------ */
 
 int fp4idx__read_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req,
@@ -722,6 +762,34 @@ static int decode_op_stats(const msgpack_object_kv *kv, const char *what,
   return 0;
 }
 
+/* "errors_by_status" {name: count} -> st->status_errors[-code]; names this
+ * build does not know are skipped. */
+static int decode_status_errors(const msgpack_object *m, fp4idx_stats_t *st,
+                                char *msg, size_t cap) {
+  if (m == NULL) return 0;
+  if (m->type != MSGPACK_OBJECT_MAP)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "errors_by_status: expected a map");
+  if (m->via.map.size > FP4IDX_PROTO_MAX_STATUSES)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "errors_by_status: %u entries, at most %u",
+                        m->via.map.size, FP4IDX_PROTO_MAX_STATUSES);
+  for (uint32_t i = 0; i < m->via.map.size; i++) {
+    char name[FP4IDX_PROTO_NAME_CAP];
+    uint64_t n;
+    int rc;
+    if ((rc = fp4idx__get_strcpy(&m->via.map.ptr[i].key, "errors_by_status", "<key>",
+                                 name, sizeof name, msg, cap)) ||
+        (rc = fp4idx__get_uint(&m->via.map.ptr[i].val, "errors_by_status", name, &n,
+                               msg, cap)))
+      return rc;
+    for (int64_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
+      if (strcmp(fp4idx_status_name((int)-k), name) == 0) {
+        st->status_errors[k] = n;
+        break;
+      }
+  }
+  return 0;
+}
+
 int fp4idx__stats_resp_decode(const fp4idx__fields_t *f,
                               fp4idx_response_t *resp, char *msg, size_t cap) {
   fp4idx_stats_t *st = &resp->u.stats;
@@ -736,7 +804,21 @@ int fp4idx__stats_resp_decode(const fp4idx__fields_t *f,
       (rc = get_fixstr(f, "device", st->device, sizeof(st->device), msg,
                        cap)) ||
       (rc = get_uint(f, "pages_total", &st->pages_total, msg, cap)) ||
-      (rc = get_uint(f, "pages_free", &st->pages_free, msg, cap)))
+      (rc = get_uint(f, "pages_free", &st->pages_free, msg, cap)) ||
+      (rc = get_opt_uint(f, "pages_shared", &st->pages_shared, msg, cap)))
+    return rc;
+  /* Counters and gauges: optional (absent from older daemons), 0 then. */
+  static const char *const opt_names[] = {"keys_appended",  "rows_scored",
+                                          "request_bytes",  "response_bytes",
+                                          "queue_depth",    "device_mem_total",
+                                          "device_mem_free"};
+  uint64_t *opt[] = {&st->keys_appended, &st->rows_scored, &st->request_bytes,
+                     &st->response_bytes, &st->queue_depth,
+                     &st->device_mem_total, &st->device_mem_free};
+  for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+    if (fp4idx__fv(f, opt_names[i]) && (rc = get_uint(f, opt_names[i], opt[i], msg, cap)))
+      return rc;
+  if ((rc = decode_status_errors(fp4idx__fv(f, "errors_by_status"), st, msg, cap)))
     return rc;
   const msgpack_object *m = fp4idx__fv(f, "requests");
   const msgpack_object *g = fp4idx__fv(f, "stages"); /* optional: newer daemons */
@@ -801,7 +883,7 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
     if (st->ops[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return FP4IDX_EINVAL;
   for (size_t i = 0; i < st->nstages; i++)
     if (st->stages[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return FP4IDX_EINVAL;
-  int rc = fp4idx__pack_resp_head(pk, r, 9 + (st->nstages > 0));
+  int rc = fp4idx__pack_resp_head(pk, r, 18 + (st->nstages > 0));
   rc |= fp4idx__pack_cstr(pk, "uptime_s") |
         msgpack_pack_double(pk, st->uptime_s);
   rc |= fp4idx__pack_kv_uint(pk, "connections", st->connections);
@@ -811,6 +893,23 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   rc |= kv_fixstr(pk, "device", st->device, sizeof(st->device));
   rc |= fp4idx__pack_kv_uint(pk, "pages_total", st->pages_total);
   rc |= fp4idx__pack_kv_uint(pk, "pages_free", st->pages_free);
+  rc |= fp4idx__pack_kv_uint(pk, "pages_shared", st->pages_shared);
+  rc |= fp4idx__pack_kv_uint(pk, "keys_appended", st->keys_appended);
+  rc |= fp4idx__pack_kv_uint(pk, "rows_scored", st->rows_scored);
+  rc |= fp4idx__pack_kv_uint(pk, "request_bytes", st->request_bytes);
+  rc |= fp4idx__pack_kv_uint(pk, "response_bytes", st->response_bytes);
+  rc |= fp4idx__pack_kv_uint(pk, "queue_depth", st->queue_depth);
+  rc |= fp4idx__pack_kv_uint(pk, "device_mem_total", st->device_mem_total);
+  rc |= fp4idx__pack_kv_uint(pk, "device_mem_free", st->device_mem_free);
+  uint32_t nerr = 0;
+  for (uint32_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
+    nerr += st->status_errors[k] != 0;
+  rc |= fp4idx__pack_cstr(pk, "errors_by_status");
+  rc |= msgpack_pack_map(pk, nerr);
+  for (uint32_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
+    if (st->status_errors[k])
+      rc |= fp4idx__pack_cstr(pk, fp4idx_status_name(-(int)k)) |
+            msgpack_pack_uint64(pk, st->status_errors[k]);
   rc |= fp4idx__pack_cstr(pk, "requests") | pack_counters(pk, st->ops, st->nops);
   if (st->nstages > 0)
     rc |= fp4idx__pack_cstr(pk, "stages") | pack_counters(pk, st->stages, st->nstages);
@@ -866,7 +965,8 @@ int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
   l->seqs = p;
   for (size_t i = 0; i < l->nseqs; i++) {
     char path[32];
-    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL}};
+    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL},
+                            {"pages_shared", NULL}};
     fp4idx__fields_t es = {ef, NF(ef)};
     fp4idx_list_entry_t *e = &l->seqs[i];
     snprintf(path, sizeof(path), "seqs[%zu]", i);
@@ -877,7 +977,8 @@ int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
         (rc = fp4idx__get_uint(fp4idx__fv(&es, "keys"), path, "keys", &e->keys,
                                msg, cap)) ||
         (rc = fp4idx__get_uint(fp4idx__fv(&es, "pages"), path, "pages",
-                               &e->pages, msg, cap)))
+                               &e->pages, msg, cap)) ||
+        (rc = get_opt_uint(&es, "pages_shared", &e->pages_shared, msg, cap)))
       return rc;
   }
   return 0;
@@ -891,10 +992,11 @@ int fp4idx__list_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   rc |= fp4idx__pack_cstr(pk, "seqs");
   rc |= msgpack_pack_array(pk, l->nseqs);
   for (size_t i = 0; i < l->nseqs && rc == 0; i++) {
-    rc |= msgpack_pack_map(pk, 3);
+    rc |= msgpack_pack_map(pk, 4);
     rc |= fp4idx__pack_kv_uint(pk, "seq", l->seqs[i].seq);
     rc |= fp4idx__pack_kv_uint(pk, "keys", l->seqs[i].keys);
     rc |= fp4idx__pack_kv_uint(pk, "pages", l->seqs[i].pages);
+    rc |= fp4idx__pack_kv_uint(pk, "pages_shared", l->seqs[i].pages_shared);
   }
   return packed(rc);
 }

@@ -70,10 +70,38 @@ void fp4idx_request_clear(fp4idx_request_t *req) {
   memset(req, 0, sizeof(*req));
 }
 
+/* Index of the first bf16 NaN or +-inf (exponent bits all ones) among the n
+ * values at data, or n. */
+static size_t fp4idx__first_nonfinite_bf16(const void *data, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((fp4idx_load_bf16(data, i) & 0x7f80u) == 0x7f80u) return i;
+  return n;
+}
+
 int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                            uint64_t *width, char *msg, size_t cap) {
   uint64_t w = nkeys;
   if (s == NULL || width == NULL) return FP4IDX_EINVAL;
+  /* A NaN or inf in q or w would make logits NaN, which no order of top-k
+   * can rank (PROTOCOL.md, score). */
+  size_t nq = (size_t)s->q.nbytes / 2, nw = (size_t)s->w.nbytes / 2;
+  size_t bad = fp4idx__first_nonfinite_bf16(s->q.data, nq);
+  if (bad < nq) {
+    size_t heads = s->rows && s->q.ndim == 3 ? (size_t)s->q.shape[1] : 1;
+    return fp4idx__fail(msg, cap, FP4IDX_ENONFINITE,
+                        "seq %llu: q[%zu,%zu,%zu] is %s; q and w must be finite",
+                        (unsigned long long)s->seq, bad / (heads * 128), bad / 128 % heads,
+                        bad % 128,
+                        (fp4idx_load_bf16(s->q.data, bad) & 0x7fu) ? "NaN" : "inf");
+  }
+  bad = fp4idx__first_nonfinite_bf16(s->w.data, nw);
+  if (bad < nw) {
+    size_t heads = s->w.ndim == 2 ? (size_t)s->w.shape[1] : 1;
+    return fp4idx__fail(msg, cap, FP4IDX_ENONFINITE,
+                        "seq %llu: w[%zu,%zu] is %s; q and w must be finite",
+                        (unsigned long long)s->seq, bad / heads, bad % heads,
+                        (fp4idx_load_bf16(s->w.data, bad) & 0x7fu) ? "NaN" : "inf");
+  }
   if (fp4idx_tensor_present(&s->lens)) {
     w = 0;
     for (uint32_t r = 0; r < s->rows; r++) {
@@ -96,6 +124,22 @@ int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                         fp4idx_tensor_present(&s->lens) ? "max(lens)"
                                                         : "keys of the seq");
   *width = w;
+  return 0;
+}
+
+int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t cap) {
+  if (a == NULL) return FP4IDX_EINVAL;
+  if (a->keys.dtype != FP4IDX_WIRE_U8) return 0; /* bf16/f32: the quantizer checks */
+  const unsigned char *k = a->keys.data;
+  for (uint64_t i = 0; i < a->keys.shape[0]; i++)
+    for (int j = 0; j < 4; j++) {
+      unsigned s = k[i * 68 + 64 + (uint64_t)j];
+      if (s == 0 || s == 255)
+        return fp4idx__fail(msg, cap, FP4IDX_ENONFINITE,
+                            "keys[%llu]: scale byte %d is %u; packed keys need scale "
+                            "bytes 1..254 (255 is NaN in UE8M0)",
+                            (unsigned long long)i, j, s);
+    }
   return 0;
 }
 

@@ -5,6 +5,7 @@
  * checked. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "codec_internal.h"
 

@@ -74,6 +74,7 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_BUCKETS 64u               /* latency histogram */
 #define FP4IDX_PROTO_LIST_COUNT 100u               /* "list" default count */
 #define FP4IDX_PROTO_MAX_LIST_COUNT 10000u         /* "list" "count" bound */
+#define FP4IDX_PROTO_MAX_STATUSES 64u /* "errors_by_status": codes 0..-63 */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer
  * strings on the wire are truncated (they are informational). */
@@ -112,7 +113,7 @@ extern "C" {
     ("version", "server"), hello, hello)                                      \
   X(INFO, info, FP4IDX_OPF_LOOP, (),                                                        \
     ("version", "server", "backend", "device", "page_size", "pages_total",    \
-     "pages_free", "sequences", "max_frame"),                                 \
+     "pages_free", "sequences", "max_frame", "pages_shared"),                 \
     none, info)                                                               \
   X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
     ("first", "length"), append, append)                                      \
@@ -120,16 +121,21 @@ extern "C" {
   X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
     truncate, truncate)                                                       \
   X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
+  X(FORK, fork, FP4IDX_OPF_MUTATES, ("src", "dst", "length"), ("length"),     \
+    fork, fork)                                                               \
   X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
   X(STATS, stats, FP4IDX_OPF_LOOP, (),                                                      \
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
-     "pages_total", "pages_free", "requests", "stages"),                      \
+     "pages_total", "pages_free", "requests", "pages_shared", "keys_appended", \
+     "rows_scored", "request_bytes", "response_bytes", "queue_depth",         \
+     "device_mem_total", "device_mem_free", "errors_by_status", \
+     "stages"),              \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
   X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
-#define FP4IDX_OP_MAX_FIELDS 13u
+#define FP4IDX_OP_MAX_FIELDS 24u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
@@ -347,6 +353,14 @@ typedef struct fp4idx_drop_req_s {
   uint64_t seq;
 } fp4idx_drop_req_t;
 
+/* "fork" {"src", "dst", "length"}: dst (new) starts as src's first length
+ * keys, sharing their pages. */
+typedef struct fp4idx_fork_req_s {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t length;
+} fp4idx_fork_req_t;
+
 /* "read" {"seq", "from"?, "count"?, "dequant"?}. */
 typedef struct fp4idx_read_req_s {
   uint64_t seq;
@@ -372,6 +386,7 @@ typedef struct fp4idx_request_s {
     fp4idx_score_req_t score;
     fp4idx_truncate_req_t truncate;
     fp4idx_drop_req_t drop;
+    fp4idx_fork_req_t fork;
     fp4idx_read_req_t read;
     fp4idx_list_req_t list;
   } u;
@@ -408,12 +423,22 @@ int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
 void fp4idx_request_clear(fp4idx_request_t *req);
 
 /* Checks a decoded score entry against its sequence's key count `nkeys`
- * (daemon side, under the sequence lock): every lens[r] in 0..nkeys
- * (FP4IDX_ERANGE otherwise), and the mask width equals W (FP4IDX_ESHAPE).
- * Sets *width to W = max(lens), or nkeys without lens (W of the logits
- * [R,W]). Returns 0, ERANGE, ESHAPE or EINVAL (NULL arguments). */
+ * (daemon side, under the sequence lock): every value of q and w finite
+ * (FP4IDX_ENONFINITE for a NaN or +-inf; the message names the first), every
+ * lens[r] in 0..nkeys (FP4IDX_ERANGE otherwise), and the mask width equals W
+ * (FP4IDX_ESHAPE). Sets *width to W = max(lens), or nkeys without lens (W of
+ * the logits [R,W]). Returns 0, ENONFINITE, ERANGE, ESHAPE or EINVAL (NULL
+ * arguments). */
 int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                            uint64_t *width, char *msg, size_t msgcap);
+
+/* Checks the keys of a decoded append (daemon side, before anything is
+ * stored): packed u8 keys must have every scale byte in 1..254, the range
+ * the quantizer produces and where UE8M0 decoders agree (255 is NaN, 0 is
+ * 2^-127 in torch and 0 in kernels/fp4idx_format.h). Returns 0 (also for
+ * bf16/f32 keys, which the quantizer checks), FP4IDX_ENONFINITE with the
+ * first bad key and byte in msg, or FP4IDX_EINVAL (NULL). */
+int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t msgcap);
 
 /* Appends one request frame (header + body) to `sb` (anything already in sb
  * is kept, so pipelined requests can be batched). Validates like the decoder
@@ -438,6 +463,8 @@ typedef struct fp4idx_info_s {
   char backend[FP4IDX_PROTO_SHORT_CAP]; /* "cpu" | "cuda" */
   char device[FP4IDX_PROTO_DEVICE_CAP];
   uint64_t page_size, pages_total, pages_free, sequences, max_frame;
+  uint64_t pages_shared; /* pages two sequences or more see (0 from a
+                            daemon that predates fork) */
 } fp4idx_info_t;
 
 /* "append" -> {"first", "length"}: position of the first new key and the
@@ -467,6 +494,11 @@ typedef struct fp4idx_truncate_resp_s {
   uint64_t length;
 } fp4idx_truncate_resp_t;
 
+/* "fork" -> {"length"}: the new sequence's length. */
+typedef struct fp4idx_fork_resp_s {
+  uint64_t length;
+} fp4idx_fork_resp_t;
+
 /* "read" -> {"keys": u8 [n,68] | f32 [n,128]} (n may be 0). */
 typedef struct fp4idx_read_resp_s {
   fp4idx_tensor_t keys;
@@ -489,10 +521,18 @@ typedef struct fp4idx_op_stats_s {
 typedef struct fp4idx_stats_s {
   double uptime_s;
   uint64_t connections, sequences, keys, pages_total, pages_free;
+  uint64_t pages_shared; /* as in info */
   char backend[FP4IDX_PROTO_SHORT_CAP];
   char device[FP4IDX_PROTO_DEVICE_CAP];
   fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
   size_t nops;
+  /* Counters since start and gauges now. Optional on the wire (absent from
+   * daemons before them): 0 when absent. */
+  uint64_t keys_appended, rows_scored, request_bytes, response_bytes;
+  uint64_t queue_depth, device_mem_total, device_mem_free;
+  /* "errors_by_status": status name -> count, held by -code (index 0
+   * unused); names this build does not know are skipped when decoding. */
+  uint64_t status_errors[FP4IDX_PROTO_MAX_STATUSES];
   /* nstages entries (map "stages": time per stage of the request path, op
    * holding the stage name, errors 0); absent on the wire when 0 */
   fp4idx_op_stats_t *stages;
@@ -504,6 +544,7 @@ typedef struct fp4idx_list_entry_s {
   uint64_t seq;
   uint64_t keys;  /* keys held */
   uint64_t pages; /* pages they take */
+  uint64_t pages_shared; /* of which another sequence sees too (fork) */
 } fp4idx_list_entry_t;
 
 /* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is
@@ -527,6 +568,7 @@ typedef struct fp4idx_response_s {
     fp4idx_append_resp_t append;
     fp4idx_score_resp_t score;
     fp4idx_truncate_resp_t truncate;
+    fp4idx_fork_resp_t fork;
     fp4idx_read_resp_t read;
     fp4idx_stats_t stats;
     fp4idx_list_resp_t list;

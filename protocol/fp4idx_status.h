@@ -27,7 +27,7 @@ extern "C" {
   X(ESHAPE, -6, "tensor shape or dtype does not match")                        \
   X(ENOSEQ, -7, "unknown sequence")                                            \
   X(ERANGE, -8, "position or visible count out of range")                      \
-  X(ENONFINITE, -9, "non-finite value (NaN or inf) in a key")                  \
+  X(ENONFINITE, -9, "non-finite value (NaN or inf) in a key, q or w")          \
   X(EFULL, -10, "page pool is full")                                           \
   X(ENOMEM, -11, "out of host memory")                                         \
   X(ENODEV, -12, "no such device or backend not available")                    \
@@ -38,7 +38,8 @@ extern "C" {
   X(ECORRUPT, -17, "corrupt snapshot or log")                                  \
   X(ESHUTDOWN, -18, "daemon is shutting down")                                 \
   X(EEXIST, -19, "already exists")                                             \
-  X(EINTERNAL, -20, "internal error")
+  X(EINTERNAL, -20, "internal error")                                          \
+  X(EDISABLED, -21, "not enabled in this daemon")
 
 typedef enum fp4idx_status_e {
 #define FP4IDX__STATUS_ENUM(name, num, msg) FP4IDX_##name = (num),

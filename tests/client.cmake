@@ -31,3 +31,11 @@ if(TARGET fp4idx_daemon_harness)
   target_link_options(test_client_oom PRIVATE
     -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc)
 endif()
+
+# README.md's library example, compiled against the build tree's
+# uninstalled .pc and run against the daemon it starts, as written.
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_readme COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_readme.sh
+                                    ${PROJECT_SOURCE_DIR}/README.md ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_readme PROPERTIES LABELS "daemon;client" TIMEOUT 180)
+endif()

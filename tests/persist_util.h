@@ -43,6 +43,15 @@ static inline void fill_random(void *buf, size_t n, uint64_t seed) {
   }
 }
 
+/* n_bytes / 68 random packed keys the daemon accepts: random payloads,
+ * scale bytes in 1..254 (PROTOCOL.md, append: 0 and 255 are refused). */
+static inline void fill_random_keys(void *buf, size_t n_bytes, uint64_t seed) {
+  unsigned char *p = buf;
+  fill_random(buf, n_bytes, seed);
+  for (size_t k = 0; k + 68 <= n_bytes; k += 68)
+    for (int j = 64; j < 68; j++) p[k + (size_t)j] = (unsigned char)(1 + p[k + (size_t)j] % 254);
+}
+
 /* A pool in host memory, with the snapshot module's callbacks. */
 typedef struct host_pool_s {
   unsigned char *bytes;

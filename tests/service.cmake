@@ -22,6 +22,14 @@ add_test(NAME test_units
                  ${PROJECT_SOURCE_DIR}/deploy ${_fp4idx_units_daemon} ${_fp4idx_units_cli})
 set_tests_properties(test_units PROPERTIES SKIP_RETURN_CODE 77 LABELS unit)
 
+# The man pages name every command and option the programs' --help shows.
+if(TARGET fp4idxd AND TARGET fp4idx-cli)
+  add_test(NAME test_man COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_man.sh
+                                 ${PROJECT_SOURCE_DIR}/deploy/man
+                                 $<TARGET_FILE:fp4idxd> $<TARGET_FILE:fp4idx-cli>)
+  set_tests_properties(test_man PROPERTIES LABELS unit)
+endif()
+
 # The .deb: CPack builds it from this tree, its contents are checked and the
 # daemon it carries is started the way the units say (no system change; see
 # the script for the real dpkg -i variant).
@@ -31,12 +39,23 @@ if(TARGET fp4idxd)
   set_tests_properties(test_deb PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
 endif()
 
+# lintian on the three packages (errors and warnings fail).
+if(TARGET fp4idxd)
+  add_test(NAME test_lintian COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_lintian.sh
+                                     ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_lintian PROPERTIES SKIP_RETURN_CODE 77 LABELS deb TIMEOUT 600)
+endif()
+
 # The real daemon as a service (restart, kill -9, socket activation, notify).
 if(TARGET fp4idx_daemon_harness)
   fp4idx_add_test(test_service_daemon SOURCES test_service_daemon.c
     LIBS fp4idx_daemon_harness fp4idx_format Threads::Threads LABELS daemon)
   target_compile_definitions(test_service_daemon PRIVATE
     FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
+  # Tail loss: a short or missing log is refused (daemon/logmark.h).
+  fp4idx_add_test(test_daemon_tailloss SOURCES test_daemon_tailloss.c
+    LIBS fp4idx_daemon_harness LABELS daemon)
+  set_tests_properties(test_daemon_tailloss PROPERTIES TIMEOUT 300)
 endif()
 
 # fp4idx-cli save / export / import against the real daemon.

@@ -405,3 +405,68 @@ Test(aof, failed_write_leaves_a_replayable_log) {
   sink_free(&s);
   tmpdir_rm(dir);
 }
+
+/* The fork record: dst and length come back as written, with no payload;
+ * a fork record cut anywhere is a torn tail. */
+Test(aof, fork_record_round_trip_and_torn_tail) {
+  char dir[64], path[128];
+  with_log(dir, sizeof dir, path, sizeof path);
+  fill_random(keys_a, sizeof keys_a, 1);
+  fp4idx_aof_t *a = NULL;
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 0, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_append(a, 7, 0, 3, keys_a), FP4IDX_OK);
+  int64_t before = fp4idx__aof_size(a);
+  cr_assert_eq(fp4idx__aof_fork(a, 7, UINT64_MAX, 2), FP4IDX_OK);
+  int64_t after = fp4idx__aof_size(a);
+  cr_assert_eq(after - before, FP4IDX_AOF_RECORD_OVERHEAD, "no payload");
+  cr_assert_eq(fp4idx__aof_fork(a, 7, 8, -1), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx__aof_truncate(a, 7, 1), FP4IDX_OK);
+  fp4idx__aof_close(a);
+  sink_t s = {0};
+  fp4idx_aof_replay_t res;
+  char err[256] = "";
+  cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err), FP4IDX_OK,
+               "%s", err);
+  cr_assert_eq(res.records, 3);
+  cr_assert_eq(res.forks, 1);
+  cr_assert_eq(res.appends, 1);
+  cr_assert_eq(res.truncates, 1);
+  cr_assert(s.recs[1].op == FP4IDX_AOF_FORK && s.recs[1].seq == UINT64_MAX &&
+            s.recs[1].pos == 2 && s.recs[1].count == 0);
+  cr_assert(s.recs[2].op == FP4IDX_AOF_TRUNCATE && s.recs[2].pos == 1);
+  sink_free(&s);
+  char good[160];
+  snprintf(good, sizeof good, "%s/good", dir);
+  file_copy(path, good);
+  for (int64_t cut = before + 1; cut < after; cut++) {
+    file_copy(good, path);
+    file_truncate(path, cut);
+    cr_assert_eq(fp4idx__aof_replay(path, 1, sink_apply, &s, &res, err, sizeof err), FP4IDX_OK,
+                 "cut %lld: %s", (long long)cut, err);
+    cr_assert_eq(res.records, 1, "cut %lld", (long long)cut);
+    cr_assert_eq(res.valid_bytes, before);
+    cr_assert_neq(res.warning[0], 0);
+    sink_free(&s);
+  }
+  tmpdir_rm(dir);
+}
+
+/* The source of a fork record as the replay hands it over. */
+static int src_apply(void *ctx, const fp4idx_aof_record_t *r) {
+  if (r->op == FP4IDX_AOF_FORK) *(uint64_t *)ctx = r->src;
+  return FP4IDX_OK;
+}
+
+Test(aof, fork_record_carries_the_source) {
+  char dir[64], path[128];
+  with_log(dir, sizeof dir, path, sizeof path);
+  fp4idx_aof_t *a = NULL;
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 0, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_fork(a, 1ull << 63 | 5, 9, 0), FP4IDX_OK);
+  fp4idx__aof_close(a);
+  uint64_t src = 0;
+  fp4idx_aof_replay_t res;
+  cr_assert_eq(fp4idx__aof_replay(path, 1, src_apply, &src, &res, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(src, 1ull << 63 | 5);
+  tmpdir_rm(dir);
+}

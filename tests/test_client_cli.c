@@ -6,6 +6,7 @@
  * and one-line errors. The CLI is $FP4IDX_CLI or the one built here. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -332,7 +333,7 @@ Test(cli, truncate_drop_and_errors) {
 
 Test(cli, list_text_json_and_steps) {
   cr_assert_eq(cli("list"), 0, "%s", err_);
-  cr_expect_str_eq(out_, "seq keys pages\n");
+  cr_expect_str_eq(out_, "seq keys pages shared\n");
   cr_assert_eq(cli("list --format json"), 0, "%s", err_);
   cr_expect_str_eq(out_, "{\"sequences\":[]}\n");
   cr_assert_eq(cli("append 9 --random 130 --seed 1"), 0, "%s", err_);
@@ -341,15 +342,16 @@ Test(cli, list_text_json_and_steps) {
   cr_assert_eq(cli("drop 120"), 0, "%s", err_);
   /* every sequence once, sorted, through several steps of 5 */
   cr_assert_eq(cli("list --count 5"), 0, "%s", err_);
-  static const char head[] = "seq keys pages\n3 1 1\n9 130 3\n100 1 1\n";
+  static const char head[] = "seq keys pages shared\n3 1 1 0\n9 130 3 0\n100 1 1 0\n";
   cr_expect(strncmp(out_, head, strlen(head)) == 0, "%s", out_);
   int lines = 0;
   for (const char *p = out_; *p; p++) lines += *p == '\n';
   cr_expect_eq(lines, 1 + 41, "%s", out_);
   cr_expect(strstr(out_, "\n120 ") == NULL, "dropped 120 listed: %s", out_);
   cr_assert_eq(cli("list --format json --count 3"), 0, "%s", err_);
-  static const char jhead[] = "{\"sequences\":[{\"seq\":3,\"keys\":1,\"pages\":1},"
-                              "{\"seq\":9,\"keys\":130,\"pages\":3},";
+  static const char jhead[] =
+      "{\"sequences\":[{\"seq\":3,\"keys\":1,\"pages\":1,\"pages_shared\":0},"
+      "{\"seq\":9,\"keys\":130,\"pages\":3,\"pages_shared\":0},";
   cr_expect(strncmp(out_, jhead, strlen(jhead)) == 0, "%s", out_);
   /* one step: the next cursor is printed; walking the cursors by hand
    * finds all 41 */
@@ -444,6 +446,197 @@ Test(cli, info_stats_prometheus) {
   char cmd[512];
   snprintf(cmd, sizeof cmd, "ls %s | grep -q 'fp4idx.prom.tmp'", work_);
   cr_expect_neq(WEXITSTATUS(system(cmd)), 0, "temporary file left behind");
+}
+
+/* f32 [n] file from bf16 [n] values, plus `nudge` (in f32 ulps) that RNE
+ * rounds away again (|nudge| < 2^15 ulps keeps the nearest bf16). */
+static void bf16_file_to_f32(const char *src, const char *dst, int32_t nudge) {
+  size_t sz;
+  uint16_t *h = fp4idx_test_load_golden(src, 0, &sz);
+  cr_assert_not_null(h);
+  FILE *f = fopen(dst, "wb");
+  cr_assert_not_null(f);
+  for (size_t i = 0; i < sz / 2; i++) {
+    uint32_t u = (uint32_t)h[i] << 16;
+    if ((u & 0x7fffffffu) != 0) u = (uint32_t)((int32_t)u + nudge);
+    fwrite(&u, 4, 1, f);
+  }
+  fclose(f);
+  free(h);
+}
+
+Test(cli, score_takes_f32_q_and_w_rounded_rne) {
+  /* The golden case with q/w given as f32 (raw with --dtype f32, and .npy
+   * '<f4'), each value 0x7fff ulps above its bf16: RNE gives back the bf16
+   * values, so the logits equal the reference byte for byte. */
+  char lens[256];
+  int rows;
+  golden_lens("dyadic_h32_lens.bin", lens, sizeof lens, &rows);
+  cr_assert_eq(cli("append 1 %s --dtype bf16", golden_path("dyadic_h32_keys.bin")), 0, "%s", err_);
+  bf16_file_to_f32("dyadic_h32_q.bin", tmp("q.f32"), 0x7fff);
+  bf16_file_to_f32("dyadic_h32_w.bin", tmp("w.f32"), -0x7fff);
+  cr_assert_eq(cli("score 1 --q %s --w %s --dtype f32 --heads 32 --lens %s "
+                   "--format raw --out %s", tmp("q.f32"), tmp("w.f32"), lens,
+                   tmp("l32.f32")), 0, "%s", err_);
+  cr_expect(files_equal(tmp("l32.f32"), golden_path("dyadic_h32_ref.bin")),
+            "f32 q/w logits differ from the bf16 reference");
+  /* The same as .npy '<f4' [R,32,128] / [R,32], no --dtype needed. */
+  size_t qn, wn;
+  void *qd = fp4idx_test_load_file(tmp("q.f32"), &qn);
+  void *wd = fp4idx_test_load_file(tmp("w.f32"), &wn);
+  uint64_t qs[3] = {(uint64_t)rows, 32, 128}, ws[2] = {(uint64_t)rows, 32};
+  FILE *f = fopen(tmp("q.npy"), "wb");
+  fp4idx__npy_write_header(f, "<f4", 3, qs);
+  fwrite(qd, 1, qn, f);
+  fclose(f);
+  f = fopen(tmp("w.npy"), "wb");
+  fp4idx__npy_write_header(f, "<f4", 2, ws);
+  fwrite(wd, 1, wn, f);
+  fclose(f);
+  free(qd);
+  free(wd);
+  cr_assert_eq(cli("score 1 --q %s --w %s --heads 32 --lens %s --format raw --out %s",
+                   tmp("q.npy"), tmp("w.npy"), lens, tmp("lnpy.f32")), 0, "%s", err_);
+  cr_expect(files_equal(tmp("lnpy.f32"), golden_path("dyadic_h32_ref.bin")),
+            ".npy f32 q/w logits differ from the bf16 reference");
+  /* --heads 16 against that q of 32 heads names both counts. */
+  cr_expect_eq(cli("score 1 --q %s --w %s --heads 16", tmp("q.npy"), tmp("w.npy")), 1);
+  expect_one_line_error("score", "ESHAPE");
+  cr_expect(strstr(err_, "--q has 32 heads (.npy shape [") != NULL &&
+            strstr(err_, "but --heads is 16") != NULL, "%s", err_);
+  /* Raw q of 32 heads, --heads 16 and --lens for the real rows: named too. */
+  cr_expect_eq(cli("score 1 --q %s --w %s --dtype f32 --heads 16 --lens %s",
+                   tmp("q.f32"), tmp("w.f32"), lens), 1);
+  expect_one_line_error("score", "ESHAPE");
+  cr_expect(strstr(err_, "--q would then have 32 heads, but --heads is 16") != NULL,
+            "%s", err_);
+  cr_expect_eq(cli("score 1 --q %s --w %s --dtype f16 --heads 32", tmp("q.f32"),
+                   tmp("w.f32")), 2);
+  expect_one_line_error("score", "EINVAL");
+}
+
+Test(cli, help_command) {
+  cr_expect_eq(cli("help"), 0, "%s", err_);
+  cr_expect(strncmp(out_, "usage: fp4idx-cli", 17) == 0, "%s", out_);
+  cr_expect(strstr(out_, "append") && strstr(out_, "score"), "%s", out_);
+  cr_expect_str_eq(err_, "");
+  cr_expect_eq(cli("help append"), 0, "%s", err_);
+  cr_expect(strncmp(out_, "usage: fp4idx-cli [-s SOCKET] append", 36) == 0, "%s", out_);
+  cr_expect_eq(cli("help frobnicate"), 2);
+  expect_one_line_error("help", "EINVAL");
+}
+
+Test(cli, info_and_stats_as_json) {
+  cr_assert_eq(cli("append 1 --random 10 --seed 1"), 0, "%s", err_);
+  cr_assert_eq(cli("info --format json"), 0, "%s", err_);
+  cr_expect(out_[0] == '{' && strstr(out_, "}\n") == out_ + strlen(out_) - 2, "%s", out_);
+  cr_expect(strstr(out_, "\"backend\":\"cpu\"") != NULL, "%s", out_);
+  cr_expect(strstr(out_, "\"sequences\":1,") != NULL, "%s", out_);
+  cr_expect(strstr(out_, "\"server\":\"fp4idxd ") != NULL, "%s", out_);
+  cr_assert_eq(cli("stats --format json"), 0, "%s", err_);
+  cr_expect(strstr(out_, "\"keys\":10,") != NULL, "%s", out_);
+  cr_expect(strstr(out_, "{\"op\":\"append\",\"requests\":1,\"errors\":0,") != NULL, "%s", out_);
+  cr_expect(strstr(out_, "{\"le_us\":null,\"count\":") != NULL, "+inf bucket: %s", out_);
+  /* A JSON parser reads both (python3 is part of Debian's base images; the
+   * check is skipped where it is missing). */
+  if (system("command -v python3 >/dev/null 2>&1") == 0) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; json.load(open(sys.argv[1]))' %s",
+             tmp("cli.out"));
+    cr_expect_eq(system(cmd), 0, "stats JSON does not parse: %s", out_);
+    cr_assert_eq(cli("info --format json"), 0);
+    cr_expect_eq(system(cmd), 0, "info JSON does not parse: %s", out_);
+  }
+  cr_expect_eq(cli("stats --format json --prometheus"), 2);
+  cr_expect_eq(cli("info --format yaml"), 2);
+  expect_one_line_error("info", "EINVAL");
+}
+
+Test(cli, ctrl_c_mid_append_says_what_was_stored) {
+  /* A long append, SIGINT once some keys are in: the CLI finishes the
+   * request in flight, then reports the stored count and the length, and
+   * the daemon holds exactly that many keys. */
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    int fd = open(tmp("int.err"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, STDERR_FILENO);
+    int fo = open("/dev/null", O_WRONLY);
+    dup2(fo, STDOUT_FILENO);
+    signal(SIGINT, SIG_DFL);
+    execl(cli_path(), cli_path(), "-s", daemon_.sock, "append", "7", "--random",
+          "50000000", "--chunk", "2048", (char *)NULL);
+    _exit(127);
+  }
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_assert_eq(fp4idx_client_connect(c, daemon_.sock), FP4IDX_OK);
+  /* Wait until the sequence has keys (read of 1 key succeeds). */
+  for (int i = 0; i < 400; i++) {
+    void *k = NULL;
+    size_t n = 0;
+    int st = fp4idx_client_read(c, 7, 0, 1, 0, &k, &n);
+    fp4idx_client_free(k);
+    if (st == FP4IDX_OK && n == 1) break;
+    usleep(10000);
+  }
+  cr_assert_eq(kill(pid, SIGINT), 0);
+  int ws;
+  cr_assert_eq(waitpid(pid, &ws, 0), pid);
+  slurp(tmp("int.err"), err_, sizeof err_);
+  cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 130, "status %d: %s", ws, err_);
+  unsigned long long done = 0, total = 0, at = 0, seq = 0, len = 0;
+  cr_assert_eq(sscanf(err_, "fp4idx-cli: append: interrupted: %llu of %llu keys were "
+                            "stored (at %llu); seq %llu has length %llu (SIGINT)",
+                      &done, &total, &at, &seq, &len), 5, "%s", err_);
+  cr_expect_eq(total, 50000000ull);
+  cr_expect(done > 0 && done < total && done % 2048 == 0, "%llu", done);
+  cr_expect_eq(seq, 7);
+  cr_expect_eq(len, done);
+  cr_expect(strchr(err_, '\n') == err_ + strlen(err_) - 1, "not one line: %s", err_);
+  void *k = NULL;
+  size_t n = 0;
+  cr_assert_eq(fp4idx_client_read(c, 7, 0, UINT64_MAX, 0, &k, &n), FP4IDX_OK);
+  fp4idx_client_free(k);
+  cr_expect_eq(n, len, "daemon holds %zu keys, the CLI said %llu", n, len);
+  fp4idx_client_close(c);
+}
+
+Test(cli, progress_bar_fits_the_terminal) {
+  /* script(1) gives the CLI a terminal; COLUMNS its width (a pty of no
+   * size). Every redraw fits in COLUMNS - 1 and shows rate and ETA. */
+  if (system("command -v script >/dev/null 2>&1") != 0)
+    cr_skip_test("script(1) (util-linux) is missing: no terminal to draw on");
+  static const int widths[] = {40, 100};
+  for (int wi = 0; wi < 2; wi++) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "COLUMNS=%d script -qec 'stty cols 0 rows 0 2>/dev/null; %s -s %s append %d "
+             "--random 60000 --chunk 1000' /dev/null >%s 2>&1",
+             widths[wi], cli_path(), daemon_.sock, 20 + wi, tmp("tty.out"));
+    cr_assert_eq(WEXITSTATUS(system(cmd)), 0);
+    static char buf[1 << 16];
+    slurp(tmp("tty.out"), buf, sizeof buf);
+    int draws = 0;
+    for (char *p = strtok(buf, "\r\n"); p; p = strtok(NULL, "\r\n")) {
+      char *esc = strstr(p, "\033[K");
+      if (strncmp(p, widths[wi] >= 80 ? "append [" : "[", widths[wi] >= 80 ? 8 : 1) != 0)
+        continue;
+      size_t len = esc ? (size_t)(esc - p) : strlen(p);
+      cr_expect_leq(len, (size_t)widths[wi] - 1, "width %d: %zu: %s", widths[wi], len, p);
+      cr_expect(strstr(p, "/s ") && (strstr(p, "ETA ") || strstr(p, " in ")), "%s", p);
+      draws++;
+    }
+    cr_expect_geq(draws, 10, "width %d: %d redraws", widths[wi], draws);
+  }
+}
+
+Test(cli, save_without_persistence_says_so) {
+  /* Not "unknown request type": the code and the message name what is
+   * missing, and the op is named once. */
+  cr_expect_eq(cli("save"), 1);
+  expect_one_line_error("save", "EDISABLED");
+  cr_expect_str_eq(err_, "fp4idx-cli: save: persistence is not enabled: start fp4idxd "
+                         "with --data-dir (EDISABLED)\n");
 }
 
 Test(cli, timeout_option) {

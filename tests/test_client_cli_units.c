@@ -4,10 +4,12 @@
  * struct. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -238,30 +240,84 @@ Test(keys, raw_sizes) {
   cr_expect_eq(fp4idx__keys_from_array(&a, &dt, &k, &n, &e), FP4IDX_ESHAPE);
 }
 
-Test(keys, bf16_rows_for_q_and_w) {
+Test(keys, score_rows_for_q_and_w) {
   static unsigned char buf[2 * 4 * 32 * 128];
   fp4idx_array_t a;
   fp4idx_cli_err_t e = {0};
   uint32_t rows = 0;
+  int el = 0;
   fp4idx__array_from_buffer(buf, sizeof buf, &a, &e);
-  cr_expect_eq(fp4idx__bf16_rows(&a, 32 * 128, "--q", &rows, &e), 0);
+  cr_expect_eq(fp4idx__score_rows(&a, 32, 128, 2, "--q", &rows, &el, &e), 0);
   cr_expect_eq(rows, 4);
-  cr_expect_eq(fp4idx__bf16_rows(&a, 64 * 128, "--q", &rows, &e), 0);
+  cr_expect_eq(el, 2);
+  cr_expect_eq(fp4idx__score_rows(&a, 64, 128, 2, "--q", &rows, &el, &e), 0);
   cr_expect_eq(rows, 2);
-  cr_expect_eq(fp4idx__bf16_rows(&a, 3 * 128, "--q", &rows, &e), FP4IDX_ESHAPE);
+  /* The same bytes as raw f32: half the values. */
+  cr_expect_eq(fp4idx__score_rows(&a, 32, 128, 4, "--q", &rows, &el, &e), 0);
+  cr_expect_eq(rows, 2);
+  cr_expect_eq(el, 4);
+  cr_expect_eq(fp4idx__score_rows(&a, 3, 128, 2, "--q", &rows, &el, &e), FP4IDX_ESHAPE);
   cr_expect(strstr(e.msg, "--q") != NULL, "%s", e.msg);
   fp4idx__array_from_buffer(buf, 3, &a, &e);
-  cr_expect_eq(fp4idx__bf16_rows(&a, 1, "--w", &rows, &e), FP4IDX_ESHAPE);
+  cr_expect_eq(fp4idx__score_rows(&a, 1, 1, 2, "--w", &rows, &el, &e), FP4IDX_ESHAPE);
 
   size_t len;
   unsigned char *b = make_npy(
       1, "{'descr': '<u2', 'fortran_order': False, 'shape': (4, 32), }", 256,
       &len);
   fp4idx__array_from_buffer(b, len, &a, &e);
-  cr_expect_eq(fp4idx__bf16_rows(&a, 32, "--w", &rows, &e), 0);
+  cr_expect_eq(fp4idx__score_rows(&a, 32, 1, 4, "--w", &rows, &el, &e), 0);
   cr_expect_eq(rows, 4);
-  cr_expect_eq(fp4idx__bf16_rows(&a, 64, "--w", &rows, &e), FP4IDX_ESHAPE);
+  cr_expect_eq(el, 2, "a .npy file's dtype wins over --dtype");
+  cr_expect_eq(fp4idx__score_rows(&a, 64, 1, 2, "--w", &rows, &el, &e), FP4IDX_ESHAPE);
+  cr_expect(strstr(e.msg, "--w has 32 heads") && strstr(e.msg, "--heads is 64"), "%s", e.msg);
   free(b);
+}
+
+Test(keys, score_rows_name_the_head_mismatch) {
+  /* q [4,32,128] against --heads 16: the message names both counts. */
+  size_t len;
+  fp4idx_array_t a;
+  fp4idx_cli_err_t e = {0};
+  uint32_t rows;
+  int el;
+  unsigned char *b = make_npy(
+      1, "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 32, 128), }",
+      4 * 4 * 32 * 128, &len);
+  fp4idx__array_from_buffer(b, len, &a, &e);
+  cr_assert_eq(fp4idx__score_rows(&a, 16, 128, 2, "--q", &rows, &el, &e), FP4IDX_ESHAPE);
+  cr_expect_str_eq(e.msg, "--q has 32 heads (.npy shape [4,32,128]) but --heads is 16");
+  cr_assert_eq(fp4idx__score_rows(&a, 32, 128, 2, "--q", &rows, &el, &e), 0);
+  cr_expect_eq(rows, 4);
+  cr_expect_eq(el, 4);
+  free(b);
+  b = make_npy(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 128), }",
+               8 * 128, &len);
+  fp4idx__array_from_buffer(b, len, &a, &e);
+  cr_expect_eq(fp4idx__score_rows(&a, 1, 128, 2, "--q", &rows, &el, &e), FP4IDX_EINVAL);
+  free(b);
+}
+
+Test(keys, f32_to_bf16_rounds_to_nearest_even) {
+  /* 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even (1.0) wins; 1 + 3*2^-8
+   * ties to 1 + 2^-6; just above a tie rounds up; NaN stays NaN. */
+  float in[6] = {1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f,
+                 -2.5f, NAN};
+  unsigned char raw[sizeof in + 1];
+  memcpy(raw + 1, in, sizeof in); /* unaligned, as in a file buffer */
+  uint16_t *h = fp4idx__to_bf16(raw + 1, 6, 4);
+  cr_assert(h);
+  cr_expect_eq(h[0], 0x3f80);
+  cr_expect_eq(h[1], 0x3f80);
+  cr_expect_eq(h[2], 0x3f82);
+  cr_expect_eq(h[3], 0x3f81);
+  cr_expect_eq(h[4], 0xc020);
+  cr_expect((h[5] & 0x7f80) == 0x7f80 && (h[5] & 0x7f) != 0);
+  free(h);
+  uint16_t b16[2] = {0x1234, 0xabcd};
+  h = fp4idx__to_bf16((const unsigned char *)b16, 2, 2);
+  cr_expect(h[0] == 0x1234 && h[1] == 0xabcd);
+  free(h);
 }
 
 Test(args, parse_u64) {
@@ -501,5 +557,65 @@ Test(prometheus, histogram_without_inf_bound_gets_one) {
   fclose(f);
   cr_expect_eq(series_value(mem, "fp4idx_request_latency_seconds_bucket{op=\"read\",le=\"+Inf\"}"), 4);
   cr_expect_eq(series_value(mem, "fp4idx_request_latency_seconds_count{op=\"read\"}"), 4);
+  free(mem);
+}
+
+Test(progress, line_fits_every_width_and_shows_rate_and_eta) {
+  char buf[512];
+  for (int cols = 1; cols <= 300; cols++) {
+    size_t n = fp4idx__progress_line(buf, sizeof buf, cols, 420000, 1000000, 2.0);
+    cr_assert_eq(n, strlen(buf));
+    cr_assert_leq(n, cols > 1 ? (size_t)cols - 1 : 0, "cols %d: %s", cols, buf);
+    if (cols >= 40) {
+      cr_expect(strchr(buf, '[') && strchr(buf, ']'), "cols %d: no bar: %s", cols, buf);
+      /* 210k keys/s, 580000 left: 2.76 s -> ETA 0:03. */
+      cr_expect(strstr(buf, " 42% ") && strstr(buf, "210.0k") && strstr(buf, "ETA 0:03"),
+                "cols %d: %s", cols, buf);
+    }
+    if (cols >= 80)
+      cr_expect(strncmp(buf, "append [", 8) == 0 && strstr(buf, "420.0k/1.0M keys"),
+                "cols %d: %s", cols, buf);
+  }
+  /* The bar's fill follows the fraction: 42% of the bar is '#'. */
+  fp4idx__progress_line(buf, sizeof buf, 120, 420000, 1000000, 2.0);
+  const char *o = strchr(buf, '['), *c = strchr(buf, ']');
+  size_t w = (size_t)(c - o - 1), hash = 0;
+  for (const char *p = o + 1; p < c; p++) hash += *p == '#';
+  cr_expect_eq(hash, w * 42 / 100, "%zu of %zu: %s", hash, w, buf);
+  fp4idx__progress_line(buf, sizeof buf, 120, 10, 10, 1.5);
+  cr_expect(strstr(buf, "100%") && strstr(buf, "in 1.5s"), "%s", buf);
+  fp4idx__progress_line(buf, sizeof buf, 120, 0, 10, 0.0);
+  cr_expect(strstr(buf, "ETA --:--"), "%s", buf);
+  fp4idx__progress_line(buf, sizeof buf, 120, 1000, 10000000, 1.0);
+  cr_expect(strstr(buf, "ETA 2:46:39"), "%s", buf);
+  fp4idx__progress_line(buf, sizeof buf, 120, 1, 100000000, 1.0); /* capped */
+  cr_expect(strstr(buf, "ETA 99:59:59"), "%s", buf);
+}
+
+Test(progress, terminal_width_from_columns_when_not_a_tty) {
+  int fd = open("/dev/null", O_WRONLY);
+  setenv("COLUMNS", "57", 1);
+  cr_expect_eq(fp4idx__term_cols(fd), 57);
+  setenv("COLUMNS", "wide", 1);
+  cr_expect_eq(fp4idx__term_cols(fd), 80);
+  unsetenv("COLUMNS");
+  cr_expect_eq(fp4idx__term_cols(fd), 80);
+  close(fd);
+}
+
+Test(json, info_and_stats_escape_strings) {
+  fp4idx_client_info_t in = {0};
+  snprintf(in.server, sizeof in.server, "fp4idxd \"x\"\\");
+  snprintf(in.backend, sizeof in.backend, "cpu");
+  snprintf(in.device, sizeof in.device, "a\tb");
+  in.page_size = 64;
+  char *mem = NULL;
+  size_t mlen = 0;
+  FILE *f = open_memstream(&mem, &mlen);
+  cr_assert_eq(fp4idx__write_info_json(f, &in), 0);
+  fclose(f);
+  cr_expect(strstr(mem, "\"server\":\"fp4idxd \\\"x\\\"\\\\\"") != NULL, "%s", mem);
+  cr_expect(strstr(mem, "\"device\":\"a\\u0009b\"") != NULL, "%s", mem);
+  cr_expect(strstr(mem, "\"page_size\":64,") != NULL, "%s", mem);
   free(mem);
 }

@@ -654,6 +654,8 @@ Test(e2e_tiny_pool, full_pool_is_efull_and_changes_nothing) {
 Test(e2e, list_walks_every_sequence) {
   fp4idx_client_t *c = open_client();
   static uint8_t slots[70 * FP4IDX_CLIENT_SLOT_BYTES];
+  /* zero payloads, scale bytes 127 (0 and 255 are refused) */
+  for (int i = 0; i < 70; i++) memset(slots + i * FP4IDX_CLIENT_SLOT_BYTES + 64, 127, 4);
   for (uint64_t s = 1; s <= 30; s++) {
     uint64_t first, len;
     cr_assert_eq(fp4idx_client_append_fp4(c, 500 + s, slots, (size_t)(s * 2 + 1), &first, &len),

@@ -391,3 +391,55 @@ Test(cpu_score, repeated_calls_reuse_the_pool) {
   fp4idx_test_case_free(&c);
   fp4idx_backend_destroy(b);
 }
+
+/* NaN logits in top-k. The daemon refuses what can produce them (NaN/inf in
+ * q or w, scale bytes outside 1..254: ENONFINITE), but the kernel's order
+ * stays defined anyway: NaN positions are left out (like -inf ones), the
+ * others come in (logit desc, position asc), counts say how many -- the same
+ * for every thread count, ISA and call. Keys with scale byte 255 (UE8M0 NaN,
+ * +inf in the exact decoder) give NaN or inf logits at their positions. */
+Test(cpu_score, topk_orders_nan_logits_deterministically) {
+  fp4idx_test_case_t c;
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 1313);
+  const int R = 3, H = 4, N = 300, K = 16;
+  cr_assert_eq(fp4idx_test_case_dyadic(&c, &rng, H, R, N, 64, 0, NULL, 0), 0);
+  for (int i = 0; i < N; i += 7) c.packed[(size_t)i * 68 + 64 + (i % 4)] = 255;
+  float *ref = malloc(sizeof(float) * (size_t)R * N);
+  int32_t rlens[3] = {N, N, N - 5};
+  cr_assert_eq(fp4idx_test_ref_score(c.packed, N, H, R, c.q, c.w, rlens, NULL, N, ref), 0);
+  int nan_seen = 0;
+  for (int i = 0; i < R * N; i++) nan_seen += isnan(ref[i]);
+  cr_assert_gt(nan_seen, 0, "the case has NaN logits");
+  int32_t rpos[3 * 16], rcnt[3];
+  float rval[3 * 16];
+  cr_assert_eq(fp4idx_test_ref_topk(ref, R, N, K, rpos, rval, rcnt), 0);
+  const char *isas[] = {"generic", "avx2", "avx512"};
+  for (int isa = 0; isa < 3; isa++) {
+    setenv("FP4IDX_CPU_ISA", isas[isa], 1); /* lowers the choice only */
+    for (int threads = 1; threads <= 3; threads += 2) {
+      fp4idx_backend_t *b = mk(threads, c.n_pages, 64);
+      cr_assert_eq(b->ops->store(b, c.packed, FP4IDX_DTYPE_FP4, c.n_keys, c.slots, 0), 0);
+      int32_t lens[3] = {N, N, N - 5};
+      fp4idx_backend_seq_t sq = {.pages = c.pages, .n_keys = N, .rows = R, .width = N,
+                                 .q = c.q, .w = c.w, .lens = lens};
+      for (int call = 0; call < 3; call++) {
+        int32_t pos[3 * 16], cnt[3];
+        float val[3 * 16];
+        fp4idx_backend_batch_t bt = {.heads = H, .n_seqs = 1, .seqs = &sq, .topk = K,
+                                     .topk_pos = pos, .topk_val = val, .topk_count = cnt};
+        cr_assert_eq(b->ops->score(b, &bt), 0);
+        cr_assert_eq(memcmp(pos, rpos, sizeof pos), 0, "%s, %d threads, call %d: positions",
+                     isas[isa], threads, call);
+        cr_assert_eq(memcmp(cnt, rcnt, sizeof cnt), 0, "%s, %d threads: counts", isas[isa],
+                     threads);
+        cr_assert_eq(fp4idx_test_count_diff(val, rval, R * K), 0);
+        for (int i = 0; i < R * K; i++) cr_assert(!isnan(val[i]), "no NaN is returned");
+      }
+      fp4idx_backend_destroy(b);
+    }
+  }
+  unsetenv("FP4IDX_CPU_ISA");
+  free(ref);
+  fp4idx_test_case_free(&c);
+}

@@ -9,7 +9,11 @@
  * count, k = 65,536 and k = 1,048,576; widths that are multiples of
  * nothing; 1,024 rows of different widths; a row of 4,000,000 positions;
  * NaN (never returned) and -0 (ties +0); a CUDA graph replayed on new
- * logits; argument errors. GPU tests skip cleanly without a GPU.
+ * logits; argument errors. Every case runs through each path that can
+ * take it (chunked; cluster on sm_90+, kernels/cuda/topk_cluster.cu), and
+ * the automatic plan must follow its rule (cluster path for clusters of
+ * at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks). GPU tests
+ * skip cleanly without a GPU.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -38,7 +42,10 @@ typedef struct {
   float *d_val;
 } topk_run_t;
 
-static void run_setup(topk_run_t *t, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
+/* Plans with `path`: returns its status (FP4IDX_ENODEV: the cluster path
+ * cannot run this shape here; nothing allocated then). */
+static int run_setup_path(topk_run_t *t, int32_t n_rows, const int64_t *w, const float *lg,
+                          int32_t k, fp4idx_cuda_topk_path_t path) {
   memset(t, 0, sizeof *t);
   t->n_rows = n_rows;
   t->k = k;
@@ -55,7 +62,13 @@ static void run_setup(topk_run_t *t, int32_t n_rows, const int64_t *w, const flo
     t->h_rows[r].width = w[r];
     at += w[r];
   }
-  cr_assert_eq(fp4idx_cuda_topk_plan(t->h_rows, n_rows, k, &t->plan), FP4IDX_OK);
+  const int prc = fp4idx_cuda_topk_plan_path(t->h_rows, n_rows, k, path, &t->plan);
+  if (prc != FP4IDX_OK) {
+    cr_assert(path == FP4IDX_CUDA_TOPK_CLUSTER && prc == FP4IDX_ENODEV, "plan: %d", prc);
+    cudaFree(t->d_lg);
+    free(t->h_rows);
+    return prc;
+  }
   cr_assert_eq(cudaMalloc((void **)&t->d_rows, sizeof *t->h_rows * ((size_t)n_rows + 1)), cudaSuccess);
   cr_assert_eq(cudaMemcpy(t->d_rows, t->h_rows, sizeof *t->h_rows * (size_t)n_rows,
                           cudaMemcpyHostToDevice), cudaSuccess);
@@ -68,6 +81,11 @@ static void run_setup(topk_run_t *t, int32_t n_rows, const int64_t *w, const flo
   cr_assert_eq(cudaMemset(t->d_pos, 0x5a, 4 * nk), cudaSuccess);
   cr_assert_eq(cudaMemset(t->d_val, 0x5a, 4 * nk), cudaSuccess);
   cr_assert_eq(cudaMemset(t->d_cnt, 0x5a, 4 * (size_t)n_rows), cudaSuccess);
+  return FP4IDX_OK;
+}
+
+static void run_setup(topk_run_t *t, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
+  cr_assert_eq(run_setup_path(t, n_rows, w, lg, k, FP4IDX_CUDA_TOPK_AUTO), FP4IDX_OK);
 }
 
 static void run_free(topk_run_t *t) {
@@ -80,42 +98,83 @@ static void run_free(topk_run_t *t) {
   free(t->h_rows);
 }
 
-/* Compares the device outputs of t with the host sort of lg, row by row. */
-static void run_compare(const topk_run_t *t, const char *what, const int64_t *w, const float *lg) {
+/* The host sort of lg (rows of widths w), k pairs a row. */
+typedef struct {
+  int32_t *pos, *cnt;
+  float *val;
+} topk_ref_t;
+
+static void ref_make(topk_ref_t *ref, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
+  const size_t nk = (size_t)n_rows * (size_t)k;
+  ref->pos = malloc(4 * nk + 4);
+  ref->val = malloc(4 * nk + 4);
+  ref->cnt = malloc(4 * (size_t)n_rows + 4);
+  cr_assert(ref->pos && ref->val && ref->cnt);
+  int64_t at = 0;
+  for (int32_t r = 0; r < n_rows; r++) {
+    cr_assert_eq(fp4idx_test_ref_topk(lg + at, 1, w[r], k, ref->pos + (size_t)r * (size_t)k,
+                                      ref->val + (size_t)r * (size_t)k, &ref->cnt[r]), 0);
+    at += w[r];
+  }
+}
+
+static void ref_free(topk_ref_t *ref) {
+  free(ref->pos);
+  free(ref->val);
+  free(ref->cnt);
+}
+
+/* Compares the device outputs of t with the reference, row by row. */
+static void run_compare_ref(const topk_run_t *t, const char *what, const int64_t *w,
+                            const topk_ref_t *ref) {
   const int32_t n_rows = t->n_rows, k = t->k;
   const size_t nk = (size_t)n_rows * (size_t)k;
-  int32_t *pos = malloc(4 * nk), *cnt = malloc(4 * (size_t)n_rows), *rp = malloc(4 * (size_t)k);
-  float *val = malloc(4 * nk), *rv = malloc(4 * (size_t)k);
-  int32_t rc;
-  cr_assert(pos && cnt && rp && val && rv);
+  int32_t *pos = malloc(4 * nk + 4), *cnt = malloc(4 * (size_t)n_rows + 4);
+  float *val = malloc(4 * nk + 4);
+  cr_assert(pos && cnt && val);
   cr_assert_eq(cudaMemcpy(pos, t->d_pos, 4 * nk, cudaMemcpyDeviceToHost), cudaSuccess);
   cr_assert_eq(cudaMemcpy(val, t->d_val, 4 * nk, cudaMemcpyDeviceToHost), cudaSuccess);
   cr_assert_eq(cudaMemcpy(cnt, t->d_cnt, 4 * (size_t)n_rows, cudaMemcpyDeviceToHost), cudaSuccess);
-  int64_t at = 0;
+  const char *path = t->plan.cluster ? "cluster" : "chunked";
   for (int32_t r = 0; r < n_rows; r++) {
-    cr_assert_eq(fp4idx_test_ref_topk(lg + at, 1, w[r], k, rp, rv, &rc), 0);
-    cr_assert_eq(cnt[r], rc, "%s: row %d (width %lld): count %d, want %d", what, r,
-                 (long long)w[r], cnt[r], rc);
-    const int32_t *gp = pos + (size_t)r * (size_t)k;
+    cr_assert_eq(cnt[r], ref->cnt[r], "%s (%s path): row %d (width %lld): count %d, want %d",
+                 what, path, r, (long long)w[r], cnt[r], ref->cnt[r]);
+    const int32_t *gp = pos + (size_t)r * (size_t)k, *rp = ref->pos + (size_t)r * (size_t)k;
     for (int32_t i = 0; i < k; i++)
       if (gp[i] != rp[i])
-        cr_assert_fail("%s: row %d (width %lld) k=%d: pair %d has position %d, want %d", what, r,
-                       (long long)w[r], k, i, gp[i], rp[i]);
-    cr_assert_eq(fp4idx_test_count_diff(val + (size_t)r * (size_t)k, rv, k), 0,
-                 "%s: row %d: logits differ", what, r);
-    at += w[r];
+        cr_assert_fail("%s (%s path): row %d (width %lld) k=%d: pair %d has position %d, want %d",
+                       what, path, r, (long long)w[r], k, i, gp[i], rp[i]);
+    cr_assert_eq(fp4idx_test_count_diff(val + (size_t)r * (size_t)k,
+                                        ref->val + (size_t)r * (size_t)k, k), 0,
+                 "%s (%s path): row %d: logits differ", what, path, r);
   }
-  free(pos); free(cnt); free(rp); free(val); free(rv);
+  free(pos); free(cnt); free(val);
 }
 
+static void run_compare(const topk_run_t *t, const char *what, const int64_t *w, const float *lg) {
+  topk_ref_t ref;
+  ref_make(&ref, t->n_rows, w, lg, t->k);
+  run_compare_ref(t, what, w, &ref);
+  ref_free(&ref);
+}
+
+/* Every path that can run the case (the chunked one always, the cluster
+ * one where the shape and device allow), each against the host sort. */
 static void direct(const char *what, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
-  topk_run_t t;
-  run_setup(&t, n_rows, w, lg, k);
-  cr_assert_eq(fp4idx_cuda_topk_launch(&t.plan, t.d_rows, t.ws, t.d_pos, t.d_val, t.d_cnt, 0),
-               FP4IDX_OK, "%s: launch", what);
-  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess, "%s: kernel error", what);
-  run_compare(&t, what, w, lg);
-  run_free(&t);
+  topk_ref_t ref;
+  ref_make(&ref, n_rows, w, lg, k);
+  const fp4idx_cuda_topk_path_t paths[2] = {FP4IDX_CUDA_TOPK_CHUNKED, FP4IDX_CUDA_TOPK_CLUSTER};
+  for (int pi = 0; pi < 2; pi++) {
+    topk_run_t t;
+    if (run_setup_path(&t, n_rows, w, lg, k, paths[pi]) != FP4IDX_OK) continue;
+    cr_assert_eq(t.plan.cluster > 0, pi == 1, "%s: plan took the other path", what);
+    cr_assert_eq(fp4idx_cuda_topk_launch(&t.plan, t.d_rows, t.ws, t.d_pos, t.d_val, t.d_cnt, 0),
+                 FP4IDX_OK, "%s: launch", what);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess, "%s: kernel error", what);
+    run_compare_ref(&t, what, w, &ref);
+    run_free(&t);
+  }
+  ref_free(&ref);
 }
 
 static double gauss(fp4idx_test_rng_t *g) {
@@ -193,6 +252,7 @@ Test(cuda_topk, all_equal_ties_everywhere, .timeout = 600) {
   int64_t at = 0;
   for (int r = 0; r < 3; r++) { fill(&g, x + at, w[r], w[r] - 7 * r, 2); at += w[r]; }
   direct("ties k=2048", 3, w, x, 2048);   /* candidates > shared memory: read in place */
+  direct("ties k=4096", 3, w, x, 4096);   /* the cluster path's largest k */
   direct("ties k=8192", 3, w, x, 8192);
   direct("ties k=65536", 3, w, x, 65536); /* large-k path */
   free(x);
@@ -313,6 +373,61 @@ Test(cuda_topk, graph_replay_on_new_logits, .timeout = 600) {
   free(x);
 }
 
+static int device_is_sm90(void) {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+         major >= 9;
+}
+
+/* The request shapes of the benchmark and the cluster path's edges: both
+ * paths must agree with the host sort (direct runs each), and on sm_90+ the
+ * automatic plan must pick the path its rule names. Rows of odd widths
+ * start at logits that are not 16-byte aligned. */
+Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17009);
+  static const struct { int32_t rows; int64_t w; int32_t k; } cs[] = {
+      {4, 65536, 512}, {4, 65536, 2048}, {64, 9295, 2048}, {128, 32768, 512},
+      {3, 655360, 4096}, /* the widest row the cluster path holds, the largest k */
+      {1, 655361, 2048}, /* one position wider: the chunked path */
+      {5, 40961, 1},     {2, 7, 4096}};
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    int64_t *w = malloc(sizeof(int64_t) * (size_t)cs[c].rows);
+    cr_assert(w);
+    for (int32_t r = 0; r < cs[c].rows; r++) w[r] = cs[c].w - (r % 3 == 2 ? r % 5 : 0);
+    float *x = rows_alloc(cs[c].rows, w);
+    int64_t at = 0;
+    for (int32_t r = 0; r < cs[c].rows; r++) {
+      fill(&g, x + at, w[r], w[r] - r % 4, (int)(c % 2));
+      at += w[r];
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%d x %lld k=%d", cs[c].rows, (long long)cs[c].w, cs[c].k);
+    if (device_is_sm90()) {
+      /* The automatic plan takes the cluster path exactly where that path
+       * fits in clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks. */
+      fp4idx_cuda_topk_row_t *hr = calloc((size_t)cs[c].rows, sizeof *hr);
+      cr_assert(hr);
+      for (int32_t r = 0; r < cs[c].rows; r++) hr[r].width = w[r];
+      fp4idx_cuda_topk_plan_t p, pc;
+      const int crc = fp4idx_cuda_topk_plan_path(hr, cs[c].rows, cs[c].k,
+                                                 FP4IDX_CUDA_TOPK_CLUSTER, &pc);
+      cr_assert_eq(crc == FP4IDX_OK, cs[c].w <= 655360, "%s: cluster plan %d", what, crc);
+      cr_assert_eq(fp4idx_cuda_topk_plan(hr, cs[c].rows, cs[c].k, &p), FP4IDX_OK);
+      const int want = crc == FP4IDX_OK && pc.cluster <= FP4IDX_CUDA_TOPK_AUTO_CLUSTER;
+      cr_assert_eq(p.cluster > 0, want, "%s: automatic plan's path (cluster %d)", what,
+                   pc.cluster);
+      if (want) cr_assert_eq(p.cluster, pc.cluster, "%s: same cluster size", what);
+      free(hr);
+    }
+    direct(what, cs[c].rows, w, x, cs[c].k);
+    free(x);
+    free(w);
+  }
+}
+
 /* Argument errors: no GPU needed (nothing reaches the device). */
 Test(cuda_topk, plan_and_launch_errors) {
   fp4idx_cuda_topk_row_t rows[2] = {{NULL, 10, 0}, {NULL, 20, 0}};
@@ -327,7 +442,18 @@ Test(cuda_topk, plan_and_launch_errors) {
   rows[1].width = (int64_t)INT32_MAX + 1;
   cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, &p), FP4IDX_EINVAL);
   rows[1].width = 20;
-  cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, &p), FP4IDX_OK);
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, 5, (fp4idx_cuda_topk_path_t)3, &p), FP4IDX_EINVAL);
+  /* The cluster path never takes k above its cap, nor an empty batch. */
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, FP4IDX_CUDA_TOPK_CLUSTER_K + 1,
+                                          FP4IDX_CUDA_TOPK_CLUSTER, &p), FP4IDX_ENODEV);
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 0, 5, FP4IDX_CUDA_TOPK_CLUSTER, &p), FP4IDX_ENODEV);
+  const int crc = fp4idx_cuda_topk_plan_path(rows, 2, 5, FP4IDX_CUDA_TOPK_CLUSTER, &p);
+  cr_assert(crc == FP4IDX_ENODEV ||
+                (crc == FP4IDX_OK && p.cluster >= 1 && p.slice >= 4 && p.slice % 4 == 0 &&
+                 p.slice * p.cluster >= 20),
+            "cluster plan: %d", crc);
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, 5, FP4IDX_CUDA_TOPK_CHUNKED, &p), FP4IDX_OK);
+  cr_assert_eq(p.cluster, 0);
   cr_assert_eq(rows[0].chunk0, 0);
   cr_assert_eq(rows[1].chunk0, 1, "one chunk per short row");
   cr_assert_eq(p.total_chunks, 2);

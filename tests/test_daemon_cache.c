@@ -11,7 +11,7 @@
  * page counts agree. */
 static int check_cb(const fp4idx_cache_seq_t *s, void *arg) {
   int *seen = arg;
-  for (int64_t i = 0; i < s->n_pages; i++) seen[s->pages[i]]++;
+  for (int64_t i = 0; i < s->n_pages; i++) seen[fp4idx__cache_page(s, i)]++;
   return 0;
 }
 
@@ -58,7 +58,7 @@ Test(cache, append_creates_and_maps_positions_to_slots) {
   /* position l -> pages[l/4]*4 + l%4 */
   for (int i = 0; i < 6; i++) {
     int64_t l = 3 + i;
-    cr_assert_eq(slots[i], (int64_t)s->pages[l / 4] * 4 + l % 4);
+    cr_assert_eq(slots[i], (int64_t)fp4idx__cache_page(s, l / 4) * 4 + l % 4);
   }
   cr_assert_eq(c.n_keys, 9);
   cr_assert_eq(c.n_seqs, 1);
@@ -135,7 +135,7 @@ Test(cache, drop_frees_all_and_pages_are_reused) {
   cr_assert_eq(fp4idx__cache_append(&c, 2, 16, &first, slots, &created), FP4IDX_OK);
   cr_assert_eq(c.n_free, 0);
   int32_t dropped[2];
-  memcpy(dropped, fp4idx__cache_find(&c, 1)->pages, sizeof dropped);
+  for (int i = 0; i < 2; i++) dropped[i] = fp4idx__cache_page(fp4idx__cache_find(&c, 1), i);
   cr_assert_eq(fp4idx__cache_drop(&c, 1), FP4IDX_OK);
   cr_assert_eq(fp4idx__cache_drop(&c, 1), FP4IDX_ENOSEQ);
   cr_assert_null(fp4idx__cache_find(&c, 1));
@@ -146,7 +146,7 @@ Test(cache, drop_frees_all_and_pages_are_reused) {
   const fp4idx_cache_seq_t *s = fp4idx__cache_find(&c, 3);
   int hits = 0;
   for (int i = 0; i < 2; i++)
-    for (int j = 0; j < 2; j++) hits += s->pages[i] == dropped[j];
+    for (int j = 0; j < 2; j++) hits += fp4idx__cache_page(s, i) == dropped[j];
   cr_assert_eq(hits, 2, "the dropped pages are reused");
   check_invariants(&c);
   fp4idx__cache_destroy(&c);
@@ -246,7 +246,6 @@ Test(cache, adopt_claims_given_pages) {
   cr_assert_eq(c.n_free, 7);
   cr_assert_eq(fp4idx__cache_find(&c, 42)->n_keys, 10);
   cr_assert_eq(fp4idx__cache_adopt(&c, 42, 1, (int32_t[]){0}, 1), FP4IDX_EEXIST);
-  cr_assert_eq(fp4idx__cache_adopt(&c, 43, 1, (int32_t[]){7}, 1), FP4IDX_EINVAL); /* in use */
   cr_assert_eq(fp4idx__cache_adopt(&c, 43, 5, (int32_t[]){0}, 1), FP4IDX_EINVAL); /* count */
   cr_assert_eq(fp4idx__cache_adopt(&c, 43, 5, (int32_t[]){0, 0}, 2), FP4IDX_EINVAL); /* twice */
   cr_assert_eq(fp4idx__cache_adopt(&c, 43, 1, (int32_t[]){10}, 1), FP4IDX_EINVAL); /* range */
@@ -259,6 +258,18 @@ Test(cache, adopt_claims_given_pages) {
   cr_assert_eq(first, 10);
   cr_assert_eq(slots[0], 9 * 4 + 2);
   check_invariants(&c);
+  /* A page an adopted sequence holds is shared by the next one (a snapshot
+   * restoring a fork); it is freed when both have let go. */
+  cr_assert_eq(fp4idx__cache_adopt(&c, 43, 4, (int32_t[]){7}, 1), FP4IDX_OK);
+  cr_assert_eq(c.n_free, 7);
+  cr_assert_eq(fp4idx__cache_shared_pages(&c), 1);
+  cr_assert_eq(fp4idx__cache_seq_shared(&c, fp4idx__cache_find(&c, 43)), 1);
+  cr_assert_eq(fp4idx__cache_seq_shared(&c, fp4idx__cache_find(&c, 42)), 1);
+  cr_assert_eq(fp4idx__cache_drop(&c, 42), FP4IDX_OK);
+  cr_assert_eq(c.n_free, 9);
+  cr_assert_eq(fp4idx__cache_shared_pages(&c), 0);
+  cr_assert_eq(fp4idx__cache_drop(&c, 43), FP4IDX_OK);
+  cr_assert_eq(c.n_free, 10);
   fp4idx__cache_destroy(&c);
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "config.h"
 #include "fp4idx_status.h"
 
@@ -109,4 +110,55 @@ Test(config, default_socket_path) {
   cr_assert_eq(fp4idx__config_default_socket(buf, sizeof buf), 0);
   cr_assert_str_eq(buf, "/run/fp4idx/fp4idxd.sock");
   cr_assert_eq(fp4idx__config_default_socket(buf, 8), FP4IDX_E2BIG);
+}
+
+Test(config, socket_mode_and_group) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.socket_mode, 0660);
+  cr_assert_eq(cfg.socket_gid, -1);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "0600", "--socket-group", "0", NULL}),
+               0);
+  cr_assert_eq(cfg.socket_mode, 0600);
+  cr_assert_eq(cfg.socket_gid, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-group", "root", NULL}), 0);
+  cr_assert_eq(cfg.socket_gid, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "0888", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "01777", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-mode", "rw", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--socket-group", "no-such-group-fp4", NULL}),
+               FP4IDX_EINVAL);
+}
+
+Test(config, buffer_budget_and_timeout) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.buffer_budget, 0, "0: sized from RAM at start");
+  cr_assert_float_eq(cfg.buffer_timeout_s, 30.0, 1e-9);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-budget", "256M", "--buffer-timeout", "2.5",
+                                            NULL}),
+               0);
+  cr_assert_eq(cfg.buffer_budget, 256ull << 20);
+  cr_assert_float_eq(cfg.buffer_timeout_s, 2.5, 1e-9);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-budget", "1M", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-budget", "lots", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "0", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "1e9", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "x", NULL}), FP4IDX_EINVAL);
+}
+
+Test(config, buffer_budget_default_follows_ram) {
+  cr_assert_eq(fp4idx__budget_default(0), 64ull << 20, "unknown RAM: the floor");
+  cr_assert_eq(fp4idx__budget_default(512ull << 20), 64ull << 20);
+  cr_assert_eq(fp4idx__budget_default(24ull << 30), 384ull << 20);
+  cr_assert_eq(fp4idx__budget_default(1ull << 40), 2ull << 30, "the ceiling");
+}
+
+Test(config, allow_data_loss) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.allow_data_loss, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--allow-data-loss", NULL}), 0);
+  cr_assert_eq(cfg.allow_data_loss, 1);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--allow-data-loss=yes", NULL}), FP4IDX_EINVAL);
 }

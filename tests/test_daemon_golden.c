@@ -155,19 +155,11 @@ Test(daemon_golden, cuda_backend_all_cases) {
   cr_skip_test("built without the CUDA backend");
 #else
   fp4idx_test_daemon_t d;
-  memset(&d, 0, sizeof d);
-  cr_assert_eq(fp4idx_test_daemon_prepare(&d), 0);
-  cr_assert_eq(fp4idx_test_daemon_spawn(&d, d.sock, (const char *[]){"--backend", "cuda",
-               "--cache-bytes", "64M", "--log-level", "debug", NULL}), 0);
-  int fd = -1;
-  for (int i = 0; i < 3000 && fd < 0 && fp4idx_test_daemon_alive(&d); i++) {
-    fd = fp4idx_test_connect(d.sock);
-    if (fd < 0) usleep(10000);
-  }
-  if (fd < 0) {
-    int code = fp4idx_test_daemon_stop(&d);
-    cr_skip_test("no usable GPU (fp4idxd --backend cuda exited %d)", code);
-  }
+  int code = 0, up = fp4idx_test_daemon_start_cuda(&d, "64M", &code);
+  cr_assert_geq(up, 0);
+  if (up) cr_skip_test("no usable GPU (fp4idxd --backend cuda exited %d)", code);
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
   fp4idx_info_t info;
   cr_assert_eq(fp4idx_test_info(fd, &info), 0);
   cr_assert_str_eq(info.backend, "cuda");

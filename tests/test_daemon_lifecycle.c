@@ -308,6 +308,24 @@ Test(daemon_lifecycle, idle_stop_and_no_new_connections) {
   fp4idx_test_daemon_stop(&d);
 }
 
+/* The busy socket is checked before the pool is sized and allocated: a
+ * second daemon asking for a pool no machine has is refused for the socket,
+ * not for memory, and never reaches the backend. */
+Test(daemon_lifecycle, busy_socket_refused_before_the_pool_is_allocated) {
+  fp4idx_test_daemon_t d1, d2;
+  cr_assert_eq(fp4idx_test_daemon_start(&d1, NULL), 0);
+  memset(&d2, 0, sizeof d2);
+  cr_assert_eq(fp4idx_test_daemon_spawn(&d2, d1.sock, (const char *[]){"--backend", "cpu",
+                                        "--cache-bytes", "64T", NULL}), 0);
+  int code = fp4idx_test_daemon_wait(&d2, 10000);
+  cr_assert_eq(code, 1, "second daemon: exit %d", code);
+  cr_assert(log_contains(&d2, "another daemon is answering"));
+  cr_assert_not(log_contains(&d2, "pool"), "the pool was sized or allocated first");
+  cr_assert_not(log_contains(&d2, "backend"), "the backend was opened first");
+  fp4idx_test_daemon_stop(&d2);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d1), 0);
+}
+
 Test(daemon_lifecycle, refuses_a_second_daemon_on_the_socket) {
   fp4idx_test_daemon_t d1, d2;
   cr_assert_eq(fp4idx_test_daemon_start(&d1, NULL), 0);

@@ -29,6 +29,8 @@ static void teardown(void) {
 static void append_keys(uint64_t seq, uint64_t n) {
   static unsigned char slots[200 * FP4IDX_PROTO_SLOT_BYTES];
   cr_assert_leq(n, 200u);
+  /* zero payloads, scale bytes 127 (PROTOCOL.md: 0 and 255 are refused) */
+  for (int i = 0; i < 200; i++) memset(slots + i * FP4IDX_PROTO_SLOT_BYTES + 64, 127, 4);
   cr_assert_eq(fp4idx_test_append(g_fd, seq, FP4IDX_WIRE_U8, n, slots, NULL, NULL), 0,
                "append to %llu", (unsigned long long)seq);
 }

@@ -19,19 +19,6 @@
 
 #define NCONN 64
 
-/* VmData of pid in KiB, or -1. */
-static long vm_data_kib(pid_t pid) {
-  char path[64], line[256];
-  long kib = -1;
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmData: %ld kB", &kib) == 1) break;
-  fclose(f);
-  return kib;
-}
-
 Test(daemon_memory, announced_frames_do_not_allocate_their_length) {
   fp4idx_test_daemon_t d;
   int fds[NCONN];
@@ -42,7 +29,7 @@ Test(daemon_memory, announced_frames_do_not_allocate_their_length) {
   cr_assert_geq(ctl, 0);
   cr_assert_eq(fp4idx_test_info(ctl, &info), 0);
   cr_assert_eq(info.max_frame, (uint64_t)FP4IDX_MAX_FRAME_DEFAULT);
-  long before = vm_data_kib(d.pid);
+  long before = fp4idx_test_proc_kib(d.pid, "VmData");
   cr_assert_gt(before, 0);
 
   /* Each connection: a header announcing exactly max_frame (allowed), then
@@ -61,7 +48,7 @@ Test(daemon_memory, announced_frames_do_not_allocate_their_length) {
   long peak = before;
   for (int t = 0; t < 20; t++) {
     cr_assert_eq(fp4idx_test_info(ctl, &info), 0, "daemon still answers");
-    long now = vm_data_kib(d.pid);
+    long now = fp4idx_test_proc_kib(d.pid, "VmData");
     if (now > peak) peak = now;
     usleep(10000);
   }

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 #include "stats.h"
@@ -45,14 +46,19 @@ static void idle_cb(fp4idx_worker_t *w) {
   if (c->n_done == NJOBS) fp4idx__worker_stop(w);
 }
 
+/* A fresh context: nothing run yet, both order flags true until broken. */
+static void ctx_reset(ctx_t *c) {
+  memset(c, 0, sizeof *c);
+  c->done_in_order = 1;
+  c->done_on_loop = 1;
+  c->loop_thread = pthread_self();
+}
+
 Test(worker, fifo_order_and_done_on_the_loop) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   static ctx_t c;
-  memset(&c, 0, sizeof c);
-  c.done_in_order = 1;
-  c.done_on_loop = 1;
-  c.loop_thread = pthread_self();
+  ctx_reset(&c);
   c.w.data = &c;
   c.w.on_idle = idle_cb;
   cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
@@ -80,10 +86,7 @@ Test(worker, stop_drains_the_queue) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   static ctx_t c;
-  memset(&c, 0, sizeof c);
-  c.done_in_order = 1;
-  c.done_on_loop = 1;
-  c.loop_thread = pthread_self();
+  ctx_reset(&c);
   cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
   for (int i = 0; i < 300; i++) {
     c.jobs[i].work = work_cb;
@@ -101,13 +104,13 @@ Test(worker, stop_drains_the_queue) {
 
 /* Batches: neighbouring jobs of one batch kind run as one call, in order;
  * a plain job or one of another kind in between ends the batch. */
-static int g_batch_sizes[NJOBS], g_nbatches, g_entered, g_release;
+static int g_batch_sizes[NJOBS], g_nbatches, g_entered, g_brelease;
 
 static void batch_a(fp4idx_job_t **jobs, int n) {
   ctx_t *c = jobs[0]->data;
   if (c->n_work == 0) { /* the first one holds the worker while the rest queue */
     __atomic_store_n(&g_entered, 1, __ATOMIC_SEQ_CST);
-    while (!__atomic_load_n(&g_release, __ATOMIC_SEQ_CST)) usleep(100);
+    while (!__atomic_load_n(&g_brelease, __ATOMIC_SEQ_CST)) usleep(100);
   }
   g_batch_sizes[g_nbatches++] = n;
   for (int i = 0; i < n; i++) {
@@ -130,7 +133,7 @@ Test(worker, neighbouring_jobs_of_a_kind_run_as_one_batch) {
   c.done_in_order = 1;
   c.done_on_loop = 1;
   c.loop_thread = pthread_self();
-  g_nbatches = g_entered = g_release = 0;
+  g_nbatches = g_entered = g_brelease = 0;
   cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
   /* 0: A alone (slow); then 1..300 A, 301 plain, 302..310 A, 311..320 B,
    * 321..999 A (more than one batch can take) */
@@ -143,7 +146,7 @@ Test(worker, neighbouring_jobs_of_a_kind_run_as_one_batch) {
     if (i == 0) /* the worker takes job 0 alone */
       while (!__atomic_load_n(&g_entered, __ATOMIC_SEQ_CST)) usleep(100);
   }
-  __atomic_store_n(&g_release, 1, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&g_brelease, 1, __ATOMIC_SEQ_CST);
   fp4idx__worker_stop(&c.w);
   cr_assert_eq(c.n_work, 1000);
   cr_assert_eq(c.n_done, 1000);
@@ -158,6 +161,72 @@ Test(worker, neighbouring_jobs_of_a_kind_run_as_one_batch) {
   cr_assert_eq(c.w.batched_jobs, 999u);
   uv_run(&loop, UV_RUN_DEFAULT);
   cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
+/* Two lanes: a blocker job holds the worker while bulk jobs 1..8 and normal
+ * jobs 9..20 queue; bulk runs one per FP4IDX_WORKER_BULK_EVERY normal ones
+ * while both wait, each lane in its own order; a paused bulk lane waits
+ * until released; stop runs everything. */
+static atomic_int g_release, g_started;
+
+static void blocker_cb(fp4idx_job_t *j) {
+  atomic_store(&g_started, 1);
+  while (!atomic_load(&g_release)) usleep(1000);
+  work_cb(j);
+}
+
+static void lanes_run(int pause_bulk, int *order, int *n) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  static ctx_t c;
+  ctx_reset(&c);
+  atomic_store(&g_release, 0);
+  atomic_store(&g_started, 0);
+  cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
+  if (pause_bulk) fp4idx__worker_pause_bulk(&c.w, 1);
+  for (int i = 0; i <= 20; i++) {
+    c.jobs[i].work = i == 0 ? blocker_cb : work_cb;
+    c.jobs[i].done = done_cb;
+    c.jobs[i].data = &c;
+    c.jobs[i].bulk = i >= 1 && i <= 8;
+    fp4idx__worker_submit(&c.w, &c.jobs[i]);
+    while (i == 0 && !atomic_load(&g_started)) usleep(100); /* the worker holds it */
+  }
+  atomic_store(&g_release, 1);
+  if (pause_bulk) {
+    for (int t = 0; t < 2000 && c.n_done < 13; t++) {
+      uv_run(&loop, UV_RUN_NOWAIT);
+      usleep(1000);
+    }
+    cr_assert_eq(c.n_work, 13, "only the blocker and the 12 normal jobs ran while paused");
+    fp4idx__worker_pause_bulk(&c.w, 0);
+  }
+  for (int t = 0; t < 2000 && c.n_done < 21; t++) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    usleep(1000);
+  }
+  cr_assert_eq(c.n_done, 21);
+  fp4idx__worker_stop(&c.w);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+  *n = c.n_work;
+  memcpy(order, c.order, sizeof(int) * 21);
+}
+
+Test(worker, bulk_lane_runs_behind_the_normal_one) {
+  int order[21], n;
+  lanes_run(0, order, &n);
+  cr_assert_eq(n, 21);
+  /* blocker, 4 normal, 1 bulk, 4 normal, 1 bulk, 4 normal (9..20 done), then bulk */
+  const int want[21] = {0, 9, 10, 11, 12, 1, 13, 14, 15, 16, 2, 17, 18, 19, 20, 3, 4, 5, 6, 7, 8};
+  for (int i = 0; i < 21; i++) cr_assert_eq(order[i], want[i], "position %d: job %d", i, order[i]);
+}
+
+Test(worker, paused_bulk_lane_waits_until_released) {
+  int order[21], n;
+  lanes_run(1, order, &n);
+  const int want[21] = {0, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 1, 2, 3, 4, 5, 6, 7, 8};
+  for (int i = 0; i < 21; i++) cr_assert_eq(order[i], want[i], "position %d: job %d", i, order[i]);
 }
 
 Test(stats, latency_buckets) {

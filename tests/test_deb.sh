@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# test_deb.sh -- the .deb: CPack builds it from this build tree, it holds
-# what the issue lists (binaries, library, headers, pkg-config file, units,
-# sysusers/tmpfiles, options file, man pages) with its maintainer scripts and
-# Debian 12 runtime dependencies, and the daemon it carries, started the way
+# test_deb.sh -- the .debs: CPack builds fp4idxd (binaries, units,
+# sysusers/tmpfiles, options file, man pages), libfp4idx-client0 (the shared
+# library, shlibs, ldconfig trigger) and libfp4idx-client-dev (headers, .so
+# link, static library, .pc, PROTOCOL.md) from this build tree, each file in
+# its package under the multiarch library folder, with maintainer scripts and
+# Debian 12 runtime dependencies; and the daemon fp4idxd carries, started the way
 # fp4idxd.socket + fp4idxd.service say (socket activation on the unit's
 # ListenStream, the unit's ExecStart with its EnvironmentFile's options),
 # answers `fp4idx-cli info`, then saves its snapshot on SIGTERM.
@@ -31,26 +33,54 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# 1. Build the package (an install of this build tree into CPack's staging).
+# 1. Build the packages (an install of this build tree into CPack's staging).
 if cpack --config "$build/CPackConfig.cmake" -G DEB -B "$tmp/pkg" >"$tmp/cpack.log" 2>&1; then
   ok "cpack -G DEB"
 else
   cat "$tmp/cpack.log"; bad "cpack"; finish
 fi
-deb=$(ls "$tmp"/pkg/fp4idx_*.deb 2>/dev/null | head -1)
-[ -f "$deb" ] && ok "package $(basename "$deb")" || { bad "no .deb"; finish; }
-
-# 2. Contents and control data.
-list=$(dpkg-deb -c "$deb" | awk '{print $6}')
-for f in ./usr/bin/fp4idxd ./usr/bin/fp4idx-cli ./usr/lib/libfp4idx-client.so \
-         ./usr/include/fp4idx/fp4idx_client.h ./usr/lib/pkgconfig/libfp4idx-client.pc \
-         ./usr/lib/systemd/system/fp4idxd.service ./usr/lib/systemd/system/fp4idxd.socket \
-         ./usr/lib/systemd/system/fp4idxd@.service ./usr/lib/systemd/system/fp4idxd@.socket \
-         ./usr/lib/systemd/system/fp4idx-metrics.service ./usr/lib/systemd/system/fp4idx-metrics.timer \
-         ./usr/lib/sysusers.d/fp4idx.conf ./usr/lib/tmpfiles.d/fp4idx.conf \
-         ./etc/default/fp4idxd ./usr/share/man/man8/fp4idxd.8 ./usr/share/man/man1/fp4idx-cli.1; do
-  echo "$list" | grep -qx -- "$f" && ok "has $f" || bad "missing $f"
+deb=$(ls "$tmp"/pkg/fp4idxd_*.deb 2>/dev/null | head -1)
+lib=$(ls "$tmp"/pkg/libfp4idx-client0_*.deb 2>/dev/null | head -1)
+dev=$(ls "$tmp"/pkg/libfp4idx-client-dev_*.deb 2>/dev/null | head -1)
+for f in "$deb" "$lib" "$dev"; do
+  [ -f "$f" ] && ok "package $(basename "$f")" || { ls "$tmp/pkg"; bad "a package is missing"; finish; }
 done
+ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+
+# 2. Contents and control data: each file in the package it belongs to.
+has() { # has PACKAGE.deb FILE...
+  local d=$1 list; shift
+  list=$(dpkg-deb -c "$d" | awk '{print $6}')
+  for f in "$@"; do
+    echo "$list" | grep -qx -- "$f" && ok "$(basename "$d" | cut -d_ -f1) has $f" || bad "$(basename "$d") lacks $f"
+  done
+}
+has "$deb" ./usr/bin/fp4idxd ./usr/bin/fp4idx-cli \
+  ./usr/lib/systemd/system/fp4idxd.service ./usr/lib/systemd/system/fp4idxd.socket \
+  ./usr/lib/systemd/system/fp4idxd@.service ./usr/lib/systemd/system/fp4idxd@.socket \
+  ./usr/lib/systemd/system/fp4idx-metrics.service ./usr/lib/systemd/system/fp4idx-metrics.timer \
+  ./usr/lib/sysusers.d/fp4idx.conf ./usr/lib/tmpfiles.d/fp4idx.conf \
+  ./etc/default/fp4idxd ./usr/share/man/man8/fp4idxd.8.gz ./usr/share/man/man1/fp4idx-cli.1.gz \
+  ./usr/share/doc/fp4idxd/copyright ./usr/share/doc/fp4idxd/changelog.gz
+has "$lib" ./usr/lib/$ma/libfp4idx-client.so.0 ./usr/share/doc/libfp4idx-client0/copyright
+has "$dev" ./usr/lib/$ma/libfp4idx-client.so ./usr/lib/$ma/libfp4idx-client.a \
+  ./usr/lib/$ma/pkgconfig/libfp4idx-client.pc ./usr/include/fp4idx/fp4idx_client.h \
+  ./usr/include/fp4idx/fp4idx_status.h ./usr/share/doc/libfp4idx-client-dev/PROTOCOL.md \
+  ./usr/share/doc/libfp4idx-client-dev/copyright
+# Nothing twice, and no library in the daemon's package.
+dup=$(for d in "$deb" "$lib" "$dev"; do dpkg-deb -c "$d" | awk '$1 !~ /^d/ {print $6}'; done | sort | uniq -d)
+[ -z "$dup" ] && ok "no file in two packages" || bad "files in two packages: $dup"
+dpkg-deb -c "$deb" | grep -q 'libfp4idx-client' && bad "fp4idxd carries the library" || ok "fp4idxd carries no library"
+dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/man/man8/fp4idxd.8.gz | gzip -dc | grep -q '^\.TH' \
+  && ok "man page gzipped" || bad "fp4idxd.8.gz is not a gzipped man page"
+for d in "$deb" "$lib" "$dev"; do
+  m=$(dpkg-deb -f "$d" Maintainer)
+  case "$m" in *localhost*|"") bad "maintainer '$m'";; *@*.*) ok "maintainer $m";; *) bad "maintainer '$m'";; esac
+done
+dpkg-deb -f "$dev" Depends | grep -q 'libfp4idx-client0 (= ' && ok "-dev depends on the exact library" || bad "-dev Depends: $(dpkg-deb -f "$dev" Depends)"
+dpkg-deb -e "$lib" "$tmp/libcontrol"
+grep -q "^libfp4idx-client 0 libfp4idx-client0" "$tmp/libcontrol/shlibs" && ok "shlibs" || bad "shlibs"
+grep -qx "activate-noawait ldconfig" "$tmp/libcontrol/triggers" && ok "ldconfig trigger" || bad "triggers"
 dpkg-deb -e "$deb" "$tmp/control"
 for s in postinst prerm postrm; do
   [ -x "$tmp/control/$s" ] && sh -n "$tmp/control/$s" && ok "$s present, executable, parses" || bad "$s"
@@ -108,7 +138,13 @@ grep -q "inherited socket" "$tmp/daemon.log" && ok "used the inherited socket" |
 
 # 4. Optional: a real dpkg -i on this machine.
 if [ "${FP4IDX_TEST_DPKG_INSTALL:-0}" = 1 ]; then
-  if dpkg -i "$deb" >"$tmp/dpkg.log" 2>&1; then ok "dpkg -i"; else cat "$tmp/dpkg.log"; bad "dpkg -i"; fi
+  if dpkg -i "$deb" "$lib" "$dev" >"$tmp/dpkg.log" 2>&1; then ok "dpkg -i (3 packages)"; else cat "$tmp/dpkg.log"; bad "dpkg -i"; fi
+  # The installed -dev package builds a client: headers and library found
+  # through the installed .pc, the program runs against the installed .so.
+  printf '#include <fp4idx/fp4idx_client.h>\n#include <stdio.h>\nint main(void){puts(fp4idx_client_version());return 0;}\n' >"$tmp/v.c"
+  # shellcheck disable=SC2046
+  cc "$tmp/v.c" -o "$tmp/v" $(pkg-config --cflags --libs libfp4idx-client) && "$tmp/v" >/dev/null \
+    && ok "a client builds and runs against the installed packages" || bad "client against the installed packages"
   getent passwd fp4idx >/dev/null && ok "user fp4idx created" || bad "no user fp4idx"
   [ -d /var/lib/fp4idx ] && [ "$(stat -c %U /var/lib/fp4idx)" = fp4idx ] && ok "/var/lib/fp4idx owned by fp4idx" || bad "/var/lib/fp4idx"
   systemd-tmpfiles --create fp4idx.conf >/dev/null 2>&1
@@ -129,7 +165,8 @@ if [ "${FP4IDX_TEST_DPKG_INSTALL:-0}" = 1 ]; then
   kill -TERM "$pid"; wait "$pid"; pid=
   [ -f /var/lib/fp4idx/snapshot.fp4s ] && ok "installed daemon saved /var/lib/fp4idx/snapshot.fp4s" || { cat "$tmp/idaemon.log"; bad "no snapshot in /var/lib/fp4idx"; }
   rm -f /run/fp4idx/fp4idxd.sock
-  dpkg --purge fp4idx >/dev/null 2>&1 && ok "dpkg --purge" || bad "purge"
-  [ ! -e /usr/bin/fp4idxd ] && [ ! -e /var/lib/fp4idx ] && ok "purged" || bad "files left after purge"
+  dpkg --purge libfp4idx-client-dev libfp4idx-client0 fp4idxd >/dev/null 2>&1 && ok "dpkg --purge (3 packages)" || bad "purge"
+  [ ! -e /usr/bin/fp4idxd ] && [ ! -e /var/lib/fp4idx ] && [ ! -e "/usr/lib/$ma/libfp4idx-client.so.0" ] &&
+    [ ! -e /usr/include/fp4idx ] && ok "purged" || bad "files left after purge"
 fi
 finish

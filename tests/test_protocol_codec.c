@@ -411,6 +411,7 @@ Test(codec, hello_info_append_truncate_responses) {
   i->pages_free = 12345;
   i->sequences = 3;
   i->max_frame = 64u << 20;
+  i->pages_shared = 777;
   b = rt_resp(&in, &out, NULL);
   cr_assert(memcmp(&out.u.info, &in.u.info, sizeof(in.u.info)) == 0);
   fp4idx_response_clear(&out);
@@ -829,6 +830,9 @@ static bool sample_request(fp4idx_op_t op, fp4idx_request_t *r,
       r->u.truncate.length = 3;
       return true;
     case FP4IDX_OP_DROP: r->u.drop.seq = 7; return true;
+    case FP4IDX_OP_FORK:
+      r->u.fork = (fp4idx_fork_req_t){.src = 7, .dst = UINT64_MAX, .length = 3};
+      return true;
     case FP4IDX_OP_READ:
       r->u.read = (fp4idx_read_req_t){.seq = 7, .from = 1, .count = 2,
                                       .has_count = true, .dequant = true};
@@ -873,12 +877,81 @@ Test(codec, every_op_encodes_what_decodes) {
   }
 }
 
+Test(codec, fork_request_and_response) {
+  fp4idx_request_t in = {.id = 9, .op = FP4IDX_OP_FORK}, out;
+  in.u.fork = (fp4idx_fork_req_t){.src = 1ull << 63, .dst = 5, .length = 100000};
+  unsigned char *b = rt_req(&in, &out);
+  cr_assert_eq(out.u.fork.src, 1ull << 63);
+  cr_assert_eq(out.u.fork.dst, 5u);
+  cr_assert_eq(out.u.fork.length, 100000u);
+  fp4idx_request_clear(&out);
+  free(b);
+  fp4idx_response_t rin = {.id = 9, .op = FP4IDX_OP_FORK}, rout;
+  rin.u.fork.length = 100000;
+  b = rt_resp(&rin, &rout, NULL);
+  cr_assert_eq(rout.u.fork.length, 100000u);
+  fp4idx_response_clear(&rout);
+  free(b);
+  /* A field missing or of the wrong type is refused, like every request. */
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 4);
+  msgpack_pack_str_with_body(&pk, "id", 2);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_str_with_body(&pk, "op", 2);
+  msgpack_pack_str_with_body(&pk, "fork", 4);
+  msgpack_pack_str_with_body(&pk, "src", 3);
+  msgpack_pack_uint64(&pk, 1);
+  msgpack_pack_str_with_body(&pk, "dst", 3);
+  msgpack_pack_int64(&pk, -2);
+  char msg[256];
+  fp4idx_request_t bad;
+  cr_assert_neq(fp4idx_decode_request(sb.data, sb.size, &bad, msg, sizeof msg), 0);
+  fp4idx_request_clear(&bad);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* "pages_shared" came with fork: a daemon without it still decodes (0). */
+Test(codec, info_without_pages_shared) {
+  static const char *const k[] = {"version", "page_size", "pages_total", "pages_free",
+                                  "sequences", "max_frame"};
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 5 + 6);
+  msgpack_pack_str_with_body(&pk, "id", 2);
+  msgpack_pack_uint64(&pk, 3);
+  msgpack_pack_str_with_body(&pk, "status", 6);
+  msgpack_pack_int64(&pk, 0);
+  const char *sk[] = {"server", "backend", "device"};
+  for (int j = 0; j < 3; j++) {
+    msgpack_pack_str_with_body(&pk, sk[j], strlen(sk[j]));
+    msgpack_pack_str_with_body(&pk, "x", 1);
+  }
+  for (int j = 0; j < 6; j++) {
+    msgpack_pack_str_with_body(&pk, k[j], strlen(k[j]));
+    msgpack_pack_uint64(&pk, 1 + (uint64_t)j);
+  }
+  fp4idx_response_t out;
+  char msg[256];
+  cr_assert_eq(fp4idx_decode_response(sb.data, sb.size, FP4IDX_OP_INFO, &out, msg, sizeof msg),
+               0, "%s", msg);
+  cr_assert_eq(out.u.info.pages_free, 4u);
+  cr_assert_eq(out.u.info.pages_shared, 0u);
+  fp4idx_response_clear(&out);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 /* The op table's flags: what the daemon logs, replays and refuses without
  * persistence. */
 Test(codec, op_flags) {
   cr_assert(fp4idx_op_flags(FP4IDX_OP_APPEND) & FP4IDX_OPF_MUTATES);
   cr_assert(fp4idx_op_flags(FP4IDX_OP_TRUNCATE) & FP4IDX_OPF_MUTATES);
   cr_assert(fp4idx_op_flags(FP4IDX_OP_DROP) & FP4IDX_OPF_MUTATES);
+  cr_assert(fp4idx_op_flags(FP4IDX_OP_FORK) & FP4IDX_OPF_MUTATES);
   cr_assert_not(fp4idx_op_flags(FP4IDX_OP_SCORE) & FP4IDX_OPF_MUTATES);
   cr_assert_not(fp4idx_op_flags(FP4IDX_OP_READ) & FP4IDX_OPF_MUTATES);
   cr_assert(fp4idx_op_flags(FP4IDX_OP_SAVE) & FP4IDX_OPF_PERSIST);
@@ -892,7 +965,7 @@ Test(codec, op_flags) {
 
 /* "list": the response round trip, and what the encoder refuses. */
 Test(codec, list_round_trip_and_encoder_checks) {
-  fp4idx_list_entry_t e[3] = {{7, 130, 3}, {0, 0, 0}, {UINT64_MAX, 1, 1}};
+  fp4idx_list_entry_t e[3] = {{7, 130, 3, 2}, {0, 0, 0, 0}, {UINT64_MAX, 1, 1, 1}};
   fp4idx_response_t in = {.id = 9, .op = FP4IDX_OP_LIST};
   in.u.list = (fp4idx_list_resp_t){.cursor = 12345, .seqs = e, .nseqs = 3};
   msgpack_sbuffer sb;
@@ -909,6 +982,7 @@ Test(codec, list_round_trip_and_encoder_checks) {
     cr_assert_eq(out.u.list.seqs[i].seq, e[i].seq);
     cr_assert_eq(out.u.list.seqs[i].keys, e[i].keys);
     cr_assert_eq(out.u.list.seqs[i].pages, e[i].pages);
+    cr_assert_eq(out.u.list.seqs[i].pages_shared, e[i].pages_shared);
   }
   fp4idx_response_clear(&out);
   /* an empty step: cursor not 0, no sequences */

@@ -449,6 +449,23 @@ int transcript_build(transcript_msg_t *m, int cap) {
       return -1;
     rc |= fp4idx_encode_response(&t->sb, &rs);
   }
+
+  /* fork: sequence 8 starts as the first key of sequence 7, sharing it */
+  memset(&rq, 0, sizeof(rq));
+  rq.id = 7;
+  rq.op = FP4IDX_OP_FORK;
+  rq.u.fork.src = 7;
+  rq.u.fork.dst = 8;
+  rq.u.fork.length = 1;
+  if (!(t = tmsg(m, &n, cap, 1, "fork, id 7: src 7, dst 8, length 1"))) return -1;
+  rc |= fp4idx_encode_request(&t->sb, &rq);
+  fp4idx_response_t fr;
+  memset(&fr, 0, sizeof(fr));
+  fr.id = 7;
+  fr.op = FP4IDX_OP_FORK;
+  fr.u.fork.length = 1;
+  if (!(t = tmsg(m, &n, cap, 0, "fork reply: length 1"))) return -1;
+  rc |= fp4idx_encode_response(&t->sb, &fr);
   return rc != 0 ? -1 : n;
 }
 

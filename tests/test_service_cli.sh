@@ -3,7 +3,9 @@
 # daemon: an exported sequence imported under another id reads back byte for
 # byte; the file's pages have SGLang's layout (key 0's payload right after the
 # 64-byte header, its scales after the page's P payloads); raw pages import
-# with --count/--page-size; save writes the snapshot; errors are one line.
+# with --count/--page-size; a forked sequence (fp4idx-cli fork) exports its
+# whole key list, shared prefix included; save writes the snapshot; errors
+# are one line.
 #
 #   test_service_cli.sh FP4IDXD FP4IDX_CLI
 set -u
@@ -42,6 +44,20 @@ c export 5 "$tmp/s5.raw" --raw --page-size 64 >/dev/null && [ "$(stat -c %s "$tm
 c import 7 "$tmp/s5.raw" --raw --count 100 --page-size 64 >/dev/null && ok "raw import" || bad "raw import"
 c read 7 --out "$tmp/back7.bin" >/dev/null
 cmp -s "$tmp/orig.bin" "$tmp/back7.bin" && ok "raw round trip" || bad "raw differs"
+
+# fork: seq 9 = the first 40 keys of seq 5 (shared pages) + 10 keys of its
+# own; its export equals that of seq 10 = the same keys appended unshared.
+out=$(c fork 5 9 40) && echo "$out" | grep -q "seq 9: length 40" && ok "fork" || bad "fork: $out"
+c append 9 --random 10 --seed 4 >/dev/null && c read 9 --out "$tmp/s9.bin" >/dev/null || bad "fork append"
+cmp -s <(head -c $((40 * 68)) "$tmp/orig.bin") <(head -c $((40 * 68)) "$tmp/s9.bin") && ok "fork keeps the prefix" || bad "fork prefix"
+c append 10 "$tmp/s9.bin" --dtype fp4 >/dev/null || bad "append copy"
+c export 9 "$tmp/s9.raw" --raw >/dev/null && c export 10 "$tmp/s10.raw" --raw >/dev/null &&
+  [ "$(stat -c %s "$tmp/s9.raw")" = $((4 * 16 * 68)) ] && cmp -s "$tmp/s9.raw" "$tmp/s10.raw" &&
+  ok "fork exports its full key list" || bad "fork export"
+c read 5 --out "$tmp/orig_after.bin" >/dev/null && cmp -s "$tmp/orig.bin" "$tmp/orig_after.bin" && ok "source unchanged" || bad "source changed"
+err=$(c fork 5 9 1 2>&1 >/dev/null); code=$?
+[ $code -eq 1 ] && echo "$err" | grep -q "EEXIST" && ok "fork to an existing seq: $err" || bad "fork EEXIST: $code $err"
+c stats | grep -q "^pages_shared: [1-9]" && ok "stats pages_shared" || bad "stats pages_shared"
 
 # A corrupted export file is refused with a one-line error and changes nothing.
 cp "$tmp/s5.fp4x" "$tmp/bad.fp4x"

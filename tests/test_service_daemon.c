@@ -86,7 +86,7 @@ Test(service_daemon, restart_after_sigterm_keeps_every_key) {
   uint16_t *bf = malloc(300 * 128 * 2);
   make_bf16(bf, 300 * 128, 11);
   unsigned char *fp4 = malloc(500 * 68);
-  fill_random(fp4, 500 * 68, 12);
+  fill_random_keys(fp4, 500 * 68, 12);
   uint64_t first, len;
   cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_BF16, 300, bf, &first, &len), 0);
   cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, 100, fp4, &first, &len), 0);
@@ -191,7 +191,7 @@ Test(service_daemon, kill9_keeps_every_acknowledged_append_fsync_always) {
   start(&d, data, "always", NULL, NULL);
   int fd = connect_to(&d);
   unsigned char *keys = malloc((size_t)STREAM_REQS * STREAM_KEYS * 68);
-  fill_random(keys, (size_t)STREAM_REQS * STREAM_KEYS * 68, 2024);
+  fill_random_keys(keys, (size_t)STREAM_REQS * STREAM_KEYS * 68, 2024);
   streamer_t st = {.fd = fd, .keys = keys};
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, stream_send, &st), 0);
@@ -289,7 +289,7 @@ static void fill_data(const char *data, unsigned char *keys) {
 Test(service_daemon, corrupt_snapshot_or_log_stops_the_start) {
   char data[64], snap[128], logf[128], log[16384];
   unsigned char *keys = malloc(100 * 68);
-  fill_random(keys, 100 * 68, 3);
+  fill_random_keys(keys, 100 * 68, 3);
   tmpdir_make(data, sizeof data);
   snprintf(snap, sizeof snap, "%s/snapshot.fp4s", data);
   snprintf(logf, sizeof logf, "%s/appendonly.fp4log", data);
@@ -352,7 +352,8 @@ Test(service_daemon, save_without_data_dir_is_an_error) {
   fp4idx_response_t resp;
   unsigned char *body = NULL;
   cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
-  cr_assert_eq(resp.status, FP4IDX_ETYPE); /* as PROTOCOL.md says */
+  cr_assert_eq(resp.status, FP4IDX_EDISABLED); /* as PROTOCOL.md says */
+  cr_assert_str_eq(resp.error, "persistence is not enabled: start fp4idxd with --data-dir");
   fp4idx_response_clear(&resp);
   free(body);
   close(fd);
@@ -367,7 +368,7 @@ Test(service_daemon, sighup_saves_a_snapshot) {
   start(&d, data, "no", NULL, NULL);
   int fd = connect_to(&d);
   unsigned char keys[5 * 68];
-  fill_random(keys, sizeof keys, 8);
+  fill_random_keys(keys, sizeof keys, 8);
   uint64_t first, len;
   cr_assert_eq(fp4idx_test_append(fd, 4, FP4IDX_WIRE_U8, 5, keys, &first, &len), 0);
   cr_assert_neq(access(snap, F_OK), 0);
@@ -462,7 +463,7 @@ Test(service_daemon, socket_activation_and_notify) {
   cr_assert_eq(fp4idx_test_info(fd, &info), 0);
   cr_assert_gt(info.pages_total, 0);
   unsigned char keys[3 * 68];
-  fill_random(keys, sizeof keys, 1);
+  fill_random_keys(keys, sizeof keys, 1);
   uint64_t first, len;
   cr_assert_eq(fp4idx_test_append(fd, 5, FP4IDX_WIRE_U8, 3, keys, &first, &len), 0);
   /* WATCHDOG_USEC=200000: pings every 100 ms. */
@@ -504,7 +505,7 @@ Test(service_daemon, log_growth_triggers_a_snapshot) {
   int fd = connect_to(&d);
   enum { N = 100000 };
   unsigned char *keys = malloc((size_t)N * 68);
-  fill_random(keys, (size_t)N * 68, 31);
+  fill_random_keys(keys, (size_t)N * 68, 31);
   uint64_t first, len;
   int rounds = 0;
   while (access(snap, F_OK) != 0 && rounds < 20) {
@@ -543,7 +544,7 @@ Test(service_daemon, log_write_failure_fails_the_request_cleanly) {
   start(&d, data, "always", "--log-level", "info");
   int fd = connect_to(&d);
   unsigned char *keys = malloc(5000 * 68);
-  fill_random(keys, 5000 * 68, 17);
+  fill_random_keys(keys, 5000 * 68, 17);
   uint64_t first, len;
   cr_assert_eq(fp4idx_test_append(fd, 1, FP4IDX_WIRE_U8, 100, keys, &first, &len), 0);
   fp4idx_info_t before, after;
@@ -594,7 +595,7 @@ Test(service_daemon, failed_snapshot_keeps_the_log) {
   start(&d, data, "always", "--log-level", "info");
   int fd = connect_to(&d);
   unsigned char keys[60 * 68];
-  fill_random(keys, sizeof keys, 23);
+  fill_random_keys(keys, sizeof keys, 23);
   uint64_t first, len;
   for (int i = 0; i < 60; i++)
     cr_assert_eq(fp4idx_test_append(fd, 100 + i, FP4IDX_WIRE_U8, 1, keys + i * 68, &first,

@@ -17,6 +17,7 @@
 typedef struct fp4idx_cli_err_s {
   int status;       /* fp4idx status code */
   int usage;        /* 1: bad command line (exit 2), 0: runtime error (exit 1) */
+  int signal;       /* SIGINT/SIGTERM stopped the command (exit 128 + it) */
   char msg[512];
 } fp4idx_cli_err_t;
 
@@ -88,11 +89,22 @@ int fp4idx__keys_from_array(const fp4idx_array_t *a, int *dtype,
                             const void **keys, size_t *n,
                             fp4idx_cli_err_t *e);
 
-/* Checks a bf16 array of `per_row` elements per row (raw or .npy with 16-bit
- * elements whose trailing dims multiply to per_row) and sets *rows.
- * `what` names the option for messages ("--q"). Returns 0 or ESHAPE/EINVAL. */
-int fp4idx__bf16_rows(const fp4idx_array_t *a, uint64_t per_row,
-                      const char *what, uint32_t *rows, fp4idx_cli_err_t *e);
+/* Checks a score input of `heads` heads x `per_head` values per row (q:
+ * per_head 128, w: per_head 1) and sets *rows and *elem (2: bf16 bit
+ * patterns, 4: f32). A .npy file carries its element type ('<u2'/'<i2'/'<V2'
+ * bf16, '<f4' f32) and its trailing dims must multiply to heads*per_head; a
+ * shape showing another head count ([R,H,128] / [R,H]) says so. Raw data
+ * is `raw_elem` bytes per value (--dtype). `what` names the option for
+ * messages ("--q"). Returns 0 or ESHAPE/EINVAL with a message. */
+int fp4idx__score_rows(const fp4idx_array_t *a, uint64_t heads,
+                       uint64_t per_head, int raw_elem, const char *what,
+                       uint32_t *rows, int *elem, fp4idx_cli_err_t *e);
+
+/* n values as bf16 bit patterns in a malloc'ed array: copied when elem is
+ * 2, rounded to nearest even (fp4idx_f32_to_bf16, kernels/fp4idx_format.h)
+ * when elem is 4 (f32). data needs no alignment. Returns NULL when out of
+ * memory. */
+uint16_t *fp4idx__to_bf16(const unsigned char *data, size_t n, int elem);
 
 /* ---- argument parsers ---------------------------------------------------- */
 
@@ -145,6 +157,40 @@ int fp4idx__write_result(FILE *f, fp4idx_format_t fmt,
  * ("%.9g" with -inf/inf/nan spelled out). buf needs 32 bytes. */
 const char *fp4idx__fmt_f32(char *buf, float v);
 
+/* The integer fields of stats, by name, in the order the text and JSON
+ * forms print them (connections .. device_mem_free). Fills out[] (room for
+ * FP4IDX_CLI_STATS_COUNTS) and returns how many. */
+#define FP4IDX_CLI_STATS_COUNTS 13
+typedef struct fp4idx_cli_count_s {
+  const char *name;
+  uint64_t value;
+} fp4idx_cli_count_t;
+size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *out);
+
+/* Writes the nonzero errors by status: "ENOSEQ=1 ERANGE=2" (text) or
+ * "\"ENOSEQ\":1,\"ERANGE\":2" (json, the inside of an object). Returns how
+ * many were written. */
+int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int json);
+
+/* info / stats as one JSON object each (a line): info's fields by name;
+ * stats' scalars and "ops":[{"op","requests","errors","latency_sum_us",
+ * "latency_buckets":[{"le_us","count"}]}] (per-bucket counts, the last
+ * bound +inf written as null). Returns 0 or -1 (write error). */
+int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in);
+int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s);
+
+/* Width of the terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. */
+int fp4idx__term_cols(int fd);
+
+/* Formats append's progress line for a terminal `cols` wide, without \r or
+ * \n, in at most cols - 1 characters (and cap - 1): "append [###...] 42%
+ * 4.2M/10.0M keys 1.3M keys/s ETA 0:04"; the bar takes the width the
+ * numbers leave (10..60 columns); narrower terminals get "[###...] 42%
+ * 1.3M/s ETA 0:04", then the numbers alone, cut to fit; when done == total
+ * the ETA becomes the elapsed time. Returns the length written. */
+size_t fp4idx__progress_line(char *buf, size_t cap, int cols, uint64_t done,
+                             uint64_t total, double elapsed_s);
+
 /* ---- Prometheus ---------------------------------------------------------- */
 
 /* Writes the stats (and the info labels, info may be NULL) in the
@@ -190,6 +236,7 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv);
 /* service_cmds.c: save, export, import (what persistence adds). */

@@ -4,6 +4,7 @@
  * through cli->err. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -104,14 +105,32 @@ static int ends_with(const char *s, const char *suffix) {
 
 /* ---- info ------------------------------------------------------------------ */
 
+/* --format for info and stats: text (default) or json. */
+static int parse_text_json(fp4idx_cli_t *cli, const char *s, int *json) {
+  if (strcmp(s, "text") == 0) *json = 0;
+  else if (strcmp(s, "json") == 0) *json = 1;
+  else
+    return fp4idx__cli_usage(&cli->err, "--format '%s': expected text or json", s);
+  return 0;
+}
+
 int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv) {
-  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
-  int ch;
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'},
+                                     {"format", required_argument, 0, 'f'},
+                                     {0}};
+  int ch, json = 0;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     if (ch == 'h') {
-      puts("usage: fp4idx-cli [-s SOCKET] info\n"
-           "Prints the daemon's version, backend, device and pool.");
+      puts("usage: fp4idx-cli [-s SOCKET] info [--format text|json]\n"
+           "Prints the daemon's version, backend, device and pool.\n"
+           "  --format json  one object: server, protocol, backend, device,\n"
+           "                 page_size, pages_total, pages_free, sequences,\n"
+           "                 max_frame");
       return 0;
+    }
+    if (ch == 'f') {
+      if (parse_text_json(cli, optarg, &json)) return FP4IDX_EINVAL;
+      continue;
     }
     return FP4IDX_EINVAL;
   }
@@ -125,6 +144,10 @@ int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv) {
   st = fp4idx_client_info(c, &in);
   if (st) {
     client_fail(cli, c, st);
+    goto out;
+  }
+  if (json) {
+    fp4idx__write_info_json(stdout, &in);
     goto out;
   }
   printf("server: %s\nprotocol: %u\nbackend: %s\ndevice: %s\n"
@@ -169,13 +192,14 @@ static void print_counters(FILE *f, const char *what, const fp4idx_client_op_sta
 }
 
 static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
-  fprintf(f,
-          "uptime_s: %.3f\nbackend: %s\ndevice: %s\nconnections: %llu\n"
-          "sequences: %llu\nkeys: %llu\npages_total: %llu\npages_free: %llu\n",
-          s->uptime_s, s->backend, s->device,
-          (unsigned long long)s->connections, (unsigned long long)s->sequences,
-          (unsigned long long)s->keys, (unsigned long long)s->pages_total,
-          (unsigned long long)s->pages_free);
+  fprintf(f, "uptime_s: %.3f\nbackend: %s\ndevice: %s\n", s->uptime_s, s->backend,
+          s->device);
+  fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS];
+  size_t n = fp4idx__stats_counts(s, c);
+  for (size_t i = 0; i < n; i++)
+    fprintf(f, "%s: %llu\n", c[i].name, (unsigned long long)c[i].value);
+  fputs("errors_by_status: ", f);
+  fputs(fp4idx__write_status_errors(f, s, 0) ? "\n" : "none\n", f);
   print_counters(f, "op", s->ops, s->nops, 1);
   if (s->nstages > 0) print_counters(f, "stage", s->stages, s->nstages, 0);
 }
@@ -184,15 +208,20 @@ int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'},
                                      {"prometheus", no_argument, 0, 'p'},
                                      {"out", required_argument, 0, 'o'},
+                                     {"format", required_argument, 0, 'f'},
                                      {0}};
-  int ch, prom = 0;
+  int ch, prom = 0, json = 0;
   const char *out = NULL;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "hpo:", lo)) != -1) {
     switch (ch) {
       case 'h':
-        puts("usage: fp4idx-cli [-s SOCKET] stats [--prometheus] [--out FILE]\n"
+        puts("usage: fp4idx-cli [-s SOCKET] stats [--prometheus | --format text|json]\n"
+             "                  [--out FILE]\n"
              "Prints the daemon's counters: per-op requests, errors and\n"
              "latency, pool pages, sequences, keys, connections, uptime.\n"
+             "  --format json one object: the scalars by name and \"ops\":\n"
+             "                [{\"op\",\"requests\",\"errors\",\"latency_sum_us\",\n"
+             "                \"latency_buckets\":[{\"le_us\",\"count\"}]}]\n"
              "  --prometheus  Prometheus text format (node_exporter textfile\n"
              "                collector): fp4idx_requests_total{op},\n"
              "                fp4idx_request_errors_total{op},\n"
@@ -203,9 +232,14 @@ int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
         return 0;
       case 'p': prom = 1; break;
       case 'o': out = optarg; break;
+      case 'f':
+        if (parse_text_json(cli, optarg, &json)) return FP4IDX_EINVAL;
+        break;
       default: return FP4IDX_EINVAL;
     }
   }
+  if (prom && json)
+    return fp4idx__cli_usage(&cli->err, "--prometheus and --format json exclude each other");
   if (optind != argc)
     return fp4idx__cli_usage(&cli->err, "unexpected argument '%s'",
                              argv[optind]);
@@ -240,6 +274,7 @@ int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
     f = stdout;
   }
   if (prom) fp4idx__prom_write(f, s, &in);
+  else if (json) fp4idx__write_stats_json(f, s);
   else print_stats(f, s);
   st = close_out(cli, f, tmp, 0);
   f = NULL;
@@ -257,17 +292,21 @@ out:
 /* ---- append ---------------------------------------------------------------- */
 
 static void progress(uint64_t done, uint64_t total, double t0, int final) {
-  int width = 30, fill = total ? (int)(done * (uint64_t)width / total) : width;
-  double dt = now_s() - t0;
-  char bar[64];
-  for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
-  bar[width] = '\0';
-  fprintf(stderr, "\rappend [%s] %3d%% %llu/%llu keys %.0f keys/s%s", bar,
-          total ? (int)(done * 100 / total) : 100, (unsigned long long)done,
-          (unsigned long long)total, dt > 0 ? (double)done / dt : 0.0,
-          final ? "\n" : "");
+  char line[512];
+  size_t n = fp4idx__progress_line(line, sizeof line,
+                                   fp4idx__term_cols(STDERR_FILENO), done,
+                                   total, now_s() - t0);
+  /* \r + line + clear to the end of the line (a shorter line after a
+   * resize leaves no stale characters). */
+  fprintf(stderr, "\r%.*s\033[K%s", (int)n, line, final ? "\n" : "");
   fflush(stderr);
 }
+
+/* SIGINT/SIGTERM during append: the request in flight finishes (the
+ * library retries its poll on EINTR), then the loop stops and says how far
+ * it got. SA_RESETHAND: a second signal ends the program at once. */
+static volatile sig_atomic_t append_signal;
+static void on_append_signal(int sig) { append_signal = sig; }
 
 static const char append_help[] =
     "usage: fp4idx-cli [-s SOCKET] append SEQ FILE [options]\n"
@@ -285,7 +324,10 @@ static const char append_help[] =
     "                             request is all-or-nothing, the whole\n"
     "                             input is not\n"
     "Prints 'seq SEQ: appended N keys at FIRST, length LEN'. A progress bar\n"
-    "goes to stderr when it is a terminal and the input spans requests.";
+    "(terminal width, rate, ETA) goes to stderr when it is a terminal and the\n"
+    "input spans requests. Ctrl-C (or SIGTERM) lets the request in flight\n"
+    "finish, then stops and says how many keys were stored and the\n"
+    "sequence's length (exit 130; a second Ctrl-C ends it at once).";
 
 int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {
@@ -374,7 +416,31 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
   int bar = isatty(STDERR_FILENO) && n > chunk;
   double t0 = now_s();
   uint64_t first = 0, length = 0;
+  struct sigaction sa = {.sa_handler = on_append_signal,
+                         .sa_flags = SA_RESETHAND}, old_int, old_term;
+  sigemptyset(&sa.sa_mask);
+  append_signal = 0;
+  /* A signal the caller ignores (nohup, `cmd &` in a script) stays ignored. */
+  sigaction(SIGINT, NULL, &old_int);
+  sigaction(SIGTERM, NULL, &old_term);
+  if (old_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
+  if (old_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
   for (size_t done = 0; done < n;) {
+    if (append_signal) {
+      if (bar) fputc('\n', stderr);
+      if (done == 0)
+        st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO,
+                              "interrupted: no key was stored (0 of %zu)", n);
+      else
+        st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO,
+                              "interrupted: %zu of %zu keys were stored (at "
+                              "%llu); seq %llu has length %llu",
+                              done, n, (unsigned long long)first,
+                              (unsigned long long)seq,
+                              (unsigned long long)length);
+      cli->err.signal = append_signal;
+      break;
+    }
     size_t m = n - done < chunk ? n - done : (size_t)chunk;
     const void *p;
     if (have_random) {
@@ -394,13 +460,16 @@ int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
                          fp4idx_client_last_error(c));
       else
         client_fail(cli, c, st);
-      goto out;
+      break;
     }
     if (done == 0) first = f1;
     length = len1;
     done += m;
     if (bar) progress(done, n, t0, done == n);
   }
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  if (st) goto out;
   printf("seq %llu: appended %zu keys at %llu, length %llu\n",
          (unsigned long long)seq, n, (unsigned long long)first,
          (unsigned long long)length);
@@ -418,9 +487,13 @@ static const char score_help[] =
     "                  [--lens L1,L2,...] [--topk K] [--format text|json|raw]\n"
     "                  [--out FILE]\n"
     "Scores R verify rows of sequence SEQ against its keys.\n"
-    "  --q FILE        queries, bf16 [R,H,128] (raw little-endian or .npy);\n"
-    "                  R is derived from the size\n"
-    "  --w FILE        head weights, bf16 [R,H]\n"
+    "  --q FILE        queries [R,H,128] (raw little-endian or .npy); R is\n"
+    "                  derived from the size\n"
+    "  --w FILE        head weights [R,H]\n"
+    "  --dtype bf16|f32  element type of raw --q/--w files (default bf16;\n"
+    "                  a .npy file carries its own: '<u2' bf16, '<f4' f32).\n"
+    "                  f32 values are rounded to bf16 (nearest, ties to\n"
+    "                  even) before they are sent: the daemon scores bf16\n"
     "  --heads H       heads per row, 1..128\n"
     "  --lens L,...    visible keys per row (R values; default: all keys)\n"
     "  --topk K        only the K best (position, logit) pairs per row\n"
@@ -439,8 +512,8 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
       {"w", required_argument, 0, 'w'},    {"heads", required_argument, 0, 'H'},
       {"lens", required_argument, 0, 'l'}, {"topk", required_argument, 0, 'k'},
       {"format", required_argument, 0, 'f'}, {"out", required_argument, 0, 'o'},
-      {0}};
-  int ch, fmt = FP4IDX_FORMAT_TEXT;
+      {"dtype", required_argument, 0, 'd'}, {0}};
+  int ch, fmt = FP4IDX_FORMAT_TEXT, raw_elem = 2;
   const char *qpath = NULL, *wpath = NULL, *lens_s = NULL, *out = NULL;
   uint64_t heads = 0, topk = 0, seq;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
@@ -466,6 +539,14 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
                                    "--format '%s': expected text, json or raw",
                                    optarg);
         break;
+      case 'd': {
+        int dt = fp4idx__parse_dtype(optarg);
+        if (dt != FP4IDX_KEYS_BF16 && dt != FP4IDX_KEYS_F32)
+          return fp4idx__cli_usage(&cli->err,
+                                   "--dtype '%s': expected bf16 or f32", optarg);
+        raw_elem = dt == FP4IDX_KEYS_F32 ? 4 : 2;
+        break;
+      }
       default: return FP4IDX_EINVAL;
     }
   }
@@ -478,6 +559,7 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
     return fp4idx__cli_usage(&cli->err, "--q, --w and --heads are required");
 
   unsigned char *qbuf = NULL, *wbuf = NULL;
+  uint16_t *q16 = NULL, *w16 = NULL;
   int32_t *lens = NULL;
   size_t nlens = 0, len;
   fp4idx_client_t *c = NULL;
@@ -485,20 +567,34 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
   FILE *f = NULL;
   fp4idx_array_t qa, wa;
   uint32_t rq, rw;
-  int st;
+  int st, qel, wel;
   if (lens_s != NULL && fp4idx__parse_lens(lens_s, &lens, &nlens) != 0)
     return fp4idx__cli_usage(&cli->err,
                              "--lens '%s': expected comma-separated counts",
                              lens_s);
   if ((st = fp4idx__read_file(qpath, &qbuf, &len, &cli->err)) ||
       (st = fp4idx__array_from_buffer(qbuf, len, &qa, &cli->err)) ||
-      (st = fp4idx__bf16_rows(&qa, heads * FP4IDX_CLIENT_HEAD_DIM, "--q", &rq,
-                              &cli->err)))
+      (st = fp4idx__score_rows(&qa, heads, FP4IDX_CLIENT_HEAD_DIM, raw_elem,
+                               "--q", &rq, &qel, &cli->err)))
     goto out;
   if ((st = fp4idx__read_file(wpath, &wbuf, &len, &cli->err)) ||
       (st = fp4idx__array_from_buffer(wbuf, len, &wa, &cli->err)) ||
-      (st = fp4idx__bf16_rows(&wa, heads, "--w", &rw, &cli->err)))
+      (st = fp4idx__score_rows(&wa, heads, 1, raw_elem, "--w", &rw, &wel,
+                               &cli->err)))
     goto out;
+  /* Raw files carry no head count; when --lens fixes the rows, a q that
+   * divides into them with another head count names that count. */
+  uint64_t qvals = (uint64_t)rq * heads * FP4IDX_CLIENT_HEAD_DIM;
+  if (lens != NULL && nlens != rq && nlens > 0 &&
+      qvals % ((uint64_t)nlens * FP4IDX_CLIENT_HEAD_DIM) == 0) {
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_ESHAPE,
+                          "--lens gives %zu rows: --q would then have %llu "
+                          "heads, but --heads is %llu", nlens,
+                          (unsigned long long)(qvals / ((uint64_t)nlens *
+                                                        FP4IDX_CLIENT_HEAD_DIM)),
+                          (unsigned long long)heads);
+    goto out;
+  }
   if (rq != rw) {
     st = fp4idx__cli_fail(&cli->err, FP4IDX_ESHAPE,
                           "--q holds %u rows of %llu heads, --w holds %u", rq,
@@ -510,11 +606,15 @@ int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
                           "--lens gives %zu counts for %u rows", nlens, rq);
     goto out;
   }
-  /* q and w sit at any offset of the file buffers; the library only reads
-   * them bytewise (memcpy into the request), so no alignment is needed. */
-  fp4idx_client_seq_t s = {.seq = seq, .rows = rq,
-                           .q = (const uint16_t *)(const void *)qa.data,
-                           .w = (const uint16_t *)(const void *)wa.data,
+  /* bf16 copies (f32 rounded RNE); file buffers sit at any offset, the
+   * copies are aligned. */
+  q16 = fp4idx__to_bf16(qa.data, qvals, qel);
+  w16 = fp4idx__to_bf16(wa.data, (uint64_t)rw * heads, wel);
+  if (q16 == NULL || w16 == NULL) {
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
+    goto out;
+  }
+  fp4idx_client_seq_t s = {.seq = seq, .rows = rq, .q = q16, .w = w16,
                            .lens = lens};
   if ((st = fp4idx__cli_connect(cli, &c))) goto out;
   st = fp4idx_client_score(c, (uint32_t)heads, (uint32_t)topk, &s, 1, &res);
@@ -535,6 +635,8 @@ out:
   fp4idx_client_close(c);
   free(qbuf);
   free(wbuf);
+  free(q16);
+  free(w16);
   free(lens);
   return st;
 }
@@ -567,6 +669,38 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   if (st) client_fail(cli, c, st);
   else printf("seq %llu: length %llu\n", (unsigned long long)seq,
               (unsigned long long)len);
+  fp4idx_client_close(c);
+  return st;
+}
+
+int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv) {
+  static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
+  int ch;
+  while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
+    if (ch == 'h') {
+      puts("usage: fp4idx-cli [-s SOCKET] fork SRC DST LENGTH\n"
+           "Makes the new sequence DST the first LENGTH keys of SRC without\n"
+           "copying them (the pages are shared; appends to either never show\n"
+           "in the other). DST must not exist (EEXIST); LENGTH above SRC's\n"
+           "key count is an error (ERANGE).");
+      return 0;
+    }
+    return FP4IDX_EINVAL;
+  }
+  uint64_t src, dst, n;
+  if (argc - optind != 3)
+    return fp4idx__cli_usage(&cli->err, "expected SRC DST LENGTH");
+  if (parse_seq(cli, argv[optind], &src) || parse_seq(cli, argv[optind + 1], &dst) ||
+      fp4idx__cli_parse_num(cli, "LENGTH", argv[optind + 2], &n))
+    return FP4IDX_EINVAL;
+  fp4idx_client_t *c;
+  int st = fp4idx__cli_connect(cli, &c);
+  if (st) return st;
+  uint64_t len;
+  st = fp4idx_client_fork(c, src, dst, n, &len);
+  if (st) client_fail(cli, c, st);
+  else printf("seq %llu: length %llu, forked from seq %llu\n", (unsigned long long)dst,
+              (unsigned long long)len, (unsigned long long)src);
   fp4idx_client_close(c);
   return st;
 }
@@ -747,15 +881,16 @@ int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv) {
     if (one_step) printf("\"cursor\":%llu,", (unsigned long long)cursor);
     printf("\"sequences\":[");
     for (size_t i = 0; i < u; i++)
-      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu}", i ? "," : "",
-             (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
-             (unsigned long long)all[i].pages);
+      printf("%s{\"seq\":%llu,\"keys\":%llu,\"pages\":%llu,\"pages_shared\":%llu}",
+             i ? "," : "", (unsigned long long)all[i].seq, (unsigned long long)all[i].keys,
+             (unsigned long long)all[i].pages, (unsigned long long)all[i].pages_shared);
     printf("]}\n");
   } else {
-    printf("seq keys pages\n");
+    printf("seq keys pages shared\n");
     for (size_t i = 0; i < u; i++)
-      printf("%llu %llu %llu\n", (unsigned long long)all[i].seq,
-             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages);
+      printf("%llu %llu %llu %llu\n", (unsigned long long)all[i].seq,
+             (unsigned long long)all[i].keys, (unsigned long long)all[i].pages,
+             (unsigned long long)all[i].pages_shared);
     if (one_step) printf("cursor: %llu\n", (unsigned long long)cursor);
   }
 out:

@@ -3,11 +3,13 @@
  *   fp4idx-cli [-s SOCKET] [-t MS] COMMAND [ARGS...]
  *
  * Exit status: 0 success; 1 the operation failed (daemon error, connection,
- * I/O); 2 bad command line. On failure exactly one line goes to stderr:
+ * I/O); 2 bad command line; 130 interrupted by SIGINT (143 SIGTERM). On
+ * failure exactly one line goes to stderr:
  *   fp4idx-cli: <command>: <message> (<CODE>)
  */
 #define _GNU_SOURCE
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,7 @@ static const struct {
     {"score", fp4idx__cmd_score, "score verify rows (full logits or top-k)"},
     {"truncate", fp4idx__cmd_truncate, "keep the first N keys of a sequence"},
     {"drop", fp4idx__cmd_drop, "drop a sequence"},
+    {"fork", fp4idx__cmd_fork, "start a sequence as another's prefix (shared)"},
     {"read", fp4idx__cmd_read, "read keys back (packed or dequantized)"},
     {"list", fp4idx__cmd_list, "list the sequences with their keys and pages"},
     {"save", fp4idx__cmd_save, "make the daemon write its snapshot now"},
@@ -45,16 +48,22 @@ static void usage(FILE *f) {
           "                      /run/fp4idx/fp4idxd.sock as root)\n"
           "  -t, --timeout MS    limit per request in milliseconds (default\n"
           "                      none)\n"
-          "  -h, --help          this text; COMMAND --help for a command\n"
+          "  -h, --help          this text (also: help); COMMAND --help or\n"
+          "                      help COMMAND for a command\n"
           "  -V, --version       print the version\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
   fprintf(f,
-          "\nExit status: 0 success, 1 failure, 2 bad command line; errors are\n"
-          "one line on stderr: 'fp4idx-cli: COMMAND: MESSAGE (CODE)'.\n");
+          "\nExit status: 0 success, 1 failure, 2 bad command line, 130 Ctrl-C;\n"
+          "errors are one line on stderr: 'fp4idx-cli: COMMAND: MESSAGE (CODE)'.\n");
 }
 
 static int report(const char *op, const fp4idx_cli_err_t *e) {
+  if (e->signal) { /* interrupted: the message says what was done */
+    fprintf(stderr, "fp4idx-cli: %s: %s (%s)\n", op, e->msg,
+            e->signal == SIGINT ? "SIGINT" : "SIGTERM");
+    return 128 + e->signal;
+  }
   /* One line, always: flatten any newline a message may carry. */
   char msg[sizeof e->msg];
   snprintf(msg, sizeof msg, "%s", e->msg);
@@ -104,6 +113,22 @@ int main(int argc, char **argv) {
     return report("options", &cli.err);
   }
   const char *name = argv[optind];
+  /* `help` and `help COMMAND`: the same texts as --help. */
+  if (strcmp(name, "help") == 0) {
+    if (optind + 1 >= argc) {
+      usage(stdout);
+      return 0;
+    }
+    name = argv[optind + 1];
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+      if (strcmp(name, commands[i].name) != 0) continue;
+      char *help_argv[] = {(char *)commands[i].name, (char *)"--help", NULL};
+      optind = 0;
+      return commands[i].fn(&cli, 2, help_argv) == 0 ? 0 : report(name, &cli.err);
+    }
+    fp4idx__cli_usage(&cli.err, "unknown command '%s' (try help)", name);
+    return report("help", &cli.err);
+  }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
     if (strcmp(name, commands[i].name) != 0) continue;
     int sub_argc = argc - optind;

@@ -1,12 +1,13 @@
 /* npy.c -- input files of fp4idx-cli: whole-file reads (stdin too), the
  * .npy header (format 1.0/2.0/3.0), and the shape rules for keys and for the
- * bf16 q/w arrays of score. */
+ * q/w arrays of score (bf16, or f32 rounded to bf16). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "fp4idx_format.h" /* fp4idx_f32_to_bf16: the project's one RNE rule */
 
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -324,35 +325,86 @@ int fp4idx__keys_from_array(const fp4idx_array_t *a, int *dtype,
   return 0;
 }
 
-int fp4idx__bf16_rows(const fp4idx_array_t *a, uint64_t per_row,
-                      const char *what, uint32_t *rows, fp4idx_cli_err_t *e) {
-  uint64_t elems;
+/* "[4,32,128]" */
+static const char *shape_str(char *buf, size_t cap, const fp4idx_npy_t *h) {
+  size_t o = 0;
+  buf[0] = '\0';
+  o += (size_t)snprintf(buf + o, cap - o, "[");
+  for (int i = 0; i < h->ndim && o < cap; i++)
+    o += (size_t)snprintf(buf + o, cap - o, "%s%llu", i ? "," : "",
+                          (unsigned long long)h->shape[i]);
+  if (o < cap) snprintf(buf + o, cap - o, "]");
+  return buf;
+}
+
+int fp4idx__score_rows(const fp4idx_array_t *a, uint64_t heads,
+                       uint64_t per_head, int raw_elem, const char *what,
+                       uint32_t *rows, int *elem, fp4idx_cli_err_t *e) {
+  uint64_t per_row = heads * per_head, elems;
+  int el = raw_elem;
   if (a->is_npy) {
     const fp4idx_npy_t *h = &a->npy;
-    if (h->itemsize != 2 || h->kind == 'f')
+    char sh[160];
+    if (h->itemsize == 4 && h->kind == 'f') el = 4;
+    else if (h->itemsize == 2 && h->kind != 'f') el = 2;
+    else
       return fp4idx__cli_fail(e, FP4IDX_EINVAL,
-                              "%s: .npy must hold bf16 bit patterns (<u2)",
-                              what);
+                              "%s: .npy must hold bf16 bit patterns (<u2) or "
+                              "f32 (<f4)", what);
     uint64_t tail = 1;
     for (int i = 1; i < h->ndim; i++) tail *= h->shape[i];
-    if (h->ndim < 1 || tail != per_row)
+    if (h->ndim < 1 || tail != per_row) {
+      /* Name the head count the file has when its shape shows one:
+       * q [R,H,128] or w [R,H]. */
+      int hd = per_head == 1 ? h->ndim - 1 : h->ndim - 2;
+      if (hd >= 1 && (per_head == 1 || h->shape[h->ndim - 1] == per_head) &&
+          h->shape[hd] != heads)
+        return fp4idx__cli_fail(e, FP4IDX_ESHAPE,
+                                "%s has %llu heads (.npy shape %s) but "
+                                "--heads is %llu",
+                                what, (unsigned long long)h->shape[hd],
+                                shape_str(sh, sizeof sh, h),
+                                (unsigned long long)heads);
       return fp4idx__cli_fail(e, FP4IDX_ESHAPE,
-                              "%s: .npy shape does not end in %llu elements "
-                              "per row",
-                              what, (unsigned long long)per_row);
+                              "%s: .npy shape %s does not end in %llu heads x "
+                              "%llu values per row (--heads %llu)",
+                              what, shape_str(sh, sizeof sh, h),
+                              (unsigned long long)heads,
+                              (unsigned long long)per_head,
+                              (unsigned long long)heads);
+    }
     elems = h->count;
   } else {
-    if (a->nbytes % 2 != 0)
-      return fp4idx__cli_fail(e, FP4IDX_ESHAPE, "%s: odd byte count %zu",
-                              what, a->nbytes);
-    elems = a->nbytes / 2;
+    if (a->nbytes % (size_t)el != 0)
+      return fp4idx__cli_fail(e, FP4IDX_ESHAPE,
+                              "%s: %zu bytes are not a whole number of %s "
+                              "values", what, a->nbytes,
+                              el == 4 ? "f32" : "bf16");
+    elems = a->nbytes / (size_t)el;
   }
   if (elems == 0 || elems % per_row != 0 || elems / per_row > UINT32_MAX)
     return fp4idx__cli_fail(e, FP4IDX_ESHAPE,
-                            "%s: %llu bf16 values are not a whole number of "
-                            "rows of %llu",
+                            "%s: %llu values are not a whole number of rows "
+                            "of %llu heads x %llu",
                             what, (unsigned long long)elems,
-                            (unsigned long long)per_row);
+                            (unsigned long long)heads,
+                            (unsigned long long)per_head);
   *rows = (uint32_t)(elems / per_row);
+  *elem = el;
   return 0;
+}
+
+uint16_t *fp4idx__to_bf16(const unsigned char *data, size_t n, int elem) {
+  uint16_t *out = malloc(n ? n * sizeof *out : 1);
+  if (out == NULL) return NULL;
+  if (elem == 2) {
+    memcpy(out, data, n * sizeof *out);
+    return out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    float f;
+    memcpy(&f, data + 4 * i, 4); /* file buffers carry no alignment */
+    out[i] = fp4idx_f32_to_bf16(f);
+  }
+  return out;
 }

@@ -67,6 +67,11 @@ static void histogram(FILE *f, const char *name, const char *key,
   fprintf(f, "\"} %llu\n", (unsigned long long)(have_inf ? cum : total));
 }
 
+static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
+          name, (unsigned long long)v);
+}
+
 int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
                        const fp4idx_client_info_t *info) {
   fputs("# HELP fp4idx_info Daemon identity; the value is always 1.\n"
@@ -93,9 +98,43 @@ int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
         (double)s->pages_total);
   gauge(f, "fp4idx_pool_pages_free", "Free pages in the key pool.",
         (double)s->pages_free);
+  gauge(f, "fp4idx_pool_pages_shared",
+        "Pages in use that two sequences or more see (forks).",
+        (double)s->pages_shared);
   if (info != NULL && info->page_size != 0)
     gauge(f, "fp4idx_pool_page_size_keys", "Keys per page.",
           (double)info->page_size);
+
+  gauge(f, "fp4idx_queue_depth", "Requests received and waiting for the worker.",
+        (double)s->queue_depth);
+  gauge(f, "fp4idx_device_memory_free_bytes",
+        "Free memory of the backend's device (host memory on the CPU backend).",
+        (double)s->device_mem_free);
+  gauge(f, "fp4idx_device_memory_used_bytes",
+        "Used memory of the backend's device (host memory on the CPU backend).",
+        (double)(s->device_mem_total - (s->device_mem_free < s->device_mem_total
+                                             ? s->device_mem_free
+                                             : s->device_mem_total)));
+  counter(f, "fp4idx_keys_appended_total", "Keys of acknowledged appends.",
+          s->keys_appended);
+  counter(f, "fp4idx_rows_scored_total", "Verify rows of answered scores.",
+          s->rows_scored);
+  counter(f, "fp4idx_request_bytes_total",
+          "Bytes of request frames received (length prefix included).",
+          s->request_bytes);
+  counter(f, "fp4idx_response_bytes_total",
+          "Bytes of response frames sent (length prefix included).",
+          s->response_bytes);
+  /* Every status this build knows, zeros included: a rate over a series
+   * that appears late loses its first increment. */
+  fputs("# HELP fp4idx_errors_total Requests answered with an error, by "
+        "status.\n# TYPE fp4idx_errors_total counter\n", f);
+#define FP4IDX__PROM_STATUS(name, code, msg)                                 \
+  if ((code) < 0 && -(code) < FP4IDX_CLIENT_MAX_STATUSES)                                            \
+    fprintf(f, "fp4idx_errors_total{status=\"%s\"} %llu\n", #name,            \
+            (unsigned long long)s->status_errors[-(code)]);
+  FP4IDX_STATUS_MAP(FP4IDX__PROM_STATUS)
+#undef FP4IDX__PROM_STATUS
 
   fputs("# HELP fp4idx_requests_total Requests handled, by operation.\n"
         "# TYPE fp4idx_requests_total counter\n", f);

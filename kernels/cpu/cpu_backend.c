@@ -183,6 +183,17 @@ static int fp4idx__cpu_write_pages(fp4idx_backend_t *b, int64_t first,
   return FP4IDX_OK;
 }
 
+static int fp4idx__cpu_copy_pages(fp4idx_backend_t *b, int64_t from, int64_t to,
+                                  int64_t count) {
+  if (!b || !fp4idx__impl(b)->pool) return FP4IDX_EINVAL;
+  int rc = fp4idx_backend_check_copy(b, from, to, count);
+  if (rc != FP4IDX_OK || count == 0) return rc;
+  int64_t pb = fp4idx_page_bytes(b->page_size);
+  uint8_t *pool = fp4idx__impl(b)->pool;
+  memcpy(pool + to * pb, pool + from * pb, (size_t)(count * pb));
+  return FP4IDX_OK;
+}
+
 /* Validates a whole batch (the daemon validates too; this keeps the backend
  * safe on its own) and runs the scorer. */
 static int fp4idx__cpu_score_entry(fp4idx_backend_t *b,
@@ -202,6 +213,7 @@ static const fp4idx_backend_ops_t fp4idx__cpu_ops = {
     .score = fp4idx__cpu_score_entry,
     .read_pages = fp4idx__cpu_read_pages,
     .write_pages = fp4idx__cpu_write_pages,
+    .copy_pages = fp4idx__cpu_copy_pages,
 };
 
 int fp4idx_backend_cpu_create(fp4idx_backend_t **out, int threads) {

@@ -513,6 +513,25 @@ out:
   return rc;
 }
 
+/* Device-to-device on the backend's stream, then one sync (the caller stores
+ * into the copy next, and a later store on the same stream would order after
+ * it anyway; the sync makes a copy error this call's error). */
+static int fp4idx__cuda_copy_pages(fp4idx_backend_t *b, int64_t from, int64_t to,
+                                   int64_t count) {
+  if (!b || !((fp4idx__cuda_t *)b->impl)->pool) return FP4IDX_EINVAL;
+  int rc = fp4idx_backend_check_copy(b, from, to, count);
+  if (rc != FP4IDX_OK || count == 0) return rc;
+  fp4idx__cuda_t *c = b->impl;
+  const size_t pb = (size_t)b->page_size * FP4IDX_SLOT_BYTES;
+  CK(cudaSetDevice(c->device), "set device");
+  CK(cudaMemcpyAsync(c->pool + (size_t)to * pb, c->pool + (size_t)from * pb,
+                     (size_t)count * pb, cudaMemcpyDeviceToDevice, c->stream),
+     "copy pages");
+  CK(cudaStreamSynchronize(c->stream), "copy pages: sync");
+out:
+  return rc;
+}
+
 /* Any thread (the daemon frees on its event loop): each call sets this
  * backend's device first, so the runtime never starts a context elsewhere. */
 static int fp4idx__cuda_host_alloc(fp4idx_backend_t *b, size_t bytes, void **out) {
@@ -541,6 +560,7 @@ static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
     .seq_pages_update = fp4idx__cuda_seq_pages_update,
     .host_alloc = fp4idx__cuda_host_alloc,
     .host_free = fp4idx__cuda_host_free,
+    .copy_pages = fp4idx__cuda_copy_pages,
 };
 
 int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
@@ -560,7 +580,11 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   struct cudaDeviceProp prop;
   CK(cudaSetDevice(device), "set device");
   CK(cudaGetDeviceProperties(&prop, device), "device properties");
-  snprintf(c->name, sizeof c->name, "%.127s", prop.name);
+  /* The PCI bus id tells the GPUs of one host apart: info's device of two
+   * daemons on two GPUs differ (protocol/PROTOCOL.md, info). */
+  char bus[32];
+  CK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device), "PCI bus id");
+  snprintf(c->name, sizeof c->name, "%.90s (%.31s)", prop.name, bus);
   c->sms = prop.multiProcessorCount;
   if ((rc = fp4idx_cuda_scorer_for_device(device, &c->scorer))) goto out;
   CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");

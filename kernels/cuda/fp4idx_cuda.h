@@ -95,8 +95,27 @@ int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t
 
 enum {
   FP4IDX_CUDA_TOPK_MAX = 1 << 20,     /* every k the protocol allows */
-  FP4IDX_CUDA_TOPK_SMEM_K = 8192      /* k above this: CUB segmented sort */
+  FP4IDX_CUDA_TOPK_SMEM_K = 8192,     /* k above this: CUB segmented sort */
+  FP4IDX_CUDA_TOPK_CLUSTER_K = 4096,  /* k up to this: the cluster path may run */
+  FP4IDX_CUDA_TOPK_AUTO_CLUSTER = 2   /* largest cluster the automatic plan takes */
 };
+
+/* Which top-k path a plan uses. AUTO picks from the shape, once, in the
+ * planner: the cluster path (topk_cluster.cu: one thread-block cluster per
+ * row, the row in shared memory, one kernel) when the device is sm_90+,
+ * k <= FP4IDX_CUDA_TOPK_CLUSTER_K and the batch has rows enough for
+ * clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks (about 2 blocks
+ * per SM; on the H200 clusters of 4 and 16 measured slower than the chunked
+ * path, clusters of 2 faster: bench/RESULTS.md); else the chunked path
+ * (topk.cu: histogram, compaction and finish kernels over the whole GPU).
+ * CLUSTER takes clusters of up to 16 blocks (rows up to 655,360
+ * positions). Both paths give the same pairs bit for bit; tests force each
+ * one. */
+typedef enum fp4idx_cuda_topk_path_e {
+  FP4IDX_CUDA_TOPK_AUTO = 0,
+  FP4IDX_CUDA_TOPK_CHUNKED = 1,
+  FP4IDX_CUDA_TOPK_CLUSTER = 2
+} fp4idx_cuda_topk_path_t;
 
 typedef struct fp4idx_cuda_topk_row_s {
   const float *logits;  /* [width] device */
@@ -110,7 +129,9 @@ typedef struct fp4idx_cuda_topk_plan_s {
   int64_t chunk_len;     /* positions per block of the histogram/compact passes */
   int64_t total_chunks;  /* blocks of those passes, all rows together */
   int32_t large_k;       /* k > FP4IDX_CUDA_TOPK_SMEM_K */
-  int32_t _pad;
+  int32_t cluster;       /* > 0: the cluster path with this many blocks per row */
+  int64_t slice;         /* cluster path: positions per block */
+  size_t cluster_smem;   /* cluster path: dynamic shared memory per block */
   size_t memset_bytes;   /* zeroed at the start of every launch */
   size_t o_hist, o_seg, o_ccount, o_cand, o_sorted, o_cub, cub_bytes;
   size_t ws_bytes;       /* device workspace the launch needs (256-aligned) */
@@ -123,6 +144,15 @@ typedef struct fp4idx_cuda_topk_plan_s {
  * candidate limit) or FP4IDX_EDEVICE (CUB's size query failed). */
 int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
                           fp4idx_cuda_topk_plan_t *p);
+
+/* fp4idx_cuda_topk_plan with the path chosen by the caller (tests, benches):
+ * AUTO is fp4idx_cuda_topk_plan; CHUNKED always plans the chunked path;
+ * CLUSTER returns FP4IDX_ENODEV where the cluster path cannot run (device
+ * before sm_90, k > FP4IDX_CUDA_TOPK_CLUSTER_K, a row too wide, no rows).
+ * Other returns as fp4idx_cuda_topk_plan, and FP4IDX_EINVAL for an unknown
+ * path. */
+int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                               fp4idx_cuda_topk_path_t path, fp4idx_cuda_topk_plan_t *p);
 
 /* Enqueues the top-k planned in *p: rows is the DEVICE copy of the planned
  * rows, ws a device workspace of p->ws_bytes. Per row, the k largest visible
@@ -166,6 +196,20 @@ struct fp4idx_backend_batch_s;
 int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
                                     const struct fp4idx_backend_batch_s *batch,
                                     fp4idx_cuda_score_params_t *prm, cudaStream_t *stream);
+
+/* Internal (topk_cluster.cu): fills the cluster fields and ws_bytes of *p
+ * (n_rows and k already set) for rows (host array), or returns
+ * FP4IDX_ENODEV where the cluster path cannot run or would need clusters
+ * of more than max_cluster blocks. */
+int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                                   int32_t max_cluster, fp4idx_cuda_topk_plan_t *p);
+
+/* Internal (topk_cluster.cu): enqueues a cluster-path plan (n_rows >= 1).
+ * FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the device cannot
+ * run it, FP4IDX_EDEVICE on a launch error. */
+int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p,
+                                     const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
+                                     float *val, int32_t *count, cudaStream_t stream);
 
 /* Logs "fp4idx cuda: <what>: <cuda error string>" to stderr when err != 0
  * and returns FP4IDX_EDEVICE; returns FP4IDX_OK for cudaSuccess. */

@@ -1,4 +1,6 @@
-/* topk.cu -- per-row top-k of scorer logits, every row spread over the GPU.
+/* topk.cu -- per-row top-k of scorer logits, every row spread over the GPU:
+ * the planner (which picks this file's chunked path or the cluster path of
+ * topk_cluster.cu from the shape), the launcher and the chunked path.
  *
  * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
  * lower position, only visible positions (-inf is invisible), fewer pairs
@@ -38,38 +40,20 @@
 #include <string.h>
 
 #include "fp4idx_cuda.h"
+#include "topk_keys.cuh"
 
 namespace {
+
+using namespace fp4idx_topk;
 
 constexpr int kBins = 2048, kBinShift = 21;  // top 11 bits of the key
 constexpr int kCT = 256, kCI = 8, kTile = kCT * kCI;
 constexpr int kMaxChunks = 2048;  // chunks of one row (finish keeps their offsets in smem)
 constexpr int kFT = 1024, kFI = 8, kCap = FP4IDX_CUDA_TOPK_SMEM_K;
 static_assert(kCap == kFT * kFI, "the block sort holds kCap items");
-constexpr uint32_t kInvisibleMax = 0x007FFFFFu;  // key of -inf
-
-__device__ __forceinline__ uint32_t ord_key(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN: never selected
-  if (u == 0x80000000u) u = 0u;                       // -0 ties +0
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ unsigned long long cand_of(uint32_t key, int64_t pos) {
-  return ((unsigned long long)key << 32) | (0xFFFFFFFFu - (uint32_t)pos);
-}
-__device__ __forceinline__ int32_t cand_pos(unsigned long long c) {
-  return (int32_t)(0xFFFFFFFFu - (uint32_t)c);
-}
-
-// Shared-memory histogram increment, one atomic per distinct bin in the warp
-// (the candidates of a row share their leading bits: lanes collide a lot).
-__device__ __forceinline__ void hist_add(uint32_t *h, uint32_t bin, bool on) {
-  const unsigned act = __ballot_sync(0xffffffffu, on);
-  if (!on) return;
-  const unsigned peers = __match_any_sync(act, bin);
-  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], (uint32_t)__popc(peers));
-}
+static_assert(sizeof(cub::BlockRadixSort<uint32_t, kFT, kFI, uint32_t>::TempStorage) <=
+                  2 * kCap * sizeof(unsigned long long),
+              "sort storage aliases the candidate arrays");
 
 // The row owning global chunk `chunk`: the last row with chunk0 <= chunk
 // (rows without chunks share the next row's chunk0 and are skipped).
@@ -222,36 +206,6 @@ struct Cands {
   }
 };
 
-template <int IPT>
-__device__ void sort_write(unsigned char *smem, const unsigned long long *sel, uint32_t n_out,
-                           int begin_bit, int end_bit, const float *logits, int32_t *pos,
-                           float *val) {
-  using Sort = cub::BlockRadixSort<uint32_t, kFT, IPT, uint32_t>;
-  static_assert(sizeof(typename Sort::TempStorage) <= 2 * kCap * sizeof(unsigned long long),
-                "sort storage aliases the candidate arrays");
-  uint32_t key[IPT], low[IPT];
-#pragma unroll
-  for (int j = 0; j < IPT; j++) {
-    const uint32_t i = threadIdx.x * IPT + j;
-    const unsigned long long c = i < n_out ? sel[i] : 0ull;
-    key[j] = (uint32_t)(c >> 32);
-    low[j] = (uint32_t)c;
-  }
-  __syncthreads();  // the storage overwrites sel
-  if (end_bit > begin_bit)  // stable: equal keys stay in position order
-    Sort(*reinterpret_cast<typename Sort::TempStorage *>(smem))
-        .SortDescending(key, low, begin_bit, end_bit);
-#pragma unroll
-  for (int j = 0; j < IPT; j++) {
-    const uint32_t i = threadIdx.x * IPT + j;
-    if (i < n_out) {
-      const int32_t p = (int32_t)(0xFFFFFFFFu - low[j]);
-      pos[i] = p;
-      val[i] = logits[p];
-    }
-  }
-}
-
 __global__ void __launch_bounds__(kFT)
     finish_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
                   const uint32_t *ccount, const unsigned long long *cand, int32_t *pos,
@@ -370,27 +324,9 @@ __global__ void __launch_bounds__(kFT)
   }
   // Sort only the key bits that differ among the selected.
   uint32_t diff = all_or ^ all_and;
-  if (C > (uint32_t)k) {
-    __syncthreads();
-    if (tid == 0) { s.kor = 0; s.kand = 0xFFFFFFFFu; }
-    __syncthreads();
-    uint32_t kor = 0, kand = 0xFFFFFFFFu;
-    for (uint32_t i = tid; i < n_out; i += kFT) {
-      const uint32_t key = (uint32_t)(sel[i] >> 32);
-      kor |= key;
-      kand &= key;
-    }
-    if (kor) atomicOr(&s.kor, kor);
-    if (kand != 0xFFFFFFFFu) atomicAnd(&s.kand, kand);
-    __syncthreads();
-    diff = s.kor ^ s.kand;
-  }
+  if (C > (uint32_t)k) diff = key_diff<kFT>(sel, n_out, &s.kor, &s.kand);
   if (n_out <= 1) diff = 0;
-  const int begin_bit = diff ? __ffs(diff) - 1 : 0, end_bit = diff ? 32 - __clz(diff) : 0;
-  if (n_out <= 1024) sort_write<1>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else if (n_out <= 2048) sort_write<2>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else if (n_out <= 4096) sort_write<4>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
-  else sort_write<8>(smem, sel, n_out, begin_bit, end_bit, row.logits, po, vo);
+  sort_write_n<kFT>(smem, sel, n_out, diff, row.logits, po, vo);
   for (int32_t i = (int32_t)n_out + tid; i < k; i += kFT) {
     po[i] = -1;
     vo[i] = -INFINITY;
@@ -425,13 +361,32 @@ size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 extern "C" int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
                                      fp4idx_cuda_topk_plan_t *p) {
-  if (!p || n_rows < 0 || (n_rows && !rows) || k < 1 || k > FP4IDX_CUDA_TOPK_MAX)
+  return fp4idx_cuda_topk_plan_path(rows, n_rows, k, FP4IDX_CUDA_TOPK_AUTO, p);
+}
+
+extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                                          fp4idx_cuda_topk_path_t path,
+                                          fp4idx_cuda_topk_plan_t *p) {
+  if (!p || n_rows < 0 || (n_rows && !rows) || k < 1 || k > FP4IDX_CUDA_TOPK_MAX ||
+      (path != FP4IDX_CUDA_TOPK_AUTO && path != FP4IDX_CUDA_TOPK_CHUNKED &&
+       path != FP4IDX_CUDA_TOPK_CLUSTER))
     return FP4IDX_EINVAL;
   memset(p, 0, sizeof *p);
   int64_t max_w = 0;
   for (int32_t i = 0; i < n_rows; i++) {
     if (rows[i].width < 0 || rows[i].width > INT32_MAX) return FP4IDX_EINVAL;
     if (rows[i].width > max_w) max_w = rows[i].width;
+  }
+  p->n_rows = n_rows;
+  p->k = k;
+  if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
+    const int rc = fp4idx__cuda_topk_cluster_plan(
+        rows, n_rows, k, path == FP4IDX_CUDA_TOPK_AUTO ? FP4IDX_CUDA_TOPK_AUTO_CLUSTER : 16, p);
+    if (rc == FP4IDX_OK) {
+      for (int32_t i = 0; i < n_rows; i++) rows[i].chunk0 = 0;  // unused by the cluster path
+      return FP4IDX_OK;
+    }
+    if (path == FP4IDX_CUDA_TOPK_CLUSTER) return rc;
   }
   // Chunks of whole tiles; at most kMaxChunks of them in one row.
   const int64_t span = (int64_t)kTile * kMaxChunks;
@@ -441,8 +396,6 @@ extern "C" int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_row
     rows[i].chunk0 = total;
     total += (rows[i].width + chunk_len - 1) / chunk_len;
   }
-  p->n_rows = n_rows;
-  p->k = k;
   p->chunk_len = chunk_len;
   p->total_chunks = total;
   p->large_k = k > FP4IDX_CUDA_TOPK_SMEM_K;
@@ -478,6 +431,7 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
       (p->n_rows && (!rows || !ws || !pos || !val || !count)))
     return FP4IDX_EINVAL;
   if (p->n_rows == 0) return FP4IDX_OK;
+  if (p->cluster) return fp4idx__cuda_topk_cluster_launch(p, rows, pos, val, count, stream);
   int rc;
   uint8_t *w = (uint8_t *)ws;
   uint32_t *hist = (uint32_t *)(w + p->o_hist), *ccount = (uint32_t *)(w + p->o_ccount);

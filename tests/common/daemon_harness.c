@@ -105,6 +105,25 @@ int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra) 
   return -1;
 }
 
+int fp4idx_test_daemon_start_cuda(fp4idx_test_daemon_t *d, const char *cache_bytes,
+                                  int *exit_code) {
+  const char *args[] = {"--backend", "cuda", "--cache-bytes", cache_bytes, "--log-level",
+                        "debug", NULL};
+  memset(d, 0, sizeof *d);
+  if (fp4idx_test_daemon_prepare(d) || fp4idx_test_daemon_spawn(d, d->sock, args)) return -1;
+  for (int waited = 0; waited < 30000 && fp4idx_test_daemon_alive(d); waited += 10) {
+    int fd = fp4idx_test_connect(d->sock);
+    if (fd >= 0) {
+      close(fd);
+      return 0;
+    }
+    fp4idx__harness_sleep_ms(10);
+  }
+  int code = fp4idx_test_daemon_stop(d);
+  if (exit_code) *exit_code = code;
+  return 1;
+}
+
 int fp4idx_test_daemon_kill(fp4idx_test_daemon_t *d, int sig) {
   if (d->pid <= 0 || d->collected) return -1;
   return kill(d->pid, sig);
@@ -164,6 +183,20 @@ int fp4idx_test_daemon_stop(fp4idx_test_daemon_t *d) {
   if (code != 0) fp4idx_test_daemon_dump_log(d);
   fp4idx__harness_rmdir(d);
   return code;
+}
+
+long fp4idx_test_proc_kib(pid_t pid, const char *field) {
+  char path[64], line[256];
+  long kib = -1;
+  size_t len = strlen(field);
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, field, len) && line[len] == ':' && sscanf(line + len + 1, "%ld", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
 }
 
 void fp4idx_test_daemon_dump_log(const fp4idx_test_daemon_t *d) {

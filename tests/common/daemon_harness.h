@@ -33,6 +33,13 @@ typedef struct fp4idx_test_daemon_s {
  * or -1 when the daemon did not come up (its log is printed to stderr). */
 int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra);
 
+/* Starts fp4idxd --backend cuda --cache-bytes cache_bytes --log-level debug
+ * (zero *d first) and waits up to 30 s for its socket. Returns 0 when it
+ * answers, 1 when it exited first (no usable GPU: *exit_code tells its exit
+ * code, d is stopped), -1 on other failures. */
+int fp4idx_test_daemon_start_cuda(fp4idx_test_daemon_t *d, const char *cache_bytes,
+                                  int *exit_code);
+
 /* Makes d's temporary folder and fills d->dir, d->sock and d->log (once;
  * zero *d first). 0 or -1. */
 int fp4idx_test_daemon_prepare(fp4idx_test_daemon_t *d);
@@ -55,6 +62,10 @@ int fp4idx_test_daemon_alive(fp4idx_test_daemon_t *d);
 /* SIGTERM, wait (5 s, then SIGKILL), remove the folder. Returns the exit
  * code as fp4idx_test_daemon_wait does. */
 int fp4idx_test_daemon_stop(fp4idx_test_daemon_t *d);
+
+/* A "NAME: N kB" field of /proc/PID/status (e.g. "VmRSS", "VmData") in
+ * KiB, or -1. */
+long fp4idx_test_proc_kib(pid_t pid, const char *field);
 
 /* Prints the daemon log to stderr (for failing tests). */
 void fp4idx_test_daemon_dump_log(const fp4idx_test_daemon_t *d);

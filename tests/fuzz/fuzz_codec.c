@@ -5,12 +5,11 @@
  * every op; whatever decodes must re-encode, and a re-encoded request must
  * decode again. Also fed, with a header, through the frame reader.
  *
- * Build (clang): cmake -DCMAKE_C_COMPILER=clang -DFP4IDX_LIBFUZZER=ON ...
- * then: mkdir -p /tmp/fz && ./fuzz_codec -max_total_time=60 /tmp/fz tests/fuzz/corpus
- * (libFuzzer writes new inputs into its first directory: a scratch one).
- * or by hand:
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iprotocol \
- *     tests/fuzz/fuzz_codec.c protocol/[a-z]*.c $(pkg-config --cflags --libs msgpack)
+ * Build and run (clang): tests/fuzz/run.sh [SECONDS] -- the codec is
+ * compiled with -fsanitize=fuzzer-no-link (tests/protocol.cmake), so
+ * coverage follows the decoder's branches. Every build also replays the
+ * corpus and tests/fuzz/regressions through this function once
+ * (fuzz_codec_replay, tests/fuzz/replay_main.c).
  */
 #include <stdlib.h>
 #include <string.h>

@@ -8,7 +8,7 @@ import collections
 
 from . import wire
 from .errors import BY_NAME, Error
-from .methods import Methods, Queue, first_error
+from .methods import Methods, Queue, first_error, unseen
 
 _BACKLOG = 1 << 20  # bytes queued in the transport before a call waits (drain)
 
@@ -71,6 +71,17 @@ class AsyncClient(Methods):
     def pipeline(self):
         """-> AsyncPipeline: queue calls, then `await p.execute()`."""
         return AsyncPipeline(self)
+
+    async def scan_sequences(self, count=None):
+        """Async iterator over every sequence of a full list scan, once each
+        (as Client.scan_sequences): `async for s in c.scan_sequences(): ...`"""
+        seen, cursor = set(), 0
+        while True:
+            cursor, seqs = await self.list(cursor, count)
+            for s in unseen(seen, seqs):
+                yield s
+            if cursor == 0:
+                return
 
     # ---- requests ------------------------------------------------------------
     async def _run(self, req):

@@ -9,14 +9,14 @@ import time
 
 from . import wire
 from .errors import BY_NAME, Error, error_for
-from .methods import Methods, Queue, first_error
+from .methods import Methods, Queue, Scan, first_error
 
 _KEEP = 4 << 20  # a receive buffer grown above this is dropped after use
 _IOV_MAX = 1024
 _SMALL = 4096  # bodies below this are joined to their header for one send
 
 
-class Client(Methods):
+class Client(Methods, Scan):
     """A connection to one fp4idxd.
 
     socket: the daemon's socket path (None: $FP4IDX_SOCKET, else

@@ -71,8 +71,8 @@ class OutOfRange(Error):
 
 
 class NonFinite(Error):
-    """ENONFINITE (-9): non-finite value (NaN or inf) in a key."""
-    code, name, text = -9, "ENONFINITE", "non-finite value (NaN or inf) in a key"
+    """ENONFINITE (-9): non-finite value (NaN or inf) in a key, q or w."""
+    code, name, text = -9, "ENONFINITE", "non-finite value (NaN or inf) in a key, q or w"
 
 
 class PoolFull(Error):
@@ -130,6 +130,11 @@ class InternalError(Error):
     code, name, text = -20, "EINTERNAL", "internal error"
 
 
+class NotEnabled(Error):
+    """EDISABLED (-21): not enabled in this daemon (e.g. save without --data-dir)."""
+    code, name, text = -21, "EDISABLED", "not enabled in this daemon"
+
+
 # In the header's order.
 CLASSES = (
     InvalidArgument,
@@ -152,6 +157,7 @@ CLASSES = (
     ShuttingDown,
     AlreadyExists,
     InternalError,
+    NotEnabled,
 )
 __all__ += [k.__name__ for k in CLASSES]
 BY_CODE = {k.code: k for k in CLASSES}

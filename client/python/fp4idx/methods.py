@@ -11,7 +11,7 @@ class Methods:
 
     def info(self):
         """-> dict: version, server, backend, device, page_size, pages_total,
-        pages_free, sequences, max_frame."""
+        pages_free, sequences, max_frame, pages_shared (forks)."""
         return self._run(ops.info())
 
     def stats(self):
@@ -19,7 +19,7 @@ class Methods:
         return self._run(ops.stats())
 
     def save(self):
-        """Snapshot now (daemon with --data-dir; UnknownRequest otherwise)."""
+        """Snapshot now (daemon with --data-dir; NotEnabled otherwise)."""
         return self._run(ops.save())
 
     def append(self, seq, keys, rounding="rne"):
@@ -46,6 +46,12 @@ class Methods:
         """Keeps the first `length` keys -> the new length. OutOfRange."""
         return self._run(ops.truncate(seq, length))
 
+    def fork(self, src, dst, length):
+        """Makes the new sequence dst the first `length` keys of src without
+        copying them (shared pages; later appends to either never show in
+        the other) -> dst's length. NoSequence, AlreadyExists, OutOfRange."""
+        return self._run(ops.fork(src, dst, length))
+
     def drop(self, seq):
         """Removes the sequence. NoSequence."""
         return self._run(ops.drop(seq))
@@ -53,6 +59,41 @@ class Methods:
     def read(self, seq, start=0, count=None, dequant=False):
         """-> packed uint8 [n,68], or float32 [n,128] with dequant=True."""
         return self._run(ops.read(seq, start, count, dequant))
+
+    def list(self, cursor=0, count=None):
+        """One step of a scan over the sequences, like Redis SCAN -> (next
+        cursor, [{"seq", "keys", "pages", "pages_shared"}, ...]). Start with cursor 0, pass
+        back each returned cursor until it is 0; count (1..10000, daemon
+        default 100) is about how many per step. A step may return none
+        before the end, and a sequence may come twice (scan_sequences
+        dedupes). ProtocolError (count 0), TooBig (count > 10000)."""
+        return self._run(ops.list_(cursor, count))
+
+
+class Scan:
+    """scan_sequences() for the blocking clients (Client, ShardedClient)."""
+
+    def scan_sequences(self, count=None):
+        """Yields every sequence of a full list scan once (deduped by seq),
+        as list's dicts; sequences appended or dropped meanwhile may or may
+        not come (PROTOCOL.md, `list`)."""
+        seen, cursor = set(), 0
+        while True:
+            cursor, seqs = self.list(cursor, count)
+            yield from unseen(seen, seqs)
+            if cursor == 0:
+                return
+
+
+def unseen(seen, seqs):
+    """-> the entries of `seqs` whose seq is not in `seen` (added to it): a
+    scan may return a sequence twice."""
+    out = []
+    for s in seqs:
+        if s["seq"] not in seen:
+            seen.add(s["seq"])
+            out.append(s)
+    return out
 
 
 class Queue(Methods):

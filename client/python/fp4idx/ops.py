@@ -53,6 +53,16 @@ def save():
     return Request("save", {}, lambda r: None)
 
 
+def list_(cursor=0, count=None):
+    """One step of the scan over the sequences (PROTOCOL.md, `list`)."""
+    f, cursor = {}, _uint("cursor", cursor)
+    if cursor:
+        f["cursor"] = cursor
+    if count is not None:
+        f["count"] = _uint("count", count)  # the daemon checks 1..10000
+    return Request("list", f, lambda r: (r["cursor"], list(r["seqs"])))
+
+
 def append(seq, keys, rounding="rne"):
     if rounding not in ("rne", "threshold"):
         raise arrays._invalid(f"rounding must be 'rne' or 'threshold', got {rounding!r}")
@@ -65,6 +75,11 @@ def append(seq, keys, rounding="rne"):
 def truncate(seq, length):
     f = {"seq": _uint("seq", seq), "length": _uint("length", length)}
     return Request("truncate", f, lambda r: r["length"], f["seq"])
+
+
+def fork(src, dst, length):
+    f = {"src": _uint("src", src), "dst": _uint("dst", dst), "length": _uint("length", length)}
+    return Request("fork", f, lambda r: r["length"], f["src"])
 
 
 def drop(seq):

@@ -6,10 +6,10 @@ adding a daemon moves only the sequences the new one wins.
 import concurrent.futures
 import hashlib
 
-from . import ops
+from . import arrays, ops
 from .client import Client
-from .errors import Error
-from .methods import Methods, Queue, first_error
+from .errors import BY_NAME, Error
+from .methods import Methods, Queue, Scan, first_error
 
 _SUMMED = ("pages_total", "pages_free", "sequences", "keys", "connections")
 
@@ -19,7 +19,7 @@ def _weight(seq, name):
     return int.from_bytes(h.digest(), "little")
 
 
-class ShardedClient(Methods):
+class ShardedClient(Methods, Scan):
     """Several fp4idxd daemons behind one client.
 
     sockets: the daemons' socket paths; a shard's identity is its path
@@ -28,7 +28,8 @@ class ShardedClient(Methods):
     score_many splits its entries by shard, sends every part before reading
     any reply (the daemons compute at the same time) and merges the results
     in entry order; info() and stats() add up counters over the shards
-    (and list each shard's own reply under "shards").
+    (and list each shard's own reply under "shards"); list() walks the
+    shards in turn (see _plan_list for its cursor).
     """
 
     def __init__(self, sockets, timeout=None):
@@ -81,10 +82,17 @@ class ShardedClient(Methods):
 
     # ---- planning: request -> per-shard requests + merge -----------------------
     def _plan(self, req):
+        if req.op == "fork" and self.shard_of(req.fields["dst"]) != self.shard_of(req.seq):
+            # The pages live on src's daemon; dst's calls would go elsewhere.
+            raise arrays._invalid(
+                f"fork: sequence {req.fields['dst']} lives on another shard than "
+                f"{req.seq}; pick a dst with shard_of(dst) == shard_of(src)")
         if req.seq is not None:
             return [(self.shard_of(req.seq), req)], lambda rs: rs[0]
         if req.many is not None:
             return self._plan_many(req)
+        if req.op == "list":
+            return self._plan_list(req)
         merge = {"info": _merge_info, "hello": _merge_info, "stats": _merge_stats,
                  "save": lambda rs: None}.get(req.op, list)
         return [(i, req) for i in range(len(self.shards))], merge
@@ -107,6 +115,28 @@ class ShardedClient(Methods):
                     out[i] = r
             return out
         return parts, merge
+
+    def _plan_list(self, req):
+        """A sharded scan walks shard 0, then 1, ... each to its end. Its
+        cursor is daemon_cursor * N + shard (N shards): 0 starts shard 0,
+        a shard's last step (daemon cursor 0) hands on to the next shard's
+        start (cursor = that shard's index), and the last shard's end is 0.
+        Daemon cursors are bucket positions of the daemon's table (below its
+        size), so the product stays far inside the 64 bits of a cursor."""
+        n = len(self.shards)
+        cursor = req.fields.get("cursor", 0)
+        shard, own = cursor % n, cursor // n
+        count = req.fields.get("count")
+
+        def merge(rs):
+            nxt, seqs = rs[0]
+            if nxt:
+                if nxt > ((1 << 64) - 1 - shard) // n:
+                    raise BY_NAME["EINTERNAL"](
+                        f"list: shard {shard}'s cursor {nxt} does not fit a sharded cursor")
+                return nxt * n + shard, seqs
+            return (shard + 1 if shard + 1 < n else 0), seqs
+        return [(shard, ops.list_(own, count))], merge
 
     def _run(self, req):
         parts, merge = self._plan(req)

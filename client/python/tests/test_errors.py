@@ -48,7 +48,7 @@ def test_daemon_errors_raise_their_class(client, seq):
         (fp4idx.TooBig, lambda: client.topk(s, q, w, 1048577)),
         (fp4idx.TooBig, lambda: client.score_many([{"seq": s, "q": q, "w": w}] * 1025, 4)),
         (fp4idx.UnknownRequest, lambda: client._run(ops.Request("frobnicate", {}, dict))),
-        (fp4idx.UnknownRequest, lambda: client.save()),        # no --data-dir
+        (fp4idx.NotEnabled, lambda: client.save()),            # no --data-dir
         (fp4idx.UnsupportedVersion, lambda: client.hello(version=2)),
         (fp4idx.ShapeMismatch, lambda: client.append(s, np.ones((3, 127), np.float32))),
         (fp4idx.ShapeMismatch, lambda: client.score(s, *q_w(H=129))),

@@ -1,0 +1,194 @@
+/* metrics_http.c -- GET /metrics over HTTP for Prometheus (see
+ * metrics_http.h). libmicrohttpd (Debian libmicrohttpd12) does the HTTP:
+ * a well-kept server library instead of a parser of our own on a port that
+ * anything on the network may reach. */
+#define _GNU_SOURCE
+#include "metrics_http.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h" /* fp4idx__prom_write */
+#include "fp4idx_client.h"
+#include "fp4idx_status.h"
+#include "log.h"
+
+int fp4idx__metrics_parse_listen(const char *s, struct sockaddr_storage *addr,
+                                 socklen_t *len) {
+  if (!s || !*s || !addr || !len) return -1;
+  char host[64] = "127.0.0.1";
+  const char *port_s = s;
+  const char *colon = strrchr(s, ':');
+  if (s[0] == '[') { /* [IPv6]:PORT */
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':' || (size_t)(close - s - 1) >= sizeof host) return -1;
+    memcpy(host, s + 1, (size_t)(close - s - 1));
+    host[close - s - 1] = '\0';
+    port_s = close + 2;
+  } else if (colon) { /* IPv4:PORT */
+    if ((size_t)(colon - s) >= sizeof host || colon == s) return -1;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    port_s = colon + 1;
+  }
+  uint64_t port;
+  if (fp4idx__parse_u64(port_s, &port) || port < 1 || port > 65535) return -1;
+  memset(addr, 0, sizeof *addr);
+  struct sockaddr_in *a4 = (struct sockaddr_in *)addr;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)addr;
+  if (s[0] != '[' && inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons((uint16_t)port);
+    *len = sizeof *a4;
+    return 0;
+  }
+  if (s[0] == '[' && inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons((uint16_t)port);
+    *len = sizeof *a6;
+    return 0;
+  }
+  return -1;
+}
+
+/* The scrape: stats + info from the daemon's socket, as Prometheus text in a
+ * malloc'ed buffer. Returns 0, or a status with `err` filled. */
+static int fp4idx__metrics_text(const fp4idx_metrics_http_t *m, char **text,
+                                size_t *len, char *err, size_t cap) {
+  fp4idx_client_t *c = fp4idx_client_new();
+  fp4idx_client_stats_t *s = NULL;
+  fp4idx_client_info_t in;
+  FILE *f = NULL;
+  int st = c ? FP4IDX_OK : FP4IDX_ENOMEM;
+  if (st == FP4IDX_OK) fp4idx_client_set_timeout(c, m->timeout_ms);
+  if (st == FP4IDX_OK) st = fp4idx_client_connect(c, m->socket_path);
+  if (st == FP4IDX_OK) st = fp4idx_client_stats(c, &s);
+  if (st == FP4IDX_OK) st = fp4idx_client_info(c, &in);
+  if (st != FP4IDX_OK) {
+    snprintf(err, cap, "%s", c ? fp4idx_client_last_error(c) : "out of memory");
+    goto out;
+  }
+  *text = NULL;
+  f = open_memstream(text, len);
+  if (!f || fp4idx__prom_write(f, s, &in) != 0) {
+    st = FP4IDX_ENOMEM;
+    snprintf(err, cap, "out of memory");
+  }
+  if (f && fclose(f) != 0 && st == FP4IDX_OK) {
+    st = FP4IDX_ENOMEM;
+    snprintf(err, cap, "out of memory");
+  }
+  if (st != FP4IDX_OK) {
+    free(*text);
+    *text = NULL;
+  }
+out:
+  fp4idx_client_free(s);
+  fp4idx_client_close(c);
+  return st;
+}
+
+static enum MHD_Result fp4idx__metrics_reply(struct MHD_Connection *conn, unsigned code,
+                                             const char *type, char *body, size_t len,
+                                             enum MHD_ResponseMemoryMode mode) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+  if (!r) {
+    if (mode == MHD_RESPMEM_MUST_FREE) free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  enum MHD_Result ok = MHD_queue_response(conn, code, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static enum MHD_Result fp4idx__metrics_handler(void *cls, struct MHD_Connection *conn,
+                                               const char *url, const char *method,
+                                               const char *version, const char *upload,
+                                               size_t *upload_size, void **req_cls) {
+  (void)version;
+  (void)upload;
+  const fp4idx_metrics_http_t *m = cls;
+  static const char plain[] = "text/plain; charset=utf-8";
+  if (*upload_size != 0) return MHD_NO; /* no request bodies here */
+  (void)req_cls;
+  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    static char msg[] = "only GET /metrics\n";
+    return fp4idx__metrics_reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, plain, msg,
+                                 sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
+  }
+  if (strcmp(url, "/metrics") != 0) {
+    static char msg[] = "not found: the metrics are at /metrics\n";
+    return fp4idx__metrics_reply(conn, MHD_HTTP_NOT_FOUND, plain, msg, sizeof msg - 1,
+                                 MHD_RESPMEM_PERSISTENT);
+  }
+  char *text = NULL, err[256];
+  size_t len = 0;
+  if (fp4idx__metrics_text(m, &text, &len, err, sizeof err) != FP4IDX_OK) {
+    char msg[320];
+    int n = snprintf(msg, sizeof msg, "fp4idxd did not answer stats: %s\n", err);
+    return fp4idx__metrics_reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, plain, msg,
+                                 n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1,
+                                 MHD_RESPMEM_MUST_COPY);
+  }
+  return fp4idx__metrics_reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
+                               text, len, MHD_RESPMEM_MUST_FREE);
+}
+
+/* libmicrohttpd's messages, into our log. */
+static void fp4idx__metrics_log(void *cls, const char *fmt, va_list ap) {
+  (void)cls;
+  char buf[512];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  fp4idx__log_warn("metrics http: %s", buf);
+}
+
+int fp4idx__metrics_http_start(fp4idx_metrics_http_t *m, const char *listen,
+                               const char *socket_path) {
+  struct sockaddr_storage addr;
+  socklen_t alen;
+  memset(m, 0, sizeof *m);
+  if (fp4idx__metrics_parse_listen(listen, &addr, &alen) != 0) {
+    fp4idx__log_error("--metrics-listen '%s': expected PORT, IPv4:PORT or [IPv6]:PORT", listen);
+    return FP4IDX_EINVAL;
+  }
+  if (!socket_path || !*socket_path || strlen(socket_path) >= sizeof m->socket_path)
+    return FP4IDX_EINVAL;
+  snprintf(m->socket_path, sizeof m->socket_path, "%s", socket_path);
+  m->timeout_ms = 10000;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+  uint16_t port = addr.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&addr)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&addr)->sin_port);
+  /* A handful of scrapers at most; a stalled one is dropped after 10 s. */
+  m->mhd = MHD_start_daemon(flags, port, NULL, NULL, fp4idx__metrics_handler, m,
+                            MHD_OPTION_EXTERNAL_LOGGER, fp4idx__metrics_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                            MHD_OPTION_CONNECTION_LIMIT, 16u,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                            MHD_OPTION_END);
+  if (!m->mhd) {
+    fp4idx__log_error("metrics: cannot listen on %s (address in use or not local?)", listen);
+    return FP4IDX_EIO;
+  }
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&addr)->sin6_addr, host, sizeof host);
+  else
+    inet_ntop(AF_INET, &((struct sockaddr_in *)&addr)->sin_addr, host, sizeof host);
+  fp4idx__log_info("metrics on http://%s%s%s:%u/metrics", addr.ss_family == AF_INET6 ? "[" : "",
+                   host, addr.ss_family == AF_INET6 ? "]" : "", (unsigned)port);
+  return FP4IDX_OK;
+}
+
+void fp4idx__metrics_http_stop(fp4idx_metrics_http_t *m) {
+  if (m && m->mhd) {
+    MHD_stop_daemon(m->mhd);
+    m->mhd = NULL;
+  }
+}
