@@ -247,7 +247,8 @@ int main(int argc, char **argv) {
           for (int s = 0; s < S; s++)
             sq[s] = fp4idx_backend_seq_t{perm.data() + s * pages_per_seq, n, R, n,
                                          q.data() + (size_t)s * R * H * 128,
-                                         w.data() + (size_t)s * R * H, lens.data() + s * R, nullptr};
+                                         w.data() + (size_t)s * R * H, lens.data() + s * R, nullptr,
+                                         0, 0};
           fp4idx_backend_batch_t bt{};
           bt.heads = H;
           bt.n_seqs = S;

@@ -1,7 +1,8 @@
 /* client.c -- the requests of libfp4idx-client: each public call fills a
  * codec request struct, does one round trip (encode, send, receive, strict
  * decode through protocol/fp4idx_codec.h) and copies the answer out of the
- * receive buffer into the caller's or a library-allocated block. */
+ * receive buffer into a library-allocated block -- except the scores into
+ * caller buffers, whose tensors are received in place (recv_score.c). */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
@@ -71,19 +72,18 @@ static fp4idx_status_t take_response(fp4idx_client_t *c, exchange_t *x,
   return FP4IDX_OK;
 }
 
-/* One request/response exchange, with `fd` (>= 0) passed along the frame
- * as SCM_RIGHTS. On OK the caller reads x->resp and then calls
- * exchange_done(x); on error x is already released. */
-static fp4idx_status_t roundtrip_fd(fp4idx_client_t *c, fp4idx_request_t *req,
-                                    int fd, exchange_t *x) {
-  memset(x, 0, sizeof *x);
+/* Encodes and sends one request (req->id assigned here), with `fd` (>= 0)
+ * passed along the frame as SCM_RIGHTS. On a send that failed because the
+ * daemon stopped reading, looks briefly for the reply it may have sent
+ * before closing (E2BIG for an oversized frame) and returns that error.
+ * Returns OK when the request is out. */
+static fp4idx_status_t send_request(fp4idx_client_t *c, fp4idx_request_t *req,
+                                    int fd, int64_t deadline) {
   if (c->fd < 0)
     return fp4idx__client_fail(c, FP4IDX_ECONN,
                                "not connected (connect first, or reconnect "
                                "after a connection error)");
   req->id = c->next_id++;
-  int64_t deadline = fp4idx__client_deadline(c);
-
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   int rc = fp4idx_encode_request(&sb, req);
@@ -106,28 +106,41 @@ static fp4idx_status_t roundtrip_fd(fp4idx_client_t *c, fp4idx_request_t *req,
       fd >= 0 ? fp4idx__client_send_fd(c, sb.data, sb.size, fd, deadline)
               : fp4idx__client_send(c, sb.data, sb.size, deadline);
   msgpack_sbuffer_destroy(&sb);
-  size_t len = 0;
   if (st == FP4IDX_ECONN && c->fd >= 0) {
     /* The daemon stopped reading: it may have replied (E2BIG for an
      * oversized frame) before closing. Look briefly for that reply. */
+    exchange_t x;
+    size_t len = 0;
+    memset(&x, 0, sizeof x);
     char saved[sizeof c->last_error];
     memcpy(saved, c->last_error, sizeof saved);
     int64_t soon = fp4idx__client_deadline(&(fp4idx_client_t){.timeout_ms = 200});
-    if (fp4idx__client_recv_frame(c, &x->body, &len, soon) == FP4IDX_OK) {
-      st = take_response(c, x, req->op, req->id, len);
+    if (fp4idx__client_recv_frame(c, &x.body, &len, soon) == FP4IDX_OK) {
+      st = take_response(c, &x, req->op, req->id, len);
       fp4idx__client_disconnect(c);
       if (st != FP4IDX_OK) {
-        exchange_done(x);
+        exchange_done(&x);
         return st;
       }
     }
-    exchange_done(x);
+    exchange_done(&x);
     fp4idx__client_disconnect(c);
     memcpy(c->last_error, saved, sizeof saved);
     return fp4idx__client_fail(c, FP4IDX_ECONN, "%s", saved);
   }
-  if (st != FP4IDX_OK) return st;
+  return st;
+}
 
+/* One request/response exchange, with `fd` (>= 0) passed along the frame
+ * as SCM_RIGHTS. On OK the caller reads x->resp and then calls
+ * exchange_done(x); on error x is already released. */
+static fp4idx_status_t roundtrip_fd(fp4idx_client_t *c, fp4idx_request_t *req,
+                                    int fd, exchange_t *x) {
+  memset(x, 0, sizeof *x);
+  int64_t deadline = fp4idx__client_deadline(c);
+  fp4idx_status_t st = send_request(c, req, fd, deadline);
+  if (st != FP4IDX_OK) return st;
+  size_t len = 0;
   st = fp4idx__client_recv_frame(c, &x->body, &len, deadline);
   if (st != FP4IDX_OK) return st;
   st = take_response(c, x, req->op, req->id, len);
@@ -440,14 +453,23 @@ static int64_t result_width(const fp4idx_score_result_t *r,
   return (int64_t)l->shape[1];
 }
 
-/* Sends the score request; on OK x holds the checked response. */
-/* out: NULL, or the region references of seqs[0]'s results (logits,
+/* The caller's arrays for a one-sequence score received in place. */
+typedef struct score_into_s {
+  float *logits;
+  size_t logits_cap; /* floats */
+  int32_t *positions, *counts;
+  uint32_t *width;
+} score_into_t;
+
+/* Sends the score request; on OK x holds the checked response, or with
+ * `into` (one sequence) the results are already in the caller's arrays.
+ * out: NULL, or the region references of seqs[0]'s results (logits,
  * positions, counts; see fp4idx_score_seq_t). */
 static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
                                       uint32_t topk,
                                       const fp4idx_client_seq_t *seqs,
                                       size_t nseqs, const fp4idx_tensor_t *out,
-                                      exchange_t *x) {
+                                      exchange_t *x, const score_into_t *into) {
   if (seqs == NULL || nseqs == 0) return bad_arg(c, "no sequences to score");
   if (heads < 1 || heads > FP4IDX_PROTO_MAX_HEADS)
     return fp4idx__client_fail(c, FP4IDX_EINVAL,
@@ -498,6 +520,16 @@ static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
   req.u.score.topk = topk;
   req.u.score.seqs = ws;
   req.u.score.nseqs = nseqs;
+  if (into != NULL) {
+    /* straight into the caller's arrays (recv_score.c) */
+    int64_t deadline = fp4idx__client_deadline(c);
+    st = send_request(c, &req, -1, deadline);
+    if (st == FP4IDX_OK)
+      st = fp4idx__client_recv_score(c, req.id, seqs[0].seq, seqs[0].rows, topk,
+                                     into->logits, into->logits_cap, into->positions,
+                                     into->counts, into->width, deadline);
+    goto out;
+  }
   st = roundtrip(c, &req, x);
   if (st != FP4IDX_OK) goto out;
   const fp4idx_score_resp_t *sr = &x->resp.u.score;
@@ -525,7 +557,7 @@ fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
   if (out == NULL) return bad_arg(c, "out is NULL");
   *out = NULL;
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, NULL, &x);
+  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, NULL, &x, NULL);
   if (st != FP4IDX_OK) return st;
   const fp4idx_score_resp_t *sr = &x.resp.u.score;
 
@@ -576,22 +608,8 @@ fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
     return bad_arg(c, "width NULL, or logits NULL with cap > 0");
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
-  exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, NULL, &x);
-  if (st != FP4IDX_OK) return st;
-  const fp4idx_tensor_t *l = &x.resp.u.score.results[0].logits;
-  *width = (uint32_t)l->shape[1];
-  size_t need = (size_t)rows * *width;
-  if (need > cap) {
-    exchange_done(&x);
-    return fp4idx__client_fail(c, FP4IDX_E2BIG,
-                               "logits need %zu floats (%u rows x %u), the "
-                               "buffer holds %zu",
-                               need, rows, *width, cap);
-  }
-  if (l->nbytes) memcpy(logits, l->data, l->nbytes);
-  exchange_done(&x);
-  return FP4IDX_OK;
+  score_into_t into = {.logits = logits, .logits_cap = cap, .width = width};
+  return score_exchange(c, heads, 0, &s, 1, NULL, NULL, &into);
 }
 
 fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
@@ -606,15 +624,11 @@ fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
     return bad_arg(c, "positions or logits is NULL");
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
-  exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, NULL, &x);
-  if (st != FP4IDX_OK) return st;
-  const fp4idx_score_result_t *r = &x.resp.u.score.results[0];
-  memcpy(positions, r->positions.data, r->positions.nbytes);
-  memcpy(logits, r->logits.data, r->logits.nbytes);
-  if (counts) memcpy(counts, r->counts.data, r->counts.nbytes);
-  exchange_done(&x);
-  return FP4IDX_OK;
+  if ((uint64_t)rows * k > SIZE_MAX / 4)
+    return bad_arg(c, "rows x k too large");
+  score_into_t into = {.logits = logits, .logits_cap = (size_t)rows * k,
+                       .positions = positions, .counts = counts};
+  return score_exchange(c, heads, k, &s, 1, NULL, NULL, &into);
 }
 
 /* ---- regions ------------------------------------------------------------- */
@@ -734,7 +748,7 @@ fp4idx_status_t fp4idx_client_score_region(
   if (fp4idx_tensor_ref(&out[0], FP4IDX_WIRE_F32, 2, shp, region, offset))
     return bad_arg(c, "logits do not fit in memory");
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, out, &x);
+  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, out, &x, NULL);
   if (st != FP4IDX_OK) return st;
   exchange_done(&x);
   return FP4IDX_OK;
@@ -761,7 +775,7 @@ fp4idx_status_t fp4idx_client_topk_region(
                         counts_offset))
     return bad_arg(c, "top-k outputs do not fit in memory");
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, out, &x);
+  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, out, &x, NULL);
   if (st != FP4IDX_OK) return st;
   exchange_done(&x);
   return FP4IDX_OK;
@@ -772,6 +786,29 @@ fp4idx_status_t fp4idx_client_topk_region(
 static int op_cmp(const void *a, const void *b) {
   return strcmp(((const fp4idx_client_op_stats_t *)a)->op,
                 ((const fp4idx_client_op_stats_t *)b)->op);
+}
+
+/* Copies n decoded counters into d[], their buckets at p (8-aligned);
+ * returns the byte after them. */
+static char *copy_counters(fp4idx_client_op_stats_t *d,
+                           const fp4idx_op_stats_t *in, size_t n, char *p) {
+  for (size_t i = 0; i < n; i++) {
+    const fp4idx_op_stats_t *o = &in[i];
+    copy_str(d[i].op, sizeof d[i].op, o->op);
+    d[i].count = o->count;
+    d[i].errors = o->errors;
+    d[i].latency_sum_us = o->sum_us;
+    d[i].nbuckets = o->nbuckets;
+    double *b = (double *)p;
+    memcpy(b, o->le_us, o->nbuckets * sizeof *b);
+    p += o->nbuckets * sizeof(double);
+    uint64_t *h = (uint64_t *)p;
+    memcpy(h, o->hist, o->nbuckets * sizeof *h);
+    p += o->nbuckets * sizeof(uint64_t);
+    d[i].bounds_us = b;
+    d[i].hist = h;
+  }
+  return p;
 }
 
 fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
@@ -787,8 +824,10 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
 
   size_t nb = 0;
   for (size_t i = 0; i < in->nops; i++) nb += in->ops[i].nbuckets;
+  for (size_t i = 0; i < in->nstages; i++) nb += in->stages[i].nbuckets;
   size_t total = align8(sizeof(fp4idx_client_stats_t)) +
                  align8(in->nops * sizeof(fp4idx_client_op_stats_t)) +
+                 align8(in->nstages * sizeof(fp4idx_client_op_stats_t)) +
                  nb * (sizeof(double) + sizeof(uint64_t));
   char *block = calloc(1, total);
   if (block == NULL) {
@@ -817,24 +856,12 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   s->device_mem_free = in->device_mem_free;
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
-  char *p = (char *)s->ops + align8(in->nops * sizeof *s->ops);
-  for (size_t i = 0; i < in->nops; i++) {
-    const fp4idx_op_stats_t *o = &in->ops[i];
-    fp4idx_client_op_stats_t *d = &s->ops[i];
-    copy_str(d->op, sizeof d->op, o->op);
-    d->count = o->count;
-    d->errors = o->errors;
-    d->latency_sum_us = o->sum_us;
-    d->nbuckets = o->nbuckets;
-    double *b = (double *)p;
-    memcpy(b, o->le_us, o->nbuckets * sizeof *b);
-    p += o->nbuckets * sizeof(double);
-    uint64_t *h = (uint64_t *)p;
-    memcpy(h, o->hist, o->nbuckets * sizeof *h);
-    p += o->nbuckets * sizeof(uint64_t);
-    d->bounds_us = b;
-    d->hist = h;
-  }
+  s->nstages = (uint32_t)in->nstages;
+  s->stages = (fp4idx_client_op_stats_t *)((char *)s->ops +
+                                           align8(in->nops * sizeof *s->ops));
+  char *p = (char *)s->stages + align8(in->nstages * sizeof *s->stages);
+  p = copy_counters(s->ops, in->ops, in->nops, p);
+  copy_counters(s->stages, in->stages, in->nstages, p);
   qsort(s->ops, s->nops, sizeof *s->ops, op_cmp);
   exchange_done(&x);
   *out = s;

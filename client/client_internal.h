@@ -51,4 +51,28 @@ fp4idx_status_t fp4idx__client_send_fd(fp4idx_client_t *c, const void *frame,
 fp4idx_status_t fp4idx__client_recv_frame(fp4idx_client_t *c, char **body,
                                           size_t *len, int64_t deadline);
 
+/* Reads exactly len bytes of the response stream into dst (the caller's
+ * array: tensors land there without an intermediate buffer). OK, or ECONN /
+ * ETIMEDOUT with the connection closed. */
+fp4idx_status_t fp4idx__client_recv_exact(fp4idx_client_t *c, void *dst, size_t len,
+                                          int64_t deadline);
+
+/* Reads what is there, 1..cap bytes (waits for at least one): *got. OK, or
+ * ECONN / ETIMEDOUT with the connection closed. */
+fp4idx_status_t fp4idx__client_recv_some(fp4idx_client_t *c, void *dst, size_t cap,
+                                         size_t *got, int64_t deadline);
+
+/* Receives the response to score request `id` (one sequence `seq`, `rows`
+ * rows; topk 0: full logits into logits[0..logits_cap) floats and *width =
+ * W; topk k: positions/logits [rows,k], counts [rows] (counts may be NULL))
+ * straight from the socket into those arrays (recv_score.c). Returns OK; the
+ * daemon's error (connection kept); E2BIG when the logits do not fit (they
+ * are read and dropped; *width tells W; connection kept); EPROTO (malformed:
+ * closed); connection errors. On EPROTO or a connection error the arrays
+ * may hold part of the response. */
+fp4idx_status_t fp4idx__client_recv_score(fp4idx_client_t *c, uint64_t id, uint64_t seq,
+                                          uint32_t rows, uint32_t topk, float *logits,
+                                          size_t logits_cap, int32_t *positions,
+                                          int32_t *counts, uint32_t *width, int64_t deadline);
+
 #endif

@@ -241,21 +241,22 @@ static fp4idx_status_t write_all(fp4idx_client_t *c, const char *p,
   return FP4IDX_OK;
 }
 
-/* Reads exactly len bytes into p; `what` names the part for messages. */
-static fp4idx_status_t read_all(fp4idx_client_t *c, char *p, size_t len,
-                                int64_t deadline, const char *what) {
-  size_t got = 0;
-  while (got < len) {
-    ssize_t r = recv(c->fd, p + got, len - got, 0);
+/* One recv of 1..cap bytes into p (waiting for them): *got. `what`, `have`
+ * and `total` only word the messages. On error the connection is closed. */
+static fp4idx_status_t recv_chunk(fp4idx_client_t *c, char *p, size_t cap, size_t *got,
+                                  int64_t deadline, const char *what, size_t have,
+                                  size_t total) {
+  for (;;) {
+    ssize_t r = recv(c->fd, p, cap, 0);
     if (r > 0) {
-      got += (size_t)r;
-      continue;
+      *got = (size_t)r;
+      return FP4IDX_OK;
     }
     if (r == 0) {
       fp4idx__client_disconnect(c);
       return fp4idx__client_fail(
           c, FP4IDX_ECONN, "daemon closed the connection (%s, %zu of %zu bytes)",
-          what, got, len);
+          what, have, total);
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -272,6 +273,18 @@ static fp4idx_status_t read_all(fp4idx_client_t *c, char *p, size_t len,
     return fp4idx__client_fail(c, FP4IDX_ECONN,
                                "connection lost while receiving: %s",
                                ERRTEXT(e));
+  }
+}
+
+/* Reads exactly len bytes into p; `what` names the part for messages. */
+static fp4idx_status_t read_all(fp4idx_client_t *c, char *p, size_t len,
+                                int64_t deadline, const char *what) {
+  size_t got = 0;
+  while (got < len) {
+    size_t n = 0;
+    fp4idx_status_t st = recv_chunk(c, p + got, len - got, &n, deadline, what, got, len);
+    if (st != FP4IDX_OK) return st;
+    got += n;
   }
   return FP4IDX_OK;
 }
@@ -351,4 +364,19 @@ fp4idx_status_t fp4idx__client_recv_frame(fp4idx_client_t *c, char **body,
   *body = buf;
   *len = n;
   return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx__client_recv_exact(fp4idx_client_t *c, void *dst, size_t len,
+                                          int64_t deadline) {
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  return read_all(c, dst, len, deadline, "response");
+}
+
+fp4idx_status_t fp4idx__client_recv_some(fp4idx_client_t *c, void *dst, size_t cap,
+                                         size_t *got, int64_t deadline) {
+  *got = 0;
+  if (c->fd < 0)
+    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
+  return recv_chunk(c, dst, cap, got, deadline, "response", 0, cap);
 }

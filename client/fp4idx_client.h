@@ -302,7 +302,10 @@ fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
  * Takes: seq, heads H, rows R, q [R,H,128], w [R,H], lens [R] or NULL;
  *   logits: room for cap floats; width receives W (required).
  * Returns: FP4IDX_OK with logits[R*W] filled; FP4IDX_E2BIG when R*W > cap
- *   (*width still tells W; logits untouched); else as fp4idx_client_score. */
+ *   (*width still tells W; logits untouched); else as fp4idx_client_score.
+ * The logits are received from the socket straight into `logits` (no
+ * intermediate buffer), so after a connection error or EPROTO (connection
+ * closed) they may hold part of the response. */
 fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
                                          uint32_t heads, uint32_t rows,
                                          const uint16_t *q, const uint16_t *w,
@@ -313,7 +316,8 @@ fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
  * Takes: as fp4idx_client_score_into plus k >= 1; positions and logits:
  *   room for R*k values each (required); counts: room for R (may be NULL).
  * Returns: FP4IDX_OK with [R,k] pairs per row (see fp4idx_client_result_t);
- *   else as fp4idx_client_score. */
+ *   else as fp4idx_client_score. Received in place like
+ *   fp4idx_client_score_into (partly written after a connection error). */
 fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
                                    uint32_t heads, uint32_t rows,
                                    const uint16_t *q, const uint16_t *w,
@@ -476,6 +480,11 @@ typedef struct fp4idx_client_stats_s {
   char device[128];
   uint32_t nops;
   fp4idx_client_op_stats_t *ops;   /* [nops], sorted by op name */
+  /* Time per stage of the request path (PROTOCOL.md "stats" "stages"):
+   * op holds the stage name ("read", "queue", ..., "write"), in path order;
+   * errors is 0. nstages is 0 with a daemon that does not report stages. */
+  uint32_t nstages;
+  fp4idx_client_op_stats_t *stages; /* [nstages], inside the same block */
   /* Since the daemon started (0 from daemons that do not send them): */
   uint64_t keys_appended;          /* keys of acknowledged appends */
   uint64_t rows_scored;            /* verify rows of answered scores */

@@ -271,6 +271,31 @@ static int fp4idx__cache_get_or_create(fp4idx_cache_t *c, uint64_t id,
   return FP4IDX_OK;
 }
 
+void fp4idx__cache_set_pages_hook(fp4idx_cache_t *c,
+                                  void (*fn)(void *arg, uint64_t id,
+                                             const int32_t *pages, int64_t n_pages,
+                                             int64_t first),
+                                  void *arg) {
+  c->pages_hook = fn;
+  c->pages_hook_arg = arg;
+}
+
+/* Tells the hook that s (NULL: gone) changed from page `first` on. The flat
+ * list is what the hook reads; if it cannot be built (ENOMEM) the hook is
+ * told the sequence is gone, which only costs the device copy (the backend
+ * uploads the list again: fp4idx_backend.h seq_pages_update). */
+static void fp4idx__cache_tell(fp4idx_cache_t *c, uint64_t id,
+                               const fp4idx_cache_seq_t *s, int64_t first) {
+  if (!c->pages_hook) return;
+  const int32_t *pages = NULL;
+  int64_t n = s ? s->n_pages : 0;
+  if (n > 0 && fp4idx__cache_pages(c, s, &pages) != FP4IDX_OK) {
+    n = 0;
+    first = 0;
+  }
+  c->pages_hook(c->pages_hook_arg, id, pages, n, first < n ? first : n);
+}
+
 /* Takes a just-created sequence out again (an allocation after it failed). */
 static void fp4idx__cache_uncreate(fp4idx_cache_t *c, fp4idx_cache_seq_t *s) {
   fp4idx__cache_table_remove(c, fp4idx__cache_probe(c, s->id));
@@ -418,6 +443,8 @@ int fp4idx__cache_append(fp4idx_cache_t *c, uint64_t id, int64_t n,
   c->n_keys += n;
   *first = have;
   if (slots) fp4idx__cache_slots(c, s, have, n, slots);
+  /* (a copy-on-write replaced page old_np - 1: it is told as changed) */
+  fp4idx__cache_tell(c, id, s, cow ? old_np - 1 : old_np);
   return FP4IDX_OK;
 }
 
@@ -426,8 +453,10 @@ int fp4idx__cache_truncate(fp4idx_cache_t *c, uint64_t id, int64_t len) {
   fp4idx_cache_seq_t *s = c->table[fp4idx__cache_probe(c, id)];
   if (!s) return FP4IDX_ENOSEQ;
   if (len < 0 || len > s->n_keys) return FP4IDX_ERANGE;
+  int64_t before = s->n_pages;
   fp4idx__cache_shrink(c, s, len);
   c->cow_valid = 0;
+  if (s->n_pages != before) fp4idx__cache_tell(c, id, s, s->n_pages);
   return FP4IDX_OK;
 }
 
@@ -440,6 +469,7 @@ int fp4idx__cache_drop(fp4idx_cache_t *c, uint64_t id) {
   fp4idx__cache_table_remove(c, i);
   fp4idx__cache_seq_free(s);
   c->cow_valid = 0;
+  fp4idx__cache_tell(c, id, NULL, 0);
   return FP4IDX_OK;
 }
 
@@ -461,6 +491,7 @@ void fp4idx__cache_append_undo(fp4idx_cache_t *c, uint64_t id, int64_t old_len,
         k->pages[e] = c->cow_old;
         fp4idx__cache_page_release(c, c->cow_new);
         if (s->flat_ok > c->cow_index) s->flat_ok = c->cow_index;
+        fp4idx__cache_tell(c, id, s, c->cow_index);
       }
     }
   }
@@ -495,6 +526,8 @@ int fp4idx__cache_fork(fp4idx_cache_t *c, uint64_t src, uint64_t dst, int64_t le
   s->n_keys = length;
   c->n_keys += length;
   c->cow_valid = 0;
+  c->forked = 1;
+  fp4idx__cache_tell(c, dst, s, 0);
   return FP4IDX_OK;
 }
 
@@ -638,6 +671,7 @@ int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
   s->n_pages = n_pages;
   s->n_keys = n_keys;
   c->n_keys += n_keys;
+  fp4idx__cache_tell(c, id, s, 0);
   return FP4IDX_OK;
 }
 
@@ -646,9 +680,11 @@ void fp4idx__cache_clear(fp4idx_cache_t *c) {
   for (uint64_t i = 0; i < c->table_cap; i++) {
     fp4idx_cache_seq_t *s = c->table[i];
     if (!s) continue;
+    uint64_t id = s->id;
     fp4idx__cache_shrink(c, s, 0);
     fp4idx__cache_seq_free(s);
     c->table[i] = NULL;
+    fp4idx__cache_tell(c, id, NULL, 0);
   }
   c->n_seqs = 0;
   c->n_keys = 0;

@@ -73,6 +73,7 @@ typedef struct fp4idx_cache_s {
   uint32_t *refs;         /* [n_pages]; chunks listing each page, 0 = free */
   int64_t n_multi;        /* pages listed by two chunks or more */
   uint64_t mark;          /* last walk's mark */
+  int forked;             /* a fork happened (chunks may be shared) */
   /* Copies pool page `from` to page `to` (copy-on-write); set with
    * fp4idx__cache_set_copy. Returns FP4IDX_OK or a negative status. */
   int (*copy_page)(void *ctx, int32_t from, int32_t to);
@@ -83,6 +84,11 @@ typedef struct fp4idx_cache_s {
   uint64_t cow_seq;
   int64_t cow_index;
   int32_t cow_old, cow_new;
+  /* Told about every change of a sequence's page list (see
+   * fp4idx__cache_set_pages_hook); NULL: nobody listens. */
+  void (*pages_hook)(void *arg, uint64_t id, const int32_t *pages, int64_t n_pages,
+                     int64_t first);
+  void *pages_hook_arg;
 } fp4idx_cache_t;
 
 /* Largest key count of one sequence: positions travel as int32. */
@@ -201,6 +207,18 @@ int fp4idx__cache_scan(const fp4idx_cache_t *c, uint64_t cursor, uint64_t count,
  * error. */
 int fp4idx__cache_adopt(fp4idx_cache_t *c, uint64_t id, int64_t n_keys,
                         const int32_t *pages, int64_t n_pages);
+
+/* After every change of sequence `id`'s page list -- append, undo,
+ * truncate, drop, adopt, clear -- calls fn(arg, id, pages, n_pages, first):
+ * the list is now pages[0..n_pages) (n_pages 0: the sequence holds no page
+ * or is gone), entries before `first` unchanged since the previous call.
+ * The daemon forwards it to the backend's seq_pages_update (device-resident
+ * page tables). Set after fp4idx__cache_init; fn NULL turns it off. */
+void fp4idx__cache_set_pages_hook(fp4idx_cache_t *c,
+                                  void (*fn)(void *arg, uint64_t id,
+                                             const int32_t *pages, int64_t n_pages,
+                                             int64_t first),
+                                  void *arg);
 
 /* Drops every sequence (all pages back on the free list). */
 void fp4idx__cache_clear(fp4idx_cache_t *c);

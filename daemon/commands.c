@@ -16,17 +16,11 @@
 #include "fp4idx_fail.h"
 #include "fp4idx_wire_key.h"
 #include "log.h"
+#include "refs.h"
 #include "regions.h"
+#include "score.h"
 
 #define FP4IDX_CMD_MSG 320
-
-/* Copies a tensor's bytes into malloc'd (aligned) memory: codec views point
- * into the frame at any byte offset, backends want naturally aligned arrays. */
-static void *fp4idx__cmd_aligned(const fp4idx_tensor_t *t) {
-  void *p = malloc(t->nbytes ? t->nbytes : 1);
-  if (p && t->nbytes) memcpy(p, t->data, t->nbytes);
-  return p;
-}
 
 /* One request in flight through its handler: what a connection is to a
  * Redis command (the append log replays through the same handlers with
@@ -42,93 +36,6 @@ typedef struct fp4idx__cmd_s {
   void *scratch;                 /* what resp points into; freed by cleanup */
   void (*cleanup)(void *scratch); /* after the response is encoded */
 } fp4idx__cmd_t;
-
-/* ---- region references ------------------------------------------------------ */
-
-/* One tensor an op reads or writes, for the overlap check. */
-typedef struct fp4idx__cmd_ref_s {
-  const fp4idx_tensor_t *t;
-  int out;
-} fp4idx__cmd_ref_t;
-
-/* Checks every reference of a request before anything runs: each against
- * its region (fp4idx__regions_check), then no output overlaps another
- * reference in the same region (a score must not read what it overwrites,
- * nor write two results on top of each other). */
-static int fp4idx__cmd_check_refs(fp4idx__cmd_t *c, const fp4idx__cmd_ref_t *refs, size_t n) {
-  char what[32];
-  const fp4idx_region_t *r;
-  for (size_t i = 0; i < n; i++) {
-    if (refs[i].t->region == 0) continue;
-    snprintf(what, sizeof what, "%s %zu", refs[i].out ? "output" : "input", i);
-    int rc = fp4idx__regions_check(c->regions, refs[i].t, what, &r, c->msg, FP4IDX_CMD_MSG);
-    if (rc) return rc;
-  }
-  for (size_t i = 0; i < n; i++) {
-    const fp4idx_tensor_t *a = refs[i].t;
-    if (a->region == 0 || !refs[i].out || a->nbytes == 0) continue;
-    for (size_t j = 0; j < n; j++) {
-      const fp4idx_tensor_t *b = refs[j].t;
-      if (j == i || b->region != a->region || b->nbytes == 0) continue;
-      if (a->offset < b->offset + b->nbytes && b->offset < a->offset + a->nbytes)
-        return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EREGION,
-                            "output bytes [%" PRIu64 ", +%zu) of region %" PRIu64
-                            " overlap the %s at [%" PRIu64 ", +%zu)",
-                            a->offset, a->nbytes, a->region,
-                            refs[j].out ? "output" : "input", b->offset, b->nbytes);
-    }
-  }
-  return FP4IDX_OK;
-}
-
-/* A checked input tensor as an aligned host array in *ptr: inline data is
- * copied (codec views are unaligned); a host region is read in place (its
- * mapping is page-aligned and the offset a multiple of the item size)
- * unless `copy`; a CUDA region is copied to the host. *owned is what to
- * free (may be NULL). `copy` is for values that are checked and then used
- * (score inputs: lens are bounds, q and w must be finite; packed keys): the
- * client can rewrite its region at any time, so those are a private
- * snapshot. Only bf16/f32 keys are read in place (see the append). */
-static int fp4idx__cmd_input(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, int copy,
-                             const void **ptr, void **owned) {
-  const fp4idx_region_t *r = NULL;
-  *owned = NULL;
-  if (t->region == 0) {
-    *ptr = *owned = fp4idx__cmd_aligned(t);
-    return *ptr ? FP4IDX_OK : FP4IDX_ENOMEM;
-  }
-  int rc = fp4idx__regions_check(c->regions, t, "input", &r, c->msg, FP4IDX_CMD_MSG);
-  if (rc) return rc;
-  if (r->kind == FP4IDX_REGION_HOST && !copy) {
-    *ptr = r->base + t->offset;
-    return FP4IDX_OK;
-  }
-  if (!(*owned = malloc(t->nbytes ? t->nbytes : 1))) return FP4IDX_ENOMEM;
-  *ptr = *owned;
-  return fp4idx__region_read(r, t->offset, *owned, t->nbytes);
-}
-
-/* The host address results for a checked output reference can be written
- * to directly (a host region), or NULL (stage, then fp4idx__cmd_output).
- * Safe because the backends only write their outputs (and the CUDA backend
- * copies them out at the end): nothing the client writes there meanwhile is
- * read back by the daemon. */
-static void *fp4idx__cmd_direct(fp4idx__cmd_t *c, const fp4idx_tensor_t *t) {
-  const fp4idx_region_t *r = NULL;
-  if (fp4idx__regions_check(c->regions, t, "output", &r, NULL, 0) || r->kind != FP4IDX_REGION_HOST)
-    return NULL;
-  return r->base + t->offset;
-}
-
-/* Writes a staged result to a checked output reference (no-op when the
- * backend already wrote there). */
-static int fp4idx__cmd_output(fp4idx__cmd_t *c, const fp4idx_tensor_t *t, const void *src) {
-  const fp4idx_region_t *r = NULL;
-  int rc = fp4idx__regions_check(c->regions, t, "output", &r, c->msg, FP4IDX_CMD_MSG);
-  if (rc) return rc;
-  if (r->kind == FP4IDX_REGION_HOST && r->base + t->offset == src) return FP4IDX_OK;
-  return fp4idx__region_write(r, t->offset, src, t->nbytes);
-}
 
 /* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
 
@@ -155,10 +62,10 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   snprintf(in->device, sizeof in->device, "%s", d->desc.device);
   in->page_size = (uint64_t)d->cache.page_size;
   in->pages_total = (uint64_t)d->cache.n_pages;
-  in->pages_free = (uint64_t)d->cache.n_free;
-  in->sequences = d->cache.n_seqs;
+  in->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
+  in->sequences = __atomic_load_n(&d->pub.sequences, __ATOMIC_ACQUIRE);
   in->max_frame = d->cfg.max_frame;
-  in->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
+  in->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
   return FP4IDX_OK;
 }
 
@@ -184,7 +91,8 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
    * PROTOCOL.md append) and then stored verbatim, so they must not change
    * in between; bf16/f32 keys are read in place (the quantizer derives the
    * scales once and never stores a value it did not check). */
-  rc = fp4idx__cmd_input(c, &a->keys, a->keys.dtype == FP4IDX_WIRE_U8, &keys, &owned);
+  rc = fp4idx__refs_input(c->regions, &a->keys, a->keys.dtype == FP4IDX_WIRE_U8, &keys, &owned,
+                          msg, FP4IDX_CMD_MSG);
   if (rc == FP4IDX_ENOMEM)
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for %" PRId64 " keys", n);
   if (rc == FP4IDX_OK) {
@@ -237,179 +145,31 @@ out:
   return rc;
 }
 
-/* Buffers of one score call, freed together. */
-typedef struct fp4idx__score_bufs_s {
-  size_t n;
-  fp4idx_backend_seq_t *eng;
-  void **owned;            /* [4 * n] q, w, lens, mask copies (NULL: read in place) */
-  fp4idx__cmd_ref_t *refs; /* [7 * n] every tensor, for the region checks */
-  float *logits;
-  int32_t *pos, *count;
-  float *val;
-  fp4idx_score_result_t *results;
-} fp4idx__score_bufs_t;
-
-static void fp4idx__score_bufs_free(void *arg) {
-  fp4idx__score_bufs_t *b = arg;
-  if (b->owned)
-    for (size_t i = 0; i < 4 * b->n; i++) free(b->owned[i]);
-  free(b->owned);
-  free(b->refs);
-  free(b->eng);
-  free(b->logits);
-  free(b->pos);
-  free(b->val);
-  free(b->count);
-  free(b->results);
-  free(b);
-}
-
-/* One entry's results written to its "out" references (after the backend
- * ran), and the reply's tensors turned into the same references. */
-static int fp4idx__score_outputs(fp4idx__cmd_t *c, const fp4idx_score_seq_t *s,
-                                 fp4idx_score_result_t *r) {
-  const fp4idx_tensor_t *out[3] = {&s->out_logits, &s->out_positions, &s->out_counts};
-  fp4idx_tensor_t *res[3] = {&r->logits, &r->positions, &r->counts};
-  for (int j = 0; j < (r->topk ? 3 : 1); j++) {
-    int rc = fp4idx__cmd_output(c, out[j], res[j]->data);
-    if (rc) return rc;
-    fp4idx_tensor_ref(res[j], out[j]->dtype, out[j]->ndim, out[j]->shape, out[j]->region,
-                      out[j]->offset);
-  }
-  return FP4IDX_OK;
+/* A score alone through the command table (score.c does the work; the
+ * request path batches neighbouring scores in fp4idx__cmd_execute_batch
+ * instead, so this row only serves callers of a single handler). */
+static void fp4idx__score_job_free(void *p) {
+  fp4idx_score_job_t *j = p;
+  fp4idx__score_job_clear(j);
+  fp4idx__score_out_release(j->out);
+  free(j);
 }
 
 static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
-  fp4idx_daemon_t *d = c->d;
-  fp4idx_response_t *resp = c->resp;
-  char *msg = c->msg;
-  const fp4idx_score_req_t *sr = &c->req->u.score;
-  size_t n = sr->nseqs;
-  char detail[FP4IDX_CMD_MSG];
-  fp4idx__score_bufs_t *b = calloc(1, sizeof *b);
-  if (!b)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
-  c->scratch = b;
-  c->cleanup = fp4idx__score_bufs_free;
-  b->n = n;
-  b->eng = calloc(n, sizeof *b->eng);
-  b->owned = calloc(4 * n, sizeof *b->owned);
-  b->refs = calloc(7 * n, sizeof *b->refs);
-  b->results = calloc(n, sizeof *b->results);
-  if (!b->eng || !b->owned || !b->refs || !b->results)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
-  /* Region references first (bounds, alignment, overlap of outputs with
-   * anything else): a bad one fails the request before it reads anything. */
-  size_t nrefs = 0;
-  for (size_t i = 0; i < n; i++) {
-    const fp4idx_score_seq_t *s = &sr->seqs[i];
-    const fp4idx_tensor_t *t[7] = {&s->q, &s->w, &s->lens, &s->mask,
-                                   &s->out_logits, &s->out_positions, &s->out_counts};
-    for (int j = 0; j < 7; j++)
-      if (t[j]->region) b->refs[nrefs++] = (fp4idx__cmd_ref_t){t[j], j >= 4};
+  fp4idx_score_job_t *j = calloc(1, sizeof *j);
+  if (!j) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
+  j->req = c->req;
+  j->regions = c->regions;
+  j->msg = c->msg;
+  j->msgcap = FP4IDX_CMD_MSG;
+  c->scratch = j;
+  c->cleanup = fp4idx__score_job_free;
+  fp4idx__score_run(c->d, j, 1);
+  if (j->rc == FP4IDX_OK) {
+    c->resp->u.score.results = j->results;
+    c->resp->u.score.nresults = j->nresults;
   }
-  int rc = fp4idx__cmd_check_refs(c, b->refs, nrefs);
-  if (rc) return rc;
-  uint64_t rows_total = 0, cells = 0;
-  for (size_t i = 0; i < n; i++) {
-    const fp4idx_score_seq_t *s = &sr->seqs[i];
-    const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, s->seq);
-    if (!cs)
-      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
-                          s->seq);
-    void **o = &b->owned[4 * i];
-    const void *in[4] = {NULL, NULL, NULL, NULL};
-    fp4idx_score_seq_t view = *s; /* lens readable from the host for the check */
-    for (int j = 0; j < 4; j++) {
-      const fp4idx_tensor_t *t = j == 0 ? &s->q : j == 1 ? &s->w : j == 2 ? &s->lens : &s->mask;
-      if (!fp4idx_tensor_present(t)) continue;
-      rc = fp4idx__cmd_input(c, t, 1, &in[j], &o[j]); /* checked, then used: a snapshot */
-      if (rc == FP4IDX_ENOMEM)
-        return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for seqs[%zu]", i);
-      if (rc) return rc;
-    }
-    view.q.data = in[0];
-    view.w.data = in[1];
-    view.lens.data = in[2];
-    view.mask.data = in[3];
-    uint64_t width = 0;
-    rc = fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
-    if (rc == FP4IDX_OK) rc = fp4idx_score_out_check(s, width, sr->topk, detail, sizeof detail);
-    if (rc)
-      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
-                          i, s->seq, cs->n_keys, detail);
-    if (!fp4idx_tensor_present(&s->lens)) {
-      int32_t *l = malloc((size_t)s->rows * sizeof *l);
-      if (!l) return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-      for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
-      in[2] = o[2] = l;
-    }
-    const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
-    if (fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
-      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
-    b->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
-                                      .rows = (int32_t)s->rows, .width = (int64_t)width,
-                                      .q = in[0], .w = in[1], .lens = in[2], .mask = in[3]};
-    rows_total += s->rows;
-    cells += (uint64_t)s->rows * width;
-  }
-  uint64_t k = sr->topk;
-  uint64_t bytes = k ? rows_total * (k * 8u + 4u) : cells * 4u;
-  if ((k && rows_total > FP4IDX_CMD_MAX_RESULT / (k * 8u + 4u)) || bytes > FP4IDX_CMD_MAX_RESULT)
-    return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_E2BIG,
-                        "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes",
-                        rows_total, FP4IDX_CMD_MAX_RESULT);
-  /* One entry writing to a host region: the backend writes there directly
-   * (on the CUDA backend, a pinned region takes the device-to-host copy
-   * itself). Otherwise it writes to staging buffers, copied out below. */
-  const fp4idx_score_seq_t *s0 = &sr->seqs[0];
-  int direct = n == 1 && fp4idx_tensor_present(&s0->out_logits);
-  fp4idx_backend_batch_t batch = {
-      .heads = (int32_t)sr->heads, .n_seqs = (int32_t)n, .seqs = b->eng, .topk = (int32_t)k};
-  if (direct) {
-    batch.logits = k ? NULL : fp4idx__cmd_direct(c, &s0->out_logits);
-    batch.topk_val = k ? fp4idx__cmd_direct(c, &s0->out_logits) : NULL;
-    batch.topk_pos = k ? fp4idx__cmd_direct(c, &s0->out_positions) : NULL;
-    batch.topk_count = k ? fp4idx__cmd_direct(c, &s0->out_counts) : NULL;
-  }
-  if (k) {
-    if (!batch.topk_pos) batch.topk_pos = b->pos = malloc(rows_total * k * 4u + 1);
-    if (!batch.topk_val) batch.topk_val = b->val = malloc(rows_total * k * 4u + 1);
-    if (!batch.topk_count) batch.topk_count = b->count = malloc(rows_total * 4u + 1);
-    if (!batch.topk_pos || !batch.topk_val || !batch.topk_count)
-      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for the top-k output");
-  } else {
-    if (!batch.logits) batch.logits = b->logits = malloc(cells * 4u + 1);
-    if (!batch.logits)
-      return fp4idx__fail(msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for %" PRIu64 " logits", cells);
-  }
-  rc = fp4idx__engine_score(d->engine, &batch);
-  if (rc) return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "scoring failed: %s", fp4idx_strerror(rc));
-  uint64_t row = 0, cell = 0;
-  for (size_t i = 0; i < n; i++) {
-    fp4idx_score_result_t *r = &b->results[i];
-    uint64_t R = (uint64_t)b->eng[i].rows, W = (uint64_t)b->eng[i].width;
-    r->seq = sr->seqs[i].seq;
-    r->topk = k != 0;
-    if (k) {
-      uint64_t shp[2] = {R, k};
-      fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, batch.topk_pos + row * k);
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, batch.topk_val + row * k);
-      fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, batch.topk_count + row);
-    } else {
-      uint64_t shp[2] = {R, W};
-      fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, batch.logits + cell);
-    }
-    if (fp4idx_tensor_present(&sr->seqs[i].out_logits) &&
-        (rc = fp4idx__score_outputs(c, &sr->seqs[i], r)) != 0)
-      return fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "writing the results of seqs[%zu]: %s", i,
-                          fp4idx_strerror(rc));
-    row += R;
-    cell += R * W;
-  }
-  resp->u.score.results = b->results;
-  resp->u.score.nresults = n;
-  return FP4IDX_OK;
+  return j->rc;
 }
 
 /* A known sequence holding at least `length` keys (truncate, fork), else
@@ -527,11 +287,11 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   fp4idx_stats_t *st = &resp->u.stats;
   st->uptime_s = up;
   st->connections = snap.connections;
-  st->sequences = d->cache.n_seqs;
-  st->keys = (uint64_t)d->cache.n_keys;
+  st->sequences = __atomic_load_n(&d->pub.sequences, __ATOMIC_ACQUIRE);
+  st->keys = __atomic_load_n(&d->pub.keys, __ATOMIC_ACQUIRE);
   st->pages_total = (uint64_t)d->cache.n_pages;
-  st->pages_free = (uint64_t)d->cache.n_free;
-  st->pages_shared = (uint64_t)fp4idx__cache_shared_pages(&d->cache);
+  st->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
+  st->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
   fp4idx__stats_to_wire(&snap, st);
@@ -540,7 +300,7 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
     st->device_mem_total = now.mem_total;
     st->device_mem_free = now.mem_free;
   }
-  fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS, sizeof *ops);
+  fp4idx_op_stats_t *ops = calloc(FP4IDX_STATS_OPS + FP4IDX_STAGE__COUNT, sizeof *ops);
   if (!ops) return FP4IDX_ENOMEM;
   size_t k = 0;
   /* Every op, then "unknown" (undecodable requests) when there were any. */
@@ -560,6 +320,22 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   }
   st->ops = ops;
   st->nops = k;
+  /* Then the stages, in path order, on the same buckets. */
+  fp4idx_stage_hist_t sh[FP4IDX_STAGE__COUNT];
+  fp4idx__stages_snapshot(&d->stages, sh);
+  st->stages = ops + FP4IDX_STATS_OPS;
+  st->nstages = FP4IDX_STAGE__COUNT;
+  for (int i = 0; i < FP4IDX_STAGE__COUNT; i++) {
+    fp4idx_op_stats_t *o = &st->stages[i];
+    snprintf(o->op, sizeof o->op, "%s", fp4idx__stage_name((fp4idx_stage_t)i));
+    o->count = sh[i].count;
+    o->nbuckets = FP4IDX_STATS_BUCKETS;
+    for (int j = 0; j < FP4IDX_STATS_BUCKETS; j++) {
+      o->le_us[j] = j < FP4IDX_STATS_BUCKETS - 1 ? (double)(1u << j) : INFINITY;
+      o->hist[j] = sh[i].hist[j];
+    }
+    o->sum_us = sh[i].sum_us;
+  }
   c->scratch = ops;
   c->cleanup = free;
   return FP4IDX_OK;
@@ -686,6 +462,38 @@ int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *ms
 
 /* ---- dispatch ----------------------------------------------------------- */
 
+/* Splits one request's time into its stages (stages.h): the clock readings
+ * t0 (frame complete) <= tq (worker start) <= td (decoded) <= te (executed)
+ * <= tf (encoded) bound queue, decode, execute + device, encode, so they
+ * add up to the op latency tf - t0. The device stages come from the
+ * backend's own timing; without it (CPU) the whole op is "execute" except a
+ * score's backend call, which is "kernels". */
+static void fp4idx__cmd_stage_times(fp4idx_stage_times_t *t, double t0, double tq, double td,
+                                    double te, double tf,
+                                    const fp4idx_backend_timing_t *dev) {
+  t->us[FP4IDX_STAGE_QUEUE] = tq - t0;
+  t->us[FP4IDX_STAGE_DECODE] = td - tq;
+  t->us[FP4IDX_STAGE_ENCODE] = tf - te;
+  double exec = te - td, up = 0, k = 0, down = 0;
+  if (dev->timed) {
+    up = dev->upload_us;
+    k = dev->kernels_us;
+    down = dev->download_us;
+  } else {
+    k = dev->kernels_us; /* the host time of the backend call, if any */
+  }
+  double in_dev = up + k + down;
+  if (in_dev > exec && in_dev > 0) {
+    /* device clocks vs host clock: keep the sum exact */
+    double f = exec / in_dev;
+    up *= f, k *= f, down *= f, in_dev = exec;
+  }
+  t->us[FP4IDX_STAGE_EXECUTE] = exec - in_dev;
+  t->us[FP4IDX_STAGE_UPLOAD] = up;
+  t->us[FP4IDX_STAGE_KERNELS] = k;
+  t->us[FP4IDX_STAGE_DOWNLOAD] = down;
+}
+
 static int fp4idx__cmd_take(msgpack_sbuffer *sb, uint8_t **frame, size_t *frame_len) {
   *frame_len = sb->size;
   *frame = (uint8_t *)msgpack_sbuffer_release(sb);
@@ -702,52 +510,226 @@ int fp4idx__cmd_error_frame(int status, const char *msg, uint8_t **frame,
   return rc;
 }
 
-void fp4idx__cmd_execute(fp4idx_daemon_t *d, fp4idx_regions_t *regions, int fd,
-                         const uint8_t *body, size_t len, double t0_us, uint8_t **frame,
-                         size_t *frame_len) {
+void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *r) {
+  (void)d;
+  free(r->frame);
+  free(r->payloads);
+  fp4idx__score_out_release(r->out);
+  memset(r, 0, sizeof *r);
+}
+
+/* The score reply: msgpack bytes with the result tensors left out (sent
+ * from the launch's output buffer by writev). Other ops: one frame. */
+static int fp4idx__cmd_encode(const fp4idx_response_t *resp, msgpack_sbuffer *out,
+                              fp4idx_cmd_reply_t *reply) {
+  if (resp->op != FP4IDX_OP_SCORE) return fp4idx_encode_response(out, resp);
+  size_t cap = 3 * resp->u.score.nresults;
+  reply->payloads = malloc((cap ? cap : 1) * sizeof *reply->payloads);
+  if (!reply->payloads) return FP4IDX_ENOMEM;
+  return fp4idx_encode_response_split(out, resp, FP4IDX_CMD_SPLIT_MIN, reply->payloads, cap,
+                                      &reply->npayloads);
+}
+
+void fp4idx__cmd_publish(fp4idx_daemon_t *d) {
+  __atomic_store_n(&d->pub.pages_free, (uint64_t)d->cache.n_free, __ATOMIC_RELEASE);
+  __atomic_store_n(&d->pub.sequences, d->cache.n_seqs, __ATOMIC_RELEASE);
+  __atomic_store_n(&d->pub.keys, (uint64_t)d->cache.n_keys, __ATOMIC_RELEASE);
+  /* A walk of the table: only once a fork or a restore shared a page. */
+  uint64_t shared = d->cache.forked || d->cache.n_multi > 0
+                        ? (uint64_t)fp4idx__cache_shared_pages(&d->cache)
+                        : 0;
+  __atomic_store_n(&d->pub.pages_shared, shared, __ATOMIC_RELEASE);
+}
+
+int fp4idx__cmd_loop_op(const uint8_t *body, size_t len) {
+  if (len > FP4IDX_CMD_LOOP_MAX) return 0;
+  fp4idx_request_t req;
+  int rc = fp4idx_decode_request(body, len, &req, NULL, 0);
+  fp4idx_op_t op = req.op;
+  fp4idx_request_clear(&req);
+  return rc == FP4IDX_OK && (fp4idx_op_flags(op) & FP4IDX_OPF_LOOP);
+}
+
+/* One request on its way through fp4idx__cmd_execute_batch. */
+typedef struct fp4idx__cmd_run_s {
   fp4idx_request_t req;
   fp4idx_response_t resp;
-  char msg[FP4IDX_CMD_MSG] = "";
-  memset(&req, 0, sizeof req);
-  memset(&resp, 0, sizeof resp);
-  fp4idx__cmd_t c = {.d = d, .req = &req, .resp = &resp, .msg = msg, .regions = regions,
-                     .fd = fd};
-  *frame = NULL;
-  *frame_len = 0;
+  char msg[FP4IDX_CMD_MSG];
+  int rc;
+  double td, te;                 /* decoded, executed */
+  fp4idx_backend_timing_t timing;
+  fp4idx_score_job_t score;      /* a score of the batch */
+  fp4idx__cmd_t c;               /* any other op: its handler's context */
+} fp4idx__cmd_run_t;
 
-  int rc = fp4idx_decode_request(body, len, &req, msg, sizeof msg);
-  if (rc == FP4IDX_OK) rc = fp4idx__cmd_call(&c);
-  /* The region (if any) holds its own mapping; an fd sent with another
-   * request is not used. */
-  if (fd >= 0) close(fd);
+/* Any op but score, alone, through the command table. */
+static int fp4idx__cmd_one(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
+  r->c = (fp4idx__cmd_t){.d = d, .req = &r->req, .resp = &r->resp, .msg = r->msg,
+                         .regions = job->regions, .fd = job->fd};
+  return fp4idx__cmd_call(&r->c);
+}
 
+/* Neighbouring scores r[0..n) as one batch (score.c). */
+static void fp4idx__cmd_scores(fp4idx_daemon_t *d, fp4idx_cmd_job_t **job, fp4idx__cmd_run_t **r,
+                               int n) {
+  fp4idx_score_job_t *jobs = calloc((size_t)n, sizeof *jobs);
+  if (!jobs) {
+    for (int i = 0; i < n; i++)
+      r[i]->rc = fp4idx__fail(r[i]->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    jobs[i].req = &r[i]->req;
+    jobs[i].regions = job[i]->regions;
+    jobs[i].msg = r[i]->msg;
+    jobs[i].msgcap = FP4IDX_CMD_MSG;
+  }
+  fp4idx__score_run(d, jobs, n);
+  double te = fp4idx__stats_now_us();
+  for (int i = 0; i < n; i++) {
+    r[i]->score = jobs[i];
+    r[i]->rc = jobs[i].rc;
+    r[i]->timing = jobs[i].timing;
+    r[i]->te = te;
+    if (jobs[i].rc == FP4IDX_OK) {
+      r[i]->resp.u.score.results = jobs[i].results;
+      r[i]->resp.u.score.nresults = jobs[i].nresults;
+    }
+  }
+  free(jobs);
+}
+
+/* The reply of job i: encoded (or its error), recorded in stats and
+ * stages, its buffers freed; then jobs[i].finished, if set. */
+static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
+  fp4idx_cmd_reply_t *reply = job->reply;
+  int rc = r->rc;
+  memset(reply, 0, sizeof *reply);
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
   int erc = rc;
   if (rc == FP4IDX_OK) {
-    erc = fp4idx_encode_response(&out, &resp);
+    erc = fp4idx__cmd_encode(&r->resp, &out, reply);
     if (erc) {
       rc = erc;
-      fp4idx__fail(msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s", fp4idx_strerror(erc));
+      fp4idx__fail(r->msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s",
+                   fp4idx_strerror(erc));
     }
   }
   if (rc != FP4IDX_OK) {
-    if (!msg[0]) snprintf(msg, sizeof msg, "%s", fp4idx_strerror(rc));
+    if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", fp4idx_strerror(rc));
     if (rc == FP4IDX_EDEVICE || rc == FP4IDX_EINTERNAL || rc == FP4IDX_ENOMEM)
-      fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(req.op), req.id, msg);
+      fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(r->req.op), r->req.id, r->msg);
     else
-      fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(req.op), req.id,
-                        fp4idx_status_name(rc), msg);
+      fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(r->req.op), r->req.id,
+                        fp4idx_status_name(rc), r->msg);
     msgpack_sbuffer_clear(&out);
-    erc = fp4idx_encode_error(&out, req.id, rc, msg);
+    reply->npayloads = 0;
+    erc = fp4idx_encode_error(&out, r->req.id, rc, r->msg);
   }
-  if (erc == FP4IDX_OK || rc != FP4IDX_OK) {
-    if (out.size) fp4idx__cmd_take(&out, frame, frame_len);
+  if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
+    reply->frame_len = out.size;
+    reply->frame = (uint8_t *)msgpack_sbuffer_release(&out);
   }
   msgpack_sbuffer_destroy(&out);
+  reply->total_len = reply->frame_len;
+  for (size_t p = 0; p < reply->npayloads; p++) reply->total_len += reply->payloads[p].len;
+  /* the output stays only while the reply sends from it */
+  if (reply->npayloads)
+    reply->out = r->score.out;
+  else
+    fp4idx__score_out_release(r->score.out);
+  r->score.out = NULL;
 
-  fp4idx__stats_record(&d->stats, req.op, rc, fp4idx__stats_now_us() - t0_us);
-  fp4idx__stats_request(&d->stats, &req, rc, len + FP4IDX_FRAME_HEADER, *frame_len);
-  fp4idx__cmd_release(&c);
-  fp4idx_request_clear(&req);
+  double tf = fp4idx__stats_now_us();
+  fp4idx__stats_record(&d->stats, r->req.op, rc, tf - job->t0_us);
+  fp4idx__stats_request(&d->stats, &r->req, rc, job->len + FP4IDX_FRAME_HEADER,
+                        reply->total_len);
+  fp4idx__cmd_stage_times(job->times, job->t0_us, job->tq_us, r->td, r->te, tf, &r->timing);
+  fp4idx__stages_record(&d->stages, job->times,
+                        fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
+  fp4idx__score_job_clear(&r->score);
+  fp4idx__cmd_release(&r->c);
+  fp4idx_request_clear(&r->req);
+  /* The region (if any) holds its own mapping; an fd sent with another
+   * request is not used. */
+  if (job->fd >= 0) close(job->fd);
+  job->fd = -1;
+  if (job->finished) job->finished(job->arg);
+}
+
+/* An upper bound of a decoded score's work (rows x heads x keys of its
+ * sequences), to cut runs of scores at the backend's batch_work before
+ * they are checked (unknown sequences count 0: they fail alone anyway). */
+static uint64_t fp4idx__cmd_score_work(fp4idx_daemon_t *d, const fp4idx_request_t *req) {
+  uint64_t w = 0;
+  for (size_t i = 0; i < req->u.score.nseqs; i++) {
+    const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, req->u.score.seqs[i].seq);
+    if (cs) w += (uint64_t)req->u.score.seqs[i].rows * req->u.score.heads * (uint64_t)cs->n_keys;
+  }
+  return w;
+}
+
+void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
+  fp4idx__cmd_run_t *runs = calloc((size_t)n, sizeof *runs);
+  fp4idx__cmd_run_t **sc = calloc((size_t)n, sizeof *sc);
+  fp4idx_cmd_job_t **sj = calloc((size_t)n, sizeof *sj);
+  if (!runs || !sc || !sj) {
+    /* not even the bookkeeping: no reply, the connections close */
+    fp4idx__log_error("out of memory for a batch of %d requests", n);
+    free(runs);
+    free(sc);
+    free(sj);
+    for (int i = 0; i < n; i++) {
+      if (jobs[i].fd >= 0) close(jobs[i].fd);
+      memset(jobs[i].reply, 0, sizeof *jobs[i].reply);
+      if (jobs[i].finished) jobs[i].finished(jobs[i].arg);
+    }
+    return;
+  }
+  /* Decode all, then run in queue order: each run of neighbouring scores
+   * (cut where its work would pass the backend's batch_work) is one score
+   * batch, everything else one by one; each reply is finished as soon as
+   * its part has run, so a request never waits for later ones. */
+  for (int i = 0; i < n; i++) {
+    fp4idx__cmd_run_t *r = &runs[i];
+    r->rc = fp4idx_decode_request(jobs[i].body, jobs[i].len, &r->req, r->msg, sizeof r->msg);
+    r->td = fp4idx__stats_now_us();
+    r->resp.id = r->req.id;
+    r->resp.op = r->req.op;
+  }
+  for (int i = 0; i < n;) {
+    fp4idx__cmd_run_t *r = &runs[i];
+    if (r->rc == FP4IDX_OK && r->req.op == FP4IDX_OP_SCORE) {
+      int m = 0, first = i;
+      uint64_t work = 0;
+      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE) {
+        uint64_t w = fp4idx__cmd_score_work(d, &runs[i].req);
+        if (m > 0 && work + w > d->desc.batch_work) break;
+        work += w;
+        sj[m] = &jobs[i];
+        sc[m++] = &runs[i++];
+      }
+      fp4idx__cmd_scores(d, sj, sc, m);
+      for (int k = first; k < i; k++) fp4idx__cmd_finish(d, &jobs[k], &runs[k]);
+      continue;
+    }
+    if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, &jobs[i], r);
+    if (r->rc == FP4IDX_OK && (fp4idx_op_flags(r->req.op) & FP4IDX_OPF_MUTATES))
+      fp4idx__cmd_publish(d);
+    r->te = fp4idx__stats_now_us();
+    fp4idx__cmd_finish(d, &jobs[i], r);
+    i++;
+  }
+  free(runs);
+  free(sc);
+  free(sj);
+}
+
+void fp4idx__cmd_execute(fp4idx_daemon_t *d, fp4idx_regions_t *regions, int fd,
+                         const uint8_t *body, size_t len, double t0_us, double tq_us,
+                         fp4idx_stage_times_t *times, fp4idx_cmd_reply_t *reply) {
+  fp4idx_cmd_job_t j = {.body = body, .len = len, .regions = regions, .fd = fd,
+                        .t0_us = t0_us, .tq_us = tq_us, .times = times, .reply = reply};
+  fp4idx__cmd_execute_batch(d, &j, 1);
 }

@@ -3,8 +3,10 @@
  *   command table (generated from FP4IDX_OP_MAP) -> its handler: validate
  *   against the cache (ENOSEQ, ERANGE, ESHAPE) -> cache -> engine ->
  *   response frame.
- * Runs on the worker thread only (it owns the cache there), so requests run
- * one at a time in arrival order.
+ * Runs on the worker thread (it owns the cache there), in arrival order; a
+ * batch of queued requests runs in that order with neighbouring scores
+ * launched together (fp4idx__cmd_execute_batch); hello/info/stats may run
+ * on the loop (fp4idx__cmd_loop_op).
  */
 #ifndef FP4IDX_DAEMON_COMMANDS_H
 #define FP4IDX_DAEMON_COMMANDS_H
@@ -12,27 +14,89 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fp4idx_codec.h"
+#include "stages.h"
+
 struct fp4idx_daemon_s;
 
 /* Largest response the daemon builds (score logits, read); a request whose
  * answer would be larger gets E2BIG. */
 #define FP4IDX_CMD_MAX_RESULT ((uint64_t)1 << 30)
 
+/* Result tensors at least this large are sent from the backend's output
+ * buffer (writev), not copied into the response bytes. */
+#define FP4IDX_CMD_SPLIT_MIN 4096u
+
+/* A response ready to send: frame[0..frame_len) (4-byte length first) with
+ * payloads[i] spliced in at frame offset payloads[i].at, in order; the
+ * payloads point into `out` (engine host memory). total_len is what goes on
+ * the wire. Free with fp4idx__cmd_reply_free once written. */
+typedef struct fp4idx_cmd_reply_s {
+  uint8_t *frame;
+  size_t frame_len;
+  fp4idx_payload_t *payloads;
+  size_t npayloads;
+  void *out;
+  size_t total_len;
+} fp4idx_cmd_reply_t;
+
 struct fp4idx_regions_s;
 
-/* Executes the request in body[0..len) and returns its whole response frame
- * (4-byte length first) in *frame (malloc'd) / *frame_len. `regions` is the
+/* Executes the request in body[0..len) and fills *reply. `regions` is the
  * connection's region table (register/unregister change it, references are
  * resolved against it; NULL: the request may not name regions); `fd` the
  * file descriptor that came with the frame (SCM_RIGHTS) or -1: "register"
- * of a host region maps it, and it is closed in every case. Records the
- * request in d->stats with latency measured from t0_us
- * (fp4idx__stats_now_us clock). Never fails: on out-of-memory while encoding
- * it returns a short error frame; if even that fails *frame is NULL (the
- * caller closes the connection). */
+ * of a host region maps it, and it is closed in every case. Records the request
+ * in d->stats with latency measured from t0_us (frame complete, on the
+ * fp4idx__stats_now_us clock) and its stages in d->stages (tq_us: when the
+ * worker picked it up; times->us[FP4IDX_STAGE_READ] preset by the caller).
+ * Never fails: on out-of-memory while encoding it returns a short error
+ * frame; if even that fails reply->frame is NULL (the caller closes the
+ * connection). */
 void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, struct fp4idx_regions_s *regions, int fd,
-                         const uint8_t *body, size_t len, double t0_us, uint8_t **frame,
-                         size_t *frame_len);
+                         const uint8_t *body, size_t len, double t0_us, double tq_us,
+                         fp4idx_stage_times_t *times, fp4idx_cmd_reply_t *reply);
+
+/* One request of a batch: its frame body, clock readings and where its
+ * reply goes (as the arguments of fp4idx__cmd_execute). */
+typedef struct fp4idx_cmd_job_s {
+  const uint8_t *body;
+  size_t len;
+  struct fp4idx_regions_s *regions; /* the connection's, or NULL */
+  int fd;                        /* came with the frame, or -1; closed once run */
+  double t0_us, tq_us;
+  fp4idx_stage_times_t *times;
+  fp4idx_cmd_reply_t *reply;
+  /* optional: called as soon as *reply is final (before later jobs run) */
+  void (*finished)(void *arg);
+  void *arg;
+} fp4idx_cmd_job_t;
+
+/* Executes jobs[0..n) (queue order, as the worker took them) with the
+ * result of running them one by one: each maximal run of neighbouring
+ * score requests goes to daemon/score.c as one batch (one backend launch
+ * per head count and top-k; a score writing into regions launches alone),
+ * every other request runs alone in its place.
+ * Each job is recorded in stats and stages as by fp4idx__cmd_execute. */
+void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
+
+/* Requests at most this long may be answered on the loop. */
+#define FP4IDX_CMD_LOOP_MAX 256u
+
+/* 1 when the frame body is a well-formed request of at most
+ * FP4IDX_CMD_LOOP_MAX bytes whose op has FP4IDX_OPF_LOOP (hello, info,
+ * stats: they read nothing the worker changes but d->pub and the stats,
+ * both safe from any thread), so the loop may answer it itself
+ * (fp4idx__cmd_execute) when the connection has nothing else in flight --
+ * no worker hop, and the reply order is trivially kept. Loop thread. */
+int fp4idx__cmd_loop_op(const uint8_t *body, size_t len);
+
+/* Publishes the cache's counts into d->pub (worker thread, after a
+ * mutation; and once before serving). */
+void fp4idx__cmd_publish(struct fp4idx_daemon_s *d);
+
+/* Frees what a reply holds (any thread: the output goes back to the engine). */
+void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply);
 
 struct fp4idx_request_s;
 

@@ -8,9 +8,20 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "budget.h"
 #include "fp4idx_status.h"
 #include "log.h"
+
+/* The cache changed a sequence's page list: keep the backend's copy. */
+static void fp4idx__daemon_pages_changed(void *arg, uint64_t id, const int32_t *pages,
+                                         int64_t n_pages, int64_t first) {
+  fp4idx_daemon_t *d = arg;
+  int rc = fp4idx__engine_seq_pages(d->engine, id, pages, n_pages, first);
+  if (rc)
+    fp4idx__log_debug("sequence %llu: device page table not updated (%s); scores upload it",
+                      (unsigned long long)id, fp4idx_strerror(rc));
+}
 
 /* ---- server events ------------------------------------------------------ */
 
@@ -85,7 +96,12 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   }
   d->cache_ok = 1;
   fp4idx__cache_set_copy(&d->cache, fp4idx__engine_copy_page, d->engine);
+  fp4idx__cache_set_pages_hook(&d->cache, fp4idx__daemon_pages_changed, d);
+  rc = fp4idx__stages_init(&d->stages);
+  if (rc) goto err;
+  d->stages_ok = 1;
   fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
+  d->server.stages = &d->stages;
   d->server.data = d;
   d->server.socket_mode = d->cfg.socket_mode;
   d->server.socket_gid = d->cfg.socket_gid;
@@ -132,6 +148,7 @@ int fp4idx__daemon_start(fp4idx_daemon_t *d) {
       return rc;
     }
   }
+  fp4idx__cmd_publish(d); /* what a restore brought back */
   return FP4IDX_OK;
 }
 
@@ -199,4 +216,6 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   d->engine = NULL;
   if (d->stats_ok) fp4idx__stats_destroy(&d->stats);
   d->stats_ok = 0;
+  if (d->stages_ok) fp4idx__stages_destroy(&d->stages);
+  d->stages_ok = 0;
 }

@@ -25,6 +25,7 @@
 #include "config.h"
 #include "engine.h"
 #include "server.h"
+#include "stages.h"
 #include "stats.h"
 #include "worker.h"
 
@@ -76,12 +77,19 @@ struct fp4idx_daemon_s {
   fp4idx_worker_t worker;
   fp4idx_server_t server;
   fp4idx_daemon_stats_t stats;
+  fp4idx_stages_t stages;       /* time per stage of the request path */
+  /* The cache's counts as of the last request the worker finished, for
+   * requests answered on the loop (info, stats): written by the worker
+   * after each request, read anywhere (__atomic). */
+  struct {
+    uint64_t pages_free, sequences, keys, pages_shared;
+  } pub;
   fp4idx_daemon_hooks_t hooks;
   uv_signal_t sig_int, sig_term;
   int started;                  /* startup hook ran */
   int stopping;
   int exit_code;
-  int loop_ok, stats_ok, cache_ok;
+  int loop_ok, stats_ok, cache_ok, stages_ok;
 };
 
 /* Builds the daemon from cfg: engine (backend choice, pool), cache, stats,

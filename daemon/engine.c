@@ -37,6 +37,7 @@ int fp4idx__engine_describe(fp4idx_engine_t *e, fp4idx_engine_desc_t *desc) {
   snprintf(desc->device, sizeof desc->device, "%.127s", info.device);
   desc->mem_total = info.mem_total;
   desc->mem_free = info.mem_free;
+  desc->batch_work = info.batch_work;
   return FP4IDX_OK;
 }
 
@@ -144,4 +145,25 @@ int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to) {
 
 int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch) {
   return e->b->ops->score(e->b, batch);
+}
+
+int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
+                             int64_t n_pages, int64_t first) {
+  if (!e->b->ops->seq_pages_update) return FP4IDX_OK;
+  return e->b->ops->seq_pages_update(e->b, seq, pages, n_pages, first);
+}
+
+void *fp4idx__engine_host_alloc(fp4idx_engine_t *e, size_t bytes) {
+  void *p = NULL;
+  if (bytes == 0) bytes = 1;
+  if (e->b->ops->host_alloc) return e->b->ops->host_alloc(e->b, bytes, &p) ? NULL : p;
+  return posix_memalign(&p, 64, bytes) ? NULL : p;
+}
+
+void fp4idx__engine_host_free(fp4idx_engine_t *e, void *p) {
+  if (!p) return;
+  if (e->b->ops->host_free)
+    e->b->ops->host_free(e->b, p);
+  else
+    free(p);
 }

@@ -4,7 +4,8 @@
  * size and the calls the worker makes; the rest of the daemon reaches the
  * backend only through it.
  *
- * Threading: after fp4idx__engine_open, only the worker thread calls in.
+ * Threading: after fp4idx__engine_open, only the worker thread calls in
+ * (fp4idx__engine_host_alloc / _free excepted: any thread).
  */
 #ifndef FP4IDX_DAEMON_ENGINE_H
 #define FP4IDX_DAEMON_ENGINE_H
@@ -21,6 +22,7 @@ typedef struct fp4idx_engine_desc_s {
   char name[16];      /* "cpu" | "cuda" */
   char device[128];
   uint64_t mem_total, mem_free;
+  uint64_t batch_work;  /* fp4idx_backend_info_t.batch_work */
 } fp4idx_engine_desc_t;
 
 /* Opens the backend `cfg` asks for: cuda (FP4IDX_ENODEV when not built in or
@@ -50,9 +52,18 @@ int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
  * ctx is the engine). Returns FP4IDX_OK or the backend's status. */
 int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to);
 
-/* backend->score on one batch, passed through; outputs as
- * fp4idx_backend_batch_t says. seqs[i] pointers must be aligned host
- * buffers. */
+/* backend->score on one batch (fp4idx_backend_batch_t: outputs, optional
+ * timing). seqs[i] pointers must be aligned host buffers. */
 int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch);
+
+/* backend->seq_pages_update when the backend has it (else FP4IDX_OK). */
+int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
+                             int64_t n_pages, int64_t first);
+
+/* Host memory for score outputs (backend->host_alloc: pinned on CUDA; else
+ * 64-byte aligned malloc). Any thread. NULL on failure; free with
+ * fp4idx__engine_host_free (NULL is a no-op). */
+void *fp4idx__engine_host_alloc(fp4idx_engine_t *e, size_t bytes);
+void fp4idx__engine_host_free(fp4idx_engine_t *e, void *p);
 
 #endif /* FP4IDX_DAEMON_ENGINE_H */

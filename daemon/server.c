@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "daemon.h"
 #include "fp4idx_status.h"
+#include "score.h"
 #include "log.h"
 #include "stats.h"
 
@@ -21,6 +22,7 @@ static void fp4idx__server_flush(fp4idx_conn_t *c);
 static void fp4idx__server_conn_close(fp4idx_conn_t *c);
 static void fp4idx__server_update_reading(fp4idx_conn_t *c);
 static void fp4idx__server_pump(fp4idx_conn_t *c);
+static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop);
 static void fp4idx__server_check_stopped(fp4idx_server_t *srv);
 
 void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame) {
@@ -40,6 +42,8 @@ void fp4idx__server_req_free(fp4idx_req_t *req) {
   if (req->fd >= 0) close(req->fd);
   free(req->body);
   free(req->resp);
+  free(req->payloads);
+  if (req->out && req->out_free) req->out_free(req->out_free_arg, req->out);
   free(req);
 }
 
@@ -80,7 +84,7 @@ static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
 /* Drops request r (unlinked by the caller) with what it held. */
 static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
   int64_t in = r->done ? 0 : (int64_t)r->body_len;
-  int64_t out = r->done && !r->write_started ? (int64_t)r->resp_len : 0;
+  int64_t out = r->done && !r->write_started ? (int64_t)r->wire_len : 0;
   fp4idx__budget_hold(c, -in, -out);
   c->pending--;
   fp4idx__server_req_free(r);
@@ -144,10 +148,12 @@ static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
   c->head = r->next;
   if (!c->head) c->tail = NULL;
   c->pending--;
-  c->out_bytes -= r->resp_len;
+  c->out_bytes -= r->wire_len;
   c->progress_us = fp4idx__stats_now_us();
+  if (status == 0 && c->srv->stages)
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, c->progress_us - r->t_write_us);
   int close_after = r->close_after;
-  fp4idx__budget_hold(c, 0, -(int64_t)r->resp_len);
+  fp4idx__budget_hold(c, 0, -(int64_t)r->wire_len);
   fp4idx__server_req_free(r);
   if (c->closing) {
     return; /* close_cb finishes the cleanup */
@@ -172,15 +178,34 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
       if (r->close_after) return; /* nothing goes out after a closing reply */
       continue;
     }
-    uv_buf_t buf = uv_buf_init((char *)r->resp, (unsigned)r->resp_len);
+    /* The frame's bytes with the payloads spliced in at their offsets: one
+     * writev, no copy of the payloads (libuv copies the buf array). */
+    uv_buf_t small[17], *bufs = small;
+    size_t nb = 2 * r->npayloads + 1;
+    if (nb > sizeof small / sizeof small[0] && !(bufs = malloc(nb * sizeof *bufs))) {
+      c->dead = 1;
+      fp4idx__server_conn_close(c);
+      return;
+    }
+    size_t at = 0, k = 0;
+    for (size_t i = 0; i < r->npayloads; i++) {
+      const fp4idx_payload_t *p = &r->payloads[i];
+      bufs[k++] = uv_buf_init((char *)r->resp + at, (unsigned)(p->at - at));
+      bufs[k++] = uv_buf_init((char *)p->data, (unsigned)p->len);
+      at = p->at;
+    }
+    bufs[k++] = uv_buf_init((char *)r->resp + at, (unsigned)(r->resp_len - at));
     r->wr.data = r;
-    int rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, &buf, 1, fp4idx__server_write_cb);
+    r->t_write_us = fp4idx__stats_now_us();
+    int rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, bufs, (unsigned)k,
+                      fp4idx__server_write_cb);
+    if (bufs != small) free(bufs);
     if (rc < 0) {
       fp4idx__server_drop(c);
       return;
     }
     r->write_started = 1;
-    c->out_bytes += r->resp_len;
+    c->out_bytes += r->wire_len;
     if (r->close_after) return;
   }
 }
@@ -188,11 +213,14 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
 void fp4idx__server_req_done(fp4idx_req_t *req) {
   fp4idx_conn_t *c = req->conn;
   req->done = 1;
+  if (req->t_done_us > 0 && c->srv->stages)
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE,
+                       fp4idx__stats_now_us() - req->t_done_us);
   c->inflight--;
   /* The body is gone (the worker freed it); the reply is held until it is
    * written out. */
   if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
-  fp4idx__budget_hold(c, -(int64_t)req->body_len, (int64_t)req->resp_len);
+  fp4idx__budget_hold(c, -(int64_t)req->body_len, (int64_t)req->wire_len);
   if (c->closed) {
     /* The connection is gone: unlink and drop the response. */
     fp4idx_req_t **pp = &c->head, *prev = NULL;
@@ -212,31 +240,6 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
 
 /* ---- dispatch: parsed requests to the worker ---------------------------- */
 
-/* Worker thread: the request, from body to response frame. */
-static void fp4idx__server_req_work(fp4idx_job_t *job) {
-  fp4idx_req_t *req = job->data;
-  fp4idx__stats_queue(&((fp4idx_daemon_t *)req->conn->srv->data)->stats, -1); /* running now */
-  fp4idx__cmd_execute(req->conn->srv->data, req->conn->regions, req->fd, req->body,
-                      req->body_len, req->t0_us, &req->resp, &req->resp_len);
-  req->fd = -1; /* closed by fp4idx__cmd_execute */
-  /* The body (and the views into it) are not needed any more. */
-  free(req->body);
-  req->body = NULL;
-  if (!req->resp) {
-    req->close_after = 1; /* could not even encode an error */
-    return;
-  }
-  /* The encoder's buffer grows by doubling: give back the slack, since the
-   * reply may wait a long time for a client that does not read, and the
-   * buffer budget counts resp_len. Shrinking keeps the block in place. */
-  uint8_t *fit = realloc(req->resp, req->resp_len);
-  if (fit) req->resp = fit;
-}
-
-static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
-  fp4idx__server_req_done(job->data);
-}
-
 static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
   r->conn = c;
   r->next = NULL;
@@ -255,6 +258,18 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     /* The bulk lane for a connection that pipelines (more requests wait
      * behind this one) or leaves replies unread; all its requests in flight
      * share one lane, so they run in its order (worker.h). */
+    if (c->pending == 1 && fp4idx__cmd_loop_op(r->body, r->body_len)) {
+      /* hello/info/stats with nothing else in flight or unwritten: answered
+       * here, no worker hop (so no wake time and no queue), under the same
+       * budget check as a dispatch; its reply is held like a worker's. */
+      fp4idx__server_run((fp4idx_job_t *[]){&r->job}, 1, 1);
+      r->done = 1;
+      if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
+      fp4idx__budget_hold(c, -(int64_t)r->body_len, (int64_t)r->wire_len);
+      if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
+      fp4idx__server_flush(c);
+      continue;
+    }
     if (!c->inflight) c->bulk = c->held_out > 0 || c->pending > 1;
     r->job.bulk = c->bulk;
     c->inflight++;
@@ -286,11 +301,12 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
     fp4idx__server_conn_close(c);
     return;
   }
+  r->wire_len = r->resp_len;
   r->done = 1;
   r->dispatched = 1;
   r->close_after = 1;
   fp4idx__server_enqueue(c, r);
-  fp4idx__budget_hold(c, 0, (int64_t)r->resp_len);
+  fp4idx__budget_hold(c, 0, (int64_t)r->wire_len);
   fp4idx__server_flush(c);
 }
 
@@ -339,6 +355,89 @@ static void fp4idx__server_collect_fds(fp4idx_conn_t *c) {
   }
 }
 
+static void fp4idx__server_out_free(void *arg, void *p) {
+  (void)arg;
+  fp4idx__score_out_release(p);
+}
+
+/* Hands a reply to its request (the server writes it). */
+static void fp4idx__server_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *reply) {
+  req->resp = reply->frame;
+  req->resp_len = reply->frame_len;
+  req->payloads = reply->payloads;
+  req->npayloads = reply->npayloads;
+  req->wire_len = reply->total_len;
+  req->out = reply->out;
+  req->out_free = fp4idx__server_out_free;
+  req->out_free_arg = NULL;
+  /* The body (and the views into it) are not needed any more; body_len
+   * stays, for the budget's release in req_done. */
+  free(req->body);
+  req->body = NULL;
+  if (!req->resp) req->close_after = 1; /* could not even encode an error */
+  /* The encoder's buffer grows by doubling: give back the slack, since the
+   * reply may wait a long time for a client that does not read, and the
+   * buffer budget counts it. Shrinking keeps the block in place. */
+  uint8_t *fit = req->resp ? realloc(req->resp, req->resp_len) : NULL;
+  if (fit) req->resp = fit;
+  req->t_done_us = fp4idx__stats_now_us();
+}
+
+/* One finished request of a batch: its reply goes to the request, and
+ * (on the worker) the request to the loop at once. */
+typedef struct fp4idx__server_done_s {
+  fp4idx_req_t *req;
+  fp4idx_cmd_reply_t *reply;
+  fp4idx_worker_t *worker;  /* NULL on the loop */
+} fp4idx__server_done_t;
+
+static void fp4idx__server_req_finished(void *arg) {
+  fp4idx__server_done_t *f = arg;
+  fp4idx__server_req_reply(f->req, f->reply);
+  if (f->worker) fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
+}
+
+/* The requests queued back to back when the worker took them (worker.h),
+ * or (on_loop) one the loop answers itself, from body to response frame;
+ * neighbouring scores become one launch (fp4idx__cmd_execute_batch), and
+ * each reply leaves as soon as it is ready. */
+static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop) {
+  fp4idx_req_t *first = jobs[0]->data;
+  struct fp4idx_daemon_s *d = first->conn->srv->data;
+  double tq = fp4idx__stats_now_us();
+  fp4idx_cmd_job_t cj[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx_cmd_reply_t replies[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx_stage_times_t times[FP4IDX_WORKER_MAX_BATCH];
+  fp4idx__server_done_t done[FP4IDX_WORKER_MAX_BATCH];
+  for (int i = 0; i < n; i++) {
+    fp4idx_req_t *req = jobs[i]->data;
+    if (!on_loop) fp4idx__stats_queue(&d->stats, -1); /* running now */
+    memset(&times[i], 0, sizeof times[i]);
+    times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
+    done[i] = (fp4idx__server_done_t){.req = req, .reply = &replies[i],
+                                      .worker = on_loop ? NULL : first->conn->srv->worker};
+    cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len,
+                               .regions = req->conn->regions, .fd = req->fd,
+                               .t0_us = req->t0_us, .tq_us = tq, .times = &times[i],
+                               .reply = &replies[i], .finished = fp4idx__server_req_finished,
+                               .arg = &done[i]};
+    req->fd = -1; /* closed by fp4idx__cmd_execute_batch */
+  }
+  fp4idx__cmd_execute_batch(d, cj, n);
+}
+
+static void fp4idx__server_req_batch(fp4idx_job_t **jobs, int n) {
+  fp4idx__server_run(jobs, n, 0);
+}
+
+static void fp4idx__server_req_work(fp4idx_job_t *job) {
+  fp4idx__server_run(&job, 1, 0);
+}
+
+static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
+  fp4idx__server_req_done(job->data);
+}
+
 /* The partial frame's memory, counted against the budget. */
 static void fp4idx__server_track_frame(fp4idx_conn_t *c) {
   size_t cap = 0;
@@ -364,9 +463,12 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
   c->fr_held = 0;
   fp4idx__budget_release_grant(c);
   r->job.work = fp4idx__server_req_work;
+  r->job.batch = fp4idx__server_req_batch;
   r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
+  r->t_first_us = c->in_frame ? c->t_frame_us : r->t0_us;
+  c->in_frame = 0;
   fp4idx__server_enqueue(c, r);
   /* No pump here: the caller parses every frame the read brought first, so
    * the lane choice sees whether more requests wait (pipelining). */
@@ -390,6 +492,10 @@ static void fp4idx__server_frame_error(fp4idx_conn_t *c, int rc) {
 static void fp4idx__server_parse(fp4idx_conn_t *c) {
   while (c->in_len > 0 && !c->eof && !c->closing && fp4idx__budget_may_read(c)) {
     size_t used = 0;
+    if (!c->in_frame) { /* these bytes begin a frame */
+      c->in_frame = 1;
+      c->t_frame_us = fp4idx__stats_now_us();
+    }
     int rc = fp4idx_frame_reader_feed(&c->fr, c->scratch + c->in_off, c->in_len, &used);
     c->in_off += used;
     c->in_len -= used;

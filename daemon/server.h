@@ -4,9 +4,12 @@
  *   fp4idx__server_read_cb -> fp4idx__server_parse (the codec's incremental
  *   frame reader, state on the connection; "need more bytes" is a normal
  *   return; bodies are read straight into their buffer) ->
- *   fp4idx__worker_submit (fp4idx__cmd_execute on the worker thread) ->
- *   fp4idx__server_req_done(req) -> fp4idx__server_flush (writes every
- *   finished response at the head of the connection's list, so responses
+ *   fp4idx__worker_submit (fp4idx__cmd_execute_batch on the worker thread,
+ *   over what is queued back to back: neighbouring scores share a launch;
+ *   hello/info/stats from an otherwise idle connection are answered right
+ *   here instead) -> fp4idx__server_req_done(req) -> fp4idx__server_flush
+ *   (writes every finished response at the head of the connection's list,
+ *   the frame bytes and the result tensors in one writev, so responses
  *   leave in request order).
  *
  * File descriptors: connections are libuv pipes in ipc mode, so the
@@ -33,6 +36,7 @@
 
 #include "fp4idx_codec.h"
 #include "regions.h"
+#include "stages.h"
 #include "worker.h"
 
 #define FP4IDX_SERVER_MAX_LISTENERS 4
@@ -56,13 +60,22 @@ typedef struct fp4idx_req_s {
   uint8_t *body;            /* the frame body (msgpack map), owned */
   size_t body_len;
   int fd;                   /* fd that came with the frame (SCM_RIGHTS), or -1 */
-  uint8_t *resp;            /* the whole response frame, 4-byte length first */
+  uint8_t *resp;            /* the response frame, 4-byte length first ... */
   size_t resp_len;
+  fp4idx_payload_t *payloads; /* ... with these spliced in (writev), owned */
+  size_t npayloads;
+  size_t wire_len;          /* resp_len + payload bytes */
+  void *out;                /* memory the payloads point into, freed by out_free */
+  void (*out_free)(void *arg, void *p);
+  void *out_free_arg;
   int dispatched;           /* handed to srv->submit */
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
   int write_started;
-  double t0_us;             /* arrival (fp4idx__stats_now_us clock) */
+  double t_first_us;        /* first byte of the frame (fp4idx__stats_now_us clock) */
+  double t0_us;             /* whole frame received */
+  double t_done_us;         /* response built (worker thread) */
+  double t_write_us;        /* response handed to uv_write */
   uv_write_t wr;
   struct fp4idx_req_s *next;
 } fp4idx_req_t;
@@ -73,6 +86,8 @@ struct fp4idx_conn_s {
   fp4idx_conn_t *prev, *next;  /* server's list */
   uint64_t id;                 /* for logs */
   fp4idx_frame_reader_t fr;     /* framing state (the codec's reader) */
+  int in_frame;                /* bytes of a frame not yet dispatched were read */
+  double t_frame_us;           /* when the first of them arrived */
   uint8_t *scratch;            /* [FP4IDX_SERVER_SCRATCH] */
   size_t in_off, in_len;       /* unparsed bytes left in scratch (paused at a cap) */
   /* Stream positions, for matching received fds to frames: rx_pos bytes
@@ -143,6 +158,7 @@ struct fp4idx_server_s {
    * stop); the daemon holds the worker's bulk lane meanwhile. May be NULL. */
   void (*pressure)(fp4idx_server_t *srv, int on);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
+  fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */
   void *data;                  /* the daemon's */
   int cuda_device;             /* regions: the CUDA backend's device, or -1 */
 };
@@ -195,7 +211,8 @@ void fp4idx__server_stop(fp4idx_server_t *srv);
  * worker still run; their connections are freed when they come back. */
 void fp4idx__server_close_all(fp4idx_server_t *srv);
 
-/* The response of `req` is set (req->resp, resp_len, close_after): loop thread. */
+/* The response of `req` is set (req->resp, resp_len, payloads, wire_len,
+ * close_after): loop thread. */
 void fp4idx__server_req_done(fp4idx_req_t *req);
 
 /* Frees a request and its buffers (used by the daemon on paths that never

@@ -27,6 +27,7 @@ static void fp4idx__worker_async_cb(uv_async_t *h) {
 
 static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
+  fp4idx_job_t *run[FP4IDX_WORKER_MAX_BATCH];
   pthread_mutex_lock(&w->mu);
   for (;;) {
     int bulk;
@@ -34,31 +35,62 @@ static void *fp4idx__worker_main(void *arg) {
            !w->stopping)
       pthread_cond_wait(&w->cv, &w->mu);
     bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
-    fp4idx_job_t *j;
-    if (w->todo_head && (!bulk || w->normal_streak < FP4IDX_WORKER_BULK_EVERY)) {
-      j = w->todo_head;
-      w->todo_head = j->next;
-      if (!w->todo_head) w->todo_tail = NULL;
-      w->normal_streak = bulk ? w->normal_streak + 1 : 0;
+    /* The lane: normal first, one bulk run after every BULK_EVERY normal
+     * jobs while both wait. */
+    fp4idx_job_t **head, **tail;
+    int from_normal = w->todo_head && (!bulk || w->normal_streak < FP4IDX_WORKER_BULK_EVERY);
+    if (from_normal) {
+      head = &w->todo_head;
+      tail = &w->todo_tail;
     } else if (bulk) {
-      j = w->bulk_head;
-      w->bulk_head = j->next;
-      if (!w->bulk_head) w->bulk_tail = NULL;
-      w->normal_streak = 0;
+      head = &w->bulk_head;
+      tail = &w->bulk_tail;
     } else {
       break; /* stopping and nothing left */
     }
+    /* The job, and with a batch function its neighbours of the same kind
+     * queued behind it in the same lane (what is there now: no waiting). */
+    fp4idx_job_t *j = *head;
+    int n = 0;
+    do {
+      run[n++] = j;
+      j = j->next;
+    } while (run[0]->batch && j && j->batch == run[0]->batch && n < FP4IDX_WORKER_MAX_BATCH);
+    *head = j;
+    if (!*head) *tail = NULL;
+    w->normal_streak = from_normal && bulk ? w->normal_streak + n : 0;
     pthread_mutex_unlock(&w->mu);
-    j->work(j);
-    j->next = NULL;
+    memset(w->run_posted, 0, (size_t)n);
+    w->run = run;
+    w->run_n = n;
+    if (run[0]->batch) {
+      run[0]->batch(run, n);
+      w->batches++;
+      w->batched_jobs += (uint64_t)n;
+    } else {
+      run[0]->work(run[0]);
+    }
+    /* the rest, in order (posted ones may be gone already: not touched) */
+    w->run_n = 0;
+    for (int i = 0; i < n; i++)
+      if (!w->run_posted[i]) fp4idx__worker_post(w, run[i]);
     pthread_mutex_lock(&w->mu);
-    if (w->done_tail) w->done_tail->next = j; else w->done_head = j;
-    w->done_tail = j;
-    /* uv_async_send coalesces; the loop drains the whole done list. */
-    uv_async_send(&w->async);
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;
+}
+
+void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
+  for (int i = 0; i < w->run_n; i++)
+    if (w->run[i] == job) w->run_posted[i] = 1;
+  job->next = NULL;
+  pthread_mutex_lock(&w->mu);
+  if (w->done_tail) w->done_tail->next = job; else w->done_head = job;
+  w->done_tail = job;
+  pthread_mutex_unlock(&w->mu);
+  /* Outside the lock, so the loop's drain never waits on us; the send
+   * coalesces and the loop takes the whole done list. */
+  uv_async_send(&w->async);
 }
 
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {

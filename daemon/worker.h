@@ -1,8 +1,10 @@
 /* worker.h -- one compute thread per backend, with two FIFO job queues.
  *
- * The loop thread submits jobs; the worker runs job->work on its own thread,
- * then hands the job back to the loop, which runs job->done. The loop is
- * woken with a uv_async_t and never waits for compute.
+ * The loop thread submits jobs; the worker runs job->work (or job->batch
+ * over a run of jobs of one kind queued back to back in one lane, what is
+ * there now: no waiting) on its own thread, then hands the job back to the
+ * loop, which runs job->done. The loop is woken with a uv_async_t and never
+ * waits for compute.
  *
  * Order: jobs run in submission order within each of two lanes, the normal
  * one and the bulk one (job->bulk): the worker takes the normal lane first,
@@ -25,10 +27,21 @@
 #include <stdint.h>
 #include <uv.h>
 
+/* Most jobs one batch call takes (what is queued beyond waits its turn). */
+#define FP4IDX_WORKER_MAX_BATCH 256
+
 typedef struct fp4idx_job_s fp4idx_job_t;
 struct fp4idx_job_s {
   void (*work)(fp4idx_job_t *job); /* on the worker thread */
   void (*done)(fp4idx_job_t *job); /* on the loop thread, after work; may free job */
+  /* Optional. Jobs with the same non-NULL batch function that sit next to
+   * each other in the queue when the worker takes the first of them run as
+   * ONE call batch(jobs, n) (n >= 1, queue order) instead of work() each:
+   * e.g. scores from many connections, one backend launch. Only what is
+   * already queued is taken (nothing waits for a batch to fill), and a job
+   * of another kind in between ends the batch, so the FIFO order of
+   * everything else is kept. */
+  void (*batch)(fp4idx_job_t **jobs, int n);
   fp4idx_job_t *next;              /* queue link, owned by the worker */
   void *data;                      /* the submitter's */
   int bulk;                        /* 1: the bulk lane (see above) */
@@ -50,6 +63,10 @@ typedef struct fp4idx_worker_s {
   int stopping;            /* guarded by mu */
   int started;
   uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
+  uint64_t batches, batched_jobs; /* batch calls and the jobs in them (worker) */
+  fp4idx_job_t **run;      /* the batch being run, and which of its jobs */
+  uint8_t run_posted[FP4IDX_WORKER_MAX_BATCH]; /* were posted (worker) */
+  int run_n;
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
   void *data;              /* user's */
 } fp4idx_worker_t;
@@ -61,6 +78,12 @@ int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop);
 /* Queues a job on the lane job->bulk says (loop thread only). job->work and
  * job->done must be set. */
 void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
+
+/* From inside a batch call (worker thread): job (one of the batch) is
+ * finished, hand it to the loop now rather than when the whole batch
+ * returns, so that it does not wait for its neighbours. The job may be
+ * freed by its done callback from then on: do not touch it again. */
+void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job);
 
 /* Holds (on = 1) or releases (0) the bulk lane (loop thread). Stopping runs
  * every job regardless. */

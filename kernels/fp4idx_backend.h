@@ -35,6 +35,11 @@ typedef struct fp4idx_backend_info_s {
   int device_index;      /* CUDA ordinal, -1 for the CPU */
   uint64_t mem_total;    /* bytes of device (or host) memory */
   uint64_t mem_free;     /* bytes free at the time of the call */
+  /* Most work (sum over sequences of rows x heads x width) that is worth
+   * putting in ONE score call when requests could share it: a launch's
+   * fixed cost is amortized up to there, beyond it a request would only
+   * wait for its neighbours' compute. 0: never combine requests. */
+  uint64_t batch_work;
 } fp4idx_backend_info_t;
 
 /* One sequence of a score batch: R verify rows against the first keys of a
@@ -49,7 +54,22 @@ typedef struct fp4idx_backend_seq_s {
   const uint16_t *w;     /* [R, H] bf16 bits */
   const int32_t *lens;   /* [R] visible counts, 0 <= lens[r] <= width */
   const uint8_t *mask;   /* [R, width] optional; 0 hides a position; NULL = none */
+  uint64_t seq;          /* the sequence's id, meaningful when resident */
+  int32_t resident;      /* 1: `pages` is what seq_pages_update last got for
+                            `seq` (a device backend may use its own copy
+                            instead of uploading the list); 0: upload */
 } fp4idx_backend_seq_t;
+
+/* Where a device backend's score call spent its time, in microseconds,
+ * measured on the device (CUDA events): copies in, kernels, copies out.
+ * timed = 0 (nothing measured) from a backend that does not time itself
+ * (the CPU backend: its whole call is compute). */
+typedef struct fp4idx_backend_timing_s {
+  int32_t timed;
+  double upload_us;
+  double kernels_us;
+  double download_us;
+} fp4idx_backend_timing_t;
 
 /* A whole score call: one launch on a device backend.
  * Outputs, rows numbered across sequences in order (row_base of sequence s =
@@ -71,6 +91,7 @@ typedef struct fp4idx_backend_batch_s {
   int32_t *topk_pos;
   float *topk_val;
   int32_t *topk_count;
+  fp4idx_backend_timing_t *timing;  /* optional out: device time of the call */
 } fp4idx_backend_batch_t;
 
 typedef struct fp4idx_backend_ops_s {
@@ -105,6 +126,25 @@ typedef struct fp4idx_backend_ops_s {
   int (*read_pages)(fp4idx_backend_t *b, int64_t first, int64_t count, void *out);
   int (*write_pages)(fp4idx_backend_t *b, int64_t first, int64_t count, const void *in);
 
+  /* Optional (NULL: nothing to keep). Sequence `seq` now holds the n_pages
+   * pages pages[0..n_pages); entries before `first` are unchanged since the
+   * last call for `seq` (first = 0: all new). n_pages == 0 forgets the
+   * sequence. A device backend keeps a device copy of the list so that
+   * scores with fp4idx_backend_seq_t.resident need not upload it. On
+   * failure (FP4IDX_ENOMEM, FP4IDX_EDEVICE) the backend forgets `seq`, and
+   * resident scores of it upload the list again: never wrong, only slower.
+   * The daemon calls it after every append, truncate, drop and restore. */
+  int (*seq_pages_update)(fp4idx_backend_t *b, uint64_t seq, const int32_t *pages,
+                          int64_t n_pages, int64_t first);
+
+  /* Optional (NULL: the caller uses aligned malloc/free). Host memory for
+   * score outputs that the backend writes fastest (CUDA: pinned, so that
+   * results come back from the device straight into it), 64-byte aligned.
+   * Unlike the other ops these two may be called from any thread at any
+   * time (the daemon frees a response buffer on its event loop once it is
+   * written). host_alloc: FP4IDX_OK or FP4IDX_ENOMEM. */
+  int (*host_alloc)(fp4idx_backend_t *b, size_t bytes, void **out);
+  void (*host_free)(fp4idx_backend_t *b, void *p);
   /* Copies pool pages [from, from+count) to [to, to+count) inside the pool,
    * without a round trip through the host: the daemon's copy-on-write of a
    * shared, partly filled page (daemon/cache.h). The ranges must not overlap;

@@ -782,8 +782,9 @@ int fp4idx__read_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
 
 /* ---- stats ----------------------------------------------------------------------- */
 
-static int decode_op_stats(const msgpack_object_kv *kv, fp4idx_op_stats_t *s,
-                           char *msg, size_t cap) {
+/* One entry of "requests" or "stages" (`what`): the same counters. */
+static int decode_op_stats(const msgpack_object_kv *kv, const char *what,
+                           fp4idx_op_stats_t *s, char *msg, size_t cap) {
   char path[96];
   fp4idx__field_t f[] = {{"count", NULL},         {"errors", NULL},
                          {"latency_us_le", NULL}, {"latency_hist", NULL},
@@ -791,10 +792,10 @@ static int decode_op_stats(const msgpack_object_kv *kv, fp4idx_op_stats_t *s,
   fp4idx__fields_t fs = {f, NF(f)};
   int rc;
 
-  if ((rc = fp4idx__get_strcpy(&kv->key, "requests", "<key>", s->op,
+  if ((rc = fp4idx__get_strcpy(&kv->key, what, "<key>", s->op,
                                sizeof(s->op), msg, cap)) != 0)
     return rc;
-  snprintf(path, sizeof(path), "requests.%s", s->op);
+  snprintf(path, sizeof(path), "%s.%s", what, s->op);
   if ((rc = fp4idx__map_fields(&kv->val, path, f, NF(f), false, msg, cap)))
     return rc;
   if ((rc = fp4idx__get_uint(fp4idx__fv(&fs, "count"), path, "count",
@@ -889,24 +890,69 @@ int fp4idx__stats_resp_decode(const fp4idx__fields_t *f,
   if ((rc = decode_status_errors(fp4idx__fv(f, "errors_by_status"), st, msg, cap)))
     return rc;
   const msgpack_object *m = fp4idx__fv(f, "requests");
-  void *p;
-  if ((rc = decode_entries(m, "requests", true, FP4IDX_PROTO_MAX_STATS_OPS,
-                           sizeof(st->ops[0]), resp, &p, &st->nops, msg,
-                           cap)) != 0)
-    return rc;
-  st->ops = p;
-  for (size_t i = 0; i < st->nops; i++)
-    if ((rc = decode_op_stats(&m->via.map.ptr[i], &st->ops[i], msg, cap)))
+  const msgpack_object *g = fp4idx__fv(f, "stages"); /* optional: newer daemons */
+  if (m == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: missing field");
+  if (m->type != MSGPACK_OBJECT_MAP)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "requests: expected a map");
+  if (g != NULL && g->type != MSGPACK_OBJECT_MAP)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "stages: expected a map");
+  size_t nr = m->via.map.size, ng = g ? g->via.map.size : 0;
+  if (nr > FP4IDX_PROTO_MAX_STATS_OPS || ng > FP4IDX_PROTO_MAX_STATS_OPS)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %zu entries, at most %u",
+                        nr > FP4IDX_PROTO_MAX_STATS_OPS ? "requests" : "stages",
+                        nr > FP4IDX_PROTO_MAX_STATS_OPS ? nr : ng, FP4IDX_PROTO_MAX_STATS_OPS);
+  if (nr + ng == 0) return 0;
+  /* one block for both (owned_ holds one pointer) */
+  fp4idx_op_stats_t *all = calloc(nr + ng, sizeof(all[0]));
+  if (all == NULL) return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
+  resp->owned_ = all;
+  st->nops = nr;
+  st->ops = nr ? all : NULL;
+  st->nstages = ng;
+  st->stages = ng ? all + nr : NULL;
+  for (size_t i = 0; i < nr; i++)
+    if ((rc = decode_op_stats(&m->via.map.ptr[i], "requests", &st->ops[i], msg, cap)))
+      return rc;
+  for (size_t i = 0; i < ng; i++)
+    if ((rc = decode_op_stats(&g->via.map.ptr[i], "stages", &st->stages[i], msg, cap)))
       return rc;
   return 0;
 }
 
+/* A map of counters (stats "requests" or "stages"): name -> {count, errors,
+ * latency_us_le, latency_hist, latency_sum_us}. */
+static int pack_counters(msgpack_packer *pk, const fp4idx_op_stats_t *v, size_t n) {
+  int rc = msgpack_pack_map(pk, n);
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    const fp4idx_op_stats_t *o = &v[i];
+    rc |= fp4idx__pack_strn(pk, o->op, bounded_len(o->op, sizeof(o->op)));
+    rc |= msgpack_pack_map(pk, 5);
+    rc |= fp4idx__pack_kv_uint(pk, "count", o->count);
+    rc |= fp4idx__pack_kv_uint(pk, "errors", o->errors);
+    rc |= fp4idx__pack_cstr(pk, "latency_us_le");
+    rc |= msgpack_pack_array(pk, o->nbuckets);
+    for (uint32_t b = 0; b < o->nbuckets; b++)
+      rc |= msgpack_pack_double(pk, o->le_us[b]);
+    rc |= fp4idx__pack_cstr(pk, "latency_hist");
+    rc |= msgpack_pack_array(pk, o->nbuckets);
+    for (uint32_t b = 0; b < o->nbuckets; b++)
+      rc |= msgpack_pack_uint64(pk, o->hist[b]);
+    rc |= fp4idx__pack_cstr(pk, "latency_sum_us") |
+          msgpack_pack_double(pk, o->sum_us);
+  }
+  return rc;
+}
+
 int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   const fp4idx_stats_t *st = &r->u.stats;
-  if (st->ops == NULL && st->nops > 0) return FP4IDX_EINVAL;
+  if ((st->ops == NULL && st->nops > 0) || (st->stages == NULL && st->nstages > 0))
+    return FP4IDX_EINVAL;
   for (size_t i = 0; i < st->nops; i++)
     if (st->ops[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return FP4IDX_EINVAL;
-  int rc = fp4idx__pack_resp_head(pk, r, 18);
+  for (size_t i = 0; i < st->nstages; i++)
+    if (st->stages[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return FP4IDX_EINVAL;
+  int rc = fp4idx__pack_resp_head(pk, r, 18 + (st->nstages > 0));
   rc |= fp4idx__pack_cstr(pk, "uptime_s") |
         msgpack_pack_double(pk, st->uptime_s);
   rc |= fp4idx__pack_kv_uint(pk, "connections", st->connections);
@@ -933,25 +979,9 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
     if (st->status_errors[k])
       rc |= fp4idx__pack_cstr(pk, fp4idx_status_name(-(int)k)) |
             msgpack_pack_uint64(pk, st->status_errors[k]);
-  rc |= fp4idx__pack_cstr(pk, "requests");
-  rc |= msgpack_pack_map(pk, st->nops);
-  for (size_t i = 0; i < st->nops && rc == 0; i++) {
-    const fp4idx_op_stats_t *o = &st->ops[i];
-    rc |= fp4idx__pack_strn(pk, o->op, bounded_len(o->op, sizeof(o->op)));
-    rc |= msgpack_pack_map(pk, 5);
-    rc |= fp4idx__pack_kv_uint(pk, "count", o->count);
-    rc |= fp4idx__pack_kv_uint(pk, "errors", o->errors);
-    rc |= fp4idx__pack_cstr(pk, "latency_us_le");
-    rc |= msgpack_pack_array(pk, o->nbuckets);
-    for (uint32_t b = 0; b < o->nbuckets; b++)
-      rc |= msgpack_pack_double(pk, o->le_us[b]);
-    rc |= fp4idx__pack_cstr(pk, "latency_hist");
-    rc |= msgpack_pack_array(pk, o->nbuckets);
-    for (uint32_t b = 0; b < o->nbuckets; b++)
-      rc |= msgpack_pack_uint64(pk, o->hist[b]);
-    rc |= fp4idx__pack_cstr(pk, "latency_sum_us") |
-          msgpack_pack_double(pk, o->sum_us);
-  }
+  rc |= fp4idx__pack_cstr(pk, "requests") | pack_counters(pk, st->ops, st->nops);
+  if (st->nstages > 0)
+    rc |= fp4idx__pack_cstr(pk, "stages") | pack_counters(pk, st->stages, st->nstages);
   return packed(rc);
 }
 

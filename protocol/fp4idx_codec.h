@@ -92,8 +92,10 @@ extern "C" {
 #define FP4IDX_OPF_MUTATES 1u /* changes the cache: logged before the reply,
                                  replayed from the append log */
 #define FP4IDX_OPF_PERSIST 2u /* needs the daemon's persistence (--data-dir) */
-#define FP4IDX_OPF_LOOP 4u    /* reads no cache or engine state: may be
-                                 answered on the loop thread */
+#define FP4IDX_OPF_LOOP 4u    /* reads no cache or engine state (info and
+                                 stats read the counts the worker publishes
+                                 after each mutation): the daemon's loop
+                                 thread may answer it itself */
 
 /* The op list: one row per operation of PROTOCOL.md "Requests and
  * responses", in wire-name order of the spec. Everything per-op is generated
@@ -112,7 +114,7 @@ extern "C" {
 #define FP4IDX_OP_MAP(X)                                                      \
   X(HELLO, hello, FP4IDX_OPF_LOOP, ("version", "client"),                     \
     ("version", "server"), hello, hello)                                      \
-  X(INFO, info, 0, (),                                                        \
+  X(INFO, info, FP4IDX_OPF_LOOP, (),                                                        \
     ("version", "server", "backend", "device", "page_size", "pages_total",    \
      "pages_free", "sequences", "max_frame", "pages_shared"),                 \
     none, info)                                                               \
@@ -125,11 +127,12 @@ extern "C" {
   X(FORK, fork, FP4IDX_OPF_MUTATES, ("src", "dst", "length"), ("length"),     \
     fork, fork)                                                               \
   X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
-  X(STATS, stats, 0, (),                                                      \
+  X(STATS, stats, FP4IDX_OPF_LOOP, (),                                                      \
     ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
      "pages_total", "pages_free", "requests", "pages_shared", "keys_appended", \
      "rows_scored", "request_bytes", "response_bytes", "queue_depth",         \
-     "device_mem_total", "device_mem_free", "errors_by_status"),              \
+     "device_mem_total", "device_mem_free", "errors_by_status", \
+     "stages"),              \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
   X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)     \
@@ -590,6 +593,10 @@ typedef struct fp4idx_stats_s {
   /* "errors_by_status": status name -> count, held by -code (index 0
    * unused); names this build does not know are skipped when decoding. */
   uint64_t status_errors[FP4IDX_PROTO_MAX_STATUSES];
+  /* nstages entries (map "stages": time per stage of the request path, op
+   * holding the stage name, errors 0); absent on the wire when 0 */
+  fp4idx_op_stats_t *stages;
+  size_t nstages;
 } fp4idx_stats_t;
 
 /* One entry of "list" "seqs". */
@@ -643,6 +650,30 @@ typedef struct fp4idx_response_s {
  * Returns 0, FP4IDX_EINVAL (bad struct), FP4IDX_E2BIG (body > 4 GiB - 1) or
  * FP4IDX_ENOMEM. */
 int fp4idx_encode_response(msgpack_sbuffer *sb, const fp4idx_response_t *resp);
+
+/* A tensor payload left out of the encoded bytes by
+ * fp4idx_encode_response_split: its `len` bytes from `data` belong at byte
+ * offset `at` of the sbuffer (before the byte that is there now). */
+typedef struct fp4idx_payload_s {
+  size_t at;
+  const void *data;
+  size_t len;
+} fp4idx_payload_t;
+
+/* Like fp4idx_encode_response, but the data of every score-result tensor of
+ * at least `min_split` bytes is not copied: sb gets the frame with those
+ * payloads left out (the frame header counts them), and out[0..*n) says
+ * where each goes, in order. Sending sb's bytes with the payloads spliced in
+ * at their offsets (writev) gives exactly the bytes fp4idx_encode_response
+ * would have produced; the payload memory must stay untouched until sent.
+ * Other ops encode whole (*n = 0). Unlike fp4idx_encode_response the result
+ * is not re-decoded (it is not contiguous); the tests compare both.
+ * Returns 0, FP4IDX_EINVAL (bad struct, or more than `cap` payloads would be
+ * needed), FP4IDX_E2BIG or FP4IDX_ENOMEM; sb unchanged on failure. */
+int fp4idx_encode_response_split(msgpack_sbuffer *sb,
+                                 const fp4idx_response_t *resp,
+                                 size_t min_split, fp4idx_payload_t *out,
+                                 size_t cap, size_t *n);
 
 /* Appends an error response frame {"id", "status", "error"} to `sb`.
  * status must be negative; message may be NULL (then fp4idx_strerror's text

@@ -8,6 +8,9 @@ if(TARGET fp4idx_cuda)
   fp4idx_add_test(test_cuda_topk SOURCES test_cuda_topk.c
     LIBS fp4idx_cuda fp4idx_cpu fp4idx_test_util LABELS gpu)
   set_tests_properties(test_cuda_topk PROPERTIES TIMEOUT 1500)
+  fp4idx_add_test(test_cuda_reqpath SOURCES test_cuda_reqpath.c
+    LIBS fp4idx_cuda fp4idx_cpu fp4idx_test_util LABELS gpu)
+  set_tests_properties(test_cuda_reqpath PROPERTIES TIMEOUT 900)
   add_test(NAME cuda_sass_check
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/sass_check.sh
                    $<TARGET_OBJECTS:fp4idx_cuda_score_obj>)

@@ -685,3 +685,73 @@ Test(cache_fork, backend_copy_pages) {
   free(out);
   fp4idx_backend_destroy(b);
 }
+
+/* The page hook (daemon/cache.h fp4idx__cache_set_pages_hook) keeps a
+ * device-side copy of each page list: after fork, copy-on-write appends,
+ * truncates, an undone append and drops, the copy a listener keeps from
+ * the calls alone equals the cache's lists, and entries before `first`
+ * were indeed unchanged. */
+typedef struct hook_mirror_s {
+  int32_t pages[MAXSEQ][64];
+  int64_t n[MAXSEQ];
+  int stale; /* an entry before `first` differed from the last call's */
+  int calls;
+} hook_mirror_t;
+
+static void mirror_hook(void *arg, uint64_t id, const int32_t *pages, int64_t n_pages,
+                        int64_t first) {
+  hook_mirror_t *h = arg;
+  int k = -1;
+  for (int i = 0; i < MAXSEQ; i++)
+    if (sid(i) == id) k = i;
+  cr_assert(k >= 0 && n_pages <= 64);
+  h->calls++;
+  for (int64_t i = 0; i < first && i < h->n[k]; i++) h->stale |= h->pages[k][i] != pages[i];
+  for (int64_t i = 0; i < n_pages; i++) h->pages[k][i] = pages[i];
+  h->n[k] = n_pages;
+}
+
+static void mirror_check(world_t *w, const hook_mirror_t *h) {
+  cr_assert(!h->stale, "an entry before `first` changed");
+  for (int k = 0; k < 4; k++) {
+    const fp4idx_cache_seq_t *s = fp4idx__cache_find(&w->c, sid(k));
+    cr_assert_eq(h->n[k], s ? s->n_pages : 0, "seq %d", k);
+    const int32_t *p = NULL;
+    if (s) cr_assert_eq(fp4idx__cache_pages(&w->c, s, &p), FP4IDX_OK);
+    for (int64_t i = 0; i < h->n[k]; i++)
+      cr_assert_eq(h->pages[k][i], p[i], "seq %d page %lld", k, (long long)i);
+  }
+}
+
+Test(cache_fork, page_hook_follows_fork_cow_truncate_undo_drop) {
+  world_t w;
+  static hook_mirror_t h;
+  memset(&h, 0, sizeof h);
+  w_init(&w, 64, 4);
+  fp4idx__cache_set_pages_hook(&w.c, mirror_hook, &h);
+  w_append(&w, 0, 10);
+  cr_assert_eq(w_fork(&w, 0, 1, 10), FP4IDX_OK);
+  mirror_check(&w, &h);
+  w_append(&w, 1, 1); /* copy-on-write of the shared last page */
+  cr_assert_eq(w.copies, 1);
+  mirror_check(&w, &h);
+  w_append(&w, 0, 5);
+  cr_assert_eq(w_fork(&w, 1, 2, 6), FP4IDX_OK);
+  w_append(&w, 2, 3); /* copy-on-write again, in the fork of a fork */
+  mirror_check(&w, &h);
+  cr_assert_eq(w_truncate(&w, 0, 3), FP4IDX_OK);
+  w_append(&w, 0, 9);
+  mirror_check(&w, &h);
+  /* an append that copies and is undone puts the shared page back */
+  cr_assert_eq(w_fork(&w, 0, 3, 7), FP4IDX_OK);
+  int64_t first = 0;
+  int cr = 0;
+  cr_assert_eq(fp4idx__cache_append(&w.c, sid(3), 2, &first, NULL, &cr), FP4IDX_OK);
+  fp4idx__cache_append_undo(&w.c, sid(3), 7, cr);
+  mirror_check(&w, &h);
+  w_check_scores(&w);
+  cr_assert_eq(w_drop(&w, 0), FP4IDX_OK);
+  mirror_check(&w, &h);
+  cr_assert(h.calls > 8);
+  w_fini(&w);
+}

@@ -29,7 +29,12 @@ typedef enum {
   FAKE_HUGE,         /* announce a 4 GiB - 1 frame */
   FAKE_GARBAGE,      /* a frame that is not msgpack */
   FAKE_CLOSE_AT_ONCE,/* accept and close without reading */
-  FAKE_EARLY_E2BIG   /* read only the header, reply E2BIG (id 0), close */
+  FAKE_EARLY_E2BIG,  /* read only the header, reply E2BIG (id 0), close */
+  FAKE_SCORE_PIECES, /* score replies in 7-byte pieces: canonical, then
+                        fields reordered with unknown keys */
+  FAKE_SCORE_TRUNC,  /* score reply cut inside the logits payload */
+  FAKE_SCORE_BAD_SHAPE, /* logits with one row too many */
+  FAKE_SCORE_THEN_INFO  /* a score reply (client buffer too small), then info */
 } fake_mode_t;
 
 typedef struct {
@@ -99,6 +104,60 @@ static void info_reply(msgpack_sbuffer *sb, uint64_t id) {
   cr_assert_eq(fp4idx_encode_response(sb, &r), 0);
 }
 
+/* Score reply rows x width, logits[i] = i / 2; `odd`: status first, then
+ * unknown keys (nested), the result's keys reversed, tensor keys shuffled
+ * (dtype, shape still before data) -- all valid for a client. */
+#define SC_ROWS 2u
+#define SC_WIDTH 3000u
+static void score_reply(msgpack_sbuffer *sb, uint64_t id, uint32_t rows, int odd) {
+  size_t n = (size_t)rows * SC_WIDTH;
+  float *v = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) v[i] = (float)i / 2;
+  msgpack_sbuffer body;
+  msgpack_sbuffer_init(&body);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &body, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, odd ? 4 : 3);
+  if (odd) {
+    msgpack_pack_str(&pk, 6); msgpack_pack_str_body(&pk, "status", 6); msgpack_pack_int(&pk, 0);
+    msgpack_pack_str(&pk, 5); msgpack_pack_str_body(&pk, "extra", 5);
+    msgpack_pack_array(&pk, 3); msgpack_pack_nil(&pk); msgpack_pack_double(&pk, 1.5);
+    msgpack_pack_map(&pk, 1); msgpack_pack_str(&pk, 1); msgpack_pack_str_body(&pk, "k", 1);
+    msgpack_pack_bin(&pk, 3); msgpack_pack_bin_body(&pk, "xyz", 3);
+    msgpack_pack_str(&pk, 2); msgpack_pack_str_body(&pk, "id", 2); msgpack_pack_uint64(&pk, id);
+  } else {
+    msgpack_pack_str(&pk, 2); msgpack_pack_str_body(&pk, "id", 2); msgpack_pack_uint64(&pk, id);
+    msgpack_pack_str(&pk, 6); msgpack_pack_str_body(&pk, "status", 6); msgpack_pack_int(&pk, 0);
+  }
+  msgpack_pack_str(&pk, 7); msgpack_pack_str_body(&pk, "results", 7);
+  msgpack_pack_array(&pk, 1);
+  msgpack_pack_map(&pk, 2);
+  if (!odd) { msgpack_pack_str(&pk, 3); msgpack_pack_str_body(&pk, "seq", 3); msgpack_pack_uint64(&pk, 5); }
+  msgpack_pack_str(&pk, 6); msgpack_pack_str_body(&pk, "logits", 6);
+  msgpack_pack_map(&pk, odd ? 4 : 3);
+  if (odd) { msgpack_pack_str(&pk, 4); msgpack_pack_str_body(&pk, "note", 4); msgpack_pack_int(&pk, -7); }
+  msgpack_pack_str(&pk, 5); msgpack_pack_str_body(&pk, "shape", 5);
+  msgpack_pack_array(&pk, 2); msgpack_pack_uint32(&pk, rows); msgpack_pack_uint32(&pk, SC_WIDTH);
+  msgpack_pack_str(&pk, 5); msgpack_pack_str_body(&pk, "dtype", 5);
+  msgpack_pack_str(&pk, 3); msgpack_pack_str_body(&pk, "f32", 3);
+  msgpack_pack_str(&pk, 4); msgpack_pack_str_body(&pk, "data", 4);
+  msgpack_pack_bin(&pk, n * 4); msgpack_pack_bin_body(&pk, v, n * 4);
+  if (odd) { msgpack_pack_str(&pk, 3); msgpack_pack_str_body(&pk, "seq", 3); msgpack_pack_uint64(&pk, 5); }
+  unsigned char hdr[4];
+  fp4idx_frame_header_put(hdr, (uint32_t)body.size);
+  msgpack_sbuffer_write(sb, (const char *)hdr, 4);
+  msgpack_sbuffer_write(sb, body.data, body.size);
+  msgpack_sbuffer_destroy(&body);
+  free(v);
+}
+
+static void write_pieces(int fd, const char *p, size_t n, size_t piece) {
+  for (size_t i = 0; i < n; i += piece) {
+    write_n(fd, p + i, n - i < piece ? n - i : piece);
+    if (i % (piece * 512) == 0) usleep(100);
+  }
+}
+
 static void *fake_main(void *arg) {
   fake_t *f = arg;
   int fd = accept(f->lfd, NULL, NULL);
@@ -162,6 +221,34 @@ static void *fake_main(void *arg) {
       write_n(fd, sb.data, sb.size);
       break;
     }
+    case FAKE_SCORE_PIECES:
+      for (int odd = 0; odd < 2; odd++) {
+        if (read_request(fd, &id, &op) != 0) break;
+        sb.size = 0;
+        score_reply(&sb, id, SC_ROWS, odd);
+        write_pieces(fd, sb.data, sb.size, 7);
+      }
+      break;
+    case FAKE_SCORE_TRUNC:
+      if (read_request(fd, &id, &op) != 0) break;
+      score_reply(&sb, id, SC_ROWS, 0);
+      write_n(fd, sb.data, sb.size - 1000);
+      break;
+    case FAKE_SCORE_BAD_SHAPE:
+      if (read_request(fd, &id, &op) != 0) break;
+      score_reply(&sb, id, SC_ROWS + 1, 0);
+      write_n(fd, sb.data, sb.size);
+      while (!f->stop) usleep(1000);
+      break;
+    case FAKE_SCORE_THEN_INFO:
+      if (read_request(fd, &id, &op) != 0) break;
+      score_reply(&sb, id, SC_ROWS, 0);
+      write_n(fd, sb.data, sb.size);
+      sb.size = 0;
+      if (read_request(fd, &id, &op) != 0) break;
+      info_reply(&sb, id);
+      write_n(fd, sb.data, sb.size);
+      break;
   }
   msgpack_sbuffer_destroy(&sb);
   close(fd);
@@ -529,4 +616,82 @@ Test(conn, default_socket_without_runtime_dir) {
   setenv("FP4IDX_SOCKET", "", 1); /* empty: ignored */
   cr_expect_eq(fp4idx_client_default_socket(buf, sizeof buf), FP4IDX_OK);
   cr_expect_str_eq(buf, "/run/fp4idx/fp4idxd.sock");
+}
+
+/* ---- score responses received straight into the caller's buffer -------- */
+
+static uint16_t sc_q[SC_ROWS * 4 * 128], sc_w[SC_ROWS * 4];
+
+Test(conn, score_into_in_pieces_and_any_key_order) {
+  fake_t f;
+  fake_start(&f, FAKE_SCORE_PIECES);
+  fp4idx_client_t *c = connect_to(&f);
+  size_t n = (size_t)SC_ROWS * SC_WIDTH;
+  float *out = malloc(n * 4);
+  for (int odd = 0; odd < 2; odd++) {
+    memset(out, 0xff, n * 4);
+    uint32_t width = 0;
+    cr_assert_eq(fp4idx_client_score_into(c, 5, 4, SC_ROWS, sc_q, sc_w, NULL, out, n, &width),
+                 FP4IDX_OK, "reply %d: %s", odd, fp4idx_client_last_error(c));
+    cr_expect_eq(width, SC_WIDTH);
+    for (size_t i = 0; i < n; i++)
+      if (out[i] != (float)i / 2) cr_assert_fail("reply %d: logits[%zu] = %g", odd, i, out[i]);
+  }
+  cr_expect(fp4idx_client_connected(c));
+  free(out);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, score_into_cut_mid_payload_is_econn) {
+  fake_t f;
+  fake_start(&f, FAKE_SCORE_TRUNC);
+  fp4idx_client_t *c = connect_to(&f);
+  size_t n = (size_t)SC_ROWS * SC_WIDTH;
+  float *out = malloc(n * 4);
+  uint32_t width = 0;
+  cr_expect_eq(fp4idx_client_score_into(c, 5, 4, SC_ROWS, sc_q, sc_w, NULL, out, n, &width),
+               FP4IDX_ECONN, "%s", fp4idx_client_last_error(c));
+  cr_expect(!fp4idx_client_connected(c));
+  free(out);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, score_into_wrong_rows_is_eproto_and_touches_nothing) {
+  fake_t f;
+  fake_start(&f, FAKE_SCORE_BAD_SHAPE);
+  fp4idx_client_t *c = connect_to(&f);
+  size_t n = (size_t)(SC_ROWS + 1) * SC_WIDTH;
+  float *out = malloc(n * 4);
+  memset(out, 0, n * 4);
+  uint32_t width = 0;
+  cr_expect_eq(fp4idx_client_score_into(c, 5, 4, SC_ROWS, sc_q, sc_w, NULL, out, n, &width),
+               FP4IDX_EPROTO, "%s", fp4idx_client_last_error(c));
+  cr_expect(!fp4idx_client_connected(c));
+  for (size_t i = 0; i < n; i++)
+    if (out[i] != 0) cr_assert_fail("logits[%zu] written on a rejected shape", i);
+  free(out);
+  fp4idx_client_close(c);
+  fake_stop(&f);
+}
+
+Test(conn, score_into_small_buffer_is_e2big_and_keeps_the_stream) {
+  fake_t f;
+  fake_start(&f, FAKE_SCORE_THEN_INFO);
+  fp4idx_client_t *c = connect_to(&f);
+  float out[16];
+  memset(out, 0, sizeof out);
+  uint32_t width = 0;
+  cr_expect_eq(fp4idx_client_score_into(c, 5, 4, SC_ROWS, sc_q, sc_w, NULL, out, 16, &width),
+               FP4IDX_E2BIG, "%s", fp4idx_client_last_error(c));
+  cr_expect_eq(width, SC_WIDTH, "width is still reported");
+  for (int i = 0; i < 16; i++) cr_expect_eq(out[i], 0.0f);
+  cr_assert(fp4idx_client_connected(c));
+  fp4idx_client_info_t in;
+  cr_expect_eq(fp4idx_client_info(c, &in), FP4IDX_OK, "next reply in step: %s",
+               fp4idx_client_last_error(c));
+  cr_expect_str_eq(in.server, "fake 9.9.9");
+  fp4idx_client_close(c);
+  fake_stop(&f);
 }

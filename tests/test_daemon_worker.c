@@ -102,6 +102,67 @@ Test(worker, stop_drains_the_queue) {
   cr_assert_eq(uv_loop_close(&loop), 0);
 }
 
+/* Batches: neighbouring jobs of one batch kind run as one call, in order;
+ * a plain job or one of another kind in between ends the batch. */
+static int g_batch_sizes[NJOBS], g_nbatches, g_entered, g_brelease;
+
+static void batch_a(fp4idx_job_t **jobs, int n) {
+  ctx_t *c = jobs[0]->data;
+  if (c->n_work == 0) { /* the first one holds the worker while the rest queue */
+    __atomic_store_n(&g_entered, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&g_brelease, __ATOMIC_SEQ_CST)) usleep(100);
+  }
+  g_batch_sizes[g_nbatches++] = n;
+  for (int i = 0; i < n; i++) {
+    if (jobs[i]->batch != batch_a) c->done_in_order = 0; /* a foreign job got in */
+    c->order[c->n_work++] = (int)(jobs[i] - c->jobs);
+  }
+}
+
+static void batch_b(fp4idx_job_t **jobs, int n) {
+  ctx_t *c = jobs[0]->data;
+  g_batch_sizes[g_nbatches++] = -n;
+  for (int i = 0; i < n; i++) c->order[c->n_work++] = (int)(jobs[i] - c->jobs);
+}
+
+Test(worker, neighbouring_jobs_of_a_kind_run_as_one_batch) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  static ctx_t c;
+  memset(&c, 0, sizeof c);
+  c.done_in_order = 1;
+  c.done_on_loop = 1;
+  c.loop_thread = pthread_self();
+  g_nbatches = g_entered = g_brelease = 0;
+  cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
+  /* 0: A alone (slow); then 1..300 A, 301 plain, 302..310 A, 311..320 B,
+   * 321..999 A (more than one batch can take) */
+  for (int i = 0; i < 1000; i++) {
+    c.jobs[i].work = work_cb;
+    c.jobs[i].done = done_cb;
+    c.jobs[i].data = &c;
+    c.jobs[i].batch = i == 301 ? NULL : (i >= 311 && i <= 320) ? batch_b : batch_a;
+    fp4idx__worker_submit(&c.w, &c.jobs[i]);
+    if (i == 0) /* the worker takes job 0 alone */
+      while (!__atomic_load_n(&g_entered, __ATOMIC_SEQ_CST)) usleep(100);
+  }
+  __atomic_store_n(&g_brelease, 1, __ATOMIC_SEQ_CST);
+  fp4idx__worker_stop(&c.w);
+  cr_assert_eq(c.n_work, 1000);
+  cr_assert_eq(c.n_done, 1000);
+  for (int i = 0; i < 1000; i++) cr_assert_eq(c.order[i], i, "job %d ran out of order", i);
+  cr_assert(c.done_in_order, "done callbacks in order, batches never mixed kinds");
+  /* job 0 alone, 1..300 as 256 + 44, 302..310 (9), B 311..320 (10), then
+   * 321..999 (679) as 256 + 256 + 167 */
+  static const int want[] = {1, 256, 44, 9, -10, 256, 256, 167};
+  cr_assert_eq(g_nbatches, 8, "%d batches", g_nbatches);
+  for (int i = 0; i < 8; i++)
+    cr_assert_eq(g_batch_sizes[i], want[i], "batch %d: %d jobs", i, g_batch_sizes[i]);
+  cr_assert_eq(c.w.batched_jobs, 999u);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
 /* Two lanes: a blocker job holds the worker while bulk jobs 1..8 and normal
  * jobs 9..20 queue; bulk runs one per FP4IDX_WORKER_BULK_EVERY normal ones
  * while both wait, each lane in its own order; a paused bulk lane waits

@@ -493,6 +493,73 @@ Test(codec, score_response_logits_and_topk) {
   free(pos);
 }
 
+/* The split encoder's bytes with the payloads spliced back in == the plain
+ * encoder's bytes, for several thresholds (everything split, some, none). */
+Test(codec, score_response_split_equals_whole) {
+  enum { R = 4, W = 1500, K = 300 };
+  float *lg = pattern(R * W * 4, 15), *tl = pattern(R * K * 4, 16);
+  int32_t *pos = pattern(R * K * 4, 17), cnt[R] = {300, 300, 3, 0};
+  fp4idx_score_result_t res[3];
+  memset(res, 0, sizeof(res));
+  res[0].seq = 1;
+  fp4idx_tensor_init(&res[0].logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){R, W}, lg);
+  res[1].seq = 2;
+  res[1].topk = true;
+  fp4idx_tensor_init(&res[1].positions, FP4IDX_WIRE_I32, 2, (uint64_t[]){R, K}, pos);
+  fp4idx_tensor_init(&res[1].logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){R, K}, tl);
+  fp4idx_tensor_init(&res[1].counts, FP4IDX_WIRE_I32, 1, (uint64_t[]){R}, cnt);
+  res[2].seq = 3; /* W = 0: an empty payload is never split */
+  fp4idx_tensor_init(&res[2].logits, FP4IDX_WIRE_F32, 2, (uint64_t[]){R, 0}, NULL);
+  fp4idx_response_t in;
+  memset(&in, 0, sizeof(in));
+  in.id = 77;
+  in.op = FP4IDX_OP_SCORE;
+  in.u.score.results = res;
+  in.u.score.nresults = 3;
+  msgpack_sbuffer whole;
+  msgpack_sbuffer_init(&whole);
+  cr_assert_eq(fp4idx_encode_response(&whole, &in), 0);
+  const size_t mins[] = {1, 4096, 1u << 30};
+  const size_t want_n[] = {4, 3, 0};
+  for (int m = 0; m < 3; m++) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_sbuffer_write(&sb, "pre", 3); /* appends after what is there */
+    fp4idx_payload_t pl[9];
+    size_t n = 99;
+    cr_assert_eq(fp4idx_encode_response_split(&sb, &in, mins[m], pl, 9, &n), 0);
+    cr_assert_eq(n, want_n[m], "min %zu: %zu payloads", mins[m], n);
+    /* splice */
+    size_t total = sb.size - 3;
+    for (size_t i = 0; i < n; i++) total += pl[i].len;
+    cr_assert_eq(total, whole.size);
+    unsigned char *joined = malloc(total);
+    size_t at = 3, w = 0;
+    for (size_t i = 0; i < n; i++) {
+      cr_assert(pl[i].at >= at && pl[i].at <= sb.size);
+      memcpy(joined + w, sb.data + at, pl[i].at - at), w += pl[i].at - at;
+      memcpy(joined + w, pl[i].data, pl[i].len), w += pl[i].len;
+      at = pl[i].at;
+    }
+    memcpy(joined + w, sb.data + at, sb.size - at), w += sb.size - at;
+    cr_assert_eq(w, total);
+    cr_assert(memcmp(joined, whole.data, total) == 0, "min %zu: bytes differ", mins[m]);
+    free(joined);
+    /* too little room for the payload list: refused, buffer unchanged */
+    if (n > 0) {
+      size_t before = sb.size;
+      cr_assert_eq(fp4idx_encode_response_split(&sb, &in, mins[m], pl, n - 1, &n),
+                   FP4IDX_EINVAL);
+      cr_assert_eq(sb.size, before);
+    }
+    msgpack_sbuffer_destroy(&sb);
+  }
+  msgpack_sbuffer_destroy(&whole);
+  free(lg);
+  free(tl);
+  free(pos);
+}
+
 Test(codec, read_response_packed_dequant_empty) {
   struct {
     fp4idx_wire_dtype_t dt;
@@ -547,6 +614,20 @@ Test(codec, stats_response) {
   st->pages_free = 90;
   st->ops = ops;
   st->nops = 2;
+  fp4idx_op_stats_t stg[3];
+  memset(stg, 0, sizeof(stg));
+  for (int g = 0; g < 3; g++) {
+    snprintf(stg[g].op, sizeof(stg[g].op), "stage%d", g);
+    stg[g].count = 10u + (unsigned)g;
+    stg[g].nbuckets = 2;
+    stg[g].le_us[0] = 1;
+    stg[g].le_us[1] = INFINITY;
+    stg[g].hist[0] = 4;
+    stg[g].hist[1] = 6u + (unsigned)g;
+    stg[g].sum_us = 0.25 * g;
+  }
+  st->stages = stg;
+  st->nstages = 3;
   unsigned char *b = rt_resp(&in, &out, NULL);
   const fp4idx_stats_t *o = &out.u.stats;
   cr_assert(o->uptime_s == 12.25 && o->connections == 3 && o->sequences == 4 &&
@@ -564,6 +645,24 @@ Test(codec, stats_response) {
     cr_assert(isinf(o->ops[k].le_us[25]));
     cr_assert_eq(o->ops[k].sum_us, 1234.5);
   }
+  cr_assert_eq(o->nstages, 3u);
+  for (int g = 0; g < 3; g++) {
+    cr_assert_str_eq(o->stages[g].op, stg[g].op);
+    cr_assert_eq(o->stages[g].count, stg[g].count);
+    cr_assert_eq(o->stages[g].nbuckets, 2u);
+    cr_assert_eq(o->stages[g].hist[1], stg[g].hist[1]);
+    cr_assert(isinf(o->stages[g].le_us[1]));
+    cr_assert_eq(o->stages[g].sum_us, stg[g].sum_us);
+  }
+  fp4idx_response_clear(&out);
+  free(b);
+  /* without stages the map is absent and decodes as none */
+  st->nstages = 0;
+  st->stages = NULL;
+  b = rt_resp(&in, &out, NULL);
+  cr_assert_eq(out.u.stats.nstages, 0u);
+  cr_assert_null(out.u.stats.stages);
+  cr_assert_eq(out.u.stats.nops, 2u);
   fp4idx_response_clear(&out);
   free(b);
 }

@@ -176,6 +176,21 @@ static double quantile_us(const fp4idx_client_op_stats_t *o, double q) {
   return INFINITY;
 }
 
+/* One table of counters (ops, or stages: no error column). */
+static void print_counters(FILE *f, const char *what, const fp4idx_client_op_stats_t *v,
+                           uint32_t n, int errors) {
+  fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", what, "requests", errors ? "errors" : "",
+          "mean_us", "p50<=us", "p99<=us");
+  for (uint32_t i = 0; i < n; i++) {
+    const fp4idx_client_op_stats_t *o = &v[i];
+    double mean = o->count ? o->latency_sum_us / (double)o->count : 0;
+    char err[24] = "";
+    if (errors) snprintf(err, sizeof err, "%llu", (unsigned long long)o->errors);
+    fprintf(f, "%-10s %10llu %8s %12.1f %10g %10g\n", o->op, (unsigned long long)o->count,
+            err, mean, quantile_us(o, 0.5), quantile_us(o, 0.99));
+  }
+}
+
 static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
   fprintf(f, "uptime_s: %.3f\nbackend: %s\ndevice: %s\n", s->uptime_s, s->backend,
           s->device);
@@ -185,15 +200,8 @@ static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
     fprintf(f, "%s: %llu\n", c[i].name, (unsigned long long)c[i].value);
   fputs("errors_by_status: ", f);
   fputs(fp4idx__write_status_errors(f, s, 0) ? "\n" : "none\n", f);
-  fprintf(f, "%-10s %10s %8s %12s %10s %10s\n", "op", "requests", "errors",
-          "mean_us", "p50<=us", "p99<=us");
-  for (uint32_t i = 0; i < s->nops; i++) {
-    const fp4idx_client_op_stats_t *o = &s->ops[i];
-    double mean = o->count ? o->latency_sum_us / (double)o->count : 0;
-    fprintf(f, "%-10s %10llu %8llu %12.1f %10g %10g\n", o->op,
-            (unsigned long long)o->count, (unsigned long long)o->errors, mean,
-            quantile_us(o, 0.5), quantile_us(o, 0.99));
-  }
+  print_counters(f, "op", s->ops, s->nops, 1);
+  if (s->nstages > 0) print_counters(f, "stage", s->stages, s->nstages, 0);
 }
 
 int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {

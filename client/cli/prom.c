@@ -33,6 +33,40 @@ static void gauge(FILE *f, const char *name, const char *help, double v) {
   fputc('\n', f);
 }
 
+/* One histogram series (name{key="o->op",le=...}) from per-bucket counts. */
+static void histogram(FILE *f, const char *name, const char *key,
+                      const fp4idx_client_op_stats_t *o) {
+  uint64_t cum = 0;
+  int have_inf = 0;
+  for (uint32_t b = 0; b < o->nbuckets; b++) {
+    cum += o->hist[b];
+    fprintf(f, "%s_bucket{%s=\"", name, key);
+    label(f, o->op);
+    fputs("\",le=\"", f);
+    if (isinf(o->bounds_us[b])) {
+      fputs("+Inf", f);
+      have_inf = 1;
+    } else {
+      fprintf(f, "%.9g", o->bounds_us[b] * 1e-6);
+    }
+    fprintf(f, "\"} %llu\n", (unsigned long long)cum);
+  }
+  /* The +Inf bucket is mandatory and equals _count. */
+  uint64_t total = cum > o->count ? cum : o->count;
+  if (!have_inf) {
+    fprintf(f, "%s_bucket{%s=\"", name, key);
+    label(f, o->op);
+    fprintf(f, "\",le=\"+Inf\"} %llu\n", (unsigned long long)total);
+  }
+  fprintf(f, "%s_sum{%s=\"", name, key);
+  label(f, o->op);
+  fputs("\"} ", f);
+  num(f, o->latency_sum_us * 1e-6);
+  fprintf(f, "\n%s_count{%s=\"", name, key);
+  label(f, o->op);
+  fprintf(f, "\"} %llu\n", (unsigned long long)(have_inf ? cum : total));
+}
+
 static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
   fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
           name, (unsigned long long)v);
@@ -118,37 +152,13 @@ int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
   }
   fputs("# HELP fp4idx_request_latency_seconds Request latency in the daemon, "
         "by operation.\n# TYPE fp4idx_request_latency_seconds histogram\n", f);
-  for (uint32_t i = 0; i < s->nops; i++) {
-    const fp4idx_client_op_stats_t *o = &s->ops[i];
-    uint64_t cum = 0;
-    int have_inf = 0;
-    for (uint32_t b = 0; b < o->nbuckets; b++) {
-      cum += o->hist[b];
-      fputs("fp4idx_request_latency_seconds_bucket{op=\"", f);
-      label(f, o->op);
-      fputs("\",le=\"", f);
-      if (isinf(o->bounds_us[b])) {
-        fputs("+Inf", f);
-        have_inf = 1;
-      } else {
-        fprintf(f, "%.9g", o->bounds_us[b] * 1e-6);
-      }
-      fprintf(f, "\"} %llu\n", (unsigned long long)cum);
-    }
-    /* The +Inf bucket is mandatory and equals _count. */
-    uint64_t total = cum > o->count ? cum : o->count;
-    if (!have_inf) {
-      fputs("fp4idx_request_latency_seconds_bucket{op=\"", f);
-      label(f, o->op);
-      fprintf(f, "\",le=\"+Inf\"} %llu\n", (unsigned long long)total);
-    }
-    fputs("fp4idx_request_latency_seconds_sum{op=\"", f);
-    label(f, o->op);
-    fputs("\"} ", f);
-    num(f, o->latency_sum_us * 1e-6);
-    fputs("\nfp4idx_request_latency_seconds_count{op=\"", f);
-    label(f, o->op);
-    fprintf(f, "\"} %llu\n", (unsigned long long)(have_inf ? cum : total));
-  }
+  for (uint32_t i = 0; i < s->nops; i++)
+    histogram(f, "fp4idx_request_latency_seconds", "op", &s->ops[i]);
+  if (s->nstages > 0)
+    fputs("# HELP fp4idx_stage_latency_seconds Time requests spent in each "
+          "stage of the request path.\n"
+          "# TYPE fp4idx_stage_latency_seconds histogram\n", f);
+  for (uint32_t i = 0; i < s->nstages; i++)
+    histogram(f, "fp4idx_stage_latency_seconds", "stage", &s->stages[i]);
   return ferror(f) ? -1 : 0;
 }

@@ -63,6 +63,9 @@ static int fp4idx__cpu_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *info
   snprintf(info->device, sizeof info->device, "%s, %d threads, %s", model,
            fp4idx__threads_count(c->threads), fp4idx__cpu_isa_name(c->isa));
   info->device_index = -1;
+  /* the CPU's fixed cost per call (waking its threads) matters only for
+   * small scores; past that, combining requests just queues them */
+  info->batch_work = (uint64_t)1 << 22;
   long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES);
   long psz = sysconf(_SC_PAGESIZE);
   if (pages > 0 && psz > 0) info->mem_total = (uint64_t)pages * (uint64_t)psz;

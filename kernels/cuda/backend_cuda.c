@@ -1,13 +1,25 @@
 /* backend_cuda.c -- the CUDA backend (fp4idx_backend.h) over kernels/cuda.
  *
  * One device, one non-blocking stream, a cudaMalloc'd page pool, and two
- * growing scratch areas: a pinned host staging buffer and a device buffer
- * laid out identically, so the inputs of a call travel in ONE host-to-device
- * copy and the outputs come back in one or a few copies. Each call ends with
- * one stream synchronization (the caller's thread blocks there; the daemon
- * runs backends on a worker thread). Every CUDA return code is checked; a
- * failure logs "fp4idx cuda: <what>: <error>" to stderr and returns
- * FP4IDX_EDEVICE (FP4IDX_ENOMEM when device memory runs out).
+ * staging sets (double buffering): each a pinned host buffer and a device
+ * buffer laid out identically, sized once and grown rarely (x1.5), so the
+ * inputs of a call travel in ONE host-to-device copy. A set is reused only
+ * after the event that ends its last call has fired, so the host may fill
+ * one set while the device still works from the other.
+ *
+ * A score call: [ev0] upload [ev1] scorer + top-k [ev2] download [ev3],
+ * then one wait on ev3 (the caller's thread blocks there; the daemon runs
+ * backends on a worker thread); no synchronization in between. The events
+ * give the device time of each part (fp4idx_backend_timing_t). Results are
+ * copied from the device straight into the caller's output arrays: when the
+ * caller got them from host_alloc (pinned, cuda_pinned.c) that is a true
+ * asynchronous DMA and nothing is copied again on the host. Sequences whose
+ * page list is resident (seq_pages_update, cuda_seqpages.c) are scored from
+ * the device copy of their list instead of uploading it.
+ *
+ * Every CUDA return code is checked; a failure logs "fp4idx cuda: <what>:
+ * <error>" to stderr and returns FP4IDX_EDEVICE (FP4IDX_ENOMEM when device
+ * memory runs out).
  */
 #include <stdio.h>
 #include <math.h>
@@ -16,8 +28,24 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda_pinned.h"
+#include "cuda_seqpages.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
+
+/* Pinned output blocks kept for reuse once freed. */
+#define FP4IDX__CUDA_PINNED_KEEP ((size_t)512 << 20)
+
+/* One staging set: inputs laid out identically on both sides. */
+typedef struct fp4idx__stage_s {
+  uint8_t *h;             /* pinned */
+  size_t h_cap;
+  uint8_t *d;             /* device */
+  size_t d_cap;
+  cudaEvent_t ev[4];      /* before upload, after upload, after kernels, end */
+  int used;               /* 1: ev[3] recorded, wait on it before reuse;
+                             2: a call failed before recording it: sync */
+} fp4idx__stage_t;
 
 typedef struct fp4idx__cuda_s {
   int device;
@@ -27,11 +55,11 @@ typedef struct fp4idx__cuda_s {
   cudaStream_t stream;
   uint8_t *pool;          /* device */
   int32_t log2p;
-  uint8_t *h_stage;       /* pinned */
-  size_t h_cap;
-  uint8_t *d_stage;       /* device */
-  size_t d_cap;
+  fp4idx__stage_t set[2];
+  int cur;                /* set of the next call */
   int32_t *d_flag;        /* device: non-finite flag of store */
+  fp4idx__pinned_t *pinned;
+  fp4idx__seqpages_t *seqpages;
 } fp4idx__cuda_t;
 
 #define CK(call, what)                                  \
@@ -42,32 +70,51 @@ typedef struct fp4idx__cuda_s {
 
 static size_t fp4idx__align(size_t x) { return (x + 255) & ~(size_t)255; }
 
-static int fp4idx__grow(fp4idx__cuda_t *c, size_t h_need, size_t d_need) {
+/* The next staging set, free (its last call's end event waited for) and
+ * with room for h_need / d_need bytes. */
+static int fp4idx__stage_take(fp4idx__cuda_t *c, size_t h_need, size_t d_need,
+                              fp4idx__stage_t **out) {
   int rc = FP4IDX_OK;
-  if (h_need > c->h_cap) {
+  fp4idx__stage_t *st = &c->set[c->cur];
+  c->cur ^= 1;
+  if (st->used == 1) CK(cudaEventSynchronize(st->ev[3]), "staging: wait");
+  if (st->used == 2) CK(cudaStreamSynchronize(c->stream), "staging: wait after an error");
+  st->used = 2; /* in use until fp4idx__stage_finish records its end */
+  if (h_need > st->h_cap) {
     size_t cap = h_need + h_need / 2;
-    if (c->h_stage) CK(cudaFreeHost(c->h_stage), "free pinned staging");
-    c->h_stage = NULL;
-    c->h_cap = 0;
-    cudaError_t e = cudaMallocHost((void **)&c->h_stage, cap);
+    if (st->h) CK(cudaFreeHost(st->h), "free pinned staging");
+    st->h = NULL;
+    st->h_cap = 0;
+    cudaError_t e = cudaMallocHost((void **)&st->h, cap);
     if (e != cudaSuccess) {
       fp4idx__cuda_check(e, "alloc pinned staging");
       return FP4IDX_ENOMEM;
     }
-    c->h_cap = cap;
+    st->h_cap = cap;
   }
-  if (d_need > c->d_cap) {
-    size_t cap = d_need + d_need / 4;
-    if (c->d_stage) CK(cudaFree(c->d_stage), "free device scratch");
-    c->d_stage = NULL;
-    c->d_cap = 0;
-    cudaError_t e = cudaMalloc((void **)&c->d_stage, cap);
+  if (d_need > st->d_cap) {
+    size_t cap = d_need + d_need / 2;
+    if (st->d) CK(cudaFree(st->d), "free device scratch");
+    st->d = NULL;
+    st->d_cap = 0;
+    cudaError_t e = cudaMalloc((void **)&st->d, cap);
     if (e != cudaSuccess) {
       fp4idx__cuda_check(e, "alloc device scratch");
       return e == cudaErrorMemoryAllocation ? FP4IDX_ENOMEM : FP4IDX_EDEVICE;
     }
-    c->d_cap = cap;
+    st->d_cap = cap;
   }
+  *out = st;
+out:
+  return rc;
+}
+
+/* Records the end of a call on `st` and waits for it. */
+static int fp4idx__stage_finish(fp4idx__cuda_t *c, fp4idx__stage_t *st, const char *what) {
+  int rc;
+  CK(cudaEventRecord(st->ev[3], c->stream), what);
+  st->used = 1;
+  CK(cudaEventSynchronize(st->ev[3]), what);
 out:
   return rc;
 }
@@ -77,11 +124,20 @@ static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
   fp4idx__cuda_t *c = b->impl;
   if (c) {
     cudaSetDevice(c->device);
-    if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->stream) {
+      fp4idx__seqpages_destroy(c->seqpages, c->stream);
+      cudaStreamSynchronize(c->stream);
+    }
     cudaFree(c->pool);
-    cudaFree(c->d_stage);
+    for (int i = 0; i < 2; i++) {
+      fp4idx__stage_t *st = &c->set[i];
+      cudaFree(st->d);
+      if (st->h) cudaFreeHost(st->h);
+      for (int j = 0; j < 4; j++)
+        if (st->ev[j]) cudaEventDestroy(st->ev[j]);
+    }
     cudaFree(c->d_flag);
-    if (c->h_stage) cudaFreeHost(c->h_stage);
+    fp4idx__pinned_destroy(c->pinned);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
   }
@@ -101,6 +157,8 @@ static int fp4idx__cuda_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *inf
   info->device_index = c->device;
   info->mem_total = tot;
   info->mem_free = fr;
+  /* one launch fills the GPU: e.g. 64 requests of 4 x 32 rows at 32,768 keys */
+  info->batch_work = (uint64_t)1 << 28;
 out:
   return rc;
 }
@@ -152,26 +210,27 @@ static int fp4idx__cuda_store(fp4idx_backend_t *b, const void *keys, fp4idx_dtyp
                                                              : FP4IDX_SLOT_BYTES);
   const size_t off_slots = fp4idx__align(kb), total = off_slots + (size_t)n * 8;
   CK(cudaSetDevice(c->device), "set device");
-  if ((rc = fp4idx__grow(c, total, total))) goto out;
-  memcpy(c->h_stage, keys, kb);
-  memcpy(c->h_stage + off_slots, slots, (size_t)n * 8);
-  CK(cudaMemcpyAsync(c->d_stage, c->h_stage, total, cudaMemcpyHostToDevice, c->stream),
-     "store: upload");
+  fp4idx__stage_t *st;
+  if ((rc = fp4idx__stage_take(c, total, total, &st))) goto out;
+  memcpy(st->h, keys, kb);
+  memcpy(st->h + off_slots, slots, (size_t)n * 8);
+  CK(cudaMemcpyAsync(st->d, st->h, total, cudaMemcpyHostToDevice, c->stream), "store: upload");
   if (dtype == FP4IDX_DTYPE_FP4) {
-    rc = fp4idx_cuda_store_packed_launch(c->pool, c->log2p, c->d_stage, n,
-                                         (const int64_t *)(c->d_stage + off_slots), c->stream);
+    rc = fp4idx_cuda_store_packed_launch(c->pool, c->log2p, st->d, n,
+                                         (const int64_t *)(st->d + off_slots), c->stream);
     if (rc) goto out;
-    CK(cudaStreamSynchronize(c->stream), "store: sync");
+    rc = fp4idx__stage_finish(c, st, "store: wait");
   } else {
-    rc = fp4idx_cuda_store_launch(c->pool, c->log2p, c->d_stage, dtype, n,
-                                  (const int64_t *)(c->d_stage + off_slots), mode, c->d_flag,
+    rc = fp4idx_cuda_store_launch(c->pool, c->log2p, st->d, dtype, n,
+                                  (const int64_t *)(st->d + off_slots), mode, c->d_flag,
                                   c->stream);
     if (rc) goto out;
-    CK(cudaMemcpyAsync(c->h_stage, c->d_flag, sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
+    /* the flag lands in the staging buffer, after the keys were read */
+    CK(cudaMemcpyAsync(st->h, c->d_flag, sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream),
        "store: flag");
-    CK(cudaStreamSynchronize(c->stream), "store: sync");
+    if ((rc = fp4idx__stage_finish(c, st, "store: wait"))) goto out;
     int32_t flag;
-    memcpy(&flag, c->h_stage, sizeof flag);
+    memcpy(&flag, st->h, sizeof flag);
     if (flag) rc = FP4IDX_ENONFINITE;
   }
 out:
@@ -190,17 +249,18 @@ static int fp4idx__cuda_read(fp4idx_backend_t *b, const int64_t *slots, int64_t 
   const size_t off_out = fp4idx__align((size_t)n * 8);
   const size_t total = off_out + ob;
   CK(cudaSetDevice(c->device), "set device");
-  if ((rc = fp4idx__grow(c, total, total))) goto out;
-  memcpy(c->h_stage, slots, (size_t)n * 8);
-  CK(cudaMemcpyAsync(c->d_stage, c->h_stage, (size_t)n * 8, cudaMemcpyHostToDevice, c->stream),
+  fp4idx__stage_t *st;
+  if ((rc = fp4idx__stage_take(c, (size_t)n * 8, total, &st))) goto out;
+  memcpy(st->h, slots, (size_t)n * 8);
+  CK(cudaMemcpyAsync(st->d, st->h, (size_t)n * 8, cudaMemcpyHostToDevice, c->stream),
      "read: upload");
-  rc = fp4idx_cuda_read_launch(c->pool, c->log2p, (const int64_t *)c->d_stage, n, dequant,
-                               c->d_stage + off_out, c->stream);
+  rc = fp4idx_cuda_read_launch(c->pool, c->log2p, (const int64_t *)st->d, n, dequant,
+                               st->d + off_out, c->stream);
   if (rc) goto out;
-  CK(cudaMemcpyAsync(c->h_stage + off_out, c->d_stage + off_out, ob, cudaMemcpyDeviceToHost,
-                     c->stream), "read: download");
-  CK(cudaStreamSynchronize(c->stream), "read: sync");
-  memcpy(outp, c->h_stage + off_out, ob);
+  /* straight into the caller's buffer (pageable: the copy is synchronous) */
+  CK(cudaMemcpyAsync(outp, st->d + off_out, ob, cudaMemcpyDeviceToHost, c->stream),
+     "read: download");
+  rc = fp4idx__stage_finish(c, st, "read: wait");
 out:
   return rc;
 }
@@ -249,23 +309,28 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   int64_t *widths = NULL;
   fp4idx_cuda_work_t *works = NULL;
   size_t *o_pages = NULL;
+  const int32_t **dev_pages = NULL;
   fp4idx_cuda_topk_row_t *trows_plan = NULL;
+  if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
   if (ns == 0) return FP4IDX_OK;
   if (!stage && fp4idx__all_lens_zero(bt)) return fp4idx__score_nothing_visible(bt);
   rows = malloc(sizeof *rows * (size_t)ns);
   widths = malloc(sizeof *widths * (size_t)ns);
-  if (!rows || !widths) { rc = FP4IDX_ENOMEM; goto out; }
-
-  /* Lay out: inputs region (uploaded), then outputs. */
-  size_t off = 0, total_rows = 0, total_out = 0;
+  dev_pages = calloc((size_t)ns, sizeof *dev_pages);
   o_pages = malloc(sizeof *o_pages * (size_t)ns * 5);
-  if (!o_pages) { rc = FP4IDX_ENOMEM; goto out; }
+  if (!rows || !widths || !dev_pages || !o_pages) { rc = FP4IDX_ENOMEM; goto out; }
+
+  /* Lay out: inputs region (uploaded), then outputs. A resident page list
+   * is read where it is on the device and takes no room here. */
+  size_t off = 0, total_rows = 0, total_out = 0;
   for (int32_t i = 0; i < ns; i++) {
     const fp4idx_backend_seq_t *s = &bt->seqs[i];
     const int64_t np = (s->width + P - 1) / P; /* pages the scorer reads */
     rows[i] = s->rows;
     widths[i] = s->width;
-    o_pages[5 * i + 0] = off; off = fp4idx__align(off + (size_t)np * 4);
+    if (s->resident && np) dev_pages[i] = fp4idx__seqpages_get(c->seqpages, s->seq, np);
+    o_pages[5 * i + 0] = off;
+    if (!dev_pages[i]) off = fp4idx__align(off + (size_t)np * 4);
     o_pages[5 * i + 1] = off; off = fp4idx__align(off + (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
     o_pages[5 * i + 2] = off; off = fp4idx__align(off + (size_t)s->rows * H * 2);
     o_pages[5 * i + 3] = off; off = fp4idx__align(off + (size_t)s->rows * 4);
@@ -309,24 +374,26 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   const size_t o_tws = off;
   off = fp4idx__align(off + tp.ws_bytes);
   const size_t all = off;
-  /* The top-k workspace stays on the device: no host staging for it. */
-  if ((rc = fp4idx__grow(c, o_tws, all))) goto out;
+  /* Host side: the inputs only (results go straight to the caller; the
+   * top-k workspace stays on the device). */
+  fp4idx__stage_t *st;
+  if ((rc = fp4idx__stage_take(c, in_bytes, all, &st))) goto out;
 
-  uint8_t *h = c->h_stage, *d = c->d_stage;
+  uint8_t *h = st->h, *d = st->d;
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
   size_t out_at = 0, row_at = 0;
   for (int32_t i = 0; i < ns; i++) {
     const fp4idx_backend_seq_t *s = &bt->seqs[i];
     const int64_t np = (s->width + P - 1) / P;
-    if (np) memcpy(h + o_pages[5 * i], s->pages, (size_t)np * 4);
+    if (np && !dev_pages[i]) memcpy(h + o_pages[5 * i], s->pages, (size_t)np * 4);
     memcpy(h + o_pages[5 * i + 1], s->q, (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
     memcpy(h + o_pages[5 * i + 2], s->w, (size_t)s->rows * H * 2);
     memcpy(h + o_pages[5 * i + 3], s->lens, (size_t)s->rows * 4);
     if (s->mask) memcpy(h + o_pages[5 * i + 4], s->mask, (size_t)s->rows * (size_t)s->width);
     fp4idx_cuda_seq_t *q = &descs[i];
     memset(q, 0, sizeof *q);
-    q->pages = (const int32_t *)(d + o_pages[5 * i]);
+    q->pages = dev_pages[i] ? dev_pages[i] : (const int32_t *)(d + o_pages[5 * i]);
     q->q = (const uint16_t *)(d + o_pages[5 * i + 1]);
     q->w = (const uint16_t *)(d + o_pages[5 * i + 2]);
     q->lens = (const int32_t *)(d + o_pages[5 * i + 3]);
@@ -343,14 +410,16 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     out_at += (size_t)s->rows * (size_t)s->width;
   }
   memcpy(h + o_works, works, sizeof *works * (size_t)nw);
+  CK(cudaEventRecord(st->ev[0], c->stream), "score: event");
   CK(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, c->stream), "score: upload");
+  CK(cudaEventRecord(st->ev[1], c->stream), "score: event");
   prm.pool = c->pool;
   prm.seqs = (const fp4idx_cuda_seq_t *)(d + o_descs);
   prm.works = (const fp4idx_cuda_work_t *)(d + o_works);
   prm.log2_page = c->log2p;
   if (stage) {
     *stage = prm;
-    CK(cudaStreamSynchronize(c->stream), "score: stage sync");
+    rc = fp4idx__stage_finish(c, st, "score: stage wait");
     goto out;
   }
   if ((rc = fp4idx_cuda_score_launch(&prm, c->stream))) goto out;
@@ -359,17 +428,30 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
                                  d + o_tws, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
                                  (int32_t *)(d + o_tcnt), c->stream);
     if (rc) goto out;
-    CK(cudaMemcpyAsync(h + o_tpos, d + o_tpos, o_tcnt + total_rows * 4 - o_tpos,
-                       cudaMemcpyDeviceToHost, c->stream), "score: topk download");
-    CK(cudaStreamSynchronize(c->stream), "score: sync");
-    memcpy(bt->topk_pos, h + o_tpos, total_rows * kk * 4);
-    memcpy(bt->topk_val, h + o_tval, total_rows * kk * 4);
-    memcpy(bt->topk_count, h + o_tcnt, total_rows * 4);
-  } else {
-    CK(cudaMemcpyAsync(h + o_logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
+  }
+  CK(cudaEventRecord(st->ev[2], c->stream), "score: event");
+  /* Results straight from the device into the caller's arrays. */
+  if (bt->topk) {
+    CK(cudaMemcpyAsync(bt->topk_pos, d + o_tpos, total_rows * kk * 4, cudaMemcpyDeviceToHost,
+                       c->stream), "score: topk download");
+    CK(cudaMemcpyAsync(bt->topk_val, d + o_tval, total_rows * kk * 4, cudaMemcpyDeviceToHost,
+                       c->stream), "score: topk download");
+    CK(cudaMemcpyAsync(bt->topk_count, d + o_tcnt, total_rows * 4, cudaMemcpyDeviceToHost,
+                       c->stream), "score: topk download");
+  } else if (total_out) {
+    CK(cudaMemcpyAsync(bt->logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: download");
-    CK(cudaStreamSynchronize(c->stream), "score: sync");
-    memcpy(bt->logits, h + o_logits, total_out * 4);
+  }
+  if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;
+  if (bt->timing) {
+    float up = 0, k = 0, down = 0;
+    CK(cudaEventElapsedTime(&up, st->ev[0], st->ev[1]), "score: timing");
+    CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[2]), "score: timing");
+    CK(cudaEventElapsedTime(&down, st->ev[2], st->ev[3]), "score: timing");
+    bt->timing->timed = 1;
+    bt->timing->upload_us = up * 1e3;
+    bt->timing->kernels_us = k * 1e3;
+    bt->timing->download_us = down * 1e3;
   }
 out:
   free(trows_plan);
@@ -377,6 +459,7 @@ out:
   free(works);
   free(rows);
   free(widths);
+  free(dev_pages);
   return rc;
 }
 
@@ -418,6 +501,18 @@ static int fp4idx__cuda_write_pages(fp4idx_backend_t *b, int64_t first, int64_t 
   return fp4idx__cuda_pages_io(b, first, count, (void *)in, 0);
 }
 
+static int fp4idx__cuda_seq_pages_update(fp4idx_backend_t *b, uint64_t seq,
+                                         const int32_t *pages, int64_t n_pages,
+                                         int64_t first) {
+  if (!b || n_pages < 0 || (n_pages && !pages)) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  int rc;
+  CK(cudaSetDevice(c->device), "set device");
+  rc = fp4idx__seqpages_update(c->seqpages, c->stream, seq, pages, n_pages, first);
+out:
+  return rc;
+}
+
 /* Device-to-device on the backend's stream, then one sync (the caller stores
  * into the copy next, and a later store on the same stream would order after
  * it anyway; the sync makes a copy error this call's error). */
@@ -437,6 +532,22 @@ out:
   return rc;
 }
 
+/* Any thread (the daemon frees on its event loop): each call sets this
+ * backend's device first, so the runtime never starts a context elsewhere. */
+static int fp4idx__cuda_host_alloc(fp4idx_backend_t *b, size_t bytes, void **out) {
+  if (!b || !out) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  if (fp4idx__cuda_check(cudaSetDevice(c->device), "set device")) return FP4IDX_EDEVICE;
+  return fp4idx__pinned_alloc(c->pinned, bytes, out);
+}
+
+static void fp4idx__cuda_host_free(fp4idx_backend_t *b, void *p) {
+  if (!b || !p) return;
+  fp4idx__cuda_t *c = b->impl;
+  cudaSetDevice(c->device);
+  fp4idx__pinned_free(c->pinned, p);
+}
+
 static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
     .destroy = fp4idx__cuda_destroy,
     .describe = fp4idx__cuda_describe,
@@ -446,6 +557,9 @@ static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
     .score = fp4idx__cuda_score,
     .read_pages = fp4idx__cuda_read_pages,
     .write_pages = fp4idx__cuda_write_pages,
+    .seq_pages_update = fp4idx__cuda_seq_pages_update,
+    .host_alloc = fp4idx__cuda_host_alloc,
+    .host_free = fp4idx__cuda_host_free,
     .copy_pages = fp4idx__cuda_copy_pages,
 };
 
@@ -475,6 +589,11 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   if ((rc = fp4idx_cuda_scorer_for_device(device, &c->scorer))) goto out;
   CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");
   CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++)
+      CK(cudaEventCreate(&c->set[i].ev[j]), "create event");
+  if ((rc = fp4idx__pinned_create(&c->pinned, FP4IDX__CUDA_PINNED_KEEP))) goto out;
+  if ((rc = fp4idx__seqpages_create(&c->seqpages))) goto out;
   *out = b;
   return FP4IDX_OK;
 out:

@@ -1,0 +1,323 @@
+/* score.c -- score requests, validated one by one, launched together (see
+ * score.h). */
+#define _GNU_SOURCE
+#include "score.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "daemon.h"
+#include "log.h"
+#include "refs.h"
+
+/* A launch's output buffer, shared by the responses that point into it. */
+typedef struct fp4idx__score_out_s {
+  int refs;                /* atomic */
+  fp4idx_engine_t *engine;
+  uint8_t *mem;
+} fp4idx__score_out_t;
+
+void fp4idx__score_out_release(void *p) {
+  fp4idx__score_out_t *o = p;
+  if (!o || __atomic_sub_fetch(&o->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+  fp4idx__engine_host_free(o->engine, o->mem);
+  free(o);
+}
+
+static int fp4idx__score_fail(fp4idx_score_job_t *j, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fp4idx__score_fail(fp4idx_score_job_t *j, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(j->msg, j->msgcap, fmt, ap);
+  va_end(ap);
+  return j->rc = status;
+}
+
+void fp4idx__score_job_clear(fp4idx_score_job_t *j) {
+  size_t n = j->req ? j->req->u.score.nseqs : 0;
+  if (j->owned)
+    for (size_t i = 0; i < 4 * n; i++) free(j->owned[i]);
+  free(j->owned);
+  free(j->eng);
+  free(j->results);
+  j->owned = NULL;
+  j->eng = NULL;
+  j->results = NULL;
+}
+
+/* Checks one request against the cache and its regions and points its
+ * backend sequences at its inputs. rc 0 or the request's error. */
+static int fp4idx__score_prepare(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
+  const fp4idx_score_req_t *sr = &j->req->u.score;
+  size_t n = sr->nseqs;
+  char detail[256];
+  j->eng = calloc(n, sizeof *j->eng);
+  j->owned = calloc(4 * n, sizeof *j->owned);
+  j->results = calloc(n, sizeof *j->results);
+  fp4idx_ref_t *refs = calloc(7 * n + 1, sizeof *refs);
+  if (!j->eng || !j->owned || !j->results || !refs) {
+    free(refs);
+    return fp4idx__score_fail(j, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
+  }
+  /* Region references first (bounds, alignment, overlap of outputs with
+   * anything else): a bad one fails the request before it reads anything. */
+  size_t nrefs = 0;
+  for (size_t i = 0; i < n; i++) {
+    const fp4idx_score_seq_t *s = &sr->seqs[i];
+    const fp4idx_tensor_t *t[7] = {&s->q, &s->w, &s->lens, &s->mask,
+                                   &s->out_logits, &s->out_positions, &s->out_counts};
+    for (int x = 0; x < 7; x++)
+      if (t[x]->region) refs[nrefs++] = (fp4idx_ref_t){t[x], x >= 4};
+    if (fp4idx_tensor_present(&s->out_logits)) j->alone = 1;
+  }
+  int rc = fp4idx__refs_check(j->regions, refs, nrefs, j->msg, j->msgcap);
+  free(refs);
+  if (rc) return j->rc = rc;
+  uint64_t rows = 0, cells = 0;
+  for (size_t i = 0; i < n; i++) {
+    const fp4idx_score_seq_t *s = &sr->seqs[i];
+    const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, s->seq);
+    if (!cs)
+      return fp4idx__score_fail(j, FP4IDX_ENOSEQ, "seqs[%zu]: unknown sequence %" PRIu64, i,
+                                s->seq);
+    /* Inputs as host arrays: in place from the frame, a private snapshot
+     * from a region (checked, then used). */
+    void **o = &j->owned[4 * i];
+    const void *in[4] = {NULL, NULL, NULL, NULL};
+    const fp4idx_tensor_t *t[4] = {&s->q, &s->w, &s->lens, &s->mask};
+    for (int x = 0; x < 4; x++) {
+      if (!fp4idx_tensor_present(t[x])) continue;
+      rc = fp4idx__refs_input(j->regions, t[x], 1, &in[x], &o[x], j->msg, j->msgcap);
+      if (rc == FP4IDX_ENOMEM)
+        return fp4idx__score_fail(j, rc, "out of memory for seqs[%zu]", i);
+      if (rc) return j->rc = rc;
+    }
+    fp4idx_score_seq_t view = *s;
+    view.q.data = in[0];
+    view.w.data = in[1];
+    view.lens.data = in[2];
+    view.mask.data = in[3];
+    uint64_t width = 0;
+    rc = fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
+    if (rc == FP4IDX_OK) rc = fp4idx_score_out_check(s, width, sr->topk, detail, sizeof detail);
+    if (rc)
+      return fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
+                                i, s->seq, cs->n_keys, detail);
+    if (!fp4idx_tensor_present(&s->lens)) {
+      int32_t *l = malloc((size_t)s->rows * sizeof *l);
+      if (!l) return fp4idx__score_fail(j, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
+      for (uint32_t r = 0; r < s->rows; r++) l[r] = (int32_t)cs->n_keys;
+      in[2] = o[2] = l;
+    }
+    const int32_t *pages = NULL; /* one array; forks hold shared chunks of it */
+    if (fp4idx__cache_pages(&d->cache, cs, &pages) != FP4IDX_OK)
+      return fp4idx__score_fail(j, FP4IDX_ENOMEM, "out of memory for seqs[%zu]", i);
+    j->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
+                                      .rows = (int32_t)s->rows, .width = (int64_t)width,
+                                      .q = in[0], .w = in[1], .lens = in[2], .mask = in[3],
+                                      .seq = cs->id, .resident = 1};
+    rows += s->rows;
+    cells += (uint64_t)s->rows * width;
+    j->work += (uint64_t)s->rows * sr->heads * (width ? width : 1);
+  }
+  uint64_t k = sr->topk;
+  uint64_t bytes = k ? rows * (k * 8u + 4u) : cells * 4u;
+  if ((k && rows > FP4IDX_CMD_MAX_RESULT / (k * 8u + 4u)) || bytes > FP4IDX_CMD_MAX_RESULT)
+    return fp4idx__score_fail(j, FP4IDX_E2BIG,
+                              "result of %" PRIu64 " rows would exceed %" PRIu64 " bytes", rows,
+                              FP4IDX_CMD_MAX_RESULT);
+  j->rows = rows;
+  j->cells = cells;
+  return j->rc = FP4IDX_OK;
+}
+
+static uint64_t fp4idx__score_bytes(const fp4idx_score_job_t *j, uint64_t k) {
+  return k ? j->rows * (k * 8u + 4u) : j->cells * 4u;
+}
+
+/* One entry's results written to its "out" references (after the backend
+ * ran), and the reply's tensors turned into the same references. */
+static int fp4idx__score_outputs(const fp4idx_score_job_t *j, const fp4idx_score_seq_t *s,
+                                 fp4idx_score_result_t *r) {
+  const fp4idx_tensor_t *out[3] = {&s->out_logits, &s->out_positions, &s->out_counts};
+  fp4idx_tensor_t *res[3] = {&r->logits, &r->positions, &r->counts};
+  for (int x = 0; x < (r->topk ? 3 : 1); x++) {
+    int rc = fp4idx__refs_output(j->regions, out[x], res[x]->data, j->msg, j->msgcap);
+    if (rc) return rc;
+    fp4idx_tensor_ref(res[x], out[x]->dtype, out[x]->ndim, out[x]->shape, out[x]->region,
+                      out[x]->offset);
+  }
+  return FP4IDX_OK;
+}
+
+/* One backend call for jobs[0..n) (all valid, same heads and topk): one
+ * output buffer, [logits] or [pos | val | count] (64-byte aligned parts),
+ * each job's rows in order. A job alone with one entry writing into a host
+ * region has the backend write there itself (on the CUDA backend a pinned
+ * region takes the device-to-host copy); other outputs into regions are
+ * staged in the buffer and written after the call. rc of the call. */
+static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, int n) {
+  const fp4idx_score_req_t *sr0 = &jobs[0]->req->u.score;
+  const uint64_t k = sr0->topk;
+  size_t nseqs = 0;
+  uint64_t rows = 0, cells = 0;
+  for (int i = 0; i < n; i++) {
+    nseqs += jobs[i]->req->u.score.nseqs;
+    rows += jobs[i]->rows;
+    cells += jobs[i]->cells;
+  }
+  float *logits = NULL, *val = NULL;
+  int32_t *pos = NULL, *count = NULL;
+  if (n == 1 && jobs[0]->alone && sr0->nseqs == 1) {
+    const fp4idx_score_seq_t *s0 = &sr0->seqs[0];
+    const fp4idx_regions_t *rs = jobs[0]->regions;
+    if (k) {
+      val = fp4idx__refs_direct(rs, &s0->out_logits);
+      pos = fp4idx__refs_direct(rs, &s0->out_positions);
+      count = fp4idx__refs_direct(rs, &s0->out_counts);
+    } else {
+      logits = fp4idx__refs_direct(rs, &s0->out_logits);
+    }
+  }
+  int staged = k ? (!val || !pos || !count) : !logits;
+  fp4idx_backend_seq_t *seqs = n == 1 ? jobs[0]->eng : malloc(nseqs * sizeof *seqs);
+  fp4idx__score_out_t *o = staged ? calloc(1, sizeof *o) : NULL;
+  size_t kk = (size_t)(k * rows * 4u), at_val = (kk + 63) & ~(size_t)63;
+  size_t at_cnt = at_val + at_val;
+  uint8_t *mem =
+      staged ? fp4idx__engine_host_alloc(d->engine, k ? at_cnt + rows * 4u : cells * 4u) : NULL;
+  if (!seqs || (staged && (!o || !mem))) {
+    if (seqs != jobs[0]->eng) free(seqs);
+    free(o);
+    fp4idx__engine_host_free(d->engine, mem);
+    return FP4IDX_ENOMEM;
+  }
+  if (n > 1)
+    for (int i = 0, at = 0; i < n; i++) {
+      size_t m = jobs[i]->req->u.score.nseqs;
+      memcpy(seqs + at, jobs[i]->eng, m * sizeof *seqs);
+      at += (int)m;
+    }
+  if (o) {
+    o->refs = n;
+    o->engine = d->engine;
+    o->mem = mem;
+  }
+  if (staged) {
+    if (!k) logits = (float *)mem;
+    if (k && !pos) pos = (int32_t *)mem;
+    if (k && !val) val = (float *)(mem + at_val);
+    if (k && !count) count = (int32_t *)(mem + at_cnt);
+  }
+  fp4idx_backend_timing_t timing;
+  memset(&timing, 0, sizeof timing);
+  fp4idx_backend_batch_t batch = {.heads = (int32_t)sr0->heads, .n_seqs = (int32_t)nseqs,
+                                  .seqs = seqs, .topk = (int32_t)k, .logits = logits,
+                                  .topk_pos = pos, .topk_val = val, .topk_count = count,
+                                  .timing = &timing};
+  double t0 = fp4idx__stats_now_us();
+  int rc = fp4idx__engine_score(d->engine, &batch);
+  if (!timing.timed) timing.kernels_us = fp4idx__stats_now_us() - t0;
+  if (seqs != jobs[0]->eng) free(seqs);
+  if (rc) {
+    if (o) {
+      o->refs = 1;
+      fp4idx__score_out_release(o);
+    }
+    return rc;
+  }
+  /* Split back: job i's rows follow job i-1's. */
+  uint64_t row = 0, cell = 0;
+  for (int i = 0; i < n; i++) {
+    fp4idx_score_job_t *j = jobs[i];
+    const fp4idx_score_req_t *sr = &j->req->u.score;
+    for (size_t s = 0; s < sr->nseqs; s++) {
+      fp4idx_score_result_t *r = &j->results[s];
+      uint64_t R = (uint64_t)j->eng[s].rows, W = (uint64_t)j->eng[s].width;
+      r->seq = sr->seqs[s].seq;
+      r->topk = k != 0;
+      if (k) {
+        uint64_t shp[2] = {R, k};
+        fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, pos + row * k);
+        fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, val + row * k);
+        fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, count + row);
+      } else {
+        uint64_t shp[2] = {R, W};
+        fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, logits + cell);
+      }
+      if (j->alone && fp4idx_tensor_present(&sr->seqs[s].out_logits) && j->rc == FP4IDX_OK) {
+        int orc = fp4idx__score_outputs(j, &sr->seqs[s], r);
+        if (orc)
+          fp4idx__score_fail(j, orc, "writing the results of seqs[%zu]: %s", s,
+                             fp4idx_strerror(orc));
+      }
+      row += R;
+      cell += R * W;
+    }
+    j->nresults = sr->nseqs;
+    j->out = o;
+    j->timing = timing;
+    j->launch_size = n;
+  }
+  return FP4IDX_OK;
+}
+
+void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
+  fp4idx_score_job_t **g = malloc((size_t)(n > 0 ? n : 1) * sizeof *g);
+  for (int i = 0; i < n; i++) {
+    jobs[i].group = -1;
+    jobs[i].work = 0;
+    jobs[i].out = NULL;
+    jobs[i].nresults = 0;
+    jobs[i].alone = 0;
+    memset(&jobs[i].timing, 0, sizeof jobs[i].timing);
+    fp4idx__score_prepare(d, &jobs[i]);
+  }
+  if (!g) {
+    for (int i = 0; i < n; i++)
+      if (jobs[i].rc == FP4IDX_OK)
+        fp4idx__score_fail(&jobs[i], FP4IDX_ENOMEM, "out of memory for a score batch");
+    return;
+  }
+  /* Groups of one (heads, topk), queue order inside each; a group whose
+   * output would exceed FP4IDX_SCORE_MAX_LAUNCH launches in parts. */
+  for (int i = 0; i < n; i++) {
+    if (jobs[i].rc != FP4IDX_OK || jobs[i].group >= 0) continue;
+    const fp4idx_score_req_t *a = &jobs[i].req->u.score;
+    int m = 0;
+    uint64_t bytes = 0, work = 0;
+    for (int x = i; x < n; x++) {
+      const fp4idx_score_req_t *b = &jobs[x].req->u.score;
+      if (jobs[x].rc != FP4IDX_OK || jobs[x].group >= 0 || b->heads != a->heads ||
+          b->topk != a->topk || (m > 0 && (jobs[x].alone || jobs[i].alone)))
+        continue;
+      uint64_t add = fp4idx__score_bytes(&jobs[x], a->topk);
+      if (m > 0 && (bytes + add > FP4IDX_SCORE_MAX_LAUNCH ||
+                    work + jobs[x].work > d->desc.batch_work))
+        break; /* next round */
+      bytes += add;
+      work += jobs[x].work;
+      jobs[x].group = i;
+      g[m++] = &jobs[x];
+    }
+    int rc = fp4idx__score_launch(d, g, m);
+    if (m > 1) fp4idx__log_debug("one launch for %d score requests (rc %d)", m, rc);
+    if (rc && m > 1) {
+      /* One bad launch must not fail its neighbours: each alone. */
+      fp4idx__log_warn("a launch of %d score requests failed (%s): running them one by one", m,
+                       fp4idx_strerror(rc));
+      for (int x = 0; x < m; x++) {
+        int r1 = fp4idx__score_launch(d, &g[x], 1);
+        if (r1) fp4idx__score_fail(g[x], r1, "scoring failed: %s", fp4idx_strerror(r1));
+      }
+    } else if (rc) {
+      fp4idx__score_fail(g[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
+    }
+  }
+  free(g);
+}

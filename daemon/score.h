@@ -1,0 +1,75 @@
+/* score.h -- score requests from validation to results, many in one launch.
+ *
+ * The worker hands over the score requests that were queued back to back
+ * (worker.h: job->batch); each is checked against the cache on its own
+ * (unknown sequence, lens, mask: its own error, the others unaffected), and
+ * the valid ones with the same head count and top-k go to the backend as
+ * ONE call (fp4idx_backend_batch_t takes many sequences), whose outputs are
+ * split back: each request's result tensors are views into the launch's
+ * shared output buffer (engine host memory, pinned on CUDA), which lives
+ * until the last of its responses is written. A request naming output
+ * regions launches alone, so the backend can write straight into them
+ * (refs.h). A launch takes requests up
+ * to the backend's batch_work (its fixed cost amortized; beyond that a
+ * request would only wait for its neighbours). Scores do not change the
+ * cache, so running neighbours together gives each exactly the state it
+ * would have seen alone (protocol/PROTOCOL.md: per-connection order and
+ * per-request atomicity stay as they are).
+ *
+ * Worker thread only (it owns the cache), except fp4idx__score_out_release
+ * (any thread).
+ */
+#ifndef FP4IDX_DAEMON_SCORE_H
+#define FP4IDX_DAEMON_SCORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp4idx_backend.h"
+#include "fp4idx_codec.h"
+#include "regions.h"
+
+struct fp4idx_daemon_s;
+
+/* Largest output one launch writes (several requests together); a request
+ * is refused with E2BIG above FP4IDX_CMD_MAX_RESULT alone. */
+#define FP4IDX_SCORE_MAX_LAUNCH ((uint64_t)1 << 30)
+
+typedef struct fp4idx_score_job_s {
+  /* in */
+  const fp4idx_request_t *req;   /* a decoded "score" */
+  const fp4idx_regions_t *regions; /* the connection's (references), or NULL */
+  char *msg;                     /* error detail, msgcap bytes */
+  size_t msgcap;
+  /* out: rc 0 and results[nresults] (views into out), or rc < 0 and msg */
+  int rc;
+  fp4idx_score_result_t *results;
+  size_t nresults;
+  void *out;                     /* a reference to the launch's output:
+                                    fp4idx__score_out_release once sent */
+  fp4idx_backend_timing_t timing; /* of the launch it was part of; without
+                                     device timing, kernels_us = the host
+                                     time of the backend call */
+  int launch_size;               /* requests in that launch */
+  /* private */
+  fp4idx_backend_seq_t *eng;
+  void **owned;
+  uint64_t rows, cells;
+  uint64_t work;                 /* sum of rows x heads x width */
+  int group;
+  int alone;                     /* writes into regions: launched by itself */
+} fp4idx_score_job_t;
+
+/* Runs jobs[0..n) (queue order) as described above; every job gets rc and
+ * msg, or its results. */
+void fp4idx__score_run(struct fp4idx_daemon_s *d, fp4idx_score_job_t *jobs, int n);
+
+/* Frees what a job holds except its output reference (results array,
+ * input copies). */
+void fp4idx__score_job_clear(fp4idx_score_job_t *j);
+
+/* Drops one reference to a launch output (NULL: nothing); the last one
+ * gives the memory back to the engine. Any thread. */
+void fp4idx__score_out_release(void *out);
+
+#endif /* FP4IDX_DAEMON_SCORE_H */

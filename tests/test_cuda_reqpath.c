@@ -1,0 +1,167 @@
+/* test_cuda_reqpath.c -- the CUDA backend's request-path machinery against
+ * the CPU backend (the oracle): device-resident page tables
+ * (seq_pages_update, scores with resident = 1) through append, truncate,
+ * page reuse, drop and unknown ids; pinned outputs from host_alloc; the
+ * per-call device timing; the two staging sets under calls of growing and
+ * shrinking size. Every test skips cleanly when no GPU is present. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp4idx_backend.h"
+#include "test_gpu.h"
+#include "test_util.h"
+
+static fp4idx_backend_t *mk(int cuda, int64_t n_pages, int32_t P) {
+  fp4idx_backend_t *b = NULL;
+  cr_assert_eq(cuda ? fp4idx_backend_cuda_create(&b, 0) : fp4idx_backend_cpu_create(&b, 0),
+               FP4IDX_OK);
+  cr_assert_eq(b->ops->pool_create(b, n_pages, P), FP4IDX_OK);
+  return b;
+}
+
+/* Full logits of one sequence (n keys visible to every row) on g (CUDA,
+ * resident flag as given, output from host_alloc) vs c (CPU). */
+static void same_scores(fp4idx_backend_t *g, fp4idx_backend_t *c, const fp4idx_test_case_t *tc,
+                        uint64_t seq, const int32_t *pages, int64_t n, int resident) {
+  int32_t lens[8];
+  for (int r = 0; r < tc->rows; r++) lens[r] = (int32_t)(n - r < 0 ? 0 : n - r);
+  fp4idx_backend_seq_t s = {.pages = pages, .n_keys = n, .rows = tc->rows, .width = n,
+                            .q = tc->q, .w = tc->w, .lens = lens, .seq = seq,
+                            .resident = resident};
+  size_t cells = (size_t)tc->rows * (size_t)n;
+  void *og = NULL;
+  cr_assert_eq(g->ops->host_alloc(g, cells * 4 + 4, &og), FP4IDX_OK);
+  float *oc = malloc(cells * 4 + 4);
+  fp4idx_backend_timing_t tm;
+  memset(&tm, 0xff, sizeof tm);
+  fp4idx_backend_batch_t bt = {.heads = tc->heads, .n_seqs = 1, .seqs = &s, .logits = og,
+                               .timing = &tm};
+  cr_assert_eq(g->ops->score(g, &bt), 0);
+  cr_assert_eq(tm.timed, 1);
+  cr_assert(tm.upload_us >= 0 && tm.kernels_us > 0 && tm.download_us >= 0,
+            "timing %g %g %g", tm.upload_us, tm.kernels_us, tm.download_us);
+  bt.logits = oc;
+  bt.timing = NULL;
+  cr_assert_eq(c->ops->score(c, &bt), 0);
+  cr_assert_eq(fp4idx_test_count_diff(og, oc, (int64_t)cells), 0, "n %lld resident %d",
+               (long long)n, resident);
+  g->ops->host_free(g, og);
+  free(oc);
+}
+
+Test(cuda_reqpath, resident_page_tables_follow_the_sequence, .timeout = 600) {
+  NEED_GPU();
+  const int32_t P = 16;
+  const int64_t N = 5000, NP = (N + P - 1) / P, POOL = 2 * NP;
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 4242);
+  fp4idx_test_case_t tc;
+  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, 32, 4, N, P, POOL, NULL, 0), 0);
+  fp4idx_backend_t *g = mk(1, POOL, P), *c = mk(0, POOL, P);
+  /* every slot of the pool holds a key, so that a wrong page list shows */
+  int64_t *all = malloc(sizeof *all * (size_t)(POOL * P));
+  uint16_t *keys = malloc((size_t)(POOL * P) * 256);
+  for (int64_t i = 0; i < POOL * P; i++) {
+    all[i] = i;
+    memcpy(keys + i * 128, tc.keys + (i % N) * 128, 256);
+  }
+  for (int64_t i = 0; i < POOL * P; i++) keys[i * 128 + i % 128] ^= 0x0100; /* differ */
+  cr_assert_eq(g->ops->store(g, keys, FP4IDX_DTYPE_BF16, POOL * P, all, 0), 0);
+  cr_assert_eq(c->ops->store(c, keys, FP4IDX_DTYPE_BF16, POOL * P, all, 0), 0);
+  int32_t *pages = malloc(sizeof *pages * (size_t)POOL);
+  memcpy(pages, tc.pages, sizeof *pages * (size_t)POOL);
+  const uint64_t S = 77;
+  /* grow the sequence in steps, as appends do (first = the old count) */
+  int64_t have = 0;
+  for (int64_t n = 1; n <= N; n = n * 3 + 5) {
+    int64_t np = (n + P - 1) / P, old = (have + P - 1) / P;
+    cr_assert_eq(g->ops->seq_pages_update(g, S, pages, np, old), 0);
+    have = n;
+    same_scores(g, c, &tc, S, pages, n, 1);
+  }
+  /* truncate to 100 keys, then append onto other pages (the freed ones
+   * reused in another order) */
+  cr_assert_eq(g->ops->seq_pages_update(g, S, pages, (100 + P - 1) / P, (100 + P - 1) / P), 0);
+  same_scores(g, c, &tc, S, pages, 100, 1);
+  for (int64_t i = (100 + P - 1) / P; i < NP; i++) pages[i] = (int32_t)(POOL - 1 - i);
+  cr_assert_eq(g->ops->seq_pages_update(g, S, pages, NP, (100 + P - 1) / P), 0);
+  same_scores(g, c, &tc, S, pages, N, 1);
+  same_scores(g, c, &tc, S, pages, N, 0);
+  /* dropped: resident scores of it upload the list again (still right) */
+  cr_assert_eq(g->ops->seq_pages_update(g, S, NULL, 0, 0), 0);
+  same_scores(g, c, &tc, S, pages, N, 1);
+  /* an id never registered, and another sequence with the same pages */
+  same_scores(g, c, &tc, 12345, pages, 3000, 1);
+  cr_assert_eq(g->ops->seq_pages_update(g, S + 1, tc.pages, NP, 0), 0);
+  same_scores(g, c, &tc, S + 1, tc.pages, N, 1);
+  /* many sequences: the table rehashes */
+  for (uint64_t s = 1000; s < 1300; s++)
+    cr_assert_eq(g->ops->seq_pages_update(g, s, tc.pages, 1 + (int64_t)(s % NP), 0), 0);
+  same_scores(g, c, &tc, 1299, tc.pages, (1 + (1299 % NP)) * P > N ? N : (1 + (1299 % NP)) * P, 1);
+  same_scores(g, c, &tc, S + 1, tc.pages, N, 1);
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  fp4idx_test_case_free(&tc);
+  free(all);
+  free(keys);
+  free(pages);
+}
+
+Test(cuda_reqpath, staging_sets_under_changing_sizes, .timeout = 600) {
+  NEED_GPU();
+  const int32_t P = 64;
+  const int64_t N = 40000;
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, 99);
+  fp4idx_test_case_t tc;
+  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, 64, 6, N, P, (N + P - 1) / P, NULL, 0), 0);
+  fp4idx_backend_t *g = mk(1, tc.n_pages, P), *c = mk(0, tc.n_pages, P);
+  cr_assert_eq(g->ops->store(g, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
+  cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
+  const int64_t sizes[] = {10, N, 65, N / 2, 1, N, 4097, 3};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    same_scores(g, c, &tc, 0, tc.pages, sizes[i], 0);
+  /* top-k into pinned outputs, twice (both sets) */
+  for (int rep = 0; rep < 2; rep++) {
+    const int k = 333;
+    int32_t lens[6];
+    for (int r = 0; r < 6; r++) lens[r] = (int32_t)(N - 1000 * r);
+    fp4idx_backend_seq_t s = {.pages = tc.pages, .n_keys = N, .rows = 6, .width = N,
+                              .q = tc.q, .w = tc.w, .lens = lens};
+    void *mem = NULL;
+    cr_assert_eq(g->ops->host_alloc(g, 6 * k * 8 + 64, &mem), 0);
+    int32_t *pg = mem, cg[6], pc[6 * 333], cc[6];
+    float *vg = (float *)(pg + 6 * k), vc[6 * 333];
+    fp4idx_backend_batch_t bt = {.heads = 64, .n_seqs = 1, .seqs = &s, .topk = k,
+                                 .topk_pos = pg, .topk_val = vg, .topk_count = cg};
+    cr_assert_eq(g->ops->score(g, &bt), 0);
+    bt.topk_pos = pc, bt.topk_val = vc, bt.topk_count = cc;
+    cr_assert_eq(c->ops->score(c, &bt), 0);
+    cr_assert_eq(memcmp(cg, cc, sizeof cc), 0);
+    cr_assert_eq(memcmp(pg, pc, sizeof pc), 0);
+    cr_assert_eq(fp4idx_test_count_diff(vg, vc, 6 * k), 0);
+    g->ops->host_free(g, mem);
+  }
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  fp4idx_test_case_free(&tc);
+}
+
+Test(cuda_reqpath, pinned_blocks_are_reused_and_aligned) {
+  NEED_GPU();
+  fp4idx_backend_t *g = mk(1, 4, 64);
+  void *a = NULL, *b = NULL, *a2 = NULL;
+  cr_assert_eq(g->ops->host_alloc(g, 1000000, &a), 0);
+  cr_assert_eq((uintptr_t)a % 64, 0u);
+  memset(a, 1, 1000000);
+  g->ops->host_free(g, a);
+  cr_assert_eq(g->ops->host_alloc(g, 900000, &a2), 0);
+  cr_assert_eq(a2, a, "a freed block of a fitting size comes back");
+  cr_assert_eq(g->ops->host_alloc(g, 10, &b), 0);
+  cr_assert_neq(b, a2);
+  g->ops->host_free(g, a2);
+  g->ops->host_free(g, b);
+  g->ops->host_free(g, NULL);
+  fp4idx_backend_destroy(g);
+}
