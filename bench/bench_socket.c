@@ -95,6 +95,7 @@ typedef struct opts_s {
 } opts_t;
 
 static FILE *g_csv;
+static int g_client_busy_us; /* --client-busy-poll: fp4idx_client_set_busy_poll */
 
 static double median3(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -663,7 +664,7 @@ static void *conc_main(void *arg) {
   for (size_t i = 0; i < sizeof q / 2; i++) q[i] = bf16_of((float)((i * 7 + t->seq) % 13) / 8 - 0.75f);
   for (size_t i = 0; i < sizeof w / 2; i++) w[i] = bf16_of(0.5f);
   if (!c || !pos || !val || fp4idx_client_set_timeout(c, 600000) ||
-      fp4idx_client_connect(c, t->sock))
+      fp4idx_client_set_busy_poll(c, g_client_busy_us) || fp4idx_client_connect(c, t->sock))
     t->failed = 1;
   if (!t->failed) /* warm-up */
     t->failed = fp4idx_client_topk(c, t->seq, HEADS, ROWS, q, w, NULL, (uint32_t)t->k, pos, val,
@@ -835,7 +836,9 @@ static void usage(FILE *f) {
           "  --hist FILE      latency histogram of (a): lo_us,hi_us,counts per case\n"
           "  --summary FILE   one row per case of (c) and (d), stage means included\n"
           "  --region-ctx N   (e) context of the region cases (default 100000)\n"
-          "  --region-cuda    (e) also into CUDA regions (the daemon must run CUDA)\n");
+          "  --region-cuda    (e) also into CUDA regions (the daemon must run CUDA)\n"
+          "  --client-busy-poll US  every client polls its socket US us before\n"
+          "                   sleeping (fp4idx_client_set_busy_poll; default 0)\n");
 }
 
 int main(int argc, char **argv) {
@@ -862,6 +865,7 @@ int main(int argc, char **argv) {
                                      {"help", no_argument, NULL, 'h'},
                                      {"region-ctx", required_argument, NULL, 7},
                                      {"region-cuda", no_argument, NULL, 8},
+                                     {"client-busy-poll", required_argument, NULL, 9},
                                      {NULL, 0, NULL, 0}};
   int opt, bad = 0;
   o.daemon = getenv("FP4IDXD") && *getenv("FP4IDXD") ? getenv("FP4IDXD") : FP4IDXD_PATH;
@@ -889,11 +893,13 @@ int main(int argc, char **argv) {
     case 6: o.conc_calls = atoi(optarg); break;
     case 7: o.region_ctx = atol(optarg); break;
     case 8: o.region_cuda = 1; break;
+    case 9: g_client_busy_us = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   for (int i = 0; i < o.nclients; i++) bad |= o.clients[i] < 1 || o.clients[i] > 1024;
+  bad |= g_client_busy_us < 0 || g_client_busy_us > 1000000;
   for (int i = 0; i < o.nctx; i++) bad |= o.ctx[i] < 1;
   if (bad || o.iters < 1 || o.warmup < 0 || o.append_keys < 1 || o.big_iters < 1 ||
       o.big_iters > 100000 || o.conc_calls < 1 || o.conc_ctx < 1 || o.conc_topk < 1 ||
@@ -935,6 +941,7 @@ int main(int argc, char **argv) {
   c = fp4idx_client_new();
   if (!c) goto fail;
   CHECK(fp4idx_client_set_timeout(c, 600000));
+  CHECK(fp4idx_client_set_busy_poll(c, g_client_busy_us));
   CHECK(fp4idx_client_connect(c, o.sock));
   CHECK(fp4idx_client_info(c, &info));
   printf("daemon: %s, backend %s (%s), page %llu keys, %llu pages, max frame %llu\n",

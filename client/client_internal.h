@@ -12,6 +12,7 @@
 struct fp4idx_client_s {
   int fd;                 /* -1 when not connected */
   int timeout_ms;         /* 0 = no limit */
+  int busy_poll_us;       /* spin on recv this long before sleeping in poll */
   uint64_t next_id;       /* id of the next request */
   uint64_t max_frame;     /* daemon's request limit once known, else 0 */
   fp4idx_status_t last_status;

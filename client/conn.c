@@ -52,6 +52,12 @@ fp4idx_status_t fp4idx__client_fail(fp4idx_client_t *c, fp4idx_status_t st,
  * in buf or static): connections used from several threads stay apart. */
 #define ERRTEXT(e) strerror_r((e), (char[128]){0}, 128)
 
+static int64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -128,6 +134,14 @@ fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c,
     return fp4idx__client_fail(c, FP4IDX_EINVAL, "timeout %d ms is negative",
                                timeout_ms);
   c->timeout_ms = timeout_ms;
+  return fp4idx__client_fail(c, FP4IDX_OK, NULL);
+}
+
+fp4idx_status_t fp4idx_client_set_busy_poll(fp4idx_client_t *c, int us) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (us < 0 || us > 1000000)
+    return fp4idx__client_fail(c, FP4IDX_EINVAL, "busy poll of %d us outside 0..1000000", us);
+  c->busy_poll_us = us;
   return fp4idx__client_fail(c, FP4IDX_OK, NULL);
 }
 
@@ -246,6 +260,7 @@ static fp4idx_status_t write_all(fp4idx_client_t *c, const char *p,
 static fp4idx_status_t recv_chunk(fp4idx_client_t *c, char *p, size_t cap, size_t *got,
                                   int64_t deadline, const char *what, size_t have,
                                   size_t total) {
+  int64_t spin_until = 0; /* busy poll: retry recv until then (us) */
   for (;;) {
     ssize_t r = recv(c->fd, p, cap, 0);
     if (r > 0) {
@@ -259,6 +274,11 @@ static fp4idx_status_t recv_chunk(fp4idx_client_t *c, char *p, size_t cap, size_
           what, have, total);
     }
     if (errno == EINTR) continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) && c->busy_poll_us > 0) {
+      int64_t t = now_us();
+      if (spin_until == 0) spin_until = t + c->busy_poll_us;
+      if (t < spin_until) continue;
+    }
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       fp4idx_status_t st = wait_fd(c->fd, POLLIN, deadline);
       if (st == FP4IDX_OK) continue;

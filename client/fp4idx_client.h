@@ -117,6 +117,16 @@ fp4idx_status_t fp4idx_client_default_socket(char *buf, size_t size);
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (c NULL or timeout_ms < 0). */
 fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c, int timeout_ms);
 
+/* Sets how long each wait for a response retries the socket before the
+ * thread sleeps in poll(2), in microseconds; 0 = sleep at once (the
+ * default). A reply that comes within the window is read without the
+ * scheduler's wake-up (tens of us on a busy or virtualized host), at the
+ * price of one core spinning meanwhile: for latency-critical callers of
+ * short requests (fp4idxd's own busy polling, --busy-poll-us, is the other
+ * half). The call's timeout still applies.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (c NULL, or us outside 0..1000000). */
+fp4idx_status_t fp4idx_client_set_busy_poll(fp4idx_client_t *c, int us);
+
 /* Returns 1 when c holds an open connection, else 0. */
 int fp4idx_client_connected(const fp4idx_client_t *c);
 

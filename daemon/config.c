@@ -29,6 +29,7 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg) {
   cfg->socket_gid = -1;
   cfg->buffer_budget = 0;
   cfg->buffer_timeout_s = 30;
+  cfg->busy_poll_us = -1;
 }
 
 /* A group name or number -> gid; -1 when unknown. */
@@ -116,6 +117,10 @@ static void fp4idx__config_usage(FILE *out) {
     "                         most are not read (default: RAM/64, 64M..2G)\n"
     "      --buffer-timeout S close a connection that holds its share of unsent\n"
     "                         replies and reads nothing for S seconds (default 30)\n"
+    "      --busy-poll-us N   after each event, and while requests run, the loop\n"
+    "                         and the worker poll for N us instead of sleeping\n"
+    "                         (0 = off; default 200 with the CUDA backend, 0\n"
+    "                         with the CPU backend, which needs the cores)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -142,6 +147,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       {"buffer-budget", required_argument, NULL, 'B'},
       {"buffer-timeout", required_argument, NULL, 'T'},
       {"allow-data-loss", no_argument, NULL, 'A'},
+      {"busy-poll-us", required_argument, NULL, 'P'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
@@ -282,6 +288,16 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       }
       case 'A':
         cfg->allow_data_loss = 1;
+        break;
+      case 'P':
+        errno = 0;
+        v = strtol(optarg, &end, 10);
+        if (errno || end == optarg || *end || v < 0 || v > 1000000) {
+          fprintf(err, "fp4idxd: --busy-poll-us: '%s' is not a number of us in 0..1000000\n",
+                  optarg);
+          return FP4IDX_EINVAL;
+        }
+        cfg->busy_poll_us = (int)v;
         break;
       case 'h':
         fp4idx__config_usage(out);

@@ -33,6 +33,7 @@ typedef struct fp4idx_config_s {
   uint64_t buffer_budget;         /* --buffer-budget bytes; 0 = from RAM */
   double buffer_timeout_s;        /* --buffer-timeout (default 30) */
   int allow_data_loss;            /* --allow-data-loss: start on a short log */
+  int busy_poll_us;               /* --busy-poll-us; -1 = by backend (busypoll.h) */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,

@@ -119,6 +119,15 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server.pressure = fp4idx__daemon_pressure;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
+  /* Busy polling, chosen once from the backend (busypoll.h). */
+  int spin = d->cfg.busy_poll_us >= 0 ? d->cfg.busy_poll_us
+                                      : (strcmp(d->desc.name, "cuda") == 0 ? 200 : 0);
+  if (fp4idx__busypoll_init(&d->busypoll, &d->loop, spin, &d->worker.queued)) {
+    rc = FP4IDX_EINTERNAL;
+    goto err;
+  }
+  d->server.busypoll = &d->busypoll;
+  d->worker.spin_us = spin;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
    * that comes as soon as a client can connect must stop gracefully, not
    * kill the process with the socket file left behind. */

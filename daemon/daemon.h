@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "busypoll.h"
 #include "cache.h"
 #include "config.h"
 #include "engine.h"
@@ -76,6 +77,7 @@ struct fp4idx_daemon_s {
   fp4idx_cache_t cache;         /* worker thread only once running */
   fp4idx_worker_t worker;
   fp4idx_server_t server;
+  fp4idx_busypoll_t busypoll;   /* the loop polls while work is near */
   fp4idx_daemon_stats_t stats;
   fp4idx_stages_t stages;       /* time per stage of the request path */
   /* The cache's counts as of the last request the worker finished, for

@@ -38,6 +38,7 @@ int fp4idx__engine_describe(fp4idx_engine_t *e, fp4idx_engine_desc_t *desc) {
   desc->mem_total = info.mem_total;
   desc->mem_free = info.mem_free;
   desc->batch_work = info.batch_work;
+  desc->device_outputs = info.device_outputs;
   return FP4IDX_OK;
 }
 

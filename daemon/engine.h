@@ -23,6 +23,7 @@ typedef struct fp4idx_engine_desc_s {
   char device[128];
   uint64_t mem_total, mem_free;
   uint64_t batch_work;  /* fp4idx_backend_info_t.batch_work */
+  int device_outputs;   /* fp4idx_backend_info_t.device_outputs */
 } fp4idx_engine_desc_t;
 
 /* Opens the backend `cfg` asks for: cuda (FP4IDX_ENODEV when not built in or

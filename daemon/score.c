@@ -157,10 +157,11 @@ static int fp4idx__score_outputs(const fp4idx_score_job_t *j, const fp4idx_score
 
 /* One backend call for jobs[0..n) (all valid, same heads and topk): one
  * output buffer, [logits] or [pos | val | count] (64-byte aligned parts),
- * each job's rows in order. A job alone with one entry writing into a host
- * region has the backend write there itself (on the CUDA backend a pinned
- * region takes the device-to-host copy); other outputs into regions are
- * staged in the buffer and written after the call. rc of the call. */
+ * each job's rows in order. A job alone with one entry writing into regions
+ * has the backend write there itself: into CUDA regions on the device (no
+ * host copy at all; CUDA backend), into a host region from the device (a
+ * pinned region takes the device-to-host DMA); other outputs into regions
+ * are staged in the buffer and written after the call. rc of the call. */
 static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, int n) {
   const fp4idx_score_req_t *sr0 = &jobs[0]->req->u.score;
   const uint64_t k = sr0->topk;
@@ -173,15 +174,25 @@ static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
   }
   float *logits = NULL, *val = NULL;
   int32_t *pos = NULL, *count = NULL;
+  int on_device = 0;
   if (n == 1 && jobs[0]->alone && sr0->nseqs == 1) {
     const fp4idx_score_seq_t *s0 = &sr0->seqs[0];
     const fp4idx_regions_t *rs = jobs[0]->regions;
+    /* all outputs in CUDA regions of a backend that writes device memory:
+     * the results never leave the device */
+    void *(*where)(const fp4idx_regions_t *, const fp4idx_tensor_t *) = fp4idx__refs_direct;
+    if (d->desc.device_outputs && fp4idx__refs_device(rs, &s0->out_logits) &&
+        (!k || (fp4idx__refs_device(rs, &s0->out_positions) &&
+                fp4idx__refs_device(rs, &s0->out_counts)))) {
+      where = fp4idx__refs_device;
+      on_device = 1;
+    }
     if (k) {
-      val = fp4idx__refs_direct(rs, &s0->out_logits);
-      pos = fp4idx__refs_direct(rs, &s0->out_positions);
-      count = fp4idx__refs_direct(rs, &s0->out_counts);
+      val = where(rs, &s0->out_logits);
+      pos = where(rs, &s0->out_positions);
+      count = where(rs, &s0->out_counts);
     } else {
-      logits = fp4idx__refs_direct(rs, &s0->out_logits);
+      logits = where(rs, &s0->out_logits);
     }
   }
   int staged = k ? (!val || !pos || !count) : !logits;
@@ -219,7 +230,7 @@ static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
   fp4idx_backend_batch_t batch = {.heads = (int32_t)sr0->heads, .n_seqs = (int32_t)nseqs,
                                   .seqs = seqs, .topk = (int32_t)k, .logits = logits,
                                   .topk_pos = pos, .topk_val = val, .topk_count = count,
-                                  .timing = &timing};
+                                  .timing = &timing, .outputs_on_device = on_device};
   double t0 = fp4idx__stats_now_us();
   int rc = fp4idx__engine_score(d->engine, &batch);
   if (!timing.timed) timing.kernels_us = fp4idx__stats_now_us() - t0;

@@ -435,7 +435,9 @@ static void fp4idx__server_req_work(fp4idx_job_t *job) {
 }
 
 static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
-  fp4idx__server_req_done(job->data);
+  fp4idx_req_t *req = job->data;
+  fp4idx__busypoll_kick(req->conn->srv->busypoll);
+  fp4idx__server_req_done(req);
 }
 
 /* The partial frame's memory, counted against the budget. */
@@ -542,6 +544,7 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     fp4idx__server_maybe_close(c);
     return;
   }
+  fp4idx__busypoll_kick(c->srv->busypoll);
   c->rx_pos += (uint64_t)nread;
   fp4idx__server_collect_fds(c);
   if (buf->base == (char *)c->scratch) {

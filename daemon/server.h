@@ -159,6 +159,7 @@ struct fp4idx_server_s {
   void (*pressure)(fp4idx_server_t *srv, int on);
   void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
   fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */
+  struct fp4idx_busypoll_s *busypoll; /* kicked on reads and replies; may be NULL */
   void *data;                  /* the daemon's */
   int cuda_device;             /* regions: the CUDA backend's device, or -1 */
 };

@@ -3,6 +3,7 @@
 #include "worker.h"
 
 #include <string.h>
+#include <time.h>
 
 #include "fp4idx_status.h"
 #include "log.h"
@@ -25,6 +26,27 @@ static void fp4idx__worker_async_cb(uv_async_t *h) {
   fp4idx__worker_drain_done(h->data);
 }
 
+/* Called with mu held and nothing to run: polls for a submission for up to
+ * spin_us without the lock (a sleeping thread is woken tens of us late;
+ * busypoll.h). 1 when one came (mu held again either way). */
+static int fp4idx__worker_spin(fp4idx_worker_t *w) {
+  uint64_t seen = __atomic_load_n(&w->submitted, __ATOMIC_ACQUIRE);
+  pthread_mutex_unlock(&w->mu);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int got = 0;
+  for (;;) {
+    if (__atomic_load_n(&w->submitted, __ATOMIC_ACQUIRE) != seen) {
+      got = 1;
+      break;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= w->spin_us) break;
+  }
+  pthread_mutex_lock(&w->mu);
+  return got;
+}
+
 static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
   fp4idx_job_t *run[FP4IDX_WORKER_MAX_BATCH];
@@ -32,8 +54,10 @@ static void *fp4idx__worker_main(void *arg) {
   for (;;) {
     int bulk;
     while (!w->todo_head && !(bulk = w->bulk_head && (!w->bulk_paused || w->stopping)) &&
-           !w->stopping)
+           !w->stopping) {
+      if (w->spin_us > 0 && fp4idx__worker_spin(w)) continue; /* a job came */
       pthread_cond_wait(&w->cv, &w->mu);
+    }
     bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
     /* The lane: normal first, one bulk run after every BULK_EVERY normal
      * jobs while both wait. */
@@ -96,9 +120,11 @@ void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
   void *data = w->data;
   void (*on_idle)(fp4idx_worker_t *) = w->on_idle;
+  int spin_us = w->spin_us;
   memset(w, 0, sizeof *w);
   w->data = data;
   w->on_idle = on_idle;
+  w->spin_us = spin_us;
   w->loop = loop;
   if (pthread_mutex_init(&w->mu, NULL)) return FP4IDX_ENOMEM;
   if (pthread_cond_init(&w->cv, NULL)) goto err_mu;
@@ -124,6 +150,7 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job) {
   fp4idx_job_t **tail = job->bulk ? &w->bulk_tail : &w->todo_tail;
   if (*tail) (*tail)->next = job; else *head = job;
   *tail = job;
+  __atomic_add_fetch(&w->submitted, 1, __ATOMIC_RELEASE);
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
 }

@@ -68,10 +68,13 @@ typedef struct fp4idx_worker_s {
   uint8_t run_posted[FP4IDX_WORKER_MAX_BATCH]; /* were posted (worker) */
   int run_n;
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
+  int spin_us;             /* poll the queue this long before sleeping (set before start) */
+  uint64_t submitted;      /* jobs ever submitted (atomic: the spinning worker reads it) */
   void *data;              /* user's */
 } fp4idx_worker_t;
 
-/* Starts the thread and the async handle on `loop`. FP4IDX_OK, or
+/* Starts the thread and the async handle on `loop` (keeps data, on_idle and
+ * spin_us). FP4IDX_OK, or
  * FP4IDX_ENOMEM / FP4IDX_EINTERNAL (thread or handle creation failed). */
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop);
 

@@ -40,6 +40,10 @@ typedef struct fp4idx_backend_info_s {
    * fixed cost is amortized up to there, beyond it a request would only
    * wait for its neighbours' compute. 0: never combine requests. */
   uint64_t batch_work;
+  /* 1: score accepts outputs in this backend's device memory
+   * (fp4idx_backend_batch_t.outputs_on_device), e.g. a client's CUDA
+   * region: results never cross to the host. */
+  int device_outputs;
 } fp4idx_backend_info_t;
 
 /* One sequence of a score batch: R verify rows against the first keys of a
@@ -92,6 +96,10 @@ typedef struct fp4idx_backend_batch_s {
   float *topk_val;
   int32_t *topk_count;
   fp4idx_backend_timing_t *timing;  /* optional out: device time of the call */
+  /* 1: logits / topk_* are device addresses on the backend's device (only
+   * where info.device_outputs); the call writes them there and copies
+   * nothing to the host. 0: host memory. */
+  int32_t outputs_on_device;
 } fp4idx_backend_batch_t;
 
 typedef struct fp4idx_backend_ops_s {

@@ -463,6 +463,10 @@ Test(conn, arguments) {
 
   fp4idx_client_t *c = fp4idx_client_new();
   cr_expect_eq(fp4idx_client_set_timeout(c, -1), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_busy_poll(NULL, 1), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_busy_poll(c, -1), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_busy_poll(c, 1000001), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_busy_poll(c, 50), FP4IDX_OK);
   char longp[300];
   memset(longp, 'a', sizeof longp - 1);
   longp[sizeof longp - 1] = '\0';

@@ -147,6 +147,19 @@ Test(config, buffer_budget_and_timeout) {
   cr_assert_eq(parse(&cfg, (const char *[]){"--buffer-timeout", "x", NULL}), FP4IDX_EINVAL);
 }
 
+Test(config, busy_poll) {
+  fp4idx_config_t cfg;
+  cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
+  cr_assert_eq(cfg.busy_poll_us, -1, "-1: chosen from the backend at start");
+  cr_assert_eq(parse(&cfg, (const char *[]){"--busy-poll-us", "500", NULL}), 0);
+  cr_assert_eq(cfg.busy_poll_us, 500);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--busy-poll-us", "0", NULL}), 0);
+  cr_assert_eq(cfg.busy_poll_us, 0);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--busy-poll-us", "-1", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--busy-poll-us", "2000000", NULL}), FP4IDX_EINVAL);
+  cr_assert_eq(parse(&cfg, (const char *[]){"--busy-poll-us", "5ms", NULL}), FP4IDX_EINVAL);
+}
+
 Test(config, buffer_budget_default_follows_ram) {
   cr_assert_eq(fp4idx__budget_default(0), 64ull << 20, "unknown RAM: the floor");
   cr_assert_eq(fp4idx__budget_default(512ull << 20), 64ull << 20);

@@ -475,3 +475,48 @@ Test(reqpath, short_requests_are_answered_on_the_loop) {
   close(b);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
+
+/* One append then scores (full logits and top-k) on a fresh daemon started
+ * with `args`; the response bodies, concatenated, in *out. */
+static size_t busy_run(const char **args, unsigned char **out) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, args), 0);
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
+  size_t n = 0;
+  *out = NULL;
+  for (int j = 0; j < 7; j++) {
+    frame_t f = j == 0 ? append_frame(1, 5, 300, 9)
+                       : score_frame(2 + (uint64_t)j, 5, 8, j % 2 ? 16 : 0, 3, NULL, (uint64_t)j);
+    unsigned char *body = NULL;
+    size_t len = 0;
+    cr_assert_eq(fp4idx_test_send_all(fd, f.data, f.len), 0);
+    cr_assert_eq(fp4idx_test_recv_frame(fd, &body, &len), 0);
+    *out = realloc(*out, n + len);
+    memcpy(*out + n, body, len);
+    n += len;
+    free(body);
+    free(f.data);
+  }
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(fd, &info), 0);
+  cr_assert_eq(info.sequences, 1u);
+  close(fd);
+  /* the polling loop still stops on SIGTERM once its window has passed */
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+  return n;
+}
+
+/* --busy-poll-us changes when the loop and the worker sleep, nothing else:
+ * the same requests give the same bytes with it on and off, and the daemon
+ * stops cleanly with it on. */
+Test(reqpath, busy_polling_gives_the_same_bytes) {
+  unsigned char *a, *b;
+  size_t na = busy_run((const char *[]){"--cache-bytes", "8M", "--busy-poll-us", "0", NULL}, &a);
+  size_t nb =
+      busy_run((const char *[]){"--cache-bytes", "8M", "--busy-poll-us", "100000", NULL}, &b);
+  cr_assert_eq(na, nb);
+  cr_assert(memcmp(a, b, na) == 0, "busy polling changed a reply");
+  free(a);
+  free(b);
+}

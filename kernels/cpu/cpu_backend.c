@@ -200,6 +200,7 @@ static int fp4idx__cpu_score_entry(fp4idx_backend_t *b,
                                    const fp4idx_backend_batch_t *batch) {
   if (!b || !fp4idx__impl(b)->pool) return FP4IDX_EINVAL;
   int rc = fp4idx_backend_check_score(b, batch);
+  if (rc == FP4IDX_OK && batch->outputs_on_device) rc = FP4IDX_EINVAL; /* host memory only */
   if (rc != FP4IDX_OK) return rc;
   return fp4idx__cpu_score(b, batch);
 }

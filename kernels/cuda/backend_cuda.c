@@ -159,6 +159,7 @@ static int fp4idx__cuda_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *inf
   info->mem_free = fr;
   /* one launch fills the GPU: e.g. 64 requests of 4 x 32 rows at 32,768 keys */
   info->batch_work = (uint64_t)1 << 28;
+  info->device_outputs = 1;
 out:
   return rc;
 }
@@ -313,7 +314,10 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   fp4idx_cuda_topk_row_t *trows_plan = NULL;
   if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
   if (ns == 0) return FP4IDX_OK;
-  if (!stage && fp4idx__all_lens_zero(bt)) return fp4idx__score_nothing_visible(bt);
+  /* (device outputs: the kernels write the same -inf / -1 themselves) */
+  if (!stage && !bt->outputs_on_device && fp4idx__all_lens_zero(bt))
+    return fp4idx__score_nothing_visible(bt);
+  const int dev_out = bt->outputs_on_device;
   rows = malloc(sizeof *rows * (size_t)ns);
   widths = malloc(sizeof *widths * (size_t)ns);
   dev_pages = calloc((size_t)ns, sizeof *dev_pages);
@@ -364,13 +368,18 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
   }
   const size_t in_bytes = off;
-  const size_t o_logits = off; off = fp4idx__align(off + total_out * 4);
-  const size_t o_tpos = off, kk = (size_t)bt->topk;
-  off = fp4idx__align(off + total_rows * kk * 4);
+  /* Outputs in the scratch, except those the caller has on the device:
+   * full logits written by the scorer straight there, top-k results by the
+   * top-k (its logits stay in the scratch). */
+  const size_t kk = (size_t)bt->topk;
+  const size_t o_logits = off;
+  if (!(dev_out && !bt->topk)) off = fp4idx__align(off + total_out * 4);
+  const size_t o_tpos = off;
+  if (!dev_out) off = fp4idx__align(off + total_rows * kk * 4);
   const size_t o_tval = off;
-  off = fp4idx__align(off + total_rows * kk * 4);
+  if (!dev_out) off = fp4idx__align(off + total_rows * kk * 4);
   const size_t o_tcnt = off;
-  off = fp4idx__align(off + total_rows * 4);
+  if (!dev_out) off = fp4idx__align(off + total_rows * 4);
   const size_t o_tws = off;
   off = fp4idx__align(off + tp.ws_bytes);
   const size_t all = off;
@@ -380,6 +389,10 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if ((rc = fp4idx__stage_take(c, in_bytes, all, &st))) goto out;
 
   uint8_t *h = st->h, *d = st->d;
+  float *d_logits = dev_out && !bt->topk ? bt->logits : (float *)(d + o_logits);
+  int32_t *d_tpos = dev_out ? bt->topk_pos : (int32_t *)(d + o_tpos);
+  float *d_tval = dev_out ? bt->topk_val : (float *)(d + o_tval);
+  int32_t *d_tcnt = dev_out ? bt->topk_count : (int32_t *)(d + o_tcnt);
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
   size_t out_at = 0, row_at = 0;
@@ -398,7 +411,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     q->w = (const uint16_t *)(d + o_pages[5 * i + 2]);
     q->lens = (const int32_t *)(d + o_pages[5 * i + 3]);
     q->mask = s->mask ? (const uint8_t *)(d + o_pages[5 * i + 4]) : NULL;
-    q->out = (float *)(d + o_logits) + out_at;
+    q->out = d_logits + out_at;
     q->width = s->width;
     q->rows = s->rows;
     if (bt->topk)
@@ -425,21 +438,22 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if ((rc = fp4idx_cuda_score_launch(&prm, c->stream))) goto out;
   if (bt->topk) {
     rc = fp4idx_cuda_topk_launch(&tp, (const fp4idx_cuda_topk_row_t *)(d + o_trows),
-                                 d + o_tws, (int32_t *)(d + o_tpos), (float *)(d + o_tval),
-                                 (int32_t *)(d + o_tcnt), c->stream);
+                                 d + o_tws, d_tpos, d_tval, d_tcnt, c->stream);
     if (rc) goto out;
   }
   CK(cudaEventRecord(st->ev[2], c->stream), "score: event");
   /* Results straight from the device into the caller's arrays. */
-  if (bt->topk) {
-    CK(cudaMemcpyAsync(bt->topk_pos, d + o_tpos, total_rows * kk * 4, cudaMemcpyDeviceToHost,
+  if (dev_out) {
+    /* already where the caller wants them */
+  } else if (bt->topk) {
+    CK(cudaMemcpyAsync(bt->topk_pos, d_tpos, total_rows * kk * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
-    CK(cudaMemcpyAsync(bt->topk_val, d + o_tval, total_rows * kk * 4, cudaMemcpyDeviceToHost,
+    CK(cudaMemcpyAsync(bt->topk_val, d_tval, total_rows * kk * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
-    CK(cudaMemcpyAsync(bt->topk_count, d + o_tcnt, total_rows * 4, cudaMemcpyDeviceToHost,
+    CK(cudaMemcpyAsync(bt->topk_count, d_tcnt, total_rows * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
   } else if (total_out) {
-    CK(cudaMemcpyAsync(bt->logits, d + o_logits, total_out * 4, cudaMemcpyDeviceToHost,
+    CK(cudaMemcpyAsync(bt->logits, d_logits, total_out * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: download");
   }
   if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;

@@ -1,0 +1,35 @@
+/* busypoll.c -- polling instead of sleeping while work is near (see
+ * busypoll.h). */
+#define _GNU_SOURCE
+#include "busypoll.h"
+
+#include "stats.h"
+
+static void fp4idx__busypoll_idle_cb(uv_idle_t *h) {
+  fp4idx_busypoll_t *bp = h->data;
+  if (bp->busy && __atomic_load_n(bp->busy, __ATOMIC_RELAXED) > 0) return;
+  if (fp4idx__stats_now_us() - bp->last_us < bp->spin_us) return;
+  uv_idle_stop(&bp->idle);
+  bp->on = 0;
+}
+
+int fp4idx__busypoll_init(fp4idx_busypoll_t *bp, uv_loop_t *loop, int spin_us,
+                          const uint64_t *busy) {
+  bp->spin_us = spin_us > 0 ? spin_us : 0;
+  bp->on = 0;
+  bp->last_us = 0;
+  bp->busy = busy;
+  int rc = uv_idle_init(loop, &bp->idle);
+  bp->idle.data = bp;
+  return rc;
+}
+
+void fp4idx__busypoll_kick(fp4idx_busypoll_t *bp) {
+  if (!bp || bp->spin_us == 0) return;
+  bp->last_us = fp4idx__stats_now_us();
+  if (!bp->on && uv_idle_start(&bp->idle, fp4idx__busypoll_idle_cb) == 0) bp->on = 1;
+}
+
+void fp4idx__busypoll_close(fp4idx_busypoll_t *bp) {
+  if (!uv_is_closing((uv_handle_t *)&bp->idle)) uv_close((uv_handle_t *)&bp->idle, NULL);
+}

@@ -1,0 +1,40 @@
+/* busypoll.h -- the event loop polls instead of sleeping while work is near.
+ *
+ * A thread that sleeps in epoll_wait or on a condition variable is woken by
+ * the scheduler in tens of microseconds on a busy or virtualized host: on
+ * the GPU that is more than a short request's whole compute. While busy
+ * polling is on, a uv_idle_t handle keeps uv_run from blocking (libuv then
+ * polls with a zero timeout), so the loop sees a frame or a worker's reply
+ * as soon as it is there. It stays on while the worker holds requests and
+ * for spin_us after the last event, then the loop sleeps again.
+ *
+ * Chosen once at start from the backend (daemon.c: on for the CUDA backend,
+ * whose compute does not need the host's cores; off for the CPU backend,
+ * whose threads do), or by --busy-poll-us. Loop thread only.
+ */
+#ifndef FP4IDX_DAEMON_BUSYPOLL_H
+#define FP4IDX_DAEMON_BUSYPOLL_H
+
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct fp4idx_busypoll_s {
+  uv_idle_t idle;
+  int spin_us;             /* 0: off (kick does nothing) */
+  int on;                  /* the idle handle is active */
+  double last_us;          /* the last kick (fp4idx__stats_now_us clock) */
+  const uint64_t *busy;    /* nonzero while work is out (the worker's queued) */
+} fp4idx_busypoll_t;
+
+/* Initialises bp on loop (inactive). spin_us 0 disables it. busy may be
+ * NULL. Returns 0 or a libuv error. */
+int fp4idx__busypoll_init(fp4idx_busypoll_t *bp, uv_loop_t *loop, int spin_us,
+                          const uint64_t *busy);
+
+/* Something happened (a read, a reply ready): poll for the next spin_us. */
+void fp4idx__busypoll_kick(fp4idx_busypoll_t *bp);
+
+/* Closes the handle (the loop must run to finish the close). */
+void fp4idx__busypoll_close(fp4idx_busypoll_t *bp);
+
+#endif /* FP4IDX_DAEMON_BUSYPOLL_H */
