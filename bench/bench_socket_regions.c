@@ -1,4 +1,4 @@
-/* bench_socket_regions.c -- fp4idx-bench-socket (d): the region cases of
+/* bench_socket_regions.c -- fp4idx-bench-socket (e): the region cases of
  * PROTOCOL.md "Regions" beside the socket path, interleaved call by call in
  * one run so they see the same load: R=4 x H=32 rows at context o->ctx,
  *   full logits through the socket | into a host region | into a CUDA region,
@@ -159,7 +159,7 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   }
   double app_rate = r_median(app, o->reps);
 
-  printf("\n(d) regions: score R=%d H=%d, context %ld      socket us   host region us"
+  printf("\n(e) regions: score R=%d H=%d, context %ld      socket us   host region us"
          "   cuda region us\n",
          R_ROWS, R_HEADS, o->ctx);
   printf("    %-40s %9.0f %16.0f %16.0f\n", "full logits", res[0], res[1], res[2]);

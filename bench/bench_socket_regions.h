@@ -1,4 +1,4 @@
-/* bench_socket_regions.h -- section (d) of fp4idx-bench-socket: the region
+/* bench_socket_regions.h -- section (e) of fp4idx-bench-socket: the region
  * (same-host zero copy) cases next to the socket path, in the same run. */
 #ifndef FP4IDX_BENCH_SOCKET_REGIONS_H
 #define FP4IDX_BENCH_SOCKET_REGIONS_H
@@ -16,7 +16,7 @@ typedef struct fp4idx_bench_regions_opts_s {
   FILE *csv;         /* raw samples (case,run,index,us) or NULL */
 } fp4idx_bench_regions_opts_t;
 
-/* Runs section (d) on connection c and prints its table. Returns 0 or -1
+/* Runs section (e) on connection c and prints its table. Returns 0 or -1
  * (a call failed; the message is on stderr). */
 int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *o);
 
