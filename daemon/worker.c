@@ -26,9 +26,10 @@ static void fp4idx__worker_async_cb(uv_async_t *h) {
   fp4idx__worker_drain_done(h->data);
 }
 
-/* Called with mu held and nothing to run: polls for a submission for up to
- * spin_us without the lock (a sleeping thread is woken tens of us late;
- * busypoll.h). 1 when one came (mu held again either way). */
+/* Called with mu held and nothing to run: polls for a submission (or a
+ * stop) for up to spin_us without the lock (a sleeping thread is woken tens
+ * of us late; busypoll.h). 1 when one came; mu is held again either way and
+ * the caller looks at the queues again before it sleeps. */
 static int fp4idx__worker_spin(fp4idx_worker_t *w) {
   uint64_t seen = __atomic_load_n(&w->submitted, __ATOMIC_ACQUIRE);
   pthread_mutex_unlock(&w->mu);
@@ -36,7 +37,8 @@ static int fp4idx__worker_spin(fp4idx_worker_t *w) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int got = 0;
   for (;;) {
-    if (__atomic_load_n(&w->submitted, __ATOMIC_ACQUIRE) != seen) {
+    if (__atomic_load_n(&w->submitted, __ATOMIC_ACQUIRE) != seen ||
+        __atomic_load_n(&w->stopping, __ATOMIC_ACQUIRE)) {
       got = 1;
       break;
     }
@@ -51,13 +53,21 @@ static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
   fp4idx_job_t *run[FP4IDX_WORKER_MAX_BATCH];
   pthread_mutex_lock(&w->mu);
+  int spun = 0;
   for (;;) {
     int bulk;
     while (!w->todo_head && !(bulk = w->bulk_head && (!w->bulk_paused || w->stopping)) &&
            !w->stopping) {
-      if (w->spin_us > 0 && fp4idx__worker_spin(w)) continue; /* a job came */
+      /* Poll once before sleeping, then look again under the lock: a stop
+       * (or a job) that came meanwhile sent its signal to nobody. */
+      if (w->spin_us > 0 && !spun) {
+        spun = 1;
+        fp4idx__worker_spin(w);
+        continue;
+      }
       pthread_cond_wait(&w->cv, &w->mu);
     }
+    spun = 0;
     bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
     /* The lane: normal first, one bulk run after every BULK_EVERY normal
      * jobs while both wait. */

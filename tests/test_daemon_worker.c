@@ -81,6 +81,36 @@ Test(worker, fifo_order_and_done_on_the_loop) {
   cr_assert_eq(uv_loop_close(&loop), 0);
 }
 
+/* A polling worker (spin_us) runs the same jobs in the same order, and a
+ * stop that comes while it polls an empty queue is not lost: the stop
+ * returns (a lost wake-up hangs here, and the test times out). */
+Test(worker, spinning_worker_keeps_order_and_stops, .timeout = 30) {
+  for (int round = 0; round < 20; round++) {
+    uv_loop_t loop;
+    cr_assert_eq(uv_loop_init(&loop), 0);
+    static ctx_t c;
+    ctx_reset(&c);
+    c.w.data = &c;
+    c.w.spin_us = round % 2 ? 200 : 100000; /* stop inside and after the window */
+    cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
+    cr_assert_eq(c.w.spin_us, round % 2 ? 200 : 100000, "start keeps spin_us");
+    enum { N = 50 };
+    for (int i = 0; i < N; i++) {
+      c.jobs[i].work = work_cb;
+      c.jobs[i].done = done_cb;
+      c.jobs[i].data = &c;
+      fp4idx__worker_submit(&c.w, &c.jobs[i]);
+    }
+    while (c.n_done < N) uv_run(&loop, UV_RUN_ONCE);
+    if (round % 4 == 1) usleep(1000); /* now asleep on its condition */
+    fp4idx__worker_stop(&c.w);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    for (int i = 0; i < N; i++) cr_assert_eq(c.order[i], i, "job %d ran out of order", i);
+    cr_assert(c.done_in_order);
+    cr_assert_eq(uv_loop_close(&loop), 0);
+  }
+}
+
 /* Stopping with jobs still queued runs them all and delivers every done. */
 Test(worker, stop_drains_the_queue) {
   uv_loop_t loop;
