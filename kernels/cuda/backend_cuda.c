@@ -13,7 +13,10 @@
  * give the device time of each part (fp4idx_backend_timing_t). Results are
  * copied from the device straight into the caller's output arrays: when the
  * caller got them from host_alloc (pinned, cuda_pinned.c) that is a true
- * asynchronous DMA and nothing is copied again on the host. Sequences whose
+ * asynchronous DMA and nothing is copied again on the host; small results
+ * in pinned memory (<= 256 KB) are stored there by the kernels themselves,
+ * with no copy at all, and outputs in the device's own memory (a client's
+ * CUDA region, batch.outputs_on_device) never leave it. Sequences whose
  * page list is resident (seq_pages_update, cuda_seqpages.c) are scored from
  * the device copy of their list instead of uploading it.
  *
@@ -32,6 +35,13 @@
 #include "cuda_seqpages.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
+
+/* Outputs up to this size that lie in pinned host memory are written by
+ * the kernels themselves across PCIe (mapped memory, same address under
+ * UVA): no download copy and no wait for it, which is most of a small
+ * request's device time. Larger ones are copied (a DMA beats the kernels'
+ * stores over PCIe and keeps them out of the scorer's pipeline). */
+#define FP4IDX__CUDA_DIRECT_MAX ((size_t)256 << 10)
 
 /* Pinned output blocks kept for reuse once freed. */
 #define FP4IDX__CUDA_PINNED_KEEP ((size_t)512 << 20)
@@ -297,6 +307,17 @@ static int fp4idx__score_nothing_visible(const fp4idx_backend_batch_t *bt) {
   return FP4IDX_OK;
 }
 
+/* The device address of host memory p when it is pinned and mapped
+ * (cudaHostAlloc, cudaHostRegister: the same address under UVA), else NULL. */
+static void *fp4idx__mapped(const void *p) {
+  struct cudaPointerAttributes a;
+  if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError(); /* not an error: pageable memory */
+    return NULL;
+  }
+  return a.type == cudaMemoryTypeHost ? a.devicePointer : NULL;
+}
+
 /* Score, or with stage != NULL only upload the inputs and plan the launch
  * (the benchmark captures the launch itself in a CUDA graph). */
 static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
@@ -317,7 +338,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   /* (device outputs: the kernels write the same -inf / -1 themselves) */
   if (!stage && !bt->outputs_on_device && fp4idx__all_lens_zero(bt))
     return fp4idx__score_nothing_visible(bt);
-  const int dev_out = bt->outputs_on_device;
+  int dev_out = bt->outputs_on_device;
   rows = malloc(sizeof *rows * (size_t)ns);
   widths = malloc(sizeof *widths * (size_t)ns);
   dev_pages = calloc((size_t)ns, sizeof *dev_pages);
@@ -368,10 +389,27 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
   }
   const size_t in_bytes = off;
-  /* Outputs in the scratch, except those the caller has on the device:
-   * full logits written by the scorer straight there, top-k results by the
-   * top-k (its logits stay in the scratch). */
+  /* Outputs in the scratch, except those the caller has on the device (or
+   * small ones in mapped host memory, FP4IDX__CUDA_DIRECT_MAX): full logits
+   * written by the scorer straight there, top-k results by the top-k (its
+   * logits stay in the scratch). */
   const size_t kk = (size_t)bt->topk;
+  float *o_dlogits = bt->logits, *o_dval = bt->topk_val;
+  int32_t *o_dpos = bt->topk_pos, *o_dcnt = bt->topk_count;
+  /* (k <= 4096: those top-k paths only store their results; the device
+   * segmented sort of larger k also uses its outputs as scratch) */
+  if (!dev_out && !stage && kk <= 4096 &&
+      (bt->topk ? total_rows * (kk * 8 + 4) : total_out * 4) <= FP4IDX__CUDA_DIRECT_MAX) {
+    if (bt->topk) {
+      o_dpos = fp4idx__mapped(bt->topk_pos);
+      o_dval = fp4idx__mapped(bt->topk_val);
+      o_dcnt = fp4idx__mapped(bt->topk_count);
+      dev_out = o_dpos && o_dval && o_dcnt;
+    } else {
+      o_dlogits = fp4idx__mapped(bt->logits);
+      dev_out = o_dlogits != NULL;
+    }
+  }
   const size_t o_logits = off;
   if (!(dev_out && !bt->topk)) off = fp4idx__align(off + total_out * 4);
   const size_t o_tpos = off;
@@ -389,10 +427,10 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if ((rc = fp4idx__stage_take(c, in_bytes, all, &st))) goto out;
 
   uint8_t *h = st->h, *d = st->d;
-  float *d_logits = dev_out && !bt->topk ? bt->logits : (float *)(d + o_logits);
-  int32_t *d_tpos = dev_out ? bt->topk_pos : (int32_t *)(d + o_tpos);
-  float *d_tval = dev_out ? bt->topk_val : (float *)(d + o_tval);
-  int32_t *d_tcnt = dev_out ? bt->topk_count : (int32_t *)(d + o_tcnt);
+  float *d_logits = dev_out && !bt->topk ? o_dlogits : (float *)(d + o_logits);
+  int32_t *d_tpos = dev_out ? o_dpos : (int32_t *)(d + o_tpos);
+  float *d_tval = dev_out ? o_dval : (float *)(d + o_tval);
+  int32_t *d_tcnt = dev_out ? o_dcnt : (int32_t *)(d + o_tcnt);
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
   size_t out_at = 0, row_at = 0;
