@@ -10,8 +10,22 @@
 #include "fp4idx_status.h"
 #include "log.h"
 
+/* Score calls submitted and not yet waited for by their owner: the ones
+ * still on the device (ticket >= 0) and the ones already finished, kept
+ * with their status (done) until their own wait. */
+#define FP4IDX__ENGINE_CALLS 16
+
+typedef struct fp4idx__engine_slot_s {
+  uint64_t id;     /* 0: free */
+  int ticket;      /* the backend's, -1 once finished */
+  int rc;          /* status once finished */
+} fp4idx__engine_slot_t;
+
 struct fp4idx_engine_s {
   fp4idx_backend_t *b;
+  fp4idx__engine_slot_t calls[FP4IDX__ENGINE_CALLS];
+  uint64_t next_id;
+  int on_device;   /* calls with ticket >= 0 */
 };
 
 #ifndef FP4IDX_HAVE_CUDA_BACKEND
@@ -116,41 +130,103 @@ err:
 
 void fp4idx__engine_close(fp4idx_engine_t *e) {
   if (!e) return;
+  fp4idx__engine_drain(e);
   fp4idx_backend_destroy(e->b);
   free(e);
 }
 
+/* Finishes the oldest call still on the device (calls run and are waited
+ * for in submit order). */
+static void fp4idx__engine_finish_oldest(fp4idx_engine_t *e) {
+  fp4idx__engine_slot_t *old = NULL;
+  for (int i = 0; i < FP4IDX__ENGINE_CALLS; i++) {
+    fp4idx__engine_slot_t *s = &e->calls[i];
+    if (s->id && s->ticket >= 0 && (!old || s->id < old->id)) old = s;
+  }
+  if (!old) return;
+  old->rc = e->b->ops->score_wait(e->b, old->ticket);
+  old->ticket = -1;
+  e->on_device--;
+}
+
+void fp4idx__engine_drain(fp4idx_engine_t *e) {
+  while (e->on_device > 0) fp4idx__engine_finish_oldest(e);
+}
+
+int fp4idx__engine_score_submit(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch,
+                                fp4idx_engine_call_t *call) {
+  fp4idx__engine_slot_t *s = NULL;
+  for (int i = 0; i < FP4IDX__ENGINE_CALLS && !s; i++)
+    if (!e->calls[i].id) s = &e->calls[i];
+  if (!s) return FP4IDX_ENOMEM; /* owners that never wait: a daemon bug */
+  s->id = ++e->next_id;
+  s->ticket = -1;
+  call->id = s->id;
+  if (!e->b->ops->score_submit) {
+    s->rc = e->b->ops->score(e->b, batch);
+    return FP4IDX_OK;
+  }
+  while (e->on_device >= FP4IDX_BACKEND_INFLIGHT) fp4idx__engine_finish_oldest(e);
+  int t = -1;
+  s->rc = e->b->ops->score_submit(e->b, batch, &t);
+  if (s->rc == FP4IDX_OK && t >= 0) { /* t < 0: finished already */
+    s->ticket = t;
+    e->on_device++;
+  }
+  return FP4IDX_OK;
+}
+
+int fp4idx__engine_score_wait(fp4idx_engine_t *e, fp4idx_engine_call_t call) {
+  fp4idx__engine_slot_t *s = NULL;
+  for (int i = 0; i < FP4IDX__ENGINE_CALLS && !s; i++)
+    if (e->calls[i].id == call.id && call.id) s = &e->calls[i];
+  if (!s) return FP4IDX_EINVAL;
+  while (s->ticket >= 0) fp4idx__engine_finish_oldest(e); /* in submit order */
+  int rc = s->rc;
+  s->id = 0;
+  return rc;
+}
+
+/* Every op but score waits for the score calls in flight first: they must
+ * not overlap (fp4idx_backend.h, score_submit). */
 int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, fp4idx_dtype_t dtype,
                          int64_t n, const int64_t *slots, fp4idx_rounding_t rounding) {
+  fp4idx__engine_drain(e);
   return e->b->ops->store(e->b, keys, dtype, n, slots, rounding);
 }
 
 int fp4idx__engine_read(fp4idx_engine_t *e, const int64_t *slots, int64_t n,
                         int dequant, void *out) {
+  fp4idx__engine_drain(e);
   return e->b->ops->read(e->b, slots, n, dequant, out);
 }
 
 int fp4idx__engine_read_pages(fp4idx_engine_t *e, int64_t first, int64_t count, void *out) {
+  fp4idx__engine_drain(e);
   return e->b->ops->read_pages(e->b, first, count, out);
 }
 
 int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
                                const void *in) {
+  fp4idx__engine_drain(e);
   return e->b->ops->write_pages(e->b, first, count, in);
 }
 
 int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to) {
   fp4idx_engine_t *e = ctx;
+  fp4idx__engine_drain(e);
   return e->b->ops->copy_pages(e->b, from, to, 1);
 }
 
 int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch) {
+  fp4idx__engine_drain(e);
   return e->b->ops->score(e->b, batch);
 }
 
 int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
                              int64_t n_pages, int64_t first) {
   if (!e->b->ops->seq_pages_update) return FP4IDX_OK;
+  fp4idx__engine_drain(e);
   return e->b->ops->seq_pages_update(e->b, seq, pages, n_pages, first);
 }
 

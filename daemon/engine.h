@@ -57,6 +57,27 @@ int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to);
  * timing). seqs[i] pointers must be aligned host buffers. */
 int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch);
 
+/* A score call in flight (fp4idx__engine_score_submit). */
+typedef struct fp4idx_engine_call_s {
+  uint64_t id;      /* engine-wide, increasing */
+} fp4idx_engine_call_t;
+
+/* Starts batch on the device and returns at once where the backend can
+ * (score_submit); otherwise runs it to the end. Either way the inputs may
+ * be reused on return; the outputs are final only after
+ * fp4idx__engine_score_wait(call), which returns the call's status. When
+ * FP4IDX_BACKEND_INFLIGHT calls are out already, the oldest is waited for
+ * first (its status kept for its own wait). Every call must be waited for
+ * once, in any order. Returns FP4IDX_OK or FP4IDX_ENOMEM (no room to track
+ * the call; nothing ran). */
+int fp4idx__engine_score_submit(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch,
+                                fp4idx_engine_call_t *call);
+int fp4idx__engine_score_wait(fp4idx_engine_t *e, fp4idx_engine_call_t call);
+
+/* Waits for every score call in flight (their statuses kept for their own
+ * waits): called before any other backend op, which must not overlap them. */
+void fp4idx__engine_drain(fp4idx_engine_t *e);
+
 /* backend->seq_pages_update when the backend has it (else FP4IDX_OK). */
 int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
                              int64_t n_pages, int64_t first);

@@ -162,7 +162,45 @@ static int fp4idx__score_outputs(const fp4idx_score_job_t *j, const fp4idx_score
  * host copy at all; CUDA backend), into a host region from the device (a
  * pinned region takes the device-to-host DMA); other outputs into regions
  * are staged in the buffer and written after the call. rc of the call. */
-static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, int n) {
+/* One backend call of a group of jobs, from submit to split-back. */
+typedef struct fp4idx__score_launch_s {
+  fp4idx_score_job_t **jobs; /* [n], owned */
+  int n;
+  fp4idx__score_out_t *o;    /* the shared output buffer, or NULL */
+  float *logits, *val;
+  int32_t *pos, *count;
+  fp4idx_backend_seq_t *seqs;
+  fp4idx_backend_timing_t timing;
+  fp4idx_backend_batch_t batch;
+  fp4idx_engine_call_t call;
+  double t0;
+  struct fp4idx__score_launch_s *next;
+} fp4idx__score_launch_t;
+
+struct fp4idx_score_pending_s {
+  fp4idx__score_launch_t *head, *tail; /* submit order */
+  int n;
+};
+
+static void fp4idx__score_launch_free(fp4idx__score_launch_t *l) {
+  if (!l) return;
+  if (l->n > 0 && l->seqs != l->jobs[0]->eng) free(l->seqs);
+  free(l->jobs);
+  free(l);
+}
+
+/* Queues one backend call for jobs[0..n) (all valid, same heads and topk;
+ * the array is taken over): one output buffer, [logits] or [pos | val |
+ * count] (64-byte aligned parts), each job's rows in order. A job alone
+ * with one entry writing into regions has the backend write there itself:
+ * into CUDA regions on the device (no host copy at all; CUDA backend), into
+ * a host region from the device (a pinned region takes the device-to-host
+ * DMA); other outputs into regions are staged in the buffer and written
+ * after the call. *out: the launch (finish it with fp4idx__score_finish),
+ * or NULL with the error. */
+static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, int n,
+                                fp4idx__score_launch_t **out) {
+  *out = NULL;
   const fp4idx_score_req_t *sr0 = &jobs[0]->req->u.score;
   const uint64_t k = sr0->topk;
   size_t nseqs = 0;
@@ -196,15 +234,18 @@ static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
     }
   }
   int staged = k ? (!val || !pos || !count) : !logits;
+  fp4idx__score_launch_t *l = calloc(1, sizeof *l);
   fp4idx_backend_seq_t *seqs = n == 1 ? jobs[0]->eng : malloc(nseqs * sizeof *seqs);
   fp4idx__score_out_t *o = staged ? calloc(1, sizeof *o) : NULL;
   size_t kk = (size_t)(k * rows * 4u), at_val = (kk + 63) & ~(size_t)63;
   size_t at_cnt = at_val + at_val;
   uint8_t *mem =
       staged ? fp4idx__engine_host_alloc(d->engine, k ? at_cnt + rows * 4u : cells * 4u) : NULL;
-  if (!seqs || (staged && (!o || !mem))) {
+  if (!l || !seqs || (staged && (!o || !mem))) {
     if (seqs != jobs[0]->eng) free(seqs);
     free(o);
+    free(l);
+    free(jobs);
     fp4idx__engine_host_free(d->engine, mem);
     return FP4IDX_ENOMEM;
   }
@@ -225,27 +266,44 @@ static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
     if (k && !val) val = (float *)(mem + at_val);
     if (k && !count) count = (int32_t *)(mem + at_cnt);
   }
-  fp4idx_backend_timing_t timing;
-  memset(&timing, 0, sizeof timing);
-  fp4idx_backend_batch_t batch = {.heads = (int32_t)sr0->heads, .n_seqs = (int32_t)nseqs,
-                                  .seqs = seqs, .topk = (int32_t)k, .logits = logits,
-                                  .topk_pos = pos, .topk_val = val, .topk_count = count,
-                                  .timing = &timing, .outputs_on_device = on_device};
-  double t0 = fp4idx__stats_now_us();
-  int rc = fp4idx__engine_score(d->engine, &batch);
-  if (!timing.timed) timing.kernels_us = fp4idx__stats_now_us() - t0;
-  if (seqs != jobs[0]->eng) free(seqs);
+  *l = (fp4idx__score_launch_t){.jobs = jobs, .n = n, .o = o, .logits = logits, .val = val,
+                                .pos = pos, .count = count, .seqs = seqs};
+  l->batch = (fp4idx_backend_batch_t){.heads = (int32_t)sr0->heads, .n_seqs = (int32_t)nseqs,
+                                      .seqs = seqs, .topk = (int32_t)k, .logits = logits,
+                                      .topk_pos = pos, .topk_val = val, .topk_count = count,
+                                      .timing = &l->timing, .outputs_on_device = on_device};
+  l->t0 = fp4idx__stats_now_us();
+  int rc = fp4idx__engine_score_submit(d->engine, &l->batch, &l->call);
   if (rc) {
     if (o) {
       o->refs = 1;
       fp4idx__score_out_release(o);
     }
+    fp4idx__score_launch_free(l);
     return rc;
   }
-  /* Split back: job i's rows follow job i-1's. */
+  *out = l;
+  return FP4IDX_OK;
+}
+
+/* Waits for a submitted launch and splits its results back into its jobs.
+ * Returns the call's status (the jobs untouched on failure). Frees l on
+ * success; on failure the caller still owns l->jobs' fate (see finish). */
+static int fp4idx__score_collect(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) {
+  int rc = fp4idx__engine_score_wait(d->engine, l->call);
+  if (!l->timing.timed) l->timing.kernels_us = fp4idx__stats_now_us() - l->t0;
+  if (rc) {
+    if (l->o) {
+      l->o->refs = 1;
+      fp4idx__score_out_release(l->o);
+      l->o = NULL;
+    }
+    return rc;
+  }
+  const uint64_t k = (uint64_t)l->batch.topk;
   uint64_t row = 0, cell = 0;
-  for (int i = 0; i < n; i++) {
-    fp4idx_score_job_t *j = jobs[i];
+  for (int i = 0; i < l->n; i++) {
+    fp4idx_score_job_t *j = l->jobs[i];
     const fp4idx_score_req_t *sr = &j->req->u.score;
     for (size_t s = 0; s < sr->nseqs; s++) {
       fp4idx_score_result_t *r = &j->results[s];
@@ -254,12 +312,12 @@ static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
       r->topk = k != 0;
       if (k) {
         uint64_t shp[2] = {R, k};
-        fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, pos + row * k);
-        fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, val + row * k);
-        fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, count + row);
+        fp4idx_tensor_init(&r->positions, FP4IDX_WIRE_I32, 2, shp, l->pos + row * k);
+        fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, l->val + row * k);
+        fp4idx_tensor_init(&r->counts, FP4IDX_WIRE_I32, 1, &R, l->count + row);
       } else {
         uint64_t shp[2] = {R, W};
-        fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, logits + cell);
+        fp4idx_tensor_init(&r->logits, FP4IDX_WIRE_F32, 2, shp, l->logits + cell);
       }
       if (j->alone && fp4idx_tensor_present(&sr->seqs[s].out_logits) && j->rc == FP4IDX_OK) {
         int orc = fp4idx__score_outputs(j, &sr->seqs[s], r);
@@ -271,15 +329,47 @@ static int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
       cell += R * W;
     }
     j->nresults = sr->nseqs;
-    j->out = o;
-    j->timing = timing;
-    j->launch_size = n;
+    j->out = l->o;
+    j->timing = l->timing;
+    j->launch_size = l->n;
   }
   return FP4IDX_OK;
 }
 
-void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
-  fp4idx_score_job_t **g = malloc((size_t)(n > 0 ? n : 1) * sizeof *g);
+/* A group alone, submitted and waited for at once (the retry path). */
+static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
+  fp4idx_score_job_t **one = malloc(sizeof *one);
+  if (!one) return FP4IDX_ENOMEM;
+  one[0] = j;
+  fp4idx__score_launch_t *l;
+  int rc = fp4idx__score_submit(d, one, 1, &l);
+  if (rc) return rc;
+  rc = fp4idx__score_collect(d, l);
+  fp4idx__score_launch_free(l);
+  return rc;
+}
+
+/* Finishes a launch: its results, or on failure each of its jobs alone
+ * (one bad launch must not fail its neighbours), or the error. Frees l. */
+static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) {
+  int rc = fp4idx__score_collect(d, l);
+  if (l->n > 1) fp4idx__log_debug("one launch for %d score requests (rc %d)", l->n, rc);
+  if (rc && l->n > 1) {
+    fp4idx__log_warn("a launch of %d score requests failed (%s): running them one by one",
+                     l->n, fp4idx_strerror(rc));
+    for (int x = 0; x < l->n; x++) {
+      int r1 = fp4idx__score_now(d, l->jobs[x]);
+      if (r1) fp4idx__score_fail(l->jobs[x], r1, "scoring failed: %s", fp4idx_strerror(r1));
+    }
+  } else if (rc) {
+    fp4idx__score_fail(l->jobs[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
+  }
+  fp4idx__score_launch_free(l);
+}
+
+fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs,
+                                            int n) {
+  fp4idx_score_pending_t *p = calloc(1, sizeof *p);
   for (int i = 0; i < n; i++) {
     jobs[i].group = -1;
     jobs[i].work = 0;
@@ -289,16 +379,15 @@ void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
     memset(&jobs[i].timing, 0, sizeof jobs[i].timing);
     fp4idx__score_prepare(d, &jobs[i]);
   }
-  if (!g) {
-    for (int i = 0; i < n; i++)
-      if (jobs[i].rc == FP4IDX_OK)
-        fp4idx__score_fail(&jobs[i], FP4IDX_ENOMEM, "out of memory for a score batch");
-    return;
-  }
   /* Groups of one (heads, topk), queue order inside each; a group whose
    * output would exceed FP4IDX_SCORE_MAX_LAUNCH launches in parts. */
   for (int i = 0; i < n; i++) {
     if (jobs[i].rc != FP4IDX_OK || jobs[i].group >= 0) continue;
+    fp4idx_score_job_t **g = p ? malloc((size_t)(n - i) * sizeof *g) : NULL;
+    if (!g) {
+      fp4idx__score_fail(&jobs[i], FP4IDX_ENOMEM, "out of memory for a score batch");
+      continue;
+    }
     const fp4idx_score_req_t *a = &jobs[i].req->u.score;
     int m = 0;
     uint64_t bytes = 0, work = 0;
@@ -316,19 +405,39 @@ void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
       jobs[x].group = i;
       g[m++] = &jobs[x];
     }
-    int rc = fp4idx__score_launch(d, g, m);
-    if (m > 1) fp4idx__log_debug("one launch for %d score requests (rc %d)", m, rc);
-    if (rc && m > 1) {
-      /* One bad launch must not fail its neighbours: each alone. */
-      fp4idx__log_warn("a launch of %d score requests failed (%s): running them one by one", m,
-                       fp4idx_strerror(rc));
-      for (int x = 0; x < m; x++) {
-        int r1 = fp4idx__score_launch(d, &g[x], 1);
-        if (r1) fp4idx__score_fail(g[x], r1, "scoring failed: %s", fp4idx_strerror(r1));
-      }
-    } else if (rc) {
-      fp4idx__score_fail(g[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
+    /* no more launches out than the device holds: collect the oldest */
+    if (p->n >= FP4IDX_BACKEND_INFLIGHT) {
+      fp4idx__score_launch_t *h = p->head;
+      p->head = h->next;
+      if (!p->head) p->tail = NULL;
+      p->n--;
+      fp4idx__score_finish(d, h);
     }
+    fp4idx__score_launch_t *l;
+    int rc = fp4idx__score_submit(d, g, m, &l); /* takes g */
+    if (rc) {
+      for (int x = i; x < n; x++)
+        if (jobs[x].group == i && jobs[x].rc == FP4IDX_OK)
+          fp4idx__score_fail(&jobs[x], rc, "scoring failed: %s", fp4idx_strerror(rc));
+      continue;
+    }
+    if (p->tail) p->tail->next = l; else p->head = l;
+    p->tail = l;
+    p->n++;
   }
-  free(g);
+  return p;
+}
+
+void fp4idx__score_end(fp4idx_daemon_t *d, fp4idx_score_pending_t *p) {
+  if (!p) return;
+  while (p->head) {
+    fp4idx__score_launch_t *l = p->head;
+    p->head = l->next;
+    fp4idx__score_finish(d, l);
+  }
+  free(p);
+}
+
+void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
+  fp4idx__score_end(d, fp4idx__score_start(d, jobs, n));
 }

@@ -64,6 +64,18 @@ typedef struct fp4idx_score_job_s {
  * msg, or its results. */
 void fp4idx__score_run(struct fp4idx_daemon_s *d, fp4idx_score_job_t *jobs, int n);
 
+/* The same in two halves, so that the worker prepares what comes next while
+ * the device runs these: fp4idx__score_start checks every job and queues
+ * its launches (fp4idx__engine_score_submit; the jobs' inputs may go once
+ * it returns); fp4idx__score_end waits for them and splits the results
+ * back, after which every job has rc and msg or its results. The jobs must
+ * stay in place in between. start returns NULL only when out of memory
+ * (every job then failed with ENOMEM); end(NULL) does nothing. */
+typedef struct fp4idx_score_pending_s fp4idx_score_pending_t;
+fp4idx_score_pending_t *fp4idx__score_start(struct fp4idx_daemon_s *d, fp4idx_score_job_t *jobs,
+                                            int n);
+void fp4idx__score_end(struct fp4idx_daemon_s *d, fp4idx_score_pending_t *p);
+
 /* Frees what a job holds except its output reference (results array,
  * input copies). */
 void fp4idx__score_job_clear(fp4idx_score_job_t *j);

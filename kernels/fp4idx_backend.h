@@ -159,7 +159,25 @@ typedef struct fp4idx_backend_ops_s {
    * count == 0 is a no-op. Returns FP4IDX_OK, FP4IDX_EINVAL (no pool, range
    * outside it, overlap), FP4IDX_EDEVICE. */
   int (*copy_pages)(fp4idx_backend_t *b, int64_t from, int64_t to, int64_t count);
+
+  /* Optional (NULL: only the synchronous score). score in two halves, so
+   * that the host prepares the next call while the device runs this one:
+   * score_submit checks the batch, stages its inputs (the caller may reuse
+   * them once it returns), queues the call and returns with *ticket;
+   * score_wait(ticket) returns when the outputs are written (and
+   * batch->timing filled), with the call's status. Calls run in submit
+   * order. At most FP4IDX_BACKEND_INFLIGHT calls may be submitted and not
+   * yet waited for, they are waited for in submit order, and no other op of
+   * the backend runs meanwhile (the daemon's engine guarantees all three);
+   * the batch struct and its outputs stay valid until the wait. submit:
+   * FP4IDX_OK or score's errors (nothing is queued then); wait: FP4IDX_OK,
+   * FP4IDX_EINVAL (no such call in flight), FP4IDX_EDEVICE. */
+  int (*score_submit)(fp4idx_backend_t *b, const fp4idx_backend_batch_t *batch, int *ticket);
+  int (*score_wait)(fp4idx_backend_t *b, int ticket);
 } fp4idx_backend_ops_t;
+
+/* Score calls a backend with score_submit holds in flight at most. */
+#define FP4IDX_BACKEND_INFLIGHT 2
 
 struct fp4idx_backend_s {
   const fp4idx_backend_ops_t *ops;

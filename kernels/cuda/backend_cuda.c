@@ -55,6 +55,8 @@ typedef struct fp4idx__stage_s {
   cudaEvent_t ev[4];      /* before upload, after upload, after kernels, end */
   int used;               /* 1: ev[3] recorded, wait on it before reuse;
                              2: a call failed before recording it: sync */
+  int pending;            /* a submitted score not yet waited for */
+  fp4idx_backend_timing_t *timing; /* where its timing goes (may be NULL) */
 } fp4idx__stage_t;
 
 typedef struct fp4idx__cuda_s {
@@ -86,6 +88,7 @@ static int fp4idx__stage_take(fp4idx__cuda_t *c, size_t h_need, size_t d_need,
                               fp4idx__stage_t **out) {
   int rc = FP4IDX_OK;
   fp4idx__stage_t *st = &c->set[c->cur];
+  if (st->pending) return FP4IDX_EINVAL; /* more than FP4IDX_BACKEND_INFLIGHT out */
   c->cur ^= 1;
   if (st->used == 1) CK(cudaEventSynchronize(st->ev[3]), "staging: wait");
   if (st->used == 2) CK(cudaStreamSynchronize(c->stream), "staging: wait after an error");
@@ -115,6 +118,21 @@ static int fp4idx__stage_take(fp4idx__cuda_t *c, size_t h_need, size_t d_need,
     st->d_cap = cap;
   }
   *out = st;
+out:
+  return rc;
+}
+
+/* The device time of st's last call into *t (ev0..ev3). */
+static int fp4idx__stage_timing(fp4idx__stage_t *st, fp4idx_backend_timing_t *t) {
+  int rc;
+  float up = 0, k = 0, down = 0;
+  CK(cudaEventElapsedTime(&up, st->ev[0], st->ev[1]), "score: timing");
+  CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[2]), "score: timing");
+  CK(cudaEventElapsedTime(&down, st->ev[2], st->ev[3]), "score: timing");
+  t->timed = 1;
+  t->upload_us = up * 1e3;
+  t->kernels_us = k * 1e3;
+  t->download_us = down * 1e3;
 out:
   return rc;
 }
@@ -319,9 +337,12 @@ static void *fp4idx__mapped(const void *p) {
 }
 
 /* Score, or with stage != NULL only upload the inputs and plan the launch
- * (the benchmark captures the launch itself in a CUDA graph). */
+ * (the benchmark captures the launch itself in a CUDA graph). With ticket
+ * != NULL the call is only queued (score_submit): *ticket = its staging
+ * set, or -1 when it finished without the device (nothing visible). */
 static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
-                                   fp4idx_cuda_score_params_t *stage) {
+                                   fp4idx_cuda_score_params_t *stage, int *ticket) {
+  if (ticket) *ticket = -1;
   if (!b || !((fp4idx__cuda_t *)b->impl)->pool) return FP4IDX_EINVAL;
   int rc = fp4idx_backend_check_score(b, bt);
   if (rc != FP4IDX_OK) return rc;
@@ -494,17 +515,17 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     CK(cudaMemcpyAsync(bt->logits, d_logits, total_out * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: download");
   }
-  if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;
-  if (bt->timing) {
-    float up = 0, k = 0, down = 0;
-    CK(cudaEventElapsedTime(&up, st->ev[0], st->ev[1]), "score: timing");
-    CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[2]), "score: timing");
-    CK(cudaEventElapsedTime(&down, st->ev[2], st->ev[3]), "score: timing");
-    bt->timing->timed = 1;
-    bt->timing->upload_us = up * 1e3;
-    bt->timing->kernels_us = k * 1e3;
-    bt->timing->download_us = down * 1e3;
+  if (ticket) {
+    /* queued: fp4idx__cuda_score_wait finishes it */
+    CK(cudaEventRecord(st->ev[3], c->stream), "score: event");
+    st->used = 1;
+    st->pending = 1;
+    st->timing = bt->timing;
+    *ticket = (int)(st - c->set);
+    goto out;
   }
+  if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;
+  if (bt->timing) rc = fp4idx__stage_timing(st, bt->timing);
 out:
   free(trows_plan);
   free(o_pages);
@@ -516,7 +537,26 @@ out:
 }
 
 static int fp4idx__cuda_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt) {
-  return fp4idx__cuda_score_impl(b, bt, NULL);
+  return fp4idx__cuda_score_impl(b, bt, NULL, NULL);
+}
+
+static int fp4idx__cuda_score_submit(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
+                                     int *ticket) {
+  if (!ticket) return FP4IDX_EINVAL;
+  return fp4idx__cuda_score_impl(b, bt, NULL, ticket);
+}
+
+static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
+  if (!b || ticket < 0 || ticket > 1) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  fp4idx__stage_t *st = &c->set[ticket];
+  if (!st->pending) return FP4IDX_EINVAL;
+  st->pending = 0;
+  int rc;
+  CK(cudaEventSynchronize(st->ev[3]), "score: wait");
+  if (st->timing) rc = fp4idx__stage_timing(st, st->timing);
+out:
+  return rc;
 }
 
 int fp4idx_cuda_backend_stage_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
@@ -524,7 +564,7 @@ int fp4idx_cuda_backend_stage_score(fp4idx_backend_t *b, const fp4idx_backend_ba
   if (!b || !prm || !stream || b->ops->score != fp4idx__cuda_score) return FP4IDX_EINVAL;
   fp4idx__cuda_t *c = b->impl;
   *stream = c->stream;
-  return fp4idx__cuda_score_impl(b, bt, prm);
+  return fp4idx__cuda_score_impl(b, bt, prm, NULL);
 }
 
 static int fp4idx__cuda_pages_io(fp4idx_backend_t *b, int64_t first, int64_t count, void *host,
@@ -613,6 +653,8 @@ static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
     .host_alloc = fp4idx__cuda_host_alloc,
     .host_free = fp4idx__cuda_host_free,
     .copy_pages = fp4idx__cuda_copy_pages,
+    .score_submit = fp4idx__cuda_score_submit,
+    .score_wait = fp4idx__cuda_score_wait,
 };
 
 int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
