@@ -386,30 +386,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       // with c = 4t'+w', its word pairs (d0,d4) (d1,d5) (d2,d6) (d3,d7) sit at
       // logical K = 32w' + 2t' + {0,8,16,24} (the decoder's K order), in the
       // SW128 K-major layout: [kc = K/64][row v][16-byte unit u ^ (v & 7)].
-      for (int i0 = ct; i0 < nq * 16; i0 += 8 * kCThreads) {
-        uint4 in[8];
+      // One item = vector v and w': its chunks 4t'+w' (t' = 0..3) fill the
+      // four whole units 4w'+m (word t' = pair m of chunk 4t'+w'): 4 loads,
+      // 16 PRMT, 4 STS.128; two items per step for 8 loads in flight.
+      for (int it0 = ct; it0 < nq * 4; it0 += 2 * kCThreads) {
+        uint4 in[2][4];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int i = i0 + u * kCThreads, v = (i >> 4) & 255, c = i & 15;
+        for (int u = 0; u < 2; u++) {
+          const int it = it0 + u * kCThreads, v = (it >> 2) & 255, w = it & 3;
           const int r = row_of_v[v], h = v - r * prm.hp;
-          in[u] = make_uint4(0, 0, 0, 0);
-          if (i < nq * 16 && r < nrows && h < prm.heads)
-            in[u] = __ldg(reinterpret_cast<const uint4 *>(
-                sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
+          const bool live = it < nq * 4 && r < nrows && h < prm.heads;
+          const uint4 *src = reinterpret_cast<const uint4 *>(
+                                 sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM) +
+                             w;
+#pragma unroll
+          for (int t4 = 0; t4 < 4; t4++)
+            in[u][t4] = live ? __ldg(src + 4 * t4) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int i = i0 + u * kCThreads, v = i >> 4, c = i & 15;
-          if (i >= nq * 16) break;
-          const int tq = c >> 2, wq = c & 3;
-          const uint32_t o[4] = {prmt(in[u].x, in[u].z, 0x5410), prmt(in[u].x, in[u].z, 0x7632),
-                                 prmt(in[u].y, in[u].w, 0x5410), prmt(in[u].y, in[u].w, 0x7632)};
+        for (int u = 0; u < 2; u++) {
+          const int it = it0 + u * kCThreads, v = it >> 2, w = it & 3;
+          if (it >= nq * 4) break;
+          uint8_t *dst = q_s + (w >> 1) * (nq * 128) + v * 128;
 #pragma unroll
           for (int m = 0; m < 4; m++) {
-            const int unit = 4 * wq + m;  // (K/8) over both 64-element chunks
-            const int kc = unit >> 3, uu = unit & 7;
-            *reinterpret_cast<uint32_t *>(q_s + kc * (nq * 128) + v * 128 + ((uu ^ (v & 7)) << 4) +
-                                          4 * tq) = o[m];
+            uint32_t o[4];
+#pragma unroll
+            for (int t4 = 0; t4 < 4; t4++) {
+              const uint4 &x = in[u][t4];
+              o[t4] = m == 0 ? prmt(x.x, x.z, 0x5410)
+                      : m == 1 ? prmt(x.x, x.z, 0x7632)
+                      : m == 2 ? prmt(x.y, x.w, 0x5410)
+                               : prmt(x.y, x.w, 0x7632);
+            }
+            const int uu = 4 * (w & 1) + m;
+            *reinterpret_cast<uint4 *>(dst + ((uu ^ (v & 7)) << 4)) =
+                make_uint4(o[0], o[1], o[2], o[3]);
           }
         }
       }
@@ -424,23 +436,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       // |w| pairs for the epilogue and the head-sum matrix S^T [32 rows r]
       // [256 vectors v] = sign(w_v) where v belongs to row r: the tensor
       // core sums each row's H products -- B of the second wgmma.
+      // A unit (8 consecutive v) lies in one row's hp vectors (hp % 8 == 0):
+      // sign(w_v) * 1.0 for all 8 when that row is r (padding heads have
+      // w = 0 and q = 0: +1 times +0), else zeros.
       for (int i = ct; i < kRowsMax * 32; i += kCThreads) {
-        const int r = i >> 5, unit = i & 31;  // unit: 8 consecutive v
-        uint32_t wd[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          uint32_t x = 0;
-#pragma unroll
-          for (int h2 = 0; h2 < 2; h2++) {
-            const int v = unit * 8 + 2 * e + h2;
-            if (r < nrows && v < nq && row_of_v[v] == r)
-              x |= ((wraw[v] & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
-          }
-          wd[e] = x;
+        const int r = i >> 5, unit = i & 31;
+        uint4 wd = make_uint4(0, 0, 0, 0);
+        const int v0 = unit * 8 - r * prm.hp;
+        if (r < nrows && v0 >= 0 && v0 < prm.hp) {
+          const uint4 w8 = *reinterpret_cast<const uint4 *>(wraw + unit * 8);
+          wd = make_uint4((w8.x & 0x80008000u) | 0x3F803F80u, (w8.y & 0x80008000u) | 0x3F803F80u,
+                          (w8.z & 0x80008000u) | 0x3F803F80u, (w8.w & 0x80008000u) | 0x3F803F80u);
         }
         const int kc = unit >> 3, uu = unit & 7;
         *reinterpret_cast<uint4 *>(s_s + kc * (kRowsMax * 128) + r * 128 + ((uu ^ (r & 7)) << 4)) =
-            make_uint4(wd[0], wd[1], wd[2], wd[3]);
+            wd;
       }
       for (int i = ct; i < nq / 2; i += kCThreads)
         w_s[(i & 3) * ws + (i >> 2)] =
