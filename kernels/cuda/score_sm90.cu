@@ -33,15 +33,20 @@
  *     The three consumers' wgmma, decode and epilogue phases interleave on
  *     the SM (one's tensor-core work runs under another's ALU work); none
  *     of them waits for global memory.
- *   - Per work segment the 384 consumer threads stage Q (swizzled), |w|, S
- *     and the lengths ONCE for all three consumers; the producer reads the
+ *   - Per work segment the 384 consumer threads stage Q (swizzled, whole
+ *     16-byte units), |w|, S, the lengths and the output / mask row
+ *     pointers ONCE for all three consumers; the producer reads the
  *     lengths itself and runs ahead, so the first tiles' keys load under
  *     the staging. Tiles past every row's visible count only get -inf.
+ *   - Launched with programmatic stream serialization (PDL): barrier setup
+ *     and the v/hp table run under the previous kernel's tail, every
+ *     global access comes after griddepcontrol.wait.
  * No exp2, no special-function unit (tests/sass_check.sh). Shared memory:
  * nq*256 B of queries (nq = ntp*8, a multiple of 128) + 16 KB of S + the
- * ring (kStages x 4352 B) + barriers, weights, lengths, a v/hp table.
- * Only compiled into the sm_90a image; plans for FP4IDX_CUDA_SCORER_WGMMA
- * (chosen once per device on CC 9.0) run it.
+ * ring (kStages x 4352 B) + barriers, weights, row pointers, lengths, a
+ * v/hp table. Only compiled into the sm_90a image; plans for
+ * FP4IDX_CUDA_SCORER_WGMMA (chosen once per device on CC 9.0) run it.
+ * Measured, with what did not pay: bench/RESULTS.md.
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
