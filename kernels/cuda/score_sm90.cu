@@ -309,8 +309,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ws = prm.ntp + 4;
   uint32_t *w_s = reinterpret_cast<uint32_t *>(bars + 2 * kStages);  // [4][ws] bf16x2
   float **orow_s = reinterpret_cast<float **>(w_s + 4 * ws);         // [32] output rows
-  const uint8_t **mrow_s =
-      reinterpret_cast<const uint8_t **>(reinterpret_cast<void *>(orow_s + kRowsMax));  // [32] mask rows
+  const uint8_t **mrow_s =  // [32] mask rows
+      reinterpret_cast<const uint8_t **>(reinterpret_cast<void *>(orow_s + kRowsMax));
   int32_t *lens_s = reinterpret_cast<int32_t *>(mrow_s + kRowsMax);  // [32]
   uint8_t *row_of_v = reinterpret_cast<uint8_t *>(lens_s + 32);    // [256] v / hp
   uint16_t *wraw = reinterpret_cast<uint16_t *>(row_of_v + 256);   // [256]
@@ -401,9 +401,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int it = it0 + u * kCThreads, v = (it >> 2) & 255, w = it & 3;
           const int r = row_of_v[v], h = v - r * prm.hp;
           const bool live = it < nq * 4 && r < nrows && h < prm.heads;
-          const uint4 *src = reinterpret_cast<const uint4 *>(
-                                 sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM) +
-                             w;
+          const uint4 *src =
+              reinterpret_cast<const uint4 *>(
+                  sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM) + w;
 #pragma unroll
           for (int t4 = 0; t4 < 4; t4++)
             in[u][t4] = live ? __ldg(src + 4 * t4) : make_uint4(0, 0, 0, 0);
@@ -514,7 +514,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (l < width) {
                   const uint32_t b = accb[2 * jr + e2];
                   const bool vis = l < len && mrow[l] != 0;
-                  orow[l] = vis ? __uint_as_float(e1 ? (b & 0xffff0000u) : (b << 16)) : -INFINITY;
+                  orow[l] = vis ? __uint_as_float(e1 ? (b & 0xffff0000u) : (b << 16))
+                                : -INFINITY;
                 }
               }
             }
