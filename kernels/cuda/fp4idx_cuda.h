@@ -84,7 +84,11 @@ int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads, int32_t n
                            fp4idx_cuda_score_params_t *p);
 
 /* Enqueues the scorer the plan was made for. p->pool, seqs, works must be
- * set (device pointers). Returns FP4IDX_OK (also for a plan with no tiles:
+ * set (device pointers). The sm_90a scorer is launched with programmatic
+ * stream serialization: it may start while the previous kernel of the
+ * stream finishes, and reads or writes no global memory before that
+ * kernel has completed (same ordering as a plain launch, also in a
+ * captured graph). Returns FP4IDX_OK (also for a plan with no tiles:
  * nothing is launched), FP4IDX_EINVAL for a malformed plan, FP4IDX_EDEVICE. */
 int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
 

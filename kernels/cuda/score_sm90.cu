@@ -33,15 +33,20 @@
  *     The three consumers' wgmma, decode and epilogue phases interleave on
  *     the SM (one's tensor-core work runs under another's ALU work); none
  *     of them waits for global memory.
- *   - Per work segment the 384 consumer threads stage Q (swizzled), |w|, S
- *     and the lengths ONCE for all three consumers; the producer reads the
+ *   - Per work segment the 384 consumer threads stage Q (swizzled, whole
+ *     16-byte units), |w|, S, the lengths and the output / mask row
+ *     pointers ONCE for all three consumers; the producer reads the
  *     lengths itself and runs ahead, so the first tiles' keys load under
  *     the staging. Tiles past every row's visible count only get -inf.
+ *   - Launched with programmatic stream serialization (PDL): barrier setup
+ *     and the v/hp table run under the previous kernel's tail, every
+ *     global access comes after griddepcontrol.wait.
  * No exp2, no special-function unit (tests/sass_check.sh). Shared memory:
  * nq*256 B of queries (nq = ntp*8, a multiple of 128) + 16 KB of S + the
- * ring (kStages x 4352 B) + barriers, weights, lengths, a v/hp table.
- * Only compiled into the sm_90a image; plans for FP4IDX_CUDA_SCORER_WGMMA
- * (chosen once per device on CC 9.0) run it.
+ * ring (kStages x 4352 B) + barriers, weights, row pointers, lengths, a
+ * v/hp table. Only compiled into the sm_90a image; plans for
+ * FP4IDX_CUDA_SCORER_WGMMA (chosen once per device on CC 9.0) run it.
+ * Measured, with what did not pay: bench/RESULTS.md.
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
@@ -298,8 +303,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t *s_s = smem + nq * 256;                                  // [4 kc][32 rows][128 B]
   uint8_t *ring_s = s_s + kSumBytes;                               // [kStages][4352 B]
   uint64_t *bars = reinterpret_cast<uint64_t *>(ring_s + kStages * kStageBytes);  // full, empty
-  uint32_t *w_s = reinterpret_cast<uint32_t *>(bars + 2 * kStages);  // [nq/2] bf16x2
-  int32_t *lens_s = reinterpret_cast<int32_t *>(w_s + nq / 2);     // [32]
+  // |w| pairs: w_s[t * ws + c] = pair 4c + t (vectors 8c + 2t, 8c + 2t + 1),
+  // so lane t reads its 16 pairs of a chunk with 4 LDS.128; rows padded by
+  // 4 words (the four t rows land on distinct banks).
+  const int ws = prm.ntp + 4;
+  uint32_t *w_s = reinterpret_cast<uint32_t *>(bars + 2 * kStages);  // [4][ws] bf16x2
+  float **orow_s = reinterpret_cast<float **>(w_s + 4 * ws);         // [32] output rows
+  const uint8_t **mrow_s =  // [32] mask rows
+      reinterpret_cast<const uint8_t **>(reinterpret_cast<void *>(orow_s + kRowsMax));
+  int32_t *lens_s = reinterpret_cast<int32_t *>(mrow_s + kRowsMax);  // [32]
   uint8_t *row_of_v = reinterpret_cast<uint8_t *>(lens_s + 32);    // [256] v / hp
   uint16_t *wraw = reinterpret_cast<uint16_t *>(row_of_v + 256);   // [256]
   const uint32_t q_addr = (uint32_t)__cvta_generic_to_shared(q_s);
@@ -320,6 +332,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Integer division is ~20 instructions: one per thread, into a table.
   for (int v = threadIdx.x; v < 256; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
+  // Programmatic dependent launch: the next kernel of the stream may start
+  // its own prologue as this grid's blocks leave their SMs, and this one ran
+  // the above (shared memory, parameters only) under the previous kernel's
+  // tail. Every global access is past the wait: it returns once the
+  // previous kernel has completed and its writes are visible, as ordinary
+  // stream order would (a no-op when launched without the attribute).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   __syncthreads();
 
   const int64_t T = prm.total_tiles;
@@ -371,59 +391,75 @@ __global__ void __launch_bounds__(kThreads, 1)
       // with c = 4t'+w', its word pairs (d0,d4) (d1,d5) (d2,d6) (d3,d7) sit at
       // logical K = 32w' + 2t' + {0,8,16,24} (the decoder's K order), in the
       // SW128 K-major layout: [kc = K/64][row v][16-byte unit u ^ (v & 7)].
-      for (int i0 = ct; i0 < nq * 16; i0 += 8 * kCThreads) {
-        uint4 in[8];
+      // One item = vector v and w': its chunks 4t'+w' (t' = 0..3) fill the
+      // four whole units 4w'+m (word t' = pair m of chunk 4t'+w'): 4 loads,
+      // 16 PRMT, 4 STS.128; two items per step for 8 loads in flight.
+      for (int it0 = ct; it0 < nq * 4; it0 += 2 * kCThreads) {
+        uint4 in[2][4];
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int i = i0 + u * kCThreads, v = (i >> 4) & 255, c = i & 15;
+        for (int u = 0; u < 2; u++) {
+          const int it = it0 + u * kCThreads, v = (it >> 2) & 255, w = it & 3;
           const int r = row_of_v[v], h = v - r * prm.hp;
-          in[u] = make_uint4(0, 0, 0, 0);
-          if (i < nq * 16 && r < nrows && h < prm.heads)
-            in[u] = __ldg(reinterpret_cast<const uint4 *>(
-                sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM + c * 8));
+          const bool live = it < nq * 4 && r < nrows && h < prm.heads;
+          const uint4 *src =
+              reinterpret_cast<const uint4 *>(
+                  sq.q + ((int64_t)(wk.row0 + r) * prm.heads + h) * FP4IDX_HEAD_DIM) + w;
+#pragma unroll
+          for (int t4 = 0; t4 < 4; t4++)
+            in[u][t4] = live ? __ldg(src + 4 * t4) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int i = i0 + u * kCThreads, v = i >> 4, c = i & 15;
-          if (i >= nq * 16) break;
-          const int tq = c >> 2, wq = c & 3;
-          const uint32_t o[4] = {prmt(in[u].x, in[u].z, 0x5410), prmt(in[u].x, in[u].z, 0x7632),
-                                 prmt(in[u].y, in[u].w, 0x5410), prmt(in[u].y, in[u].w, 0x7632)};
+        for (int u = 0; u < 2; u++) {
+          const int it = it0 + u * kCThreads, v = it >> 2, w = it & 3;
+          if (it >= nq * 4) break;
+          uint8_t *dst = q_s + (w >> 1) * (nq * 128) + v * 128;
 #pragma unroll
           for (int m = 0; m < 4; m++) {
-            const int unit = 4 * wq + m;  // (K/8) over both 64-element chunks
-            const int kc = unit >> 3, uu = unit & 7;
-            *reinterpret_cast<uint32_t *>(q_s + kc * (nq * 128) + v * 128 + ((uu ^ (v & 7)) << 4) +
-                                          4 * tq) = o[m];
+            uint32_t o[4];
+#pragma unroll
+            for (int t4 = 0; t4 < 4; t4++) {
+              const uint4 &x = in[u][t4];
+              o[t4] = m == 0 ? prmt(x.x, x.z, 0x5410)
+                      : m == 1 ? prmt(x.x, x.z, 0x7632)
+                      : m == 2 ? prmt(x.y, x.w, 0x5410)
+                               : prmt(x.y, x.w, 0x7632);
+            }
+            const int uu = 4 * (w & 1) + m;
+            *reinterpret_cast<uint4 *>(dst + ((uu ^ (v & 7)) << 4)) =
+                make_uint4(o[0], o[1], o[2], o[3]);
           }
         }
       }
       if (ct < 256) wraw[ct] = wv;
-      if (ct < nrows) lens_s[ct] = lenv;
+      if (ct < nrows) {
+        lens_s[ct] = lenv;
+        const int64_t row = wk.row0 + ct;
+        orow_s[ct] = sq.out + row * sq.width;
+        mrow_s[ct] = sq.mask ? sq.mask + row * sq.width : nullptr;
+      }
       consumers_sync();
       // |w| pairs for the epilogue and the head-sum matrix S^T [32 rows r]
       // [256 vectors v] = sign(w_v) where v belongs to row r: the tensor
       // core sums each row's H products -- B of the second wgmma.
+      // A unit (8 consecutive v) lies in one row's hp vectors (hp % 8 == 0):
+      // sign(w_v) * 1.0 for all 8 when that row is r (padding heads have
+      // w = 0 and q = 0: +1 times +0), else zeros.
       for (int i = ct; i < kRowsMax * 32; i += kCThreads) {
-        const int r = i >> 5, unit = i & 31;  // unit: 8 consecutive v
-        uint32_t wd[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          uint32_t x = 0;
-#pragma unroll
-          for (int h2 = 0; h2 < 2; h2++) {
-            const int v = unit * 8 + 2 * e + h2;
-            if (r < nrows && v < nq && row_of_v[v] == r)
-              x |= ((wraw[v] & 0x8000u) ? 0xBF80u : 0x3F80u) << (16 * h2);  // sign(w) * 1.0
-          }
-          wd[e] = x;
+        const int r = i >> 5, unit = i & 31;
+        uint4 wd = make_uint4(0, 0, 0, 0);
+        const int v0 = unit * 8 - r * prm.hp;
+        if (r < nrows && v0 >= 0 && v0 < prm.hp) {
+          const uint4 w8 = *reinterpret_cast<const uint4 *>(wraw + unit * 8);
+          wd = make_uint4((w8.x & 0x80008000u) | 0x3F803F80u, (w8.y & 0x80008000u) | 0x3F803F80u,
+                          (w8.z & 0x80008000u) | 0x3F803F80u, (w8.w & 0x80008000u) | 0x3F803F80u);
         }
         const int kc = unit >> 3, uu = unit & 7;
         *reinterpret_cast<uint4 *>(s_s + kc * (kRowsMax * 128) + r * 128 + ((uu ^ (r & 7)) << 4)) =
-            make_uint4(wd[0], wd[1], wd[2], wd[3]);
+            wd;
       }
       for (int i = ct; i < nq / 2; i += kCThreads)
-        w_s[i] = ((uint32_t)wraw[2 * i] | ((uint32_t)wraw[2 * i + 1] << 16)) & 0x7fff7fffu;
+        w_s[(i & 3) * ws + (i >> 2)] =
+            ((uint32_t)wraw[2 * i] | ((uint32_t)wraw[2 * i + 1] << 16)) & 0x7fff7fffu;
       int32_t maxlen = 0;
       for (int r = 0; r < nrows; r++) maxlen = max(maxlen, lens_s[r]);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q, S -> wgmma
@@ -447,8 +483,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float d[64];
       // Tile i's rows: accb[2jr + e2] = key k0 + 8e2, rows 8jr + 2t + {0, 1}.
       auto store = [&](int i) {
+        // Row pointers, masks and lengths come from shared memory (set once
+        // per segment): no 64-bit row products per tile, no registers held.
         const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
-        const int64_t wd = (int32_t)opaque((uint32_t)width);  // row pointers per tile
 #pragma unroll
         for (int jr = 0; jr < 4; jr++) {
           if (8 * jr >= nrows) break;
@@ -456,18 +493,30 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int e1 = 0; e1 < 2; e1++) {
             const int r = 8 * jr + 2 * t + e1;
             if (r >= nrows) continue;
-            const int64_t row = wk.row0 + r;
-            float *orow = sq.out + row * wd;
-            const uint8_t *mrow = sq.mask ? sq.mask + row * wd : nullptr;
+            float *orow = orow_s[r];
+            const uint8_t *mrow = mrow_s[r];
             const int32_t len = lens_s[r];
+            // The mask test per row (the same for every row of a sequence),
+            // so that the common unmasked case is predicated stores only.
+            if (!mrow) {
 #pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-              const int32_t l = lk + 8 * e2;
-              if (l < width) {
-                bool vis = l < len;
-                if (vis && mrow) vis = mrow[l] != 0;
+              for (int e2 = 0; e2 < 2; e2++) {
+                const int32_t l = lk + 8 * e2;
                 const uint32_t b = accb[2 * jr + e2];
-                orow[l] = vis ? __uint_as_float(e1 ? (b & 0xffff0000u) : (b << 16)) : -INFINITY;
+                const float v = __uint_as_float(e1 ? (b & 0xffff0000u) : (b << 16));
+                const float o = l < len ? v : -INFINITY;
+                if (l < width) orow[l] = o;
+              }
+            } else {
+#pragma unroll
+              for (int e2 = 0; e2 < 2; e2++) {
+                const int32_t l = lk + 8 * e2;
+                if (l < width) {
+                  const uint32_t b = accb[2 * jr + e2];
+                  const bool vis = l < len && mrow[l] != 0;
+                  orow[l] = vis ? __uint_as_float(e1 ? (b & 0xffff0000u) : (b << 16))
+                                : -INFINITY;
+                }
               }
             }
           }
@@ -498,21 +547,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 16; e++) acc[e] = 0.f;
         auto chunk = [&](int ch) {
-          // Opaque bases: the 16 descriptors of a step are recomputed (adds)
-          // instead of held across the tile loop.
-          const uint32_t qb0 = opaque(q_addr + ch * (kN * 128));
-          const uint32_t qb1 = opaque(q_addr + ch * (kN * 128) + nq * 128);
+          // Descriptors of the 8 k-steps: an opaque base (not held across the
+          // tile loop), the K 64..127 half nq * 128 bytes on, and the 32-byte
+          // k-steps added to the address field in 16-byte units (no carry
+          // out of it: shared addresses < 2^18) -- one uniform add each.
+          const uint64_t qd0 = make_desc(opaque(q_addr + ch * (kN * 128)));
+          const uint64_t qd1 = qd0 + (uint32_t)(nq * 8);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < 8; kk++) {
             const int w4 = kk >> 1, n0 = 2 * (kk & 1);
-            const uint32_t saddr = (kk < 4 ? qb0 : qb1) + (kk & 3) * 32;
+            const uint64_t desc = (kk < 4 ? qd0 : qd1) + (uint32_t)((kk & 3) * 2);
             if (kk == 0)  // D as outputs only: d's old value is dead
               wgmma_m64n128k16_zero(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0],
-                                    a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], make_desc(saddr));
+                                    a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], desc);
             else
               wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
-                               a[1][4 * w4 + n0 + 1], make_desc(saddr), 1);
+                               a[1][4 * w4 + n0 + 1], desc, 1);
           }
           wgmma_commit();
           if (ch == 0 && k > 0) store(i - kConsumers);  // under this tile's QK
@@ -523,21 +574,32 @@ __global__ void __launch_bounds__(kThreads, 1)
           fence_acc(acc);
           // p = bf16(relu(bf16(d)) * w) in bf16x2, straight into the A
           // registers of the head-sum wgmma.
-          const uint32_t *wp = w_s + opaque((uint32_t)(ch * (kN / 8) * 4 + t));
+          const uint4 *wp =
+              reinterpret_cast<const uint4 *>(w_s + opaque((uint32_t)(t * ws + ch * (kN / 8))));
+          uint32_t wv2[kN / 8];
+#pragma unroll
+          for (int q4 = 0; q4 < kN / 32; q4++) {
+            const uint4 w4v = wp[q4];
+            wv2[4 * q4] = w4v.x;
+            wv2[4 * q4 + 1] = w4v.y;
+            wv2[4 * q4 + 2] = w4v.z;
+            wv2[4 * q4 + 3] = w4v.w;
+          }
 #pragma unroll
           for (int jj = 0; jj < kN / 8; jj++) {
-            const uint32_t w2 = wp[jj * 4];
+            const uint32_t w2 = wv2[jj];
             pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
             pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
           }
           wgmma_fence();
           // K rows 128 ch .. 128 ch + 127 of S: its 64-row chunks 2ch, 2ch + 1.
-          const uint32_t sb = opaque(s_addr + ch * 2 * (kRowsMax * 128));
+          const uint64_t sd = make_desc(opaque(s_addr + ch * 2 * (kRowsMax * 128)));
 #pragma unroll
           for (int k2 = 0; k2 < 8; k2++) {
-            const uint32_t saddr = sb + (k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32;
+            const uint64_t desc =
+                sd + (uint32_t)(((k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32) >> 4);
             wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
-                            make_desc(saddr), ch | k2);
+                            desc, ch | k2);
           }
           wgmma_commit();
         };
@@ -577,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
   return (size_t)ntp * 8 * 256 + kSumBytes + (size_t)kStages * kStageBytes + 2 * kStages * 8 +
-         (size_t)ntp * 4 * 4 + 32 * 4 + 256 + 512 + 1024;
+         (size_t)(ntp + 4) * 4 * 4 + 2 * kRowsMax * 8 + 32 * 4 + 256 + 512 + 1024;
 }
 
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
@@ -600,6 +662,20 @@ extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cu
                            (int)smem),
       "score sm90: set smem");
   if (rc) return rc;
-  fp4idx_score_sm90_kernel<<<p->grid, kThreads, smem, stream>>>(*p);
-  return fp4idx__cuda_check(cudaGetLastError(), "score sm90: launch");
+  // Programmatic stream serialization (PDL): the launch may begin before the
+  // previous kernel in the stream ends; the kernel waits for it
+  // (griddepcontrol.wait) before its first global access. Captured into a
+  // graph as a programmatic edge.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)p->grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return fp4idx__cuda_check(cudaLaunchKernelEx(&cfg, fp4idx_score_sm90_kernel, *p),
+                            "score sm90: launch");
 }
