@@ -569,14 +569,28 @@ static int fp4idx__cmd_one(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cm
   return fp4idx__cmd_call(&r->c);
 }
 
-/* Neighbouring scores r[0..n) as one batch (score.c). */
-static void fp4idx__cmd_scores(fp4idx_daemon_t *d, fp4idx_cmd_job_t **job, fp4idx__cmd_run_t **r,
-                               int n) {
+/* A run of neighbouring scores on its way: launched by
+ * fp4idx__cmd_scores_start, its replies finished by fp4idx__cmd_scores_end. */
+typedef struct fp4idx__cmd_scores_s {
+  int first, n;                /* jobs[first..first+n) of the batch */
+  fp4idx_score_job_t *jobs;    /* [n] */
+  fp4idx_score_pending_t *pending;
+  struct fp4idx__cmd_scores_s *next;
+} fp4idx__cmd_scores_t;
+
+/* Checks and launches the scores r[0..n) (score.c) without waiting for
+ * them. NULL when out of memory (then every one failed with ENOMEM and
+ * nothing is pending). */
+static fp4idx__cmd_scores_t *fp4idx__cmd_scores_start(fp4idx_daemon_t *d, fp4idx_cmd_job_t **job,
+                                                    fp4idx__cmd_run_t **r, int n, int first) {
+  fp4idx__cmd_scores_t *sc = calloc(1, sizeof *sc);
   fp4idx_score_job_t *jobs = calloc((size_t)n, sizeof *jobs);
-  if (!jobs) {
+  if (!sc || !jobs) {
+    free(sc);
+    free(jobs);
     for (int i = 0; i < n; i++)
       r[i]->rc = fp4idx__fail(r[i]->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
-    return;
+    return NULL;
   }
   for (int i = 0; i < n; i++) {
     jobs[i].req = &r[i]->req;
@@ -584,19 +598,31 @@ static void fp4idx__cmd_scores(fp4idx_daemon_t *d, fp4idx_cmd_job_t **job, fp4id
     jobs[i].msg = r[i]->msg;
     jobs[i].msgcap = FP4IDX_CMD_MSG;
   }
-  fp4idx__score_run(d, jobs, n);
+  sc->first = first;
+  sc->n = n;
+  sc->jobs = jobs;
+  sc->pending = fp4idx__score_start(d, jobs, n);
+  return sc;
+}
+
+/* Waits for a started run and takes its results into runs[first..). */
+static void fp4idx__cmd_scores_end(fp4idx_daemon_t *d, fp4idx__cmd_scores_t *sc,
+                                   fp4idx__cmd_run_t *runs) {
+  fp4idx__score_end(d, sc->pending);
   double te = fp4idx__stats_now_us();
-  for (int i = 0; i < n; i++) {
-    r[i]->score = jobs[i];
-    r[i]->rc = jobs[i].rc;
-    r[i]->timing = jobs[i].timing;
-    r[i]->te = te;
-    if (jobs[i].rc == FP4IDX_OK) {
-      r[i]->resp.u.score.results = jobs[i].results;
-      r[i]->resp.u.score.nresults = jobs[i].nresults;
+  for (int i = 0; i < sc->n; i++) {
+    fp4idx__cmd_run_t *r = &runs[sc->first + i];
+    r->score = sc->jobs[i];
+    r->rc = sc->jobs[i].rc;
+    r->timing = sc->jobs[i].timing;
+    r->te = te;
+    if (sc->jobs[i].rc == FP4IDX_OK) {
+      r->resp.u.score.results = sc->jobs[i].results;
+      r->resp.u.score.nresults = sc->jobs[i].nresults;
     }
   }
-  free(jobs);
+  free(sc->jobs);
+  free(sc);
 }
 
 /* The reply of job i: encoded (or its error), recorded in stats and
@@ -670,13 +696,23 @@ static uint64_t fp4idx__cmd_score_work(fp4idx_daemon_t *d, const fp4idx_request_
   return w;
 }
 
-void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
+/* A batch between fp4idx__cmd_batch_begin and fp4idx__cmd_batch_end. */
+struct fp4idx_cmd_batch_s {
+  fp4idx_cmd_job_t *jobs;
+  int n;
+  fp4idx__cmd_run_t *runs;
+  fp4idx__cmd_scores_t *scores, *scores_tail; /* runs of scores still out */
+};
+
+fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
+  fp4idx_cmd_batch_t *b = calloc(1, sizeof *b);
   fp4idx__cmd_run_t *runs = calloc((size_t)n, sizeof *runs);
   fp4idx__cmd_run_t **sc = calloc((size_t)n, sizeof *sc);
   fp4idx_cmd_job_t **sj = calloc((size_t)n, sizeof *sj);
-  if (!runs || !sc || !sj) {
+  if (!b || !runs || !sc || !sj) {
     /* not even the bookkeeping: no reply, the connections close */
     fp4idx__log_error("out of memory for a batch of %d requests", n);
+    free(b);
     free(runs);
     free(sc);
     free(sj);
@@ -685,12 +721,18 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
       memset(jobs[i].reply, 0, sizeof *jobs[i].reply);
       if (jobs[i].finished) jobs[i].finished(jobs[i].arg);
     }
-    return;
+    return NULL;
   }
+  b->jobs = jobs;
+  b->n = n;
+  b->runs = runs;
   /* Decode all, then run in queue order: each run of neighbouring scores
    * (cut where its work would pass the backend's batch_work) is one score
-   * batch, everything else one by one; each reply is finished as soon as
-   * its part has run, so a request never waits for later ones. */
+   * batch, launched here and finished by fp4idx__cmd_batch_end (or by the
+   * next run's start when the device is full); everything else runs and
+   * replies here one by one, so a request never waits for later ones.
+   * Backend ops of the later requests wait for the launches before them
+   * (the engine drains), so each sees the state in queue order. */
   for (int i = 0; i < n; i++) {
     fp4idx__cmd_run_t *r = &runs[i];
     r->rc = fp4idx_decode_request(jobs[i].body, jobs[i].len, &r->req, r->msg, sizeof r->msg);
@@ -710,8 +752,13 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
         sj[m] = &jobs[i];
         sc[m++] = &runs[i++];
       }
-      fp4idx__cmd_scores(d, sj, sc, m);
-      for (int k = first; k < i; k++) fp4idx__cmd_finish(d, &jobs[k], &runs[k]);
+      fp4idx__cmd_scores_t *s = fp4idx__cmd_scores_start(d, sj, sc, m, first);
+      if (!s) {
+        for (int k = first; k < i; k++) fp4idx__cmd_finish(d, &jobs[k], &runs[k]);
+        continue;
+      }
+      if (b->scores_tail) b->scores_tail->next = s; else b->scores = s;
+      b->scores_tail = s;
       continue;
     }
     if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, &jobs[i], r);
@@ -721,9 +768,26 @@ void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n
     fp4idx__cmd_finish(d, &jobs[i], r);
     i++;
   }
-  free(runs);
   free(sc);
   free(sj);
+  return b;
+}
+
+void fp4idx__cmd_batch_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t *b) {
+  if (!b) return;
+  while (b->scores) {
+    fp4idx__cmd_scores_t *s = b->scores;
+    b->scores = s->next;
+    int first = s->first, m = s->n;
+    fp4idx__cmd_scores_end(d, s, b->runs);
+    for (int k = first; k < first + m; k++) fp4idx__cmd_finish(d, &b->jobs[k], &b->runs[k]);
+  }
+  free(b->runs);
+  free(b);
+}
+
+void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
+  fp4idx__cmd_batch_end(d, fp4idx__cmd_batch_begin(d, jobs, n));
 }
 
 void fp4idx__cmd_execute(fp4idx_daemon_t *d, fp4idx_regions_t *regions, int fd,

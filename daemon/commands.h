@@ -80,6 +80,20 @@ typedef struct fp4idx_cmd_job_s {
  * Each job is recorded in stats and stages as by fp4idx__cmd_execute. */
 void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
 
+/* The same in two halves, so that the worker takes and prepares the next
+ * batch while the device runs this one's scores: begin decodes and runs
+ * everything, replying to every request but the scores, whose launches it
+ * only queues; end waits for them and replies to them. Between the two,
+ * jobs[] and what they point to stay in place; later batches may begin
+ * (their backend ops wait for these launches first, so each request sees
+ * the state in queue order). begin returns NULL when there was not even
+ * memory for the bookkeeping (every job was then finished without a reply:
+ * its connection closes); end(NULL) does nothing. Worker thread. */
+typedef struct fp4idx_cmd_batch_s fp4idx_cmd_batch_t;
+fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs,
+                                            int n);
+void fp4idx__cmd_batch_end(struct fp4idx_daemon_s *d, fp4idx_cmd_batch_t *b);
+
 /* Requests at most this long may be answered on the loop. */
 #define FP4IDX_CMD_LOOP_MAX 256u
 

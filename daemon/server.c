@@ -397,33 +397,120 @@ static void fp4idx__server_req_finished(void *arg) {
   if (f->worker) fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
 }
 
+/* A batch of requests from fp4idx__server_prepare to its end: the command
+ * jobs, their replies and clock readings, and where each reply goes. */
+typedef struct fp4idx__server_batch_s {
+  fp4idx_cmd_batch_t *cb;
+  fp4idx_cmd_job_t *cj;
+  fp4idx_cmd_reply_t *replies;
+  fp4idx_stage_times_t *times;
+  fp4idx__server_done_t *done;
+} fp4idx__server_batch_t;
+
+static void fp4idx__server_batch_free(fp4idx__server_batch_t *b) {
+  free(b->cj);
+  free(b->replies);
+  free(b->times);
+  free(b->done);
+  free(b);
+}
+
+/* The command jobs of the requests jobs[0..n) (on_loop: one the loop
+ * answers itself). NULL when out of memory. */
+static fp4idx__server_batch_t *fp4idx__server_prepare(fp4idx_job_t **jobs, int n, int on_loop) {
+  fp4idx__server_batch_t *b = calloc(1, sizeof *b);
+  if (b) {
+    b->cj = calloc((size_t)n, sizeof *b->cj);
+    b->replies = calloc((size_t)n, sizeof *b->replies);
+    b->times = calloc((size_t)n, sizeof *b->times);
+    b->done = calloc((size_t)n, sizeof *b->done);
+  }
+  if (!b || !b->cj || !b->replies || !b->times || !b->done) {
+    if (b) fp4idx__server_batch_free(b);
+    return NULL;
+  }
+  fp4idx_req_t *first = jobs[0]->data;
+  struct fp4idx_daemon_s *d = first->conn->srv->data;
+  double tq = fp4idx__stats_now_us();
+  for (int i = 0; i < n; i++) {
+    fp4idx_req_t *req = jobs[i]->data;
+    if (!on_loop) fp4idx__stats_queue(&d->stats, -1); /* running now */
+    b->times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
+    b->done[i] = (fp4idx__server_done_t){.req = req, .reply = &b->replies[i],
+                                         .worker = on_loop ? NULL : first->conn->srv->worker};
+    b->cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len,
+                                  .regions = req->conn->regions, .fd = req->fd,
+                                  .t0_us = req->t0_us, .tq_us = tq, .times = &b->times[i],
+                                  .reply = &b->replies[i],
+                                  .finished = fp4idx__server_req_finished, .arg = &b->done[i]};
+    req->fd = -1; /* closed by the command layer */
+  }
+  return b;
+}
+
+/* Out of memory before anything ran: each request gets no reply (its
+ * connection closes), as the command layer does when it runs out. */
+static void fp4idx__server_unprepared(fp4idx_job_t **jobs, int n, int on_loop) {
+  fp4idx__log_error("out of memory for a batch of %d requests", n);
+  for (int i = 0; i < n; i++) {
+    fp4idx_req_t *req = jobs[i]->data;
+    if (req->fd >= 0) close(req->fd);
+    req->fd = -1;
+    fp4idx_cmd_reply_t none;
+    memset(&none, 0, sizeof none);
+    fp4idx__server_done_t f = {.req = req, .reply = &none,
+                               .worker = on_loop ? NULL : req->conn->srv->worker};
+    fp4idx__server_req_finished(&f);
+  }
+}
+
 /* The requests queued back to back when the worker took them (worker.h),
  * or (on_loop) one the loop answers itself, from body to response frame;
  * neighbouring scores become one launch (fp4idx__cmd_execute_batch), and
  * each reply leaves as soon as it is ready. */
 static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop) {
-  fp4idx_req_t *first = jobs[0]->data;
-  struct fp4idx_daemon_s *d = first->conn->srv->data;
-  double tq = fp4idx__stats_now_us();
-  fp4idx_cmd_job_t cj[FP4IDX_WORKER_MAX_BATCH];
-  fp4idx_cmd_reply_t replies[FP4IDX_WORKER_MAX_BATCH];
-  fp4idx_stage_times_t times[FP4IDX_WORKER_MAX_BATCH];
-  fp4idx__server_done_t done[FP4IDX_WORKER_MAX_BATCH];
-  for (int i = 0; i < n; i++) {
-    fp4idx_req_t *req = jobs[i]->data;
-    if (!on_loop) fp4idx__stats_queue(&d->stats, -1); /* running now */
-    memset(&times[i], 0, sizeof times[i]);
-    times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
-    done[i] = (fp4idx__server_done_t){.req = req, .reply = &replies[i],
-                                      .worker = on_loop ? NULL : first->conn->srv->worker};
-    cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len,
-                               .regions = req->conn->regions, .fd = req->fd,
-                               .t0_us = req->t0_us, .tq_us = tq, .times = &times[i],
-                               .reply = &replies[i], .finished = fp4idx__server_req_finished,
-                               .arg = &done[i]};
-    req->fd = -1; /* closed by fp4idx__cmd_execute_batch */
+  fp4idx__server_batch_t *b = fp4idx__server_prepare(jobs, n, on_loop);
+  if (!b) {
+    fp4idx__server_unprepared(jobs, n, on_loop);
+    return;
   }
-  fp4idx__cmd_execute_batch(d, cj, n);
+  struct fp4idx_daemon_s *d = ((fp4idx_req_t *)jobs[0]->data)->conn->srv->data;
+  fp4idx__cmd_execute_batch(d, b->cj, n);
+  fp4idx__server_batch_free(b);
+}
+
+/* The worker's pipeline (worker.h batch_begin / batch_end): everything but
+ * the scores' device work runs in begin; end waits for it and replies. */
+typedef struct fp4idx__server_begun_s {
+  struct fp4idx_daemon_s *d;
+  fp4idx__server_batch_t *b;
+} fp4idx__server_begun_t;
+
+static void *fp4idx__server_req_begin(fp4idx_job_t **jobs, int n) {
+  struct fp4idx_daemon_s *d = ((fp4idx_req_t *)jobs[0]->data)->conn->srv->data;
+  fp4idx__server_batch_t *b = fp4idx__server_prepare(jobs, n, 0);
+  fp4idx__server_begun_t *g = b ? malloc(sizeof *g) : NULL;
+  if (!g) {
+    if (b) fp4idx__server_batch_free(b);
+    fp4idx__server_unprepared(jobs, n, 0);
+    return NULL;
+  }
+  b->cb = fp4idx__cmd_batch_begin(d, b->cj, n);
+  if (!b->cb) { /* every job finished already */
+    fp4idx__server_batch_free(b);
+    free(g);
+    return NULL;
+  }
+  g->d = d;
+  g->b = b;
+  return g;
+}
+
+static void fp4idx__server_req_end(void *state) {
+  fp4idx__server_begun_t *g = state;
+  fp4idx__cmd_batch_end(g->d, g->b->cb);
+  fp4idx__server_batch_free(g->b);
+  free(g);
 }
 
 static void fp4idx__server_req_batch(fp4idx_job_t **jobs, int n) {
@@ -466,6 +553,8 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
   fp4idx__budget_release_grant(c);
   r->job.work = fp4idx__server_req_work;
   r->job.batch = fp4idx__server_req_batch;
+  r->job.batch_begin = fp4idx__server_req_begin;
+  r->job.batch_end = fp4idx__server_req_end;
   r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();

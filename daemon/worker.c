@@ -49,13 +49,39 @@ static int fp4idx__worker_spin(fp4idx_worker_t *w) {
   return got;
 }
 
+/* Hands the jobs of a finished run that its batch did not post to the
+ * loop, in order (posted ones may be gone already: not touched). */
+static void fp4idx__worker_post_rest(fp4idx_worker_t *w, struct fp4idx_worker_run_s *R) {
+  int n = R->n;
+  R->n = 0;
+  for (int i = 0; i < n; i++)
+    if (!R->posted[i]) fp4idx__worker_post(w, R->jobs[i]);
+}
+
+/* Ends the begun run *prev (mu not held). */
+static void fp4idx__worker_end(fp4idx_worker_t *w, struct fp4idx_worker_run_s **prev) {
+  struct fp4idx_worker_run_s *P = *prev;
+  *prev = NULL;
+  P->end(P->state);
+  P->state = NULL;
+  fp4idx__worker_post_rest(w, P);
+}
+
 static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
-  fp4idx_job_t *run[FP4IDX_WORKER_MAX_BATCH];
+  struct fp4idx_worker_run_s *prev = NULL; /* begun, not ended */
+  int cur = 0;
   pthread_mutex_lock(&w->mu);
   int spun = 0;
   for (;;) {
-    int bulk;
+    int bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
+    if (prev && !w->todo_head && !bulk) {
+      /* nothing to overlap with: finish the begun batch now */
+      pthread_mutex_unlock(&w->mu);
+      fp4idx__worker_end(w, &prev);
+      pthread_mutex_lock(&w->mu);
+      continue;
+    }
     while (!w->todo_head && !(bulk = w->bulk_head && (!w->bulk_paused || w->stopping)) &&
            !w->stopping) {
       /* Poll once before sleeping, then look again under the lock: a stop
@@ -84,39 +110,55 @@ static void *fp4idx__worker_main(void *arg) {
     }
     /* The job, and with a batch function its neighbours of the same kind
      * queued behind it in the same lane (what is there now: no waiting). */
+    struct fp4idx_worker_run_s *R = &w->runs[cur];
+    cur ^= 1;
     fp4idx_job_t *j = *head;
     int n = 0;
     do {
-      run[n++] = j;
+      R->jobs[n++] = j;
       j = j->next;
-    } while (run[0]->batch && j && j->batch == run[0]->batch && n < FP4IDX_WORKER_MAX_BATCH);
+    } while (R->jobs[0]->batch && j && j->batch == R->jobs[0]->batch &&
+             n < FP4IDX_WORKER_MAX_BATCH);
     *head = j;
     if (!*head) *tail = NULL;
     w->normal_streak = from_normal && bulk ? w->normal_streak + n : 0;
     pthread_mutex_unlock(&w->mu);
-    memset(w->run_posted, 0, (size_t)n);
-    w->run = run;
-    w->run_n = n;
-    if (run[0]->batch) {
-      run[0]->batch(run, n);
+    memset(R->posted, 0, (size_t)n);
+    R->n = n;
+    fp4idx_job_t *first = R->jobs[0];
+    if (first->batch) {
       w->batches++;
       w->batched_jobs += (uint64_t)n;
-    } else {
-      run[0]->work(run[0]);
     }
-    /* the rest, in order (posted ones may be gone already: not touched) */
-    w->run_n = 0;
-    for (int i = 0; i < n; i++)
-      if (!w->run_posted[i]) fp4idx__worker_post(w, run[i]);
+    if (first->batch && first->batch_begin) {
+      /* begin this one, then end the previous: its device work ran under
+       * this one's preparation */
+      R->end = first->batch_end;
+      R->state = first->batch_begin(R->jobs, n);
+      if (prev) fp4idx__worker_end(w, &prev);
+      if (R->state)
+        prev = R;
+      else
+        fp4idx__worker_post_rest(w, R);
+    } else {
+      if (prev) fp4idx__worker_end(w, &prev);
+      if (first->batch)
+        first->batch(R->jobs, n);
+      else
+        first->work(first);
+      fp4idx__worker_post_rest(w, R);
+    }
     pthread_mutex_lock(&w->mu);
   }
   pthread_mutex_unlock(&w->mu);
+  if (prev) fp4idx__worker_end(w, &prev);
   return NULL;
 }
 
 void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
-  for (int i = 0; i < w->run_n; i++)
-    if (w->run[i] == job) w->run_posted[i] = 1;
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < w->runs[r].n; i++)
+      if (w->runs[r].jobs[i] == job) w->runs[r].posted[i] = 1;
   job->next = NULL;
   pthread_mutex_lock(&w->mu);
   if (w->done_tail) w->done_tail->next = job; else w->done_head = job;

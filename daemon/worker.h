@@ -6,6 +6,12 @@
  * loop, which runs job->done. The loop is woken with a uv_async_t and never
  * waits for compute.
  *
+ * Pipeline: jobs with batch_begin/batch_end (the server's requests) run in
+ * two halves; the worker begins the next batch before it ends this one, so
+ * the host prepares batch k+1 (decode, checks, staging, launch) while the
+ * device runs batch k's scores, and ends a begun batch as soon as nothing
+ * else is queued (a lone request waits for nothing).
+ *
  * Order: jobs run in submission order within each of two lanes, the normal
  * one and the bulk one (job->bulk): the worker takes the normal lane first,
  * and one bulk job after every FP4IDX_WORKER_BULK_EVERY normal ones while
@@ -42,6 +48,14 @@ struct fp4idx_job_s {
    * of another kind in between ends the batch, so the FIFO order of
    * everything else is kept. */
   void (*batch)(fp4idx_job_t **jobs, int n);
+  /* Optional, with batch: batch in two halves, so that the worker takes
+   * and begins the next batch while this one's device work runs (a
+   * pipeline of two): batch_begin(jobs, n) returns a state that
+   * batch_end(state) completes (NULL: nothing left to end). The worker ends
+   * a begun batch after beginning the next one, or at once when nothing is
+   * queued, and before any job without batch_begin runs. */
+  void *(*batch_begin)(fp4idx_job_t **jobs, int n);
+  void (*batch_end)(void *state);
   fp4idx_job_t *next;              /* queue link, owned by the worker */
   void *data;                      /* the submitter's */
   int bulk;                        /* 1: the bulk lane (see above) */
@@ -64,9 +78,15 @@ typedef struct fp4idx_worker_s {
   int started;
   uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
   uint64_t batches, batched_jobs; /* batch calls and the jobs in them (worker) */
-  fp4idx_job_t **run;      /* the batch being run, and which of its jobs */
-  uint8_t run_posted[FP4IDX_WORKER_MAX_BATCH]; /* were posted (worker) */
-  int run_n;
+  /* the batches being run (two: one begun and not ended, one running),
+   * and which of their jobs were posted (worker) */
+  struct fp4idx_worker_run_s {
+    fp4idx_job_t *jobs[FP4IDX_WORKER_MAX_BATCH];
+    uint8_t posted[FP4IDX_WORKER_MAX_BATCH];
+    int n;
+    void *state;           /* batch_begin's, until batch_end */
+    void (*end)(void *state); /* jobs[0]->batch_end (jobs[0] may be gone by then) */
+  } runs[2];
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
   int spin_us;             /* poll the queue this long before sleeping (set before start) */
   uint64_t submitted;      /* jobs ever submitted (atomic: the spinning worker reads it) */

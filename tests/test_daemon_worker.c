@@ -243,6 +243,106 @@ static void lanes_run(int pause_bulk, int *order, int *n) {
   memcpy(order, c.order, sizeof(int) * 21);
 }
 
+/* The pipeline (batch_begin / batch_end): a begun batch is ended after the
+ * next one began, or at once when nothing else is queued, before a plain
+ * job runs, and at stop; each job's done comes once, and in order. */
+static char g_trace[4096];
+static int g_tn, g_pipe_id, g_pipe_hold, g_pipe_in, g_pipe_hold3, g_pipe_in3;
+
+typedef struct { int id; fp4idx_job_t *first; int n; } pipe_state_t;
+
+static void trace(char what, int id) {
+  g_tn += snprintf(g_trace + g_tn, sizeof g_trace - (size_t)g_tn, "%c%d ", what, id);
+}
+
+static void *pipe_begin(fp4idx_job_t **jobs, int n) {
+  ctx_t *c = jobs[0]->data;
+  int id = g_pipe_id++;
+  if (id == 0) { /* hold the worker while the rest queue */
+    __atomic_store_n(&g_pipe_in, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&g_pipe_hold, __ATOMIC_SEQ_CST)) usleep(100);
+  }
+  if (id == 3) {
+    __atomic_store_n(&g_pipe_in3, 1, __ATOMIC_SEQ_CST);
+    while (!__atomic_load_n(&g_pipe_hold3, __ATOMIC_SEQ_CST)) usleep(100);
+  }
+  trace('b', id);
+  for (int i = 0; i < n; i++) c->order[c->n_work++] = (int)(jobs[i] - c->jobs);
+  if (n == 5) return NULL; /* all done in begin: nothing to end */
+  pipe_state_t *st = malloc(sizeof *st);
+  st->id = id;
+  st->first = jobs[0];
+  st->n = n;
+  return st;
+}
+
+static void pipe_end(void *p) {
+  pipe_state_t *st = p;
+  trace('e', st->id);
+  free(st);
+}
+
+/* the one-call form (the worker uses the halves when they are set) */
+static void pipe_batch(fp4idx_job_t **jobs, int n) {
+  void *st = pipe_begin(jobs, n);
+  if (st) pipe_end(st);
+}
+
+static void plain_work(fp4idx_job_t *j) {
+  ctx_t *c = j->data;
+  trace('p', (int)(j - c->jobs));
+  c->order[c->n_work++] = (int)(j - c->jobs);
+}
+
+Test(worker, pipeline_ends_each_batch_after_the_next_begins) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  static ctx_t c;
+  ctx_reset(&c);
+  g_tn = g_pipe_id = g_pipe_hold = g_pipe_in = g_pipe_hold3 = g_pipe_in3 = 0;
+  g_trace[0] = 0;
+  cr_assert_eq(fp4idx__worker_start(&c.w, &loop), 0);
+  /* job 0 alone (held); then 1..3 (one batch), 4 plain, 5..9 (one batch
+   * that begin finishes: no state); later 10 (held), 11..12 */
+  for (int i = 0; i < 13; i++) {
+    c.jobs[i].done = done_cb;
+    c.jobs[i].data = &c;
+    if (i == 4) {
+      c.jobs[i].work = plain_work;
+    } else {
+      c.jobs[i].work = work_cb;
+      c.jobs[i].batch = pipe_batch;
+      c.jobs[i].batch_begin = pipe_begin;
+      c.jobs[i].batch_end = pipe_end;
+    }
+  }
+  for (int i = 0; i < 10; i++) {
+    fp4idx__worker_submit(&c.w, &c.jobs[i]);
+    if (i == 0)
+      while (!__atomic_load_n(&g_pipe_in, __ATOMIC_SEQ_CST)) usleep(100);
+  }
+  __atomic_store_n(&g_pipe_hold, 1, __ATOMIC_SEQ_CST);
+  while (c.n_done < 10) uv_run(&loop, UV_RUN_ONCE);
+  /* b0 (held) -> b1 (1..3) ends 0 -> plain 4 ends 1 first -> b2 (5..9)
+   * leaves nothing to end */
+  cr_assert_str_eq(g_trace, "b0 b1 e0 e1 p4 b2 ", "%s", g_trace);
+  /* 10 alone (held), then 11..12 behind it: b3 b4 e3, and nothing queued
+   * behind 11..12: ended at once, before the stop */
+  for (int i = 10; i < 13; i++) {
+    fp4idx__worker_submit(&c.w, &c.jobs[i]);
+    if (i == 10)
+      while (!__atomic_load_n(&g_pipe_in3, __ATOMIC_SEQ_CST)) usleep(100);
+  }
+  __atomic_store_n(&g_pipe_hold3, 1, __ATOMIC_SEQ_CST);
+  while (c.n_done < 13) uv_run(&loop, UV_RUN_ONCE);
+  cr_assert_str_eq(g_trace, "b0 b1 e0 e1 p4 b2 b3 b4 e3 e4 ", "%s", g_trace);
+  fp4idx__worker_stop(&c.w);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  cr_assert(c.done_in_order, "done callbacks out of order");
+  for (int i = 0; i < 13; i++) cr_assert_eq(c.order[i], i);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+}
+
 Test(worker, bulk_lane_runs_behind_the_normal_one) {
   int order[21], n;
   lanes_run(0, order, &n);
