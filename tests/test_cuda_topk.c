@@ -373,6 +373,46 @@ Test(cuda_topk, graph_replay_on_new_logits, .timeout = 600) {
   free(x);
 }
 
+/* The counting-rank finish (topk.cu: rank_kernel) takes a row when no
+ * bucket of candidates (the keys of one level-1 bin, the top 11 key bits)
+ * holds more than 2048 keys; finish_kernel takes the others. Rows here sit
+ * on both sides of that edge: 300 keys in high bins, then a bucket of
+ * exactly 2048 or 2049 keys in [1, 1.25) (one bin), distinct or tied in
+ * runs, so the k-th key lies in the big bucket (k = 512 / 2048) or above it
+ * (k = 64); also many small buckets (tiles span several) and a bucket
+ * holding the whole row below k. */
+Test(cuda_topk, rank_finish_bucket_edges, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17010);
+  const int64_t w[6] = {20000, 20000, 20000, 20000, 9295, 1500};
+  float *x = rows_alloc(6, w);
+  int64_t at = 0;
+  for (int r = 0; r < 6; r++) {
+    float *y = x + at;
+    for (int64_t i = 0; i < w[r]; i++) y[i] = -1.0f - (float)fp4idx_test_rng_range(&g, 0, 1000) / 64.0f;
+    if (r < 4) {
+      const int64_t big = r % 2 ? 2049 : 2048; /* the bucket at and past the cap */
+      for (int64_t i = 0; i < 300; i++) /* high bins: 2 .. 64 */
+        y[fp4idx_test_rng_range(&g, 0, w[r] - 1)] = 2.0f + (float)fp4idx_test_rng_range(&g, 0, 62);
+      for (int64_t i = 0; i < big; i++) {
+        const int64_t at_i = 3000 + i * 7; /* spread over the row, after the high keys' area */
+        /* r < 2: distinct values in the bin; else runs of 16 equal keys */
+        y[at_i] = 1.0f + (float)(r < 2 ? i : i / 16) / 16384.0f;
+      }
+    } else if (r == 4) {
+      for (int64_t i = 0; i < w[r]; i++) y[i] = (float)fp4idx_test_rng_range(&g, -4096, 4096) / 8.0f;
+    }
+    /* r == 5: every key in (-16.7, -1]: few buckets, all below k = 2048 */
+    at += w[r];
+  }
+  direct("bucket edges k=64", 6, w, x, 64);
+  direct("bucket edges k=512", 6, w, x, 512);
+  direct("bucket edges k=2048", 6, w, x, 2048);
+  direct("bucket edges k=2400", 6, w, x, 2400);
+  free(x);
+}
+
 static int device_is_sm90(void) {
   int dev = 0, major = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&

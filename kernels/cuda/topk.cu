@@ -54,6 +54,18 @@ static_assert(kCap == kFT * kFI, "the block sort holds kCap items");
 static_assert(sizeof(cub::BlockRadixSort<uint32_t, kFT, kFI, uint32_t>::TempStorage) <=
                   2 * kCap * sizeof(unsigned long long),
               "sort storage aliases the candidate arrays");
+// Counting-rank finish (rank_kernel): a bucket (the candidates of one
+// level-1 bin) holds at most kBucketCap keys; a block ranks kRC candidates,
+// kRJ per thread, each bucket split over kRS threads.
+constexpr int kBucketCap = 2048, kRT = 256, kRJ = 4, kRS = kRT * kRJ / 64, kRC = 64;
+static_assert(kRT / kRS * kRJ == kRC, "threads x candidates cover the tile");
+
+// Per-row state written by the row's first compact block: the bin of the
+// k-th key, the candidate count (keys in bins >= lo) and whether the row's
+// candidates were laid out in buckets for rank_kernel (else finish_kernel).
+struct RowInfo {
+  uint32_t lo, n_cand, bucketed, pad;
+};
 
 // The row owning global chunk `chunk`: the last row with chunk0 <= chunk
 // (rows without chunks share the next row's chunk0 and are skipped).
@@ -65,6 +77,21 @@ __device__ int find_row(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t 
     else hi = mid - 1;
   }
   return lo;
+}
+
+// The keys of tile [t0, t0 + kTile) of a row (0 past e), thread t holding
+// positions t0 + j * kCT + t: every load is issued before the first use
+// (one dependent load after another was the histogram's cost on the H200).
+__device__ __forceinline__ void load_tile(const float *x, int64_t t0, int64_t e,
+                                          uint32_t (&key)[kCI]) {
+  float f[kCI];
+#pragma unroll
+  for (int j = 0; j < kCI; j++) {
+    const int64_t i = t0 + j * kCT + threadIdx.x;
+    f[j] = i < e ? __ldg(x + i) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kCI; j++) key[j] = t0 + j * kCT + threadIdx.x < e ? ord_key(f[j]) : 0u;
 }
 
 __global__ void __launch_bounds__(kCT)
@@ -83,10 +110,11 @@ __global__ void __launch_bounds__(kCT)
   for (int i = threadIdx.x; i < kBins; i += kCT) h[i] = 0;
   __syncthreads();
   const float *x = row.logits;
-  for (int64_t i0 = b; i0 < e; i0 += kCT) {  // uniform trip count: whole warps
-    const int64_t i = i0 + threadIdx.x;
-    const uint32_t key = i < e ? ord_key(x[i]) : 0u;
-    hist_add(h, key >> kBinShift, key > kInvisibleMax);
+  for (int64_t t0 = b; t0 < e; t0 += kTile) {  // uniform trip count: whole warps
+    uint32_t key[kCI];
+    load_tile(x, t0, e, key);
+#pragma unroll
+    for (int j = 0; j < kCI; j++) hist_add(h, key[j] >> kBinShift, key[j] > kInvisibleMax);
   }
   __syncthreads();
   uint32_t *g = hist + (size_t)r * kBins;
@@ -97,10 +125,11 @@ __global__ void __launch_bounds__(kCT)
 __global__ void __launch_bounds__(kCT)
     compact_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
                    const uint32_t *hist, uint32_t *ccount, unsigned long long *cand,
-                   int zero_fill) {
+                   int zero_fill, RowInfo *info, uint32_t *cursor, uint32_t *bucket) {
   using Scan = cub::BlockScan<uint32_t, kCT>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ uint32_t s_lo;
+  __shared__ uint32_t s_lo, s_n, s_max;
+  __shared__ uint32_t s_base[kBins];  // first slot of each bin's bucket
   const int tid = threadIdx.x;
   const int r = find_row(rows, n_rows, blockIdx.x);
   const fp4idx_cuda_topk_row_t row = rows[r];
@@ -112,12 +141,19 @@ __global__ void __launch_bounds__(kCT)
 #pragma unroll
   for (int j = 0; j < kBins / kCT; j++) mine += v[j] = g[kBins - 1 - (tid * (kBins / kCT) + j)];
   Scan(scan).ExclusiveSum(mine, above, total);
-  if (tid == 0 && total <= (uint32_t)k) s_lo = 0;  // every visible key is a candidate
+  if (tid == 0) {
+    s_max = 0;
+    if (total <= (uint32_t)k) {  // every visible key is a candidate
+      s_lo = 0;
+      s_n = total;
+    }
+  }
   if (total > (uint32_t)k && above < (uint32_t)k && above + mine >= (uint32_t)k) {
     uint32_t c = above;
     for (int j = 0; j < kBins / kCT; j++) {
       if (c + v[j] >= (uint32_t)k) {
         s_lo = (uint32_t)(kBins - 1 - (tid * (kBins / kCT) + j));
+        s_n = c + v[j];
         break;
       }
       c += v[j];
@@ -126,9 +162,57 @@ __global__ void __launch_bounds__(kCT)
   __syncthreads();
   const uint32_t lo = s_lo;
 
+  // The candidates (bins >= lo) as buckets, bins descending from slot 0:
+  // bin b's keys take slots [s_base[b], s_base[b] + hist[b]). The row takes
+  // that layout (and rank_kernel's finish) when no bucket exceeds
+  // kBucketCap keys, so counting ranks inside a bucket stays cheap.
+  {
+    uint32_t at = above, m = 0;
+#pragma unroll
+    for (int j = 0; j < kBins / kCT; j++) {
+      const uint32_t bin = (uint32_t)(kBins - 1 - (tid * (kBins / kCT) + j));
+      s_base[bin] = at;
+      at += v[j];
+      if (bin >= lo && v[j] > m) m = v[j];
+    }
+    if (m) atomicMax(&s_max, m);
+  }
+  __syncthreads();
+  const bool bucketed = !zero_fill && s_max <= (uint32_t)kBucketCap;
+
   // Keys in bin >= lo, in position order (blocked: thread t owns 8 in a row).
   const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
   const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
+  if (b == 0 && info) {  // the row's first chunk publishes the row's state
+    uint32_t *gb = bucket + (size_t)r * kBins;
+    for (int i = tid; i < kBins; i += kCT) gb[i] = s_base[i];
+    if (tid == 0) info[r] = RowInfo{lo, s_n, bucketed ? 1u : 0u, 0u};
+  }
+  if (bucketed) {  // each key to its bucket; the order inside a bucket is free
+    uint32_t *cur = cursor + (size_t)r * kBins;
+    unsigned long long *row_out = cand + (size_t)row.chunk0 * (size_t)chunk_len;
+    const int lane = tid & 31;
+    for (int64_t t0 = b; t0 < e; t0 += kTile) {
+      uint32_t key[kCI];
+      load_tile(row.logits, t0, e, key);
+#pragma unroll
+      for (int j = 0; j < kCI; j++) {
+        const uint32_t bin = key[j] >> kBinShift;
+        const bool on = key[j] > kInvisibleMax && bin >= lo;
+        if (!__ballot_sync(0xffffffffu, on)) continue;  // warp-uniform
+        // One atomic per distinct bin in the warp (off lanes share bin kBins).
+        const unsigned peers = __match_any_sync(0xffffffffu, on ? bin : (uint32_t)kBins);
+        const int leader = __ffs(peers) - 1;
+        uint32_t got = 0;
+        if (on && lane == leader) got = atomicAdd(&cur[bin], (uint32_t)__popc(peers));
+        got = __shfl_sync(0xffffffffu, got, leader);
+        if (on)
+          row_out[s_base[bin] + got + (uint32_t)__popc(peers & ((1u << lane) - 1u))] =
+              cand_of(key[j], t0 + j * kCT + tid);
+      }
+    }
+    return;
+  }
   unsigned long long *out = cand + (size_t)blockIdx.x * (size_t)chunk_len;
   uint32_t base = 0;
   for (int64_t t0 = b; t0 < e; t0 += kTile) {
@@ -209,7 +293,8 @@ struct Cands {
 __global__ void __launch_bounds__(kFT)
     finish_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
                   const uint32_t *ccount, const unsigned long long *cand, int32_t *pos,
-                  float *val, int32_t *count) {
+                  float *val, int32_t *count, const RowInfo *info) {
+  if (info[blockIdx.x].bucketed) return;  // rank_kernel's row
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned long long *A = reinterpret_cast<unsigned long long *>(smem);  // [kCap] gathered
   unsigned long long *B = A + kCap;                                      // [kCap] selected
@@ -334,6 +419,82 @@ __global__ void __launch_bounds__(kFT)
   if (tid == 0) count[blockIdx.x] = (int32_t)n_out;
 }
 
+// The counting-rank finish of the bucketed rows: block p of row r ranks the
+// row's candidates [p * kRC, (p + 1) * kRC). Keys with their positions are
+// distinct, so a candidate's output index is exactly the number of
+// candidates ordered before it: the keys of every higher bin (its bucket's
+// first slot) plus the keys of its own bucket that are larger. Each bucket
+// the tile touches is staged in shared memory once; kRS threads split it
+// and hold kRJ candidates each. Ranks >= k are dropped. Blocks past the
+// row's candidates write padding only.
+__global__ void __launch_bounds__(kRT)
+    rank_kernel(const fp4idx_cuda_topk_row_t *rows, int rank_blocks, int64_t chunk_len, int32_t k,
+                const RowInfo *info, const uint32_t *hist, const uint32_t *bucket,
+                const unsigned long long *cand, int32_t *pos, float *val, int32_t *count) {
+  __shared__ unsigned long long sm[kBucketCap];
+  __shared__ uint32_t cnt[kRC];
+  const int tid = threadIdx.x;
+  const int r = (int)(blockIdx.x / (unsigned)rank_blocks), p = (int)(blockIdx.x % (unsigned)rank_blocks);
+  const RowInfo in = info[r];
+  if (!in.bucketed) return;  // finish_kernel's row
+  const fp4idx_cuda_topk_row_t row = rows[r];
+  const uint32_t C = in.n_cand, n_out = C < (uint32_t)k ? C : (uint32_t)k;
+  int32_t *po = pos + (size_t)r * (size_t)k;
+  float *vo = val + (size_t)r * (size_t)k;
+  for (int64_t i = (int64_t)n_out + (int64_t)p * kRT + tid; i < k; i += (int64_t)rank_blocks * kRT) {
+    po[i] = -1;
+    vo[i] = -INFINITY;
+  }
+  if (p == 0 && tid == 0) count[r] = (int32_t)n_out;
+  const uint32_t a = (uint32_t)p * kRC;
+  if (a >= C) return;
+  const uint32_t te = a + kRC < C ? a + kRC : C;
+  const unsigned long long *base = cand + (size_t)row.chunk0 * (size_t)chunk_len;
+  const uint32_t *h = hist + (size_t)r * kBins, *bb = bucket + (size_t)r * kBins;
+  const int g = tid % (kRT / kRS), sp = tid / (kRT / kRS);  // candidate group, bucket split
+  unsigned long long c[kRJ];
+  uint32_t cb[kRJ], n[kRJ];
+#pragma unroll
+  for (int q = 0; q < kRJ; q++) {
+    const uint32_t i = a + g * kRJ + q;
+    c[q] = i < te ? base[i] : 0ull;
+    cb[q] = i < te ? (uint32_t)(c[q] >> (32 + kBinShift)) : (uint32_t)kBins;
+    n[q] = 0;
+  }
+  if (tid < kRC) cnt[tid] = 0;
+  uint32_t cur = (uint32_t)(base[a] >> (32 + kBinShift));  // the same for every thread
+  for (;;) {
+    const uint32_t s0 = bb[cur], hn = h[cur];
+    __syncthreads();  // the previous bucket is no longer read
+    for (uint32_t j = tid; j < hn; j += kRT) sm[j] = base[s0 + j];
+    __syncthreads();
+    bool mine = false;
+#pragma unroll
+    for (int q = 0; q < kRJ; q++) mine |= cb[q] == cur;
+    if (mine)
+      for (uint32_t j = sp; j < hn; j += kRS) {
+        const unsigned long long o = sm[j];
+#pragma unroll
+        for (int q = 0; q < kRJ; q++) n[q] += cb[q] == cur && o > c[q];
+      }
+    if (s0 + hn >= te) break;
+    cur = (uint32_t)(base[s0 + hn] >> (32 + kBinShift));
+  }
+#pragma unroll
+  for (int q = 0; q < kRJ; q++)
+    if (n[q]) atomicAdd(&cnt[g * kRJ + q], n[q]);
+  __syncthreads();
+  if (a + tid < te) {
+    const unsigned long long cc = base[a + tid];
+    const uint32_t rank = bb[(uint32_t)(cc >> (32 + kBinShift))] + cnt[tid];
+    if (rank < (uint32_t)k) {
+      const int32_t ps = cand_pos(cc);
+      po[rank] = ps;
+      vo[rank] = row.logits[ps];
+    }
+  }
+}
+
 // Large k: the first k of each sorted row area (zeros mark the end).
 __global__ void write_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
                              const unsigned long long *sorted, int32_t *pos, float *val,
@@ -405,8 +566,18 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->o_hist = off; off = align256(off + (size_t)n_rows * kBins * 4);
   if (p->large_k) {  // zeroed too: a row without chunks is an empty segment
     p->o_seg = off; off = align256(off + (size_t)n_rows * 8);
+  } else {  // zeroed too: a row without chunks is finish_kernel's (not bucketed)
+    p->o_info = off; off = align256(off + (size_t)n_rows * sizeof(RowInfo));
+    p->o_cursor = off; off = align256(off + (size_t)n_rows * kBins * 4);
   }
   p->memset_bytes = off;
+  if (!p->large_k) {
+    p->o_bucket = off; off = align256(off + (size_t)n_rows * kBins * 4);
+    // A bucketed row has < k + kBucketCap candidates, and at most its width.
+    const int64_t most = max_w < (int64_t)k + kBucketCap ? max_w : (int64_t)k + kBucketCap;
+    p->rank_blocks = (int32_t)(most > 0 ? (most + kRC - 1) / kRC : 1);
+    if ((int64_t)p->rank_blocks * n_rows > INT_MAX) return FP4IDX_E2BIG;
+  }
   p->o_ccount = off; off = align256(off + (size_t)total * 4);
   p->o_cand = off; off = align256(off + cand_n * 8);
   if (p->large_k) {
@@ -437,6 +608,8 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
   uint32_t *hist = (uint32_t *)(w + p->o_hist), *ccount = (uint32_t *)(w + p->o_ccount);
   unsigned long long *cand = (unsigned long long *)(w + p->o_cand);
   int *seg = p->large_k ? (int *)(w + p->o_seg) : nullptr;
+  RowInfo *info = p->large_k ? nullptr : (RowInfo *)(w + p->o_info);
+  uint32_t *bucket = p->large_k ? nullptr : (uint32_t *)(w + p->o_bucket);
   if ((rc = fp4idx__cuda_check(cudaMemsetAsync(w, 0, p->memset_bytes, stream), "topk: zero")))
     return rc;
   if (p->total_chunks > 0) {
@@ -444,10 +617,15 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
         rows, p->n_rows, p->chunk_len, hist, seg, seg ? seg + p->n_rows : nullptr);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: histogram"))) return rc;
     compact_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
-        rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k);
+        rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k, info,
+        info ? (uint32_t *)(w + p->o_cursor) : nullptr, bucket);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: compact"))) return rc;
   }
   if (!p->large_k) {
+    if (p->rank_blocks < 1 || (int64_t)p->rank_blocks * p->n_rows > INT_MAX) return FP4IDX_EINVAL;
+    rank_kernel<<<(unsigned)((int64_t)p->rank_blocks * p->n_rows), kRT, 0, stream>>>(
+        rows, p->rank_blocks, p->chunk_len, p->k, info, hist, bucket, cand, pos, val, count);
+    if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: rank"))) return rc;
     const size_t sm = 2 * kCap * sizeof(unsigned long long) + sizeof(FinishSmem);
     if ((rc = fp4idx__cuda_check(
              cudaFuncSetAttribute(finish_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -455,7 +633,7 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
              "topk: shared memory")))
       return rc;
     finish_kernel<<<p->n_rows, kFT, sm, stream>>>(rows, p->chunk_len, p->k, ccount, cand, pos,
-                                                  val, count);
+                                                  val, count, info);
     return fp4idx__cuda_check(cudaGetLastError(), "topk: finish");
   }
   unsigned long long *sorted = (unsigned long long *)(w + p->o_sorted);
