@@ -15,12 +15,22 @@
  *
  * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
  * per chunk, all rows of the batch in one grid:
- *   1. hist_kernel: a 2048-bin histogram of the top 11 key bits per row
+ *   1. hist_kernel: a 4096-bin histogram of the top 12 key bits per row
  *      (shared memory per block, global atomics into the row's histogram);
- *   2. compact_kernel: each block finds from the row's histogram the bin of
- *      the k-th largest key (or bin 0 when at most k are visible) and copies
- *      its keys in that bin or above, as (key << 32 | ~position), into its
- *      chunk's area, in position order, with its count;
+ *   2. compact_kernel: each block finds from the row's histogram the bin lo
+ *      of the k-th largest key (or bin 0 when at most k are visible); its
+ *      keys in bin lo or above, as (key << 32 | ~position), are the row's
+ *      candidates. k <= FP4IDX_CUDA_TOPK_SMEM_K and no bin >= lo holding
+ *      more than plan.bucket_cap keys (decided per row from the histogram, the
+ *      same in every block): each candidate goes to its bin's bucket of the
+ *      row's area (bins descending, slots by a global cursor per bin, any
+ *      order inside a bucket), and
+ *   3. rank_kernel, many blocks per row, gives every candidate its output
+ *      index by counting: the keys of the higher bins plus the larger keys
+ *      of its own bucket (keys with positions are distinct, so this is the
+ *      exact order); no sort. Other rows (a big bin: ties, dense logits):
+ *      the block's candidates go to its chunk's area in position order,
+ *      with its count, and
  *   3a. k <= FP4IDX_CUDA_TOPK_SMEM_K: finish_kernel, one block per row:
  *      gathers the row's candidates in position order (shared memory when
  *      they fit, else read in place), a radix select finds the k-th key T
@@ -46,7 +56,7 @@ namespace {
 
 using namespace fp4idx_topk;
 
-constexpr int kBins = 2048, kBinShift = 21;  // top 11 bits of the key
+constexpr int kBins = 4096, kBinShift = 20;  // top 12 bits of the key
 constexpr int kCT = 256, kCI = 8, kTile = kCT * kCI;
 constexpr int kMaxChunks = 2048;  // chunks of one row (finish keeps their offsets in smem)
 constexpr int kFT = 1024, kFI = 8, kCap = FP4IDX_CUDA_TOPK_SMEM_K;
@@ -55,9 +65,12 @@ static_assert(sizeof(cub::BlockRadixSort<uint32_t, kFT, kFI, uint32_t>::TempStor
                   2 * kCap * sizeof(unsigned long long),
               "sort storage aliases the candidate arrays");
 // Counting-rank finish (rank_kernel): a bucket (the candidates of one
-// level-1 bin) holds at most kBucketCap keys; a block ranks kRC candidates,
-// kRJ per thread, each bucket split over kRS threads.
-constexpr int kBucketCap = 2048, kRT = 256, kRJ = 4, kRS = kRT * kRJ / 64, kRC = 64;
+// level-1 bin) holds at most plan.bucket_cap <= kBucketMax keys (its cost
+// is the sum of the squared bucket sizes: the cap is smaller for batches
+// of many rows); a block ranks kRC candidates, kRJ per thread, each bucket
+// split over kRS threads.
+constexpr int kBucketMax = 4096, kRT = 256, kRJ = 4, kRS = kRT * kRJ / 64, kRC = 64;
+constexpr int kBucketFewRows = 32;  // batches up to this many rows take kBucketMax
 static_assert(kRT / kRS * kRJ == kRC, "threads x candidates cover the tile");
 
 // Per-row state written by the row's first compact block: the bin of the
@@ -125,7 +138,8 @@ __global__ void __launch_bounds__(kCT)
 __global__ void __launch_bounds__(kCT)
     compact_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
                    const uint32_t *hist, uint32_t *ccount, unsigned long long *cand,
-                   int zero_fill, RowInfo *info, uint32_t *cursor, uint32_t *bucket) {
+                   int zero_fill, RowInfo *info, uint32_t *cursor, uint32_t *bucket,
+                   uint32_t bucket_cap) {
   using Scan = cub::BlockScan<uint32_t, kCT>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ uint32_t s_lo, s_n, s_max;
@@ -134,8 +148,8 @@ __global__ void __launch_bounds__(kCT)
   const int r = find_row(rows, n_rows, blockIdx.x);
   const fp4idx_cuda_topk_row_t row = rows[r];
 
-  // The bin holding the k-th largest key: thread t holds bins in
-  // descending order [kBins - 8(t+1), kBins - 8t).
+  // The bin holding the k-th largest key: thread t holds kBins / kCT bins
+  // in descending order, from kBins - 1 - t * kBins / kCT.
   const uint32_t *g = hist + (size_t)r * kBins;
   uint32_t v[kBins / kCT], mine = 0, above = 0, total = 0;
 #pragma unroll
@@ -165,7 +179,7 @@ __global__ void __launch_bounds__(kCT)
   // The candidates (bins >= lo) as buckets, bins descending from slot 0:
   // bin b's keys take slots [s_base[b], s_base[b] + hist[b]). The row takes
   // that layout (and rank_kernel's finish) when no bucket exceeds
-  // kBucketCap keys, so counting ranks inside a bucket stays cheap.
+  // bucket_cap keys, so counting ranks inside a bucket stays cheap.
   {
     uint32_t at = above, m = 0;
 #pragma unroll
@@ -178,7 +192,7 @@ __global__ void __launch_bounds__(kCT)
     if (m) atomicMax(&s_max, m);
   }
   __syncthreads();
-  const bool bucketed = !zero_fill && s_max <= (uint32_t)kBucketCap;
+  const bool bucketed = !zero_fill && s_max <= bucket_cap;
 
   // Keys in bin >= lo, in position order (blocked: thread t owns 8 in a row).
   const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
@@ -431,7 +445,7 @@ __global__ void __launch_bounds__(kRT)
     rank_kernel(const fp4idx_cuda_topk_row_t *rows, int rank_blocks, int64_t chunk_len, int32_t k,
                 const RowInfo *info, const uint32_t *hist, const uint32_t *bucket,
                 const unsigned long long *cand, int32_t *pos, float *val, int32_t *count) {
-  __shared__ unsigned long long sm[kBucketCap];
+  __shared__ unsigned long long sm[kBucketMax];
   __shared__ uint32_t cnt[kRC];
   const int tid = threadIdx.x;
   const int r = (int)(blockIdx.x / (unsigned)rank_blocks), p = (int)(blockIdx.x % (unsigned)rank_blocks);
@@ -573,8 +587,9 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->memset_bytes = off;
   if (!p->large_k) {
     p->o_bucket = off; off = align256(off + (size_t)n_rows * kBins * 4);
-    // A bucketed row has < k + kBucketCap candidates, and at most its width.
-    const int64_t most = max_w < (int64_t)k + kBucketCap ? max_w : (int64_t)k + kBucketCap;
+    p->bucket_cap = n_rows <= kBucketFewRows ? kBucketMax : kBucketMax / 2;
+    // A bucketed row has < k + bucket_cap candidates, and at most its width.
+    const int64_t most = max_w < (int64_t)k + p->bucket_cap ? max_w : (int64_t)k + p->bucket_cap;
     p->rank_blocks = (int32_t)(most > 0 ? (most + kRC - 1) / kRC : 1);
     if ((int64_t)p->rank_blocks * n_rows > INT_MAX) return FP4IDX_E2BIG;
   }
@@ -618,11 +633,13 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: histogram"))) return rc;
     compact_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
         rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k, info,
-        info ? (uint32_t *)(w + p->o_cursor) : nullptr, bucket);
+        info ? (uint32_t *)(w + p->o_cursor) : nullptr, bucket, (uint32_t)p->bucket_cap);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: compact"))) return rc;
   }
   if (!p->large_k) {
-    if (p->rank_blocks < 1 || (int64_t)p->rank_blocks * p->n_rows > INT_MAX) return FP4IDX_EINVAL;
+    if (p->rank_blocks < 1 || (int64_t)p->rank_blocks * p->n_rows > INT_MAX ||
+        p->bucket_cap < 0 || p->bucket_cap > kBucketMax)
+      return FP4IDX_EINVAL;
     rank_kernel<<<(unsigned)((int64_t)p->rank_blocks * p->n_rows), kRT, 0, stream>>>(
         rows, p->rank_blocks, p->chunk_len, p->k, info, hist, bucket, cand, pos, val, count);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: rank"))) return rc;
