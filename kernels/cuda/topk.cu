@@ -207,7 +207,6 @@ __global__ void __launch_bounds__(kCT)
   __syncthreads();
   const bool bucketed = !zero_fill && s_max <= bucket_cap;
 
-  // Keys in bin >= lo, in position order (blocked: thread t owns 8 in a row).
   const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
   const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
   if (b == 0 && info) {  // the row's first chunk publishes the row's state
@@ -240,6 +239,8 @@ __global__ void __launch_bounds__(kCT)
     }
     return;
   }
+  // Else the keys in bin >= lo in position order, in the chunk's own area
+  // (blocked: thread t owns 8 in a row), for finish_kernel or the large-k sort.
   unsigned long long *out = cand + (size_t)blockIdx.x * (size_t)chunk_len;
   uint32_t base = 0;
   for (int64_t t0 = b; t0 < e; t0 += kTile) {
