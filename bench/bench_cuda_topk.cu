@@ -13,6 +13,9 @@
  * --only CASE: the cases whose name contains CASE.
  * --path auto|chunked|cluster: the planner's choice (default) or a forced
  * path (fp4idx_cuda_topk_plan_path), to time both paths of one binary.
+ * --bucket-cap N: the experiment knob of the chunked path's counting-rank
+ * finish: the plan's bucket_cap replaced by N (0: every row takes the
+ * one-block finish_kernel, as before round 3; at most the planner's own).
  * --check: the new kernel's pairs and counts compared bit for bit with a
  * host sort (logit descending, position ascending), and the old kernel's.
  */
@@ -136,7 +139,7 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 }  // namespace
 
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
-  int check = 0;
+  int check = 0, bucket_cap = -1;
   const char *csv = nullptr, *only = nullptr;
   fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
   for (int i = 1; i < argc; i++) {
@@ -148,9 +151,10 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       path = FP4IDX_CUDA_TOPK_CLUSTER, i++;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--bucket-cap") && i + 1 < argc) bucket_cap = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
-                      " [--path auto|chunked|cluster]\n");
+                      " [--path auto|chunked|cluster] [--bucket-cap N]\n");
       return 2;
     }
   }
@@ -220,6 +224,8 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     for (int k : {512, 2048}) {
       fp4idx_cuda_topk_plan_t tp;
       FCK(fp4idx_cuda_topk_plan_path(rows.data(), nr, k, path, &tp));
+      if (bucket_cap >= 0 && !tp.cluster && !tp.large_k && bucket_cap <= tp.bucket_cap)
+        tp.bucket_cap = bucket_cap;  // fewer rows take the rank finish; rank_blocks still covers
       fp4idx_cuda_topk_row_t *drows;
       fp4idx_bench_old_row_t *dorows;
       void *ws;

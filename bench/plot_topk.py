@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """plot_topk.py [CSV] [PNG] -- the GPU top-k (fp4idx-bench-cuda --topk
 --csv, one run of each binary merged into one CSV): per case and k, the old
-one-block-per-row kernel, the chunked path (round 1), the cluster path
-(round 2), the scorer alone and score + each path, with the issue 17
-targets where given.
+one-block-per-row kernel, main's top-k (rounds 1 + 2: chunked, or the
+cluster path for many rows), round 3 (the counting-rank finish), the scorer
+alone and score + main's and round 3's top-k, with the issue 17 targets
+where given.
 Defaults: bench/topk_h200.csv -> bench/topk_h200.png."""
 import csv
 import os
@@ -21,16 +22,16 @@ rows = list(csv.DictReader(open(src)))
 goal = {("r4_ctx65536", "512"): 5, ("r4_ctx65536", "2048"): 5, ("r4_ctx400000", "2048"): 12,
         ("s16_r4_ctx9295", "2048"): 8}
 labels = ["%sx%s\nk=%s" % (r["rows"], r["ctx"], r["k"]) for r in rows]
-series = [("old_us", "old top-k (1 block/row)", "C7"), ("chunked_us", "chunked top-k (round 1)", "C0"),
-          ("cluster_us", "cluster top-k (round 2)", "C4"), ("score_us", "scorer alone", "C2"),
-          ("score_chunked_us", "score + chunked", "C1")]
-fig, ax = plt.subplots(figsize=(11, 4.8))
-w = 0.16
+series = [("old_us", "old top-k (1 block/row)", "C7"), ("main_us", "main top-k (rounds 1+2)", "C0"),
+          ("round3_us", "round 3 top-k (rank finish)", "C4"), ("score_us", "scorer alone", "C2"),
+          ("score_main_us", "score + main top-k", "C1"), ("score_round3_us", "score + round 3", "C5")]
+fig, ax = plt.subplots(figsize=(12, 4.8))
+w = 0.14
 for j, (key, name, col) in enumerate(series):
-    xs = [i + (j - 2) * w for i in range(len(rows))]
+    xs = [i + (j - 2.5) * w for i in range(len(rows))]
     ax.bar(xs, [float(r[key]) for r in rows], w, label=name, color=col)
 gx = [i for i, r in enumerate(rows) if (r["case"], r["k"]) in goal]
-ax.plot([x - 1 * w for x in gx], [goal[(rows[i]["case"], rows[i]["k"])] for i in gx], "v",
+ax.plot([x - 0.5 * w for x in gx], [goal[(rows[i]["case"], rows[i]["k"])] for i in gx], "v",
         color="C3", ms=9, label="issue 17 goal (top-k alone)")
 ax.set_yscale("log")
 ax.set_xticks(range(len(rows)))

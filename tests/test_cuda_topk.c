@@ -373,6 +373,48 @@ Test(cuda_topk, graph_replay_on_new_logits, .timeout = 600) {
   free(x);
 }
 
+/* The counting-rank finish (topk.cu: rank_kernel) takes a row when no
+ * bucket of candidates (the keys of one level-1 bin, the top 12 key bits)
+ * holds more than the plan's bucket_cap keys (4096 up to 32 rows, 2048
+ * above); finish_kernel takes the others. Rows here sit on both sides of
+ * both edges: 300 keys in high bins, then a bucket of 2048, 2049, 4096 or
+ * 4097 keys in [1, 1.125) (one bin), distinct or tied in runs of 16, so
+ * the k-th key lies in the big bucket (k = 512 / 2048), above it (k = 64)
+ * or below it (k = 4500); also many small buckets (tiles span several) and
+ * rows holding fewer than k keys. The batch runs as 8 rows and as 40. */
+Test(cuda_topk, rank_finish_bucket_edges, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17010);
+  enum { NR = 40 };
+  int64_t w[NR];
+  for (int r = 0; r < NR; r++) w[r] = r % 8 < 6 ? 20000 : r % 8 == 6 ? 9295 : 1500;
+  float *x = rows_alloc(NR, w);
+  static const int64_t bigs[6] = {2048, 2049, 4096, 4097, 4096, 2049};
+  int64_t at = 0;
+  for (int r = 0; r < NR; r++) {
+    float *y = x + at;
+    for (int64_t i = 0; i < w[r]; i++) y[i] = -1.0f - (float)fp4idx_test_rng_range(&g, 0, 1000) / 64.0f;
+    if (r % 8 < 6) {
+      for (int64_t i = 0; i < 300; i++) /* high bins: 2 .. 64 */
+        y[fp4idx_test_rng_range(&g, 0, w[r] - 1)] = 2.0f + (float)fp4idx_test_rng_range(&g, 0, 62);
+      for (int64_t i = 0; i < bigs[r % 8]; i++) /* r % 8 >= 4: runs of 16 equal keys */
+        y[3000 + i * 4] = 1.0f + (float)(r % 8 < 4 ? i : i / 16) / 65536.0f;
+    } else if (r % 8 == 6) {
+      for (int64_t i = 0; i < w[r]; i++) y[i] = (float)fp4idx_test_rng_range(&g, -4096, 4096) / 8.0f;
+    } /* r % 8 == 7: every key in (-16.7, -1], fewer than k = 2048 */
+    at += w[r];
+  }
+  const int32_t ks[5] = {64, 512, 2048, 4500, 8192};
+  for (int n = 8; n <= NR; n += NR - 8)
+    for (int i = 0; i < 5; i++) {
+      char what[64];
+      snprintf(what, sizeof what, "bucket edges %d rows k=%d", n, ks[i]);
+      direct(what, n, w, x, ks[i]);
+    }
+  free(x);
+}
+
 static int device_is_sm90(void) {
   int dev = 0, major = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&

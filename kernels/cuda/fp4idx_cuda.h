@@ -111,7 +111,8 @@ enum {
  * clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks (about 2 blocks
  * per SM; on the H200 clusters of 4 and 16 measured slower than the chunked
  * path, clusters of 2 faster: bench/RESULTS.md); else the chunked path
- * (topk.cu: histogram, compaction and finish kernels over the whole GPU).
+ * (topk.cu: histogram, compaction and a counting-rank finish over the
+ * whole GPU; one block per row only for rows with a big threshold bin).
  * CLUSTER takes clusters of up to 16 blocks (rows up to 655,360
  * positions). Both paths give the same pairs bit for bit; tests force each
  * one. */
@@ -133,11 +134,14 @@ typedef struct fp4idx_cuda_topk_plan_s {
   int64_t chunk_len;     /* positions per block of the histogram/compact passes */
   int64_t total_chunks;  /* blocks of those passes, all rows together */
   int32_t large_k;       /* k > FP4IDX_CUDA_TOPK_SMEM_K */
+  int32_t rank_blocks;   /* blocks per row of the counting-rank finish (k <= SMEM_K) */
+  int32_t bucket_cap;    /* largest candidate bucket (one bin) rank_kernel takes */
   int32_t cluster;       /* > 0: the cluster path with this many blocks per row */
   int64_t slice;         /* cluster path: positions per block */
   size_t cluster_smem;   /* cluster path: dynamic shared memory per block */
   size_t memset_bytes;   /* zeroed at the start of every launch */
   size_t o_hist, o_seg, o_ccount, o_cand, o_sorted, o_cub, cub_bytes;
+  size_t o_info, o_cursor, o_bucket;  /* per-row state of the counting-rank finish */
   size_t ws_bytes;       /* device workspace the launch needs (256-aligned) */
 } fp4idx_cuda_topk_plan_t;
 

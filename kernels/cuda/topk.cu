@@ -15,12 +15,22 @@
  *
  * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
  * per chunk, all rows of the batch in one grid:
- *   1. hist_kernel: a 2048-bin histogram of the top 11 key bits per row
+ *   1. hist_kernel: a 4096-bin histogram of the top 12 key bits per row
  *      (shared memory per block, global atomics into the row's histogram);
- *   2. compact_kernel: each block finds from the row's histogram the bin of
- *      the k-th largest key (or bin 0 when at most k are visible) and copies
- *      its keys in that bin or above, as (key << 32 | ~position), into its
- *      chunk's area, in position order, with its count;
+ *   2. compact_kernel: each block finds from the row's histogram the bin lo
+ *      of the k-th largest key (or bin 0 when at most k are visible); its
+ *      keys in bin lo or above, as (key << 32 | ~position), are the row's
+ *      candidates. k <= FP4IDX_CUDA_TOPK_SMEM_K and no bin >= lo holding
+ *      more than plan.bucket_cap keys (decided per row from the histogram, the
+ *      same in every block): each candidate goes to its bin's bucket of the
+ *      row's area (bins descending, slots by a global cursor per bin, any
+ *      order inside a bucket), and
+ *   3. rank_kernel, many blocks per row, gives every candidate its output
+ *      index by counting: the keys of the higher bins plus the larger keys
+ *      of its own bucket (keys with positions are distinct, so this is the
+ *      exact order); no sort. Other rows (a big bin: ties, dense logits):
+ *      the block's candidates go to its chunk's area in position order,
+ *      with its count, and
  *   3a. k <= FP4IDX_CUDA_TOPK_SMEM_K: finish_kernel, one block per row:
  *      gathers the row's candidates in position order (shared memory when
  *      they fit, else read in place), a radix select finds the k-th key T
@@ -46,7 +56,7 @@ namespace {
 
 using namespace fp4idx_topk;
 
-constexpr int kBins = 2048, kBinShift = 21;  // top 11 bits of the key
+constexpr int kBins = 4096, kBinShift = 20;  // top 12 bits of the key
 constexpr int kCT = 256, kCI = 8, kTile = kCT * kCI;
 constexpr int kMaxChunks = 2048;  // chunks of one row (finish keeps their offsets in smem)
 constexpr int kFT = 1024, kFI = 8, kCap = FP4IDX_CUDA_TOPK_SMEM_K;
@@ -54,6 +64,24 @@ static_assert(kCap == kFT * kFI, "the block sort holds kCap items");
 static_assert(sizeof(cub::BlockRadixSort<uint32_t, kFT, kFI, uint32_t>::TempStorage) <=
                   2 * kCap * sizeof(unsigned long long),
               "sort storage aliases the candidate arrays");
+// Counting-rank finish (rank_kernel): a bucket (the candidates of one
+// level-1 bin) holds at most plan.bucket_cap <= kBucketMax keys (the cost
+// grows with the squared bucket sizes: the cap is smaller for batches of
+// many rows); a block ranks kRC candidates, kRJ per thread, the range it
+// compares them with split over kRS threads.
+constexpr int kBucketMax = 4096, kRT = 256, kRJ = 4, kRS = kRT * kRJ / 64, kRC = 64;
+constexpr int kStage = 2048;  // candidates rank_kernel stages in shared memory at a time
+constexpr int kBucketFewRows = 32;  // batches up to this many rows take kBucketMax
+static_assert(kRT / kRS * kRJ == kRC, "threads x candidates cover the tile");
+
+// Per-row state written by the row's first compact block: the bin of the
+// k-th key, the candidate count (keys in bins >= lo) and whether the row's
+// candidates were laid out in buckets for rank_kernel (else finish_kernel).
+struct RowInfo {
+  uint32_t lo, n_cand, bucketed, pad;
+};
+
+__device__ __forceinline__ int pad(int i) { return i + (i >> 5); }
 
 // The row owning global chunk `chunk`: the last row with chunk0 <= chunk
 // (rows without chunks share the next row's chunk0 and are skipped).
@@ -65,6 +93,21 @@ __device__ int find_row(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t 
     else hi = mid - 1;
   }
   return lo;
+}
+
+// The keys of tile [t0, t0 + kTile) of a row (0 past e), thread t holding
+// positions t0 + j * kCT + t: every load is issued before the first use
+// (one dependent load after another was the histogram's cost on the H200).
+__device__ __forceinline__ void load_tile(const float *x, int64_t t0, int64_t e,
+                                          uint32_t (&key)[kCI]) {
+  float f[kCI];
+#pragma unroll
+  for (int j = 0; j < kCI; j++) {
+    const int64_t i = t0 + j * kCT + threadIdx.x;
+    f[j] = i < e ? __ldg(x + i) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kCI; j++) key[j] = t0 + j * kCT + threadIdx.x < e ? ord_key(f[j]) : 0u;
 }
 
 __global__ void __launch_bounds__(kCT)
@@ -83,10 +126,11 @@ __global__ void __launch_bounds__(kCT)
   for (int i = threadIdx.x; i < kBins; i += kCT) h[i] = 0;
   __syncthreads();
   const float *x = row.logits;
-  for (int64_t i0 = b; i0 < e; i0 += kCT) {  // uniform trip count: whole warps
-    const int64_t i = i0 + threadIdx.x;
-    const uint32_t key = i < e ? ord_key(x[i]) : 0u;
-    hist_add(h, key >> kBinShift, key > kInvisibleMax);
+  for (int64_t t0 = b; t0 < e; t0 += kTile) {  // uniform trip count: whole warps
+    uint32_t key[kCI];
+    load_tile(x, t0, e, key);
+#pragma unroll
+    for (int j = 0; j < kCI; j++) hist_add(h, key[j] >> kBinShift, key[j] > kInvisibleMax);
   }
   __syncthreads();
   uint32_t *g = hist + (size_t)r * kBins;
@@ -97,27 +141,46 @@ __global__ void __launch_bounds__(kCT)
 __global__ void __launch_bounds__(kCT)
     compact_kernel(const fp4idx_cuda_topk_row_t *rows, int n_rows, int64_t chunk_len, int32_t k,
                    const uint32_t *hist, uint32_t *ccount, unsigned long long *cand,
-                   int zero_fill) {
+                   int zero_fill, RowInfo *info, uint32_t *cursor, uint32_t *bucket,
+                   uint32_t bucket_cap) {
   using Scan = cub::BlockScan<uint32_t, kCT>;
   __shared__ typename Scan::TempStorage scan;
-  __shared__ uint32_t s_lo;
+  __shared__ uint32_t s_lo, s_n, s_max;
+  // The row's histogram, then the first slot of each bin's bucket; index
+  // pad(bin) (one word of padding per 32) so that thread t reading its bins
+  // [t * PT, (t + 1) * PT) hits 32 distinct banks.
+  __shared__ uint32_t s_h[kBins + kBins / 32];
   const int tid = threadIdx.x;
   const int r = find_row(rows, n_rows, blockIdx.x);
   const fp4idx_cuda_topk_row_t row = rows[r];
 
-  // The bin holding the k-th largest key: thread t holds bins in
-  // descending order [kBins - 8(t+1), kBins - 8t).
+  // The bin holding the k-th largest key: thread t holds the PT bins
+  // [t * PT, (t + 1) * PT); `above` counts the keys in the bins above them.
+  // The histogram is read coalesced into shared memory first (reading each
+  // thread's bins from global memory was 16 sectors a warp-load: ncu
+  // measured this kernel 2.4x slower at 4 x 400,000 with 4096 bins).
+  constexpr int PT = kBins / kCT;
   const uint32_t *g = hist + (size_t)r * kBins;
-  uint32_t v[kBins / kCT], mine = 0, above = 0, total = 0;
+  for (int i = tid; i < kBins; i += kCT) s_h[pad(i)] = g[i];
+  __syncthreads();
+  uint32_t v[PT], mine = 0, below = 0, total = 0;
 #pragma unroll
-  for (int j = 0; j < kBins / kCT; j++) mine += v[j] = g[kBins - 1 - (tid * (kBins / kCT) + j)];
-  Scan(scan).ExclusiveSum(mine, above, total);
-  if (tid == 0 && total <= (uint32_t)k) s_lo = 0;  // every visible key is a candidate
+  for (int j = 0; j < PT; j++) mine += v[j] = s_h[pad(tid * PT + j)];
+  Scan(scan).ExclusiveSum(mine, below, total);
+  const uint32_t above = total - below - mine;
+  if (tid == 0) {
+    s_max = 0;
+    if (total <= (uint32_t)k) {  // every visible key is a candidate
+      s_lo = 0;
+      s_n = total;
+    }
+  }
   if (total > (uint32_t)k && above < (uint32_t)k && above + mine >= (uint32_t)k) {
     uint32_t c = above;
-    for (int j = 0; j < kBins / kCT; j++) {
+    for (int j = PT - 1; j >= 0; j--) {  // bins descending
       if (c + v[j] >= (uint32_t)k) {
-        s_lo = (uint32_t)(kBins - 1 - (tid * (kBins / kCT) + j));
+        s_lo = (uint32_t)(tid * PT + j);
+        s_n = c + v[j];
         break;
       }
       c += v[j];
@@ -126,9 +189,58 @@ __global__ void __launch_bounds__(kCT)
   __syncthreads();
   const uint32_t lo = s_lo;
 
-  // Keys in bin >= lo, in position order (blocked: thread t owns 8 in a row).
+  // The candidates (bins >= lo) as buckets, bins descending from slot 0:
+  // bin b's keys take slots [base(b), base(b) + hist[b]). The row takes
+  // that layout (and rank_kernel's finish) when no bucket exceeds
+  // bucket_cap keys, so counting ranks inside a bucket stays cheap.
+  {
+    uint32_t at = above, m = 0;
+#pragma unroll
+    for (int j = PT - 1; j >= 0; j--) {  // only this thread reads these words
+      const uint32_t bin = (uint32_t)(tid * PT + j);
+      s_h[pad((int)bin)] = at;
+      at += v[j];
+      if (bin >= lo && v[j] > m) m = v[j];
+    }
+    if (m) atomicMax(&s_max, m);
+  }
+  __syncthreads();
+  const bool bucketed = !zero_fill && s_max <= bucket_cap;
+
   const int64_t b = ((int64_t)blockIdx.x - row.chunk0) * chunk_len;
   const int64_t e = b + chunk_len < row.width ? b + chunk_len : row.width;
+  if (b == 0 && info) {  // the row's first chunk publishes the row's state
+    uint32_t *gb = bucket + (size_t)r * kBins;
+    for (int i = tid; i < kBins; i += kCT) gb[i] = s_h[pad(i)];
+    if (tid == 0) info[r] = RowInfo{lo, s_n, bucketed ? 1u : 0u, 0u};
+  }
+  if (bucketed) {  // each key to its bucket; the order inside a bucket is free
+    uint32_t *cur = cursor + (size_t)r * kBins;
+    unsigned long long *row_out = cand + (size_t)row.chunk0 * (size_t)chunk_len;
+    const int lane = tid & 31;
+    for (int64_t t0 = b; t0 < e; t0 += kTile) {
+      uint32_t key[kCI];
+      load_tile(row.logits, t0, e, key);
+#pragma unroll
+      for (int j = 0; j < kCI; j++) {
+        const uint32_t bin = key[j] >> kBinShift;
+        const bool on = key[j] > kInvisibleMax && bin >= lo;
+        if (!__ballot_sync(0xffffffffu, on)) continue;  // warp-uniform
+        // One atomic per distinct bin in the warp (off lanes share bin kBins).
+        const unsigned peers = __match_any_sync(0xffffffffu, on ? bin : (uint32_t)kBins);
+        const int leader = __ffs(peers) - 1;
+        uint32_t got = 0;
+        if (on && lane == leader) got = atomicAdd(&cur[bin], (uint32_t)__popc(peers));
+        got = __shfl_sync(0xffffffffu, got, leader);
+        if (on)
+          row_out[s_h[pad((int)bin)] + got + (uint32_t)__popc(peers & ((1u << lane) - 1u))] =
+              cand_of(key[j], t0 + j * kCT + tid);
+      }
+    }
+    return;
+  }
+  // Else the keys in bin >= lo in position order, in the chunk's own area
+  // (blocked: thread t owns 8 in a row), for finish_kernel or the large-k sort.
   unsigned long long *out = cand + (size_t)blockIdx.x * (size_t)chunk_len;
   uint32_t base = 0;
   for (int64_t t0 = b; t0 < e; t0 += kTile) {
@@ -209,7 +321,8 @@ struct Cands {
 __global__ void __launch_bounds__(kFT)
     finish_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
                   const uint32_t *ccount, const unsigned long long *cand, int32_t *pos,
-                  float *val, int32_t *count) {
+                  float *val, int32_t *count, const RowInfo *info) {
+  if (info[blockIdx.x].bucketed) return;  // rank_kernel's row
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned long long *A = reinterpret_cast<unsigned long long *>(smem);  // [kCap] gathered
   unsigned long long *B = A + kCap;                                      // [kCap] selected
@@ -334,6 +447,80 @@ __global__ void __launch_bounds__(kFT)
   if (tid == 0) count[blockIdx.x] = (int32_t)n_out;
 }
 
+// The counting-rank finish of the bucketed rows: block p of row r ranks the
+// row's candidates [p * kRC, (p + 1) * kRC). Keys with their positions are
+// distinct, so a candidate's output index is exactly the number of
+// candidates ordered before it. The buckets run bins descending, so every
+// candidate before the first slot U0 of the tile's first bucket is larger
+// than the tile's candidates and every one past the end U1 of its last
+// bucket smaller: rank = U0 + the larger ones in [U0, U1), a range of at
+// most two buckets and the tile (<= 2 * bucket_cap + kRC). That range is
+// staged through shared memory; kRS threads split it and hold kRJ
+// candidates each. Only a few dependent loads per block (ncu measured 7.5
+// us for a loop over the tile's buckets, three dependent loads each).
+// Ranks >= k are dropped. Blocks past the row's candidates write padding.
+__global__ void __launch_bounds__(kRT)
+    rank_kernel(const fp4idx_cuda_topk_row_t *rows, int rank_blocks, int64_t chunk_len, int32_t k,
+                const RowInfo *info, const uint32_t *hist, const uint32_t *bucket,
+                const unsigned long long *cand, int32_t *pos, float *val, int32_t *count) {
+  __shared__ unsigned long long sm[kStage];
+  __shared__ uint32_t cnt[kRC];
+  const int tid = threadIdx.x;
+  const int r = (int)(blockIdx.x / (unsigned)rank_blocks), p = (int)(blockIdx.x % (unsigned)rank_blocks);
+  const RowInfo in = info[r];
+  if (!in.bucketed) return;  // finish_kernel's row
+  const fp4idx_cuda_topk_row_t row = rows[r];
+  const uint32_t C = in.n_cand, n_out = C < (uint32_t)k ? C : (uint32_t)k;
+  int32_t *po = pos + (size_t)r * (size_t)k;
+  float *vo = val + (size_t)r * (size_t)k;
+  for (int64_t i = (int64_t)n_out + (int64_t)p * kRT + tid; i < k; i += (int64_t)rank_blocks * kRT) {
+    po[i] = -1;
+    vo[i] = -INFINITY;
+  }
+  if (p == 0 && tid == 0) count[r] = (int32_t)n_out;
+  const uint32_t a = (uint32_t)p * kRC;
+  if (a >= C) return;
+  const uint32_t te = a + kRC < C ? a + kRC : C;
+  const unsigned long long *base = cand + (size_t)row.chunk0 * (size_t)chunk_len;
+  const uint32_t *h = hist + (size_t)r * kBins, *bb = bucket + (size_t)r * kBins;
+  const int g = tid % (kRT / kRS), sp = tid / (kRT / kRS);  // candidate group, range split
+  unsigned long long c[kRJ];
+  uint32_t n[kRJ];
+#pragma unroll
+  for (int q = 0; q < kRJ; q++) {
+    const uint32_t i = a + g * kRJ + q;
+    c[q] = i < te ? base[i] : ~0ull;  // past the tile: counts nothing
+    n[q] = 0;
+  }
+  if (tid < kRC) cnt[tid] = 0;
+  const uint32_t b_hi = (uint32_t)(base[a] >> (32 + kBinShift));
+  const uint32_t b_lo = (uint32_t)(base[te - 1] >> (32 + kBinShift));
+  const uint32_t U0 = bb[b_hi], U1 = bb[b_lo] + h[b_lo];
+  for (uint32_t u0 = U0; u0 < U1; u0 += kStage) {
+    const uint32_t m = U1 - u0 < (uint32_t)kStage ? U1 - u0 : (uint32_t)kStage;
+    __syncthreads();  // the previous stage is no longer read
+    for (uint32_t j = tid; j < m; j += kRT) sm[j] = base[u0 + j];
+    __syncthreads();
+    for (uint32_t j = sp; j < m; j += kRS) {
+      const unsigned long long o = sm[j];
+#pragma unroll
+      for (int q = 0; q < kRJ; q++) n[q] += o > c[q];
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kRJ; q++)
+    if (n[q]) atomicAdd(&cnt[g * kRJ + q], n[q]);
+  __syncthreads();
+  if (a + tid < te) {
+    const uint32_t rank = U0 + cnt[tid];
+    if (rank < (uint32_t)k) {
+      const int32_t ps = cand_pos(base[a + tid]);
+      po[rank] = ps;
+      vo[rank] = row.logits[ps];
+    }
+  }
+}
+
 // Large k: the first k of each sorted row area (zeros mark the end).
 __global__ void write_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_len, int32_t k,
                              const unsigned long long *sorted, int32_t *pos, float *val,
@@ -405,8 +592,19 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->o_hist = off; off = align256(off + (size_t)n_rows * kBins * 4);
   if (p->large_k) {  // zeroed too: a row without chunks is an empty segment
     p->o_seg = off; off = align256(off + (size_t)n_rows * 8);
+  } else {  // zeroed too: a row without chunks is finish_kernel's (not bucketed)
+    p->o_info = off; off = align256(off + (size_t)n_rows * sizeof(RowInfo));
+    p->o_cursor = off; off = align256(off + (size_t)n_rows * kBins * 4);
   }
   p->memset_bytes = off;
+  if (!p->large_k) {
+    p->o_bucket = off; off = align256(off + (size_t)n_rows * kBins * 4);
+    p->bucket_cap = n_rows <= kBucketFewRows ? kBucketMax : kBucketMax / 2;
+    // A bucketed row has < k + bucket_cap candidates, and at most its width.
+    const int64_t most = max_w < (int64_t)k + p->bucket_cap ? max_w : (int64_t)k + p->bucket_cap;
+    p->rank_blocks = (int32_t)(most > 0 ? (most + kRC - 1) / kRC : 1);
+    if ((int64_t)p->rank_blocks * n_rows > INT_MAX) return FP4IDX_E2BIG;
+  }
   p->o_ccount = off; off = align256(off + (size_t)total * 4);
   p->o_cand = off; off = align256(off + cand_n * 8);
   if (p->large_k) {
@@ -437,6 +635,8 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
   uint32_t *hist = (uint32_t *)(w + p->o_hist), *ccount = (uint32_t *)(w + p->o_ccount);
   unsigned long long *cand = (unsigned long long *)(w + p->o_cand);
   int *seg = p->large_k ? (int *)(w + p->o_seg) : nullptr;
+  RowInfo *info = p->large_k ? nullptr : (RowInfo *)(w + p->o_info);
+  uint32_t *bucket = p->large_k ? nullptr : (uint32_t *)(w + p->o_bucket);
   if ((rc = fp4idx__cuda_check(cudaMemsetAsync(w, 0, p->memset_bytes, stream), "topk: zero")))
     return rc;
   if (p->total_chunks > 0) {
@@ -444,10 +644,17 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
         rows, p->n_rows, p->chunk_len, hist, seg, seg ? seg + p->n_rows : nullptr);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: histogram"))) return rc;
     compact_kernel<<<(unsigned)p->total_chunks, kCT, 0, stream>>>(
-        rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k);
+        rows, p->n_rows, p->chunk_len, p->k, hist, ccount, cand, p->large_k, info,
+        info ? (uint32_t *)(w + p->o_cursor) : nullptr, bucket, (uint32_t)p->bucket_cap);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: compact"))) return rc;
   }
   if (!p->large_k) {
+    if (p->rank_blocks < 1 || (int64_t)p->rank_blocks * p->n_rows > INT_MAX ||
+        p->bucket_cap < 0 || p->bucket_cap > kBucketMax)
+      return FP4IDX_EINVAL;
+    rank_kernel<<<(unsigned)((int64_t)p->rank_blocks * p->n_rows), kRT, 0, stream>>>(
+        rows, p->rank_blocks, p->chunk_len, p->k, info, hist, bucket, cand, pos, val, count);
+    if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: rank"))) return rc;
     const size_t sm = 2 * kCap * sizeof(unsigned long long) + sizeof(FinishSmem);
     if ((rc = fp4idx__cuda_check(
              cudaFuncSetAttribute(finish_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -455,7 +662,7 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
              "topk: shared memory")))
       return rc;
     finish_kernel<<<p->n_rows, kFT, sm, stream>>>(rows, p->chunk_len, p->k, ccount, cand, pos,
-                                                  val, count);
+                                                  val, count, info);
     return fp4idx__cuda_check(cudaGetLastError(), "topk: finish");
   }
   unsigned long long *sorted = (unsigned long long *)(w + p->o_sorted);
