@@ -163,9 +163,12 @@ class Region:
     def close(self):
         """Unregisters the region (when its connection is still open) and
         drops this process's mapping (at once, or when the last numpy view
-        of it is gone). Closing twice is a no-op."""
+        of it is gone). Closing twice is a no-op. A region of an
+        AsyncClient is closed with `await region.aclose()` (or `async with`)."""
         if self.closed:
             return
+        if self._table.aunregister is not None and self.released is None:
+            raise BY_NAME["EINVAL"]("a region of an AsyncClient: await region.aclose()")
         self._table.forget(self)
         if self.released is None:
             self.released = "closed by the client"
@@ -175,6 +178,26 @@ class Region:
                 self._drop()
         else:
             self._drop()
+
+    async def aclose(self):
+        """close() for a region of an AsyncClient."""
+        if self.closed:
+            return
+        self._table.forget(self)
+        if self.released is None:
+            self.released = "closed by the client"
+            try:
+                await self._table.aunregister(self.id)
+            finally:
+                self._drop()
+        else:
+            self._drop()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()
 
     def _release(self, why):
         """The daemon no longer has it (its connection closed)."""
@@ -201,8 +224,9 @@ class Table:
     """The regions of one connection, by address: which region an array's
     memory lies in (`find`), and their release when the connection closes."""
 
-    def __init__(self, unregister):
+    def __init__(self, unregister=None, aunregister=None):
         self._unregister = unregister   # fn(region id): the unregister request
+        self.aunregister = aunregister  # the same as a coroutine (AsyncClient)
         self.regions = []               # open regions
         self._closed = []               # closed, but views of them still exist
 
