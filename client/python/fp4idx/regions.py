@@ -11,7 +11,6 @@ it when that connection closes (Client.close, or a lost connection), and
 this module then marks it released (using it raises RegionError).
 """
 import ctypes
-import mmap
 import os
 import sys
 
@@ -347,6 +346,9 @@ def find_tensor(table, t, want):
     if off % t.element_size():
         raise _region_error(f"a tensor at offset {off} of region {r.id} is not aligned to "
                             f"{t.element_size()} bytes")
+    # The daemon is another process: no stream orders its access after the
+    # kernels that wrote this tensor (or still read an out= tensor) here.
+    sys.modules["torch"].cuda.current_stream(t.device).synchronize()
     return {"region": r.id, "offset": off, "dtype": want, "shape": list(t.shape)}
 
 
