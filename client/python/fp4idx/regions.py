@@ -152,6 +152,36 @@ class Region:
                                 f"{self.id} ({self.size} bytes)")
         return self._u8[offset:offset + n].view(dt).reshape(shape)
 
+    def tensor(self, dtype, shape, offset=None):
+        """CUDA region made by register_cuda(tensor) -> a torch tensor of
+        `dtype` and `shape` carved from that tensor at byte `offset` of it
+        (None: the next free bytes, 256-aligned; reset() starts again). It lies in the region, so calls send
+        it as a reference and it can be an out=. RegionError: not a CUDA
+        region of a contiguous tensor, closed, out of bounds, misaligned."""
+        self._check_open()
+        torch = sys.modules.get("torch")
+        t = self._owner
+        if torch is None or t is None or not t.is_contiguous():
+            raise _region_error(f"region {self.id}: tensor() needs a CUDA region registered "
+                                "from a contiguous torch tensor (host regions: array())")
+        u8 = t.view(-1).view(torch.uint8)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        item = torch.empty((), dtype=dtype).element_size()
+        n = int(np.prod(shape, dtype=np.int64)) * item
+        start = t.data_ptr() - self.base   # where the tensor begins in the allocation
+        if offset is None:  # bump allocation, in bytes of the registered tensor
+            offset = (self._next + _ALIGN - 1) & ~(_ALIGN - 1)
+            if offset + n > u8.numel():
+                raise _region_error(f"region {self.id}: {n} bytes at {offset} do not fit the "
+                                    f"registered tensor's {u8.numel()} bytes")
+            self._next = offset + n
+        if offset < 0 or (start + offset) % item:
+            raise _region_error(f"offset {offset} is not aligned to {item} bytes")
+        if offset + n > u8.numel():
+            raise _region_error(f"bytes [{offset}, {offset + n}) are outside the registered "
+                                f"tensor ({u8.numel()} bytes)")
+        return u8[offset:offset + n].view(dtype).view(shape)
+
     def ref(self, dtype, shape, offset):
         """-> a Ref to `shape` elements of wire dtype `dtype` ("bf16", "f32",
         "i32", "u8") at byte `offset` of this region (checked by the daemon)."""
