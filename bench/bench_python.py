@@ -13,8 +13,9 @@ and the `AsyncClient` rows the asyncio client (one call awaited at a time),
 both against the C client's figure for the same request.
 
 A second table (Python only) gives the full logits of the 100,000-key
-sequence (R=4 x H=32, 1.6 MB of float32) through the socket against the
-same call with q/w in a registered host region and out= a view of it
+sequence (R=4 x H=32, 1.6 MB of float32; and H=1, the same logits for
+1/32 of the scoring) through the socket against the same call with q/w in
+a registered host region and out= a view of it
 (client/python regions: only the small maps cross the socket), with the
 bytes the daemon sent per call (its stats counter); the two results are
 checked byte-equal first. --logits-only runs just that table.
@@ -134,9 +135,16 @@ def main():
         if c.score(BIG, qr, wr, out=out) is not out or \
                 out.tobytes() != c.score(BIG, q, w).tobytes():
             raise SystemExit("host-region logits differ from the socket path")
+        # H=1: the same 1.6 MB of logits for 1/32 of the scoring work, so
+        # that the transport's share shows through the CPU backend's compute.
+        q1, w1 = np.ascontiguousarray(q[:, :1]), np.ascontiguousarray(w[:, :1])
+        q1r, w1r = region.array(q1.dtype, q1.shape), region.array(w1.dtype, w1.shape)
+        q1r[...], w1r[...] = q1, w1
         logit_cases = {
             "logits100k, socket": lambda: c.score(BIG, q, w),
             "logits100k, host region (q, w, out)": lambda: c.score(BIG, qr, wr, out=out),
+            "logits100k H=1, socket": lambda: c.score(BIG, q1, w1),
+            "logits100k H=1, host region": lambda: c.score(BIG, q1r, w1r, out=out),
         }
         lres = {k: {"py": [], "py_cpu": [], "bytes": []} for k in logit_cases}
         py_cases = {
