@@ -11,6 +11,7 @@ it when that connection closes (Client.close, or a lost connection), and
 this module then marks it released (using it raises RegionError).
 """
 import ctypes
+import fcntl
 import os
 import sys
 
@@ -21,8 +22,9 @@ from .errors import BY_NAME
 # What daemon/regions.c requires of a host region's fd: a memfd that cannot
 # shrink under the daemon's mapping (F_SEAL_SHRINK) and stays writable;
 # F_SEAL_SEAL keeps anyone from adding a write seal later.
-_SEALS = getattr(os, "F_SEAL_SHRINK", 0x0002) | getattr(os, "F_SEAL_SEAL", 0x0001)
-_F_ADD_SEALS = 1033  # fcntl.F_ADD_SEALS (Linux), named in fcntl from 3.9 on
+# (fcntl names them from Python 3.9 on; the values are Linux's.)
+_SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x0002) | getattr(fcntl, "F_SEAL_SEAL", 0x0001)
+_F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _ALIGN = 256  # bump allocations start on this boundary (any dtype, cache lines)
 
 _WIRE_OF = {np.dtype("<u2"): "bf16", np.dtype("<f4"): "f32",
@@ -64,12 +66,11 @@ class Ref:
 def memfd(size):
     """-> an fd of a new memfd of `size` bytes sealed as the daemon requires
     (MFD_ALLOW_SEALING, ftruncate, F_SEAL_SHRINK | F_SEAL_SEAL)."""
-    import fcntl
     flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
     fd = os.memfd_create("fp4idx-region", flags)
     try:
         os.ftruncate(fd, size)
-        fcntl.fcntl(fd, getattr(fcntl, "F_ADD_SEALS", _F_ADD_SEALS), _SEALS)
+        fcntl.fcntl(fd, _F_ADD_SEALS, _SEALS)
     except OSError:
         os.close(fd)
         raise
@@ -320,7 +321,9 @@ def wire_dtype(dt):
         return "u8"
     if dt.name == "bfloat16":
         return "bf16"
-    return _WIRE_OF.get(dt.newbyteorder("<") if dt.byteorder == ">" else dt)
+    if dt.byteorder == ">":
+        return None  # the wire is little-endian: big-endian bytes cannot be named
+    return _WIRE_OF.get(dt)
 
 
 def find_array(table, a, want):

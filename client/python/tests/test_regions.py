@@ -174,6 +174,8 @@ def test_refused_references_change_nothing(client, seq):
             client.score(s, odd, w[:1])
         with pytest.raises(fp4idx.RegionError, match="is sent as bf16"):
             client.score(s, r.array(np.float32, (1, 16, 128), offset=0), w[:1])
+        with pytest.raises(fp4idx.RegionError, match="is sent as f32"):
+            client.append(fresh, r.array(">f4", (1, 128), offset=0))   # big-endian bytes
         with pytest.raises(fp4idx.RegionError, match="non-contiguous"):
             client.score(s, q[:1], w[:1], out=r.array(np.float32, (1, 200), offset=0)[:, ::2])
         # Bump allocator full.
