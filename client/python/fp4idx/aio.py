@@ -6,7 +6,6 @@ replies (which come in request order) to the waiting calls in order.
 import array as _array
 import asyncio
 import collections
-import mmap
 import os
 import socket as _socket
 
@@ -99,20 +98,12 @@ class AsyncClient(Methods):
         once everything queued before it has left the transport (calls of
         other tasks go on meanwhile)."""
         size = ops._uint("size", size)
-        if size == 0:
-            raise BY_NAME["EINVAL"]("a region needs size >= 1")
+        fd, mm = regions.host_memory(size)
         try:
-            fd = regions.memfd(size)
-        except OSError as e:
-            raise BY_NAME["ENOMEM"](f"cannot make a {size}-byte memfd: {e.strerror or e}") from None
-        try:
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            try:
-                fut = await self._send_fd(ops.register_host(size), fd)
-                rid = await self._wait(fut)
-            except BaseException:
-                mm.close()
-                raise
+            rid = await self._wait(await self._send_fd(ops.register_host(size), fd))
+        except BaseException:
+            mm.close()
+            raise
         finally:
             os.close(fd)
         return self._regions.add(regions.Region(self._regions, rid, "host", size,
@@ -121,13 +112,7 @@ class AsyncClient(Methods):
     async def register_cuda(self, tensor, device=None):
         """As Client.register_cuda (a CUDA Region; `await region.aclose()`)."""
         base, size, handle, dev, bus = regions.cuda_allocation(tensor)
-        info = await self.info()
-        if info.get("backend") != "cuda":
-            raise BY_NAME["EREGION"](f"CUDA regions need a daemon on the CUDA backend; "
-                                     f"{self.socket_path} runs {info.get('backend')}")
-        if not regions.same_bus(str(info.get("device", "")), bus):
-            raise BY_NAME["EREGION"](f"the tensor is on GPU {bus}, the daemon on "
-                                     f"{info.get('device')}")
+        regions.check_cuda_daemon(await self.info(), bus, self.socket_path)
         rid = await self._run(ops.register_cuda(handle, size, dev if device is None else device))
         return self._regions.add(regions.Region(self._regions, rid, "cuda", size, base,
                                                 owner=tensor))

@@ -4,7 +4,6 @@ pipelining through Pipeline.
 Not thread-safe: one Client per thread (as libfp4idx-client).
 """
 import array as _array
-import mmap
 import os
 import select
 import socket as _socket
@@ -87,19 +86,12 @@ class Client(Methods, Scan):
         regions or 64 GiB per connection; RegionError when the daemon
         refuses it; OutOfMemory when the memfd cannot be made."""
         size = ops._uint("size", size)
-        if size == 0:
-            raise BY_NAME["EINVAL"]("a region needs size >= 1")
+        fd, mm = regions.host_memory(size)
         try:
-            fd = regions.memfd(size)
-        except OSError as e:
-            raise BY_NAME["ENOMEM"](f"cannot make a {size}-byte memfd: {e.strerror or e}") from None
-        try:
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            try:
-                rid = self._run(ops.register_host(size), fd)
-            except BaseException:
-                mm.close()
-                raise
+            rid = self._run(ops.register_host(size), fd)
+        except BaseException:
+            mm.close()
+            raise
         finally:
             os.close(fd)  # the daemon mapped its own copy; ours is the mmap
         return self._regions.add(regions.Region(self._regions, rid, "host", size,
@@ -128,13 +120,7 @@ class Client(Methods, Scan):
                                    device if daemon_device is None else daemon_device, bus, None)
 
     def _register_cuda(self, base, size, handle, device, bus, owner):
-        info = self.info()
-        if info.get("backend") != "cuda":
-            raise BY_NAME["EREGION"](f"CUDA regions need a daemon on the CUDA backend; "
-                                     f"{self.socket_path} runs {info.get('backend')}")
-        if not regions.same_bus(str(info.get("device", "")), bus):
-            raise BY_NAME["EREGION"](f"the tensor is on GPU {bus}, the daemon on "
-                                     f"{info.get('device')}: it can open memory of its own GPU only")
+        regions.check_cuda_daemon(self.info(), bus, self.socket_path)
         rid = self._run(ops.register_cuda(handle, size, device))
         return self._regions.add(regions.Region(self._regions, rid, "cuda", size, base,
                                                 owner=owner))

@@ -12,6 +12,7 @@ this module then marks it released (using it raises RegionError).
 """
 import ctypes
 import fcntl
+import mmap
 import os
 import sys
 
@@ -75,6 +76,35 @@ def memfd(size):
         os.close(fd)
         raise
     return fd
+
+
+def host_memory(size):
+    """-> (fd, mmap) of a new sealed memfd of `size` bytes (>= 1) and this
+    process's mapping of it, for a register request (the caller closes the
+    fd once it is sent). InvalidArgument for size 0, OutOfMemory when the
+    memfd or the mapping cannot be made."""
+    if size < 1:
+        raise BY_NAME["EINVAL"]("a region needs size >= 1")
+    try:
+        fd = memfd(size)
+    except OSError as e:
+        raise BY_NAME["ENOMEM"](f"cannot make a {size}-byte memfd: {e.strerror or e}") from None
+    try:
+        return fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as e:
+        os.close(fd)
+        raise BY_NAME["ENOMEM"](f"cannot map a {size}-byte memfd: {e.strerror or e}") from None
+
+
+def check_cuda_daemon(info, bus, where):
+    """RegionError unless daemon `info` says CUDA backend on the GPU of PCI
+    bus id `bus` (the daemon can open memory of its own GPU only)."""
+    if info.get("backend") != "cuda":
+        raise _region_error(f"CUDA regions need a daemon on the CUDA backend; {where} runs "
+                            f"{info.get('backend')}")
+    if not same_bus(str(info.get("device", "")), bus):
+        raise _region_error(f"the tensor is on GPU {bus}, the daemon on {info.get('device')}: "
+                            "it can open memory of its own GPU only")
 
 
 class Region:
