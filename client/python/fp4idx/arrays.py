@@ -149,6 +149,7 @@ def region_ref(x, table, want):
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type == "cuda":
             return regions.find_tensor(table, x, want)
+        x = x.detach()
         if x.dtype == torch.bfloat16:
             x = x.view(torch.int16).numpy().view(np.uint16)
         else:
