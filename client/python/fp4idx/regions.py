@@ -444,6 +444,9 @@ class _Cuda:
         allocation, and the daemon's mapping starts at its base)."""
         lib = cls.lib()
         cls.check(lib.cuInit(0), "cuInit")
+        dev = ctypes.c_int()
+        cls.check(lib.cuDeviceGet(ctypes.byref(dev), int(device)), f"cuDeviceGet({device})")
+        device = dev.value  # the CUdevice handle of that ordinal
         ctx = ctypes.c_void_p()
         cls.check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device),
                   "cuDevicePrimaryCtxRetain")
