@@ -7,7 +7,8 @@
         pos, val, cnt = c.topk(7, q, w, 16)
 
 Client (blocking, pipeline()), AsyncClient (asyncio), ShardedClient (several
-daemons), and one exception class per status code, all under fp4idx.Error.
+daemons), zero-copy regions (Client.region, Client.register_cuda), and one
+exception class per status code, all under fp4idx.Error.
 """
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error, error_for
@@ -15,6 +16,7 @@ from .client import Client, Pipeline
 from .aio import AsyncClient, AsyncPipeline
 from .sharded import ShardedClient
 from .arrays import bf16_bits
+from .regions import Ref, Region
 from .wire import default_socket
 
 __version__ = "0.1.0"
@@ -22,4 +24,4 @@ __version__ = "0.1.0"
 from . import errors as _errors
 
 __all__ = ["Client", "Pipeline", "AsyncClient", "AsyncPipeline", "ShardedClient",
-           "bf16_bits", "default_socket", *_errors.__all__]
+           "Region", "Ref", "bf16_bits", "default_socket", *_errors.__all__]

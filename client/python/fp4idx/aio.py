@@ -3,10 +3,13 @@ streams. Calls from concurrent tasks share the connection and are
 pipelined: each request is written at once, and one reader task hands the
 replies (which come in request order) to the waiting calls in order.
 """
+import array as _array
 import asyncio
 import collections
+import os
+import socket as _socket
 
-from . import wire
+from . import ops, regions, wire
 from .errors import BY_NAME, Error
 from .methods import Methods, Queue, first_error, unseen
 
@@ -27,6 +30,7 @@ class AsyncClient(Methods):
         self._reader = self._writer = self._task = None
         self._pending = collections.deque()  # (future, request, id), in send order
         self._lock = None
+        self._regions = regions.Table(aunregister=self._unregister)
 
     async def connect(self):
         """(Re)connects, failing calls still waiting on an old connection."""
@@ -47,8 +51,10 @@ class AsyncClient(Methods):
         return self._writer is not None
 
     async def close(self):
-        """Closes the connection; calls still waiting fail with ConnectionLost."""
+        """Closes the connection; calls still waiting fail with ConnectionLost.
+        The daemon releases the connection's regions (closed here too)."""
         self._fail_all(BY_NAME["ECONN"]("connection closed"))
+        self._regions.release_all("its connection closed")
         w, t = self._writer, self._task
         self._reader = self._writer = self._task = None
         if t is not None and t is not asyncio.current_task():
@@ -82,6 +88,80 @@ class AsyncClient(Methods):
                 yield s
             if cursor == 0:
                 return
+
+    # ---- regions ---------------------------------------------------------------
+    async def region(self, size):
+        """-> a host Region of `size` bytes on this connection, as
+        Client.region (close it with `await region.aclose()` or `async
+        with`). asyncio's streams cannot pass a file descriptor, so the
+        register frame is written with sendmsg on the stream's own socket
+        once everything queued before it has left the transport (calls of
+        other tasks go on meanwhile)."""
+        size = ops._uint("size", size)
+        fd, mm = regions.host_memory(size)
+        try:
+            rid = await self._wait(await self._send_fd(ops.register_host(size), fd))
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            os.close(fd)
+        return self._regions.add(regions.Region(self._regions, rid, "host", size,
+                                                regions.host_address(mm), mm=mm))
+
+    async def register_cuda(self, tensor, device=None):
+        """As Client.register_cuda (a CUDA Region; `await region.aclose()`)."""
+        base, size, handle, dev, bus = regions.cuda_allocation(tensor)
+        regions.check_cuda_daemon(await self.info(), bus, self.socket_path)
+        rid = await self._run(ops.register_cuda(handle, size, dev if device is None else device))
+        return self._regions.add(regions.Region(self._regions, rid, "cuda", size, base,
+                                                owner=tensor))
+
+    async def _unregister(self, rid):
+        if self._writer is None:  # the daemon released it with the connection
+            return
+        try:
+            await self._run(ops.unregister(rid))
+        except BY_NAME["ECONN"]:
+            pass
+
+    async def _send_fd(self, req, fd):
+        """Writes `req` with `fd` as SCM_RIGHTS on the frame's first byte ->
+        its future. The transport must have nothing queued (its bytes would
+        come after ours), and nothing may be written between: the sendmsg
+        and the queueing of the rest happen in one step of the loop."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._writer is None:
+                await self.connect()
+            w = self._writer
+            rid, bufs = self._enc.frame(req)
+            frame = bufs[0] + bufs[1]
+            raw = w.get_extra_info("socket")
+            sock = _socket.socket(fileno=os.dup(raw.fileno()))
+            sock.setblocking(False)
+            anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", [fd]))]
+            try:
+                while True:
+                    while w.transport.get_write_buffer_size():
+                        await asyncio.sleep(0.0005)  # drain() returns at once below its mark
+                    try:
+                        n = sock.sendmsg([frame], anc)
+                    except BlockingIOError:  # the daemon's receive buffer is full
+                        await asyncio.sleep(0.001)
+                        continue
+                    break
+            except OSError as e:
+                await self._lost(BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}"))
+                raise BY_NAME["ECONN"](f"{self.socket_path}: {e.strerror or e}") from None
+            finally:
+                sock.close()
+            fut = asyncio.get_running_loop().create_future()
+            self._pending.append((fut, req, rid))
+            if n < len(frame):
+                w.write(frame[n:])
+            return fut
 
     # ---- requests ------------------------------------------------------------
     async def _run(self, req):

@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from . import regions
+
 HEAD_DIM = 128
 KEY_BYTES = 68
 
@@ -47,7 +49,7 @@ def _from_torch(t):
     """torch tensor -> numpy array on the host (bf16 as uint16 bits).
 
     This is a copy for CUDA tensors (and for non-contiguous ones): the socket
-    path. Zero copy through registered regions will replace it here."""
+    path, for tensors outside any registered region (region_ref)."""
     torch = _torch()
     t = t.detach()
     if t.device.type != "cpu":
@@ -123,10 +125,9 @@ def _rne_numpy(f):
 def wire(dtype, a):
     """numpy array -> wire tensor map.
 
-    The one place bulk data enters a request: the array's bytes go to msgpack
-    as a memoryview (packed into the frame once). Region registration (zero
-    copy) will plug in here: a registered array becomes a region reference
-    instead of `data`."""
+    The one place bulk data enters a request inline: the array's bytes go to
+    msgpack as a memoryview (packed into the frame once). Arrays in a
+    registered region never get here (region_ref names them instead)."""
     want = _WIRE[dtype]
     if a.dtype != want or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=want)
@@ -134,8 +135,60 @@ def wire(dtype, a):
             "data": memoryview(a).cast("B") if a.size else b""}
 
 
-def keys_tensor(keys):
-    """Keys of an append -> wire tensor (bf16/f32 [n,128] or u8 [n,68])."""
+def region_ref(x, table, want):
+    """Input `x` -> a region reference map when it lies in a region of
+    `table` (the connection's regions; None: none), else None (x goes
+    through the socket). `want`: the wire dtype x is sent as. A Ref is
+    sent as it is. RegionError for an array in a region that cannot be
+    named as `want` (regions.find_array)."""
+    if isinstance(x, regions.Ref):
+        return x.wire()
+    if table is None:
+        return None
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        if x.device.type == "cuda":
+            return regions.find_tensor(table, x, want)
+        x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.view(torch.int16).numpy().view(np.uint16)
+        else:
+            x = x.numpy()
+    if not isinstance(x, np.ndarray):
+        return None
+    return regions.find_array(table, x, want)
+
+
+def _keys_dtype(x):
+    """The wire dtype keys `x` go as (None: not known without converting)."""
+    if isinstance(x, regions.Ref):
+        return x.dtype
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        return {torch.uint8: "u8", torch.bfloat16: "bf16", torch.float32: "f32"}.get(x.dtype)
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    return "bf16" if dt == np.uint16 else regions.wire_dtype(np.dtype(dt)) or "f32"
+
+
+def _shaped(ref, ndim, what, want):
+    """A reference of ndim - 1 dims gains a leading 1 (one row or key);
+    another number of dims is EINVAL."""
+    if len(ref["shape"]) == ndim - 1:
+        ref["shape"] = [1, *ref["shape"]]
+    if len(ref["shape"]) != ndim:
+        raise _invalid(f"{what} must be {want}, got shape {ref['shape']}")
+    return ref
+
+
+def keys_tensor(keys, table=None):
+    """Keys of an append -> wire tensor (bf16/f32 [n,128] or u8 [n,68]), or
+    a region reference when they lie in a region of `table`."""
+    kd = _keys_dtype(keys)
+    ref = region_ref(keys, table, kd) if kd is not None else None
+    if ref is not None:
+        return _shaped(ref, 2, "keys", "[n,128] (or [n,68] uint8)")
     a = as_numpy(keys)
     if a.ndim == 1 and a.shape[0] in (HEAD_DIM, KEY_BYTES):
         a = a.reshape(1, -1)
@@ -155,25 +208,42 @@ def keys_tensor(keys):
     return wire(dtype, a)
 
 
-def entry(seq, q, w, lens=None, mask=None):
-    """One score entry (PROTOCOL.md, `score`): q [R,H,128], w [R,H] -> map."""
-    qb = bf16_bits(q)
-    if qb.ndim == 2:  # one row
-        qb = qb.reshape(1, *qb.shape)
-    if qb.ndim != 3:
-        raise _invalid(f"q must be [R,H,128], got shape {list(qb.shape)}")
-    wb = bf16_bits(w)
-    if wb.ndim == 1:
-        wb = wb.reshape(1, -1)
-    e = {"seq": int(seq), "q": wire("bf16", qb), "w": wire("bf16", wb)}
-    if lens is not None:
+def entry(seq, q, w, lens=None, mask=None, table=None):
+    """One score entry (PROTOCOL.md, `score`): q [R,H,128], w [R,H] -> map.
+    Inputs in a region of `table` go as references."""
+    e = {"seq": int(seq)}
+    ref = region_ref(q, table, "bf16")
+    if ref is not None:
+        e["q"] = _shaped(ref, 3, "q", "[R,H,128]")
+    else:
+        qb = bf16_bits(q)
+        if qb.ndim == 2:  # one row
+            qb = qb.reshape(1, *qb.shape)
+        if qb.ndim != 3:
+            raise _invalid(f"q must be [R,H,128], got shape {list(qb.shape)}")
+        e["q"] = wire("bf16", qb)
+    ref = region_ref(w, table, "bf16")
+    if ref is not None:
+        e["w"] = _shaped(ref, 2, "w", "[R,H]")
+    else:
+        wb = bf16_bits(w)
+        if wb.ndim == 1:
+            wb = wb.reshape(1, -1)
+        e["w"] = wire("bf16", wb)
+    ref = None if lens is None else region_ref(lens, table, "i32")
+    if ref is not None:
+        e["lens"] = ref
+    elif lens is not None:
         la = as_numpy(lens)
         if la.dtype.kind not in "iu":
             raise _invalid(f"lens must be integers, got dtype {la.dtype}")
         if la.size and (la.min() < 0 or la.max() > 0x7FFFFFFF):
             raise _invalid("lens values must be in 0..2^31-1")
         e["lens"] = wire("i32", la.reshape(-1))
-    if mask is not None:
+    ref = None if mask is None else region_ref(mask, table, "u8")
+    if ref is not None:
+        e["mask"] = ref
+    elif mask is not None:
         ma = as_numpy(mask)
         e["mask"] = wire("u8", ma.astype(np.uint8) if ma.dtype != np.uint8 else ma)
     return e

@@ -3,11 +3,13 @@ pipelining through Pipeline.
 
 Not thread-safe: one Client per thread (as libfp4idx-client).
 """
+import array as _array
+import os
 import select
 import socket as _socket
 import time
 
-from . import wire
+from . import ops, regions, wire
 from .errors import BY_NAME, Error, error_for
 from .methods import Methods, Queue, Scan, first_error
 
@@ -37,6 +39,7 @@ class Client(Methods, Scan):
         self.timeout = timeout
         self._sock = None
         self._enc = wire.Encoder()
+        self._regions = regions.Table(self._unregister)
         self._guard = _Guard(self)
         self._reset_buffer(1 << 16)
         self.connect()
@@ -64,11 +67,71 @@ class Client(Methods, Scan):
         return self._sock is not None
 
     def close(self):
-        """Closes the connection (a later call connects again)."""
+        """Closes the connection (a later call connects again). The daemon
+        releases this connection's regions: their Region objects are closed
+        (their numpy views stay readable until dropped)."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         self._start = self._end = 0
+        self._regions.release_all("its connection closed")
+
+    # ---- regions (PROTOCOL.md "Regions") -----------------------------------
+    def region(self, size):
+        """-> a new host Region of `size` bytes registered on this
+        connection: a memfd sealed against shrinking, mapped here and by
+        the daemon. Arrays made by region.array(...) are then sent as
+        references and can be score's out=. Close it (or use `with`) to
+        unregister it; Client.close releases it too. TooBig beyond 16
+        regions or 64 GiB per connection; RegionError when the daemon
+        refuses it; OutOfMemory when the memfd cannot be made."""
+        size = ops._uint("size", size)
+        fd, mm = regions.host_memory(size)
+        try:
+            rid = self._run(ops.register_host(size), fd)
+        except BaseException:
+            mm.close()
+            raise
+        finally:
+            os.close(fd)  # the daemon mapped its own copy; ours is the mmap
+        return self._regions.add(regions.Region(self._regions, rid, "host", size,
+                                                regions.host_address(mm), mm=mm))
+
+    def register_cuda(self, tensor, device=None):
+        """Registers the CUDA allocation that holds torch tensor `tensor`
+        (its IPC handle; the daemon opens it on its GPU) -> a CUDA Region.
+        Tensors in that allocation (`tensor`, its views, other tensors the
+        caching allocator placed there) are then sent as references and can
+        be score's out=. The Region keeps `tensor` alive until it is closed.
+        device: the GPU's ordinal in the daemon's numbering (default: the
+        tensor's index here; give it when CUDA_VISIBLE_DEVICES differs).
+        RegionError: a daemon on the CPU backend or on another GPU, memory
+        that cannot be shared (expandable segments), no CUDA driver."""
+        base, size, handle, dev, bus = regions.cuda_allocation(tensor)
+        return self._register_cuda(base, size, handle, dev if device is None else device,
+                                   bus, tensor)
+
+    def register_cuda_ptr(self, ptr, device=0, daemon_device=None):
+        """As register_cuda for a raw device pointer (e.g. from cudaMalloc,
+        CuPy) on CUDA device `device` of this process; the whole allocation
+        holding it is registered. The caller keeps the memory alive."""
+        base, size, handle, bus = regions.pointer_allocation(ptr, device)
+        return self._register_cuda(base, size, handle,
+                                   device if daemon_device is None else daemon_device, bus, None)
+
+    def _register_cuda(self, base, size, handle, device, bus, owner):
+        regions.check_cuda_daemon(self.info(), bus, self.socket_path)
+        rid = self._run(ops.register_cuda(handle, size, device))
+        return self._regions.add(regions.Region(self._regions, rid, "cuda", size, base,
+                                                owner=owner))
+
+    def _unregister(self, rid):
+        if self._sock is None:  # the connection closed: the daemon let go already
+            return
+        try:
+            self._run(ops.unregister(rid))
+        except BY_NAME["ECONN"]:
+            pass  # lost with its connection
 
     def __enter__(self):
         return self
@@ -82,12 +145,25 @@ class Client(Methods, Scan):
         return Pipeline(self)
 
     # ---- one request ------------------------------------------------------
-    def _run(self, req):
+    def _run(self, req, fd=-1):
         rid, bufs = self._enc.frame(req)
         with self._guard:
-            self._send_frame(bufs)
+            if fd >= 0:
+                self._send_with_fd(bufs, fd)
+            else:
+                self._send_frame(bufs)
             r = self._recv_reply()
         return self._result(req, rid, r)
+
+    def _send_with_fd(self, bufs, fd):
+        """Sends a frame with `fd` as SCM_RIGHTS on its first byte (the
+        daemon takes the fd of the sendmsg that carries a frame's start)."""
+        sock = self._sock or self.connect()
+        frame = bufs[0] + bufs[1]
+        anc = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _array.array("i", [fd]))]
+        n = sock.sendmsg([frame], anc)
+        if n < len(frame):
+            sock.sendall(frame[n:])
 
     def _start_req(self, req):
         """Sends `req` -> its id (then _finish reads the reply)."""

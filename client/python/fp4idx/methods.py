@@ -5,6 +5,12 @@ from .errors import Error
 
 
 class Methods:
+    def _table(self):
+        """The regions of the connection requests go to (regions.Table), or
+        None where there is none (ShardedClient): arrays in them are sent
+        as references."""
+        return getattr(self, "_regions", None)
+
     def hello(self, version=1, client=None):
         """Version handshake -> {"version", "server"}; UnsupportedVersion."""
         return self._run(ops.hello(version, client))
@@ -24,23 +30,33 @@ class Methods:
 
     def append(self, seq, keys, rounding="rne"):
         """Appends keys -> (first, length). keys: float32 / bf16 [n,128] or
-        uint8 [n,68] packed. NonFinite, PoolFull, ShapeMismatch."""
-        return self._run(ops.append(seq, keys, rounding))
+        uint8 [n,68] packed; keys in a registered region are read by the
+        daemon from there. NonFinite, PoolFull, ShapeMismatch, and for
+        region keys NoRegion, RegionError."""
+        return self._run(ops.append(seq, keys, rounding, self._table()))
 
-    def score(self, seq, q, w, lens=None, mask=None):
+    def score(self, seq, q, w, lens=None, mask=None, out=None):
         """-> logits float32 [R, W] (-inf where invisible). NoSequence,
-        OutOfRange (lens), ShapeMismatch."""
-        return self._run(ops.score(seq, q, w, lens, mask))
+        OutOfRange (lens), ShapeMismatch. Inputs in a registered region go
+        as references; out: a float32 [R, W] array in a registered region
+        (region.array, or a tensor of a CUDA region) that the daemon writes
+        the logits into -- then out itself is returned (NoRegion when it is
+        in no region of this connection, RegionError for a misaligned or
+        overlapping one, ShapeMismatch for another shape)."""
+        return self._run(ops.score(seq, q, w, lens, mask, out=out, table=self._table()))
 
-    def topk(self, seq, q, w, k, lens=None, mask=None):
+    def topk(self, seq, q, w, k, lens=None, mask=None, out=None):
         """-> (positions int32 [R,k], logits float32 [R,k], counts int32 [R]);
-        unused slots hold position -1 and logit -inf."""
-        return self._run(ops.score(seq, q, w, lens, mask, topk=k))
+        unused slots hold position -1 and logit -inf. out: (positions,
+        logits, counts) arrays in registered regions, written in place and
+        returned (errors as score's out)."""
+        return self._run(ops.score(seq, q, w, lens, mask, topk=k, out=out,
+                                   table=self._table()))
 
     def score_many(self, entries, heads, topk=None):
         """Several sequences in one request -> a list with score's (or topk's)
-        result per entry, in order."""
-        return self._run(ops.score_many(entries, heads, topk))
+        result per entry, in order (an entry may carry "out" as score's)."""
+        return self._run(ops.score_many(entries, heads, topk, self._table()))
 
     def truncate(self, seq, length):
         """Keeps the first `length` keys -> the new length. OutOfRange."""
@@ -103,6 +119,9 @@ class Queue(Methods):
     def __init__(self, client):
         self._client = client
         self._reqs = []
+
+    def _table(self):
+        return self._client._table()
 
     def _run(self, req):
         self._reqs.append(req)

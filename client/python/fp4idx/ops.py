@@ -5,6 +5,7 @@ these same Requests, so a new operation is one builder here plus one line
 in methods.py.
 """
 from . import arrays
+from .errors import BY_NAME
 
 
 class Request:
@@ -63,10 +64,10 @@ def list_(cursor=0, count=None):
     return Request("list", f, lambda r: (r["cursor"], list(r["seqs"])))
 
 
-def append(seq, keys, rounding="rne"):
+def append(seq, keys, rounding="rne", table=None):
     if rounding not in ("rne", "threshold"):
         raise arrays._invalid(f"rounding must be 'rne' or 'threshold', got {rounding!r}")
-    f = {"seq": _uint("seq", seq), "keys": arrays.keys_tensor(keys)}
+    f = {"seq": _uint("seq", seq), "keys": arrays.keys_tensor(keys, table)}
     if rounding != "rne":
         f["rounding"] = rounding
     return Request("append", f, lambda r: (r["first"], r["length"]), f["seq"])
@@ -98,7 +99,53 @@ def read(seq, start=0, count=None, dequant=False):
     return Request("read", f, lambda r: arrays.array(r["keys"]), f["seq"])
 
 
-def _result(res, topk, device):
+def register_host(size):
+    """A host region of `size` bytes; its memfd goes with the frame."""
+    f = {"kind": "host", "size": _uint("size", size)}
+    return Request("register", f, lambda r: r["region"])
+
+
+def register_cuda(handle, size, device):
+    f = {"kind": "cuda", "size": _uint("size", size), "handle": bytes(handle),
+         "device": _uint("device", device)}
+    return Request("register", f, lambda r: r["region"])
+
+
+def unregister(region):
+    return Request("unregister", {"region": _uint("region", region)}, lambda r: None)
+
+
+_OUT_NAMES = ("positions", "logits", "counts")
+_OUT_DTYPES = {"positions": "i32", "logits": "f32", "counts": "i32"}
+
+
+def _out_refs(out, topk, table):
+    """score's `out=` -> the entry's `out` map of region references.
+    out: the logits array (score), or (positions, logits, counts) (topk),
+    each a numpy view of a host region, a torch tensor in a registered
+    region, or a Ref. NoRegion for an array outside this connection's
+    regions (the daemon can only write into those)."""
+    if topk is None:
+        names, vals = ("logits",), (out,)
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise arrays._invalid("topk out= must be (positions, logits, counts)")
+        names, vals = _OUT_NAMES, tuple(out)
+    refs = {}
+    for name, v in zip(names, vals):
+        ref = arrays.region_ref(v, table, _OUT_DTYPES[name])
+        if ref is None:
+            raise BY_NAME["ENOREGION"](
+                f"out {name}: not in a region registered on this connection (the daemon "
+                "writes results only into regions: make it with region.array(...), or a "
+                "tensor of a register_cuda region)")
+        refs[name] = ref
+    return refs
+
+
+def _result(res, topk, device, out=None):
+    if out is not None:  # the daemon wrote into the caller's arrays
+        return out if topk is None else tuple(out)
     out = arrays.output
     if topk is None:
         return out(arrays.array(res["logits"]), device)
@@ -114,35 +161,46 @@ def _score_fields(entries, heads, topk):
     return f
 
 
-def score(seq, q, w, lens=None, mask=None, topk=None):
-    """score (topk None) or topk of one sequence."""
-    dev = arrays.torch_device(q, w, lens, mask)
-    e = arrays.entry(_uint("seq", seq), q, w, lens, mask)
+def _entry(d, topk, table):
+    """One entry dict (seq, q, w, lens, mask, out) -> (wire map, device,
+    out or None)."""
+    e = arrays.entry(_uint("seq", d["seq"]), d["q"], d["w"], d.get("lens"), d.get("mask"),
+                     table)
+    out = d.get("out")
+    if out is not None:
+        e["out"] = _out_refs(out, topk, table)
+    return e, (arrays.torch_device(d["q"], d["w"], d.get("lens"), d.get("mask")), out)
+
+
+def score(seq, q, w, lens=None, mask=None, topk=None, out=None, table=None):
+    """score (topk None) or topk of one sequence; out: see _out_refs."""
+    e, (dev, out) = _entry({"seq": seq, "q": q, "w": w, "lens": lens, "mask": mask,
+                            "out": out}, topk, table)
     f = _score_fields([e], arrays.heads_of(e), topk)
-    return Request("score", f, lambda r: _result(r["results"][0], topk, dev), e["seq"])
+    return Request("score", f, lambda r: _result(r["results"][0], topk, dev, out), e["seq"])
 
 
-def score_many(entries, heads, topk=None):
+def score_many(entries, heads, topk=None, table=None):
     """Several entries in one request; `entries` are dicts with seq, q, w and
-    optionally lens and mask. The result is a list, one per entry."""
+    optionally lens, mask and out. The result is a list, one per entry."""
     wired, devs = [], []
     if not entries:
         raise arrays._invalid("score_many needs at least one entry")
     for d in entries:
-        unknown = set(d) - {"seq", "q", "w", "lens", "mask"}
+        unknown = set(d) - {"seq", "q", "w", "lens", "mask", "out"}
         if unknown:
             raise arrays._invalid(f"score_many entry: unknown keys {sorted(unknown)}")
-        dev = arrays.torch_device(d["q"], d["w"], d.get("lens"), d.get("mask"))
-        wired.append(arrays.entry(_uint("seq", d["seq"]), d["q"], d["w"],
-                                  d.get("lens"), d.get("mask")))
+        e, dev = _entry(d, topk, table)
+        wired.append(e)
         devs.append(dev)
     return score_wired(wired, devs, heads, topk)
 
 
 def score_wired(wired, devs, heads, topk):
-    """score_many of entries already in wire form (ShardedClient splits these)."""
+    """score_many of entries already in wire form (ShardedClient splits
+    these); devs: (torch device, out) per entry."""
     f = _score_fields(wired, heads, topk)
 
     def parse(r):
-        return [_result(res, topk, dev) for res, dev in zip(r["results"], devs)]
+        return [_result(res, topk, dev, out) for res, (dev, out) in zip(r["results"], devs)]
     return Request("score", f, parse, many=(devs, heads, topk))

@@ -30,14 +30,15 @@ GOLDEN = os.environ.get("FP4IDX_GOLDEN_DIR", os.path.join(REPO, "tests", "golden
 
 
 class Daemon:
-    """One fp4idxd process (CPU backend) on a socket in a temporary folder."""
+    """One fp4idxd process (CPU backend unless told) on a socket in a
+    temporary folder."""
 
-    def __init__(self, cache_bytes="16M", extra=()):
+    def __init__(self, cache_bytes="16M", extra=(), backend="cpu"):
         if not os.access(FP4IDXD, os.X_OK):
             pytest.fail(f"fp4idxd not built at {FP4IDXD} (set FP4IDX_BUILD_DIR)")
         self.dir = tempfile.mkdtemp(prefix="fp4idx-py-")
         self.socket = os.path.join(self.dir, "fp4idxd.sock")
-        self.args = [FP4IDXD, "--socket", self.socket, "--backend", "cpu",
+        self.args = [FP4IDXD, "--socket", self.socket, "--backend", backend,
                      "--cache-bytes", cache_bytes, "--threads", "2",
                      "--log-level", "error", *extra]
         self.proc = None

@@ -1,0 +1,108 @@
+"""CUDA regions through the Python client: torch CUDA tensors registered by
+their IPC handle with a CUDA fp4idxd, keys appended from the region and
+results scored into CUDA tensors, compared byte for byte with the socket
+path and with a CPU daemon. Skipped without torch and a GPU (run on the GPU
+machine with `pytest client/python/tests -k cuda`)."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import fp4idx  # noqa: E402
+from fp4idx import ops  # noqa: E402
+
+N, R, H = 5000, 4, 32
+
+
+def carve(buf, nbytes, dtype, shape, at):
+    """A tensor of `dtype`/`shape` at byte at[0] of uint8 tensor `buf`."""
+    off = (at[0] + 255) // 256 * 256
+    at[0] = off + nbytes
+    return buf[off:off + nbytes].view(dtype).view(*shape)
+
+
+@pytest.fixture(scope="module")
+def cuda_daemon():
+    from conftest import Daemon
+    d = Daemon(cache_bytes="1G", backend="cuda")
+    yield d
+    d.stop()
+
+
+def test_cuda_region_equals_socket_and_cpu(cuda_daemon, daemon):
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randn(N, 128, generator=g)
+    q = torch.randn(R, H, 128, generator=g).to(torch.bfloat16)
+    w = torch.rand(R, H, generator=g).to(torch.bfloat16)
+    lens = torch.tensor([N, N // 2, 7, 0], dtype=torch.int32)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    buf = torch.zeros(16 << 20, dtype=torch.uint8, device=dev)
+    at = [0]
+    k_d = carve(buf, N * 512, torch.float32, (N, 128), at)
+    q_d = carve(buf, R * H * 256, torch.bfloat16, (R, H, 128), at)
+    w_d = carve(buf, R * H * 2, torch.bfloat16, (R, H), at)
+    l_d = carve(buf, R * 4, torch.int32, (R,), at)
+    logits_d = carve(buf, R * N * 4, torch.float32, (R, N), at)
+    pos_d = carve(buf, R * 64 * 4, torch.int32, (R, 64), at)
+    val_d = carve(buf, R * 64 * 4, torch.float32, (R, 64), at)
+    cnt_d = carve(buf, R * 4, torch.int32, (R,), at)
+    k_d.copy_(keys)
+    q_d.copy_(q)
+    w_d.copy_(w)
+    l_d.copy_(lens)
+    logits_d.fill_(float("nan"))
+    qn = q.view(torch.int16).numpy().view(np.uint16)
+    wn = w.view(torch.int16).numpy().view(np.uint16)
+
+    with fp4idx.Client(cuda_daemon.socket, timeout=120) as c, \
+            fp4idx.Client(daemon.socket, timeout=120) as cpu:
+        assert c.info()["backend"] == "cuda"
+        with c.register_cuda(buf) as r:
+            assert r.kind == "cuda" and r.size >= buf.numel()
+            s_reg, s_sock, s_cpu = 71001, 71002, 71003
+            assert c.append(s_reg, k_d) == (0, N)          # keys read from the region
+            c.append(s_sock, keys.numpy())
+            cpu.append(s_cpu, keys.numpy())
+            packed = c.read(s_sock)
+            assert np.array_equal(c.read(s_reg), packed)
+            assert np.array_equal(cpu.read(s_cpu), packed)
+
+            res = c.score(s_reg, q_d, w_d, out=logits_d)
+            assert res is logits_d
+            want = c.score(s_sock, qn, wn)
+            assert logits_d.cpu().numpy().tobytes() == want.tobytes()
+            assert cpu.score(s_cpu, qn, wn).tobytes() == want.tobytes()
+
+            res = c.topk(s_reg, q_d, w_d, 64, lens=l_d, out=(pos_d, val_d, cnt_d))
+            assert res[0] is pos_d
+            want_t = c.topk(s_sock, qn, wn, 64, lens=lens.numpy())
+            for x, y in zip((pos_d, val_d, cnt_d), want_t):
+                assert x.cpu().numpy().tobytes() == y.tobytes()
+            for x, y in zip(want_t, cpu.topk(s_cpu, qn, wn, 64, lens=lens.numpy())):
+                assert x.tobytes() == y.tobytes()
+
+            # A CUDA tensor of another allocation is no out= target.
+            with pytest.raises(fp4idx.NoRegion):
+                c.score(s_reg, q_d, w_d, out=torch.empty(R, N, device=dev))
+            # Overlap of an output with an input, checked by the daemon.
+            q_off = q_d.data_ptr() - buf.data_ptr()
+            over = buf[q_off:q_off + R * N * 4].view(torch.float32).view(R, N)
+            with pytest.raises(fp4idx.RegionError, match="overlap"):
+                c.score(s_reg, q_d, w_d, out=over)
+            for s in (s_reg, s_sock):
+                c.drop(s)
+            cpu.drop(s_cpu)
+
+
+def test_cuda_region_refusals(cuda_daemon, daemon):
+    buf = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    with fp4idx.Client(cuda_daemon.socket, timeout=60) as c:
+        with pytest.raises(fp4idx.RegionError, match="device"):
+            c.register_cuda(buf, device=torch.cuda.current_device() + 1)
+        with pytest.raises(fp4idx.RegionError):
+            c._run(ops.register_cuda(bytes(64), 4096, torch.cuda.current_device()))
+    with fp4idx.Client(daemon.socket, timeout=60) as cpu:
+        with pytest.raises(fp4idx.RegionError, match="CUDA backend"):
+            cpu.register_cuda(buf)
