@@ -13,8 +13,8 @@
  * give the device time of each part (fp4idx_backend_timing_t). Results are
  * copied from the device straight into the caller's output arrays: when the
  * caller got them from host_alloc (pinned, cuda_pinned.c) that is a true
- * asynchronous DMA and nothing is copied again on the host; small results
- * in pinned memory (<= 256 KB) are stored there by the kernels themselves,
+ * asynchronous DMA and nothing is copied again on the host; small full
+ * logits in pinned memory (<= 256 KB) are stored there by the scorer itself,
  * with no copy at all, and outputs in the device's own memory (a client's
  * CUDA region, batch.outputs_on_device) never leave it. Sequences whose
  * page list is resident (seq_pages_update, cuda_seqpages.c) are scored from
@@ -36,8 +36,8 @@
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
 
-/* Outputs up to this size that lie in pinned host memory are written by
- * the kernels themselves across PCIe (mapped memory, same address under
+/* Full logits up to this size that lie in pinned host memory are stored by
+ * the scorer itself across PCIe (mapped memory, same address under
  * UVA): no download copy and no wait for it, which is most of a small
  * request's device time. Larger ones are copied (a DMA beats the kernels'
  * stores over PCIe and keeps them out of the scorer's pipeline). */
@@ -415,21 +415,14 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
    * written by the scorer straight there, top-k results by the top-k (its
    * logits stay in the scratch). */
   const size_t kk = (size_t)bt->topk;
-  float *o_dlogits = bt->logits, *o_dval = bt->topk_val;
-  int32_t *o_dpos = bt->topk_pos, *o_dcnt = bt->topk_count;
-  /* (k <= 4096: those top-k paths only store their results; the device
-   * segmented sort of larger k also uses its outputs as scratch) */
-  if (!dev_out && !stage && kk <= 4096 &&
-      (bt->topk ? total_rows * (kk * 8 + 4) : total_out * 4) <= FP4IDX__CUDA_DIRECT_MAX) {
-    if (bt->topk) {
-      o_dpos = fp4idx__mapped(bt->topk_pos);
-      o_dval = fp4idx__mapped(bt->topk_val);
-      o_dcnt = fp4idx__mapped(bt->topk_count);
-      dev_out = o_dpos && o_dval && o_dcnt;
-    } else {
-      o_dlogits = fp4idx__mapped(bt->logits);
-      dev_out = o_dlogits != NULL;
-    }
+  float *o_dlogits = bt->logits;
+  /* Full logits only: the scorer stores whole rows; the top-k's scattered
+   * 4-byte result stores across PCIe cost more than the copy they save
+   * (H200, 12:37 UTC run: 400k top-2048 kernels 82 -> 112 us, download
+   * 11 -> 1 us; 16k full logits kernels + download 21.9 -> 18.3 us). */
+  if (!dev_out && !stage && !bt->topk && total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
+    o_dlogits = fp4idx__mapped(bt->logits);
+    dev_out = o_dlogits != NULL;
   }
   const size_t o_logits = off;
   if (!(dev_out && !bt->topk)) off = fp4idx__align(off + total_out * 4);
@@ -449,9 +442,9 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
 
   uint8_t *h = st->h, *d = st->d;
   float *d_logits = dev_out && !bt->topk ? o_dlogits : (float *)(d + o_logits);
-  int32_t *d_tpos = dev_out ? o_dpos : (int32_t *)(d + o_tpos);
-  float *d_tval = dev_out ? o_dval : (float *)(d + o_tval);
-  int32_t *d_tcnt = dev_out ? o_dcnt : (int32_t *)(d + o_tcnt);
+  int32_t *d_tpos = dev_out ? bt->topk_pos : (int32_t *)(d + o_tpos);
+  float *d_tval = dev_out ? bt->topk_val : (float *)(d + o_tval);
+  int32_t *d_tcnt = dev_out ? bt->topk_count : (int32_t *)(d + o_tcnt);
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
   size_t out_at = 0, row_at = 0;
