@@ -46,20 +46,8 @@ static int topk_call(int fd, uint64_t seq, const uint16_t *q, const uint16_t *w,
                      const int32_t *lens, int32_t *pos, float *val) {
   fp4idx_request_t req;
   fp4idx_score_seq_t s;
-  memset(&req, 0, sizeof req);
-  memset(&s, 0, sizeof s);
-  req.id = seq * 100 + 1;
-  req.op = FP4IDX_OP_SCORE;
-  req.u.score.heads = HEADS;
-  req.u.score.topk = 8;
-  req.u.score.seqs = &s;
-  req.u.score.nseqs = 1;
-  s.seq = seq;
-  s.rows = ROWS;
-  uint64_t qs[3] = {ROWS, HEADS, 128}, ws[2] = {ROWS, HEADS}, ls[1] = {ROWS};
-  fp4idx_tensor_init(&s.q, FP4IDX_WIRE_BF16, 3, qs, q);
-  fp4idx_tensor_init(&s.w, FP4IDX_WIRE_BF16, 2, ws, w);
-  fp4idx_tensor_init(&s.lens, FP4IDX_WIRE_I32, 1, ls, lens);
+  if (fp4idx_test_score_request(&req, &s, seq * 100 + 1, seq, HEADS, 8, ROWS, q, w, lens))
+    return -1;
   fp4idx_response_t resp;
   unsigned char *body = NULL;
   int rc = fp4idx_test_call(fd, &req, &resp, &body);

@@ -409,6 +409,26 @@ int fp4idx_test_read(int fd, uint64_t seq, uint64_t from, uint64_t count, void *
   return rc;
 }
 
+int fp4idx_test_score_request(fp4idx_request_t *req, fp4idx_score_seq_t *s, uint64_t id,
+                              uint64_t seq, uint32_t heads, uint32_t topk, uint32_t rows,
+                              const uint16_t *q, const uint16_t *w, const int32_t *lens) {
+  memset(req, 0, sizeof *req);
+  memset(s, 0, sizeof *s);
+  req->id = id;
+  req->op = FP4IDX_OP_SCORE;
+  req->u.score.heads = heads;
+  req->u.score.topk = topk;
+  req->u.score.seqs = s;
+  req->u.score.nseqs = 1;
+  s->seq = seq;
+  s->rows = rows;
+  uint64_t qs[3] = {rows, heads, 128}, ws[2] = {rows, heads}, ls[1] = {rows};
+  int rc = fp4idx_tensor_init(&s->q, FP4IDX_WIRE_BF16, 3, qs, q);
+  if (!rc) rc = fp4idx_tensor_init(&s->w, FP4IDX_WIRE_BF16, 2, ws, w);
+  if (!rc && lens) rc = fp4idx_tensor_init(&s->lens, FP4IDX_WIRE_I32, 1, ls, lens);
+  return rc;
+}
+
 int fp4idx_test_score(int fd, uint64_t seq, uint32_t heads, uint32_t rows,
                       const uint16_t *q, const uint16_t *w, const int32_t *lens,
                       float **logits, uint64_t *width) {
@@ -416,19 +436,8 @@ int fp4idx_test_score(int fd, uint64_t seq, uint32_t heads, uint32_t rows,
   fp4idx_response_t resp;
   fp4idx_score_seq_t s;
   unsigned char *body = NULL;
-  memset(&req, 0, sizeof req);
-  memset(&s, 0, sizeof s);
   *logits = NULL;
-  req.op = FP4IDX_OP_SCORE;
-  req.u.score.heads = heads;
-  req.u.score.seqs = &s;
-  req.u.score.nseqs = 1;
-  s.seq = seq;
-  s.rows = rows;
-  uint64_t qs[3] = {rows, heads, 128}, ws[2] = {rows, heads}, ls[1] = {rows};
-  int rc = fp4idx_tensor_init(&s.q, FP4IDX_WIRE_BF16, 3, qs, q);
-  if (!rc) rc = fp4idx_tensor_init(&s.w, FP4IDX_WIRE_BF16, 2, ws, w);
-  if (!rc && lens) rc = fp4idx_tensor_init(&s.lens, FP4IDX_WIRE_I32, 1, ls, lens);
+  int rc = fp4idx_test_score_request(&req, &s, 0, seq, heads, 0, rows, q, w, lens);
   if (rc) return rc;
   rc = fp4idx__harness_simple(fd, &req, &resp, &body);
   if (rc == 0) {

@@ -114,6 +114,13 @@ int fp4idx_test_drop(int fd, uint64_t seq);
 /* Reads packed slots [from, from+count) into out (count*68 bytes). */
 int fp4idx_test_read(int fd, uint64_t seq, uint64_t from, uint64_t count, void *out,
                      uint64_t *got);
+/* Fills *req (zeroed first) as a score of one sequence *s: q bf16
+ * [R,H,128], w bf16 [R,H], lens (NULL = all), top-k k (0 = full logits).
+ * The views point at the caller's arrays. 0 or a codec status. */
+int fp4idx_test_score_request(fp4idx_request_t *req, fp4idx_score_seq_t *s, uint64_t id,
+                              uint64_t seq, uint32_t heads, uint32_t topk, uint32_t rows,
+                              const uint16_t *q, const uint16_t *w, const int32_t *lens);
+
 /* Full-logit score of one sequence: q bf16 [R,H,128], w bf16 [R,H], lens
  * (NULL = all). *logits malloc'd [R, *width] f32. */
 int fp4idx_test_score(int fd, uint64_t seq, uint32_t heads, uint32_t rows,
