@@ -271,7 +271,11 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
   l->batch = (fp4idx_backend_batch_t){.heads = (int32_t)sr0->heads, .n_seqs = (int32_t)nseqs,
                                       .seqs = seqs, .topk = (int32_t)k, .logits = logits,
                                       .topk_pos = pos, .topk_val = val, .topk_count = count,
-                                      .timing = &l->timing, .outputs_on_device = on_device};
+                                      .timing = &l->timing, .outputs_on_device = on_device,
+                                      /* [pos | val | count] of mem */
+                                      .topk_one_buffer = k && staged && pos == (int32_t *)mem &&
+                                                         val == (float *)(mem + at_val) &&
+                                                         count == (int32_t *)(mem + at_cnt)};
   l->t0 = fp4idx__stats_now_us();
   int rc = fp4idx__engine_score_submit(d->engine, &l->batch, &l->call);
   if (rc) {

@@ -100,6 +100,10 @@ typedef struct fp4idx_backend_batch_s {
    * where info.device_outputs); the call writes them there and copies
    * nothing to the host. 0: host memory. */
   int32_t outputs_on_device;
+  /* 1: topk_pos < topk_val < topk_count lie in ONE buffer of the caller,
+   * and the bytes between them are the caller's too: a device backend may
+   * bring all three back with one copy (gaps included). 0: three arrays. */
+  int32_t topk_one_buffer;
 } fp4idx_backend_batch_t;
 
 typedef struct fp4idx_backend_ops_s {

@@ -426,10 +426,23 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   }
   const size_t o_logits = off;
   if (!(dev_out && !bt->topk)) off = fp4idx__align(off + total_out * 4);
+  /* Top-k results laid out as the caller's buffer when it is one
+   * (topk_one_buffer): one download instead of three (each copy costs a
+   * DMA's latency, ~4 us). */
+  const size_t tk_bytes = total_rows * kk * 4;
+  const size_t h_val = bt->topk ? (size_t)((const uint8_t *)bt->topk_val -
+                                           (const uint8_t *)bt->topk_pos) : 0;
+  const size_t h_cnt = bt->topk ? (size_t)((const uint8_t *)bt->topk_count -
+                                           (const uint8_t *)bt->topk_pos) : 0;
+  const int one_copy = bt->topk && !dev_out && bt->topk_one_buffer && h_val >= tk_bytes &&
+                       h_cnt >= h_val + tk_bytes && h_val % 4 == 0 && h_cnt % 4 == 0 &&
+                       h_cnt <= 2 * tk_bytes + 512;
   const size_t o_tpos = off;
-  if (!dev_out) off = fp4idx__align(off + total_rows * kk * 4);
+  if (one_copy) off += h_val;
+  else if (!dev_out) off = fp4idx__align(off + tk_bytes);
   const size_t o_tval = off;
-  if (!dev_out) off = fp4idx__align(off + total_rows * kk * 4);
+  if (one_copy) off += h_cnt - h_val;
+  else if (!dev_out) off = fp4idx__align(off + tk_bytes);
   const size_t o_tcnt = off;
   if (!dev_out) off = fp4idx__align(off + total_rows * 4);
   const size_t o_tws = off;
@@ -497,6 +510,9 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   /* Results straight from the device into the caller's arrays. */
   if (dev_out) {
     /* already where the caller wants them */
+  } else if (one_copy) {
+    CK(cudaMemcpyAsync(bt->topk_pos, d_tpos, h_cnt + total_rows * 4, cudaMemcpyDeviceToHost,
+                       c->stream), "score: topk download");
   } else if (bt->topk) {
     CK(cudaMemcpyAsync(bt->topk_pos, d_tpos, total_rows * kk * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
