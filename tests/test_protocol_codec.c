@@ -732,6 +732,54 @@ Test(codec, response_decoder_ignores_unknown_keys) {
 
 /* ---- helpers of the API ------------------------------------------------------ */
 
+/* Every non-finite bf16 (inf, -inf, NaNs) at every position of q and w,
+ * with q at an odd address (views into a frame are unaligned) and lengths
+ * that leave a tail of 1..3 values: ENONFINITE naming the first one; the
+ * finite extremes (max, min subnormal, -0) pass. */
+Test(codec, score_seq_check_finds_every_nonfinite) {
+  static const uint16_t bad[] = {0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff};
+  static const uint16_t good[] = {0x7f7f, 0xff7f, 0x0001, 0x8000, 0x3f80};
+  for (uint32_t heads = 1; heads <= 3; heads++) {
+    const uint32_t rows = 2;
+    size_t nq = (size_t)rows * heads * 128, nw = (size_t)rows * heads;
+    unsigned char *qb = calloc(nq * 2 + 1, 1), *wb = calloc(nw * 2 + 1, 1);
+    const void *q = qb + 1, *w = wb + 1; /* odd addresses */
+    fp4idx_score_seq_t s;
+    uint64_t width;
+    char msg[256];
+    memset(&s, 0, sizeof(s));
+    s.seq = 3;
+    s.rows = rows;
+    fp4idx_tensor_init(&s.q, FP4IDX_WIRE_BF16, 3, (uint64_t[]){rows, heads, 128}, q);
+    fp4idx_tensor_init(&s.w, FP4IDX_WIRE_BF16, 2, (uint64_t[]){rows, heads}, w);
+    for (size_t i = 0; i < nq; i += (i < 140 ? 1 : 37)) {
+      for (size_t g = 0; g < 5; g++) {
+        memcpy(qb + 1 + i * 2, &good[g], 2);
+        cr_assert_eq(fp4idx_score_seq_check(&s, 10, &width, msg, sizeof msg), 0, "%s", msg);
+      }
+      for (size_t b = 0; b < 5; b++) {
+        memcpy(qb + 1 + i * 2, &bad[b], 2);
+        cr_assert_eq(fp4idx_score_seq_check(&s, 10, &width, msg, sizeof msg), FP4IDX_ENONFINITE,
+                     "q value %zu = 0x%04x passed", i, bad[b]);
+        char want[64];
+        snprintf(want, sizeof want, "q[%zu,%zu,%zu]", i / (heads * 128), i / 128 % heads, i % 128);
+        cr_assert(strstr(msg, want) != NULL, "%s (want %s)", msg, want);
+      }
+      memset(qb + 1 + i * 2, 0, 2);
+    }
+    for (size_t i = 0; i < nw; i++) {
+      memcpy(wb + 1 + i * 2, &bad[i % 5], 2);
+      cr_assert_eq(fp4idx_score_seq_check(&s, 10, &width, msg, sizeof msg), FP4IDX_ENONFINITE);
+      char want[64];
+      snprintf(want, sizeof want, "w[%zu,%zu]", i / heads, i % heads);
+      cr_assert(strstr(msg, want) != NULL, "%s (want %s)", msg, want);
+      memset(wb + 1 + i * 2, 0, 2);
+    }
+    free(qb);
+    free(wb);
+  }
+}
+
 Test(codec, score_seq_check) {
   int32_t lens[3] = {5, 0, 9};
   uint8_t mask[3 * 9] = {0};
