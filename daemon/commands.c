@@ -704,6 +704,18 @@ struct fp4idx_cmd_batch_s {
   fp4idx__cmd_scores_t *scores, *scores_tail; /* runs of scores still out */
 };
 
+/* Waits for the batch's score runs still out and answers them, in order. */
+static void fp4idx__cmd_batch_scores_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t *b) {
+  while (b->scores) {
+    fp4idx__cmd_scores_t *s = b->scores;
+    b->scores = s->next;
+    if (!b->scores) b->scores_tail = NULL;
+    int first = s->first, m = s->n;
+    fp4idx__cmd_scores_end(d, s, b->runs);
+    for (int k = first; k < first + m; k++) fp4idx__cmd_finish(d, &b->jobs[k], &b->runs[k]);
+  }
+}
+
 fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
   fp4idx_cmd_batch_t *b = calloc(1, sizeof *b);
   fp4idx__cmd_run_t *runs = calloc((size_t)n, sizeof *runs);
@@ -728,8 +740,8 @@ fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t
   b->runs = runs;
   /* Decode all, then run in queue order: each run of neighbouring scores
    * (cut where its work would pass the backend's batch_work) is one score
-   * batch, launched here and finished by fp4idx__cmd_batch_end (or by the
-   * next run's start when the device is full); everything else runs and
+   * batch, launched here and answered before the next other request runs,
+   * or by fp4idx__cmd_batch_end for the last run; everything else runs and
    * replies here one by one, so a request never waits for later ones.
    * Backend ops of the later requests wait for the launches before them
    * (the engine drains), so each sees the state in queue order. */
@@ -761,6 +773,10 @@ fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t
       b->scores_tail = s;
       continue;
     }
+    /* Scores before another op are answered first: its backend ops wait
+     * for their launches anyway, and the launches in flight stay bounded
+     * (a pipelined score, append, score, ... would hold one per score). */
+    fp4idx__cmd_batch_scores_end(d, b);
     if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, &jobs[i], r);
     if (r->rc == FP4IDX_OK && (fp4idx_op_flags(r->req.op) & FP4IDX_OPF_MUTATES))
       fp4idx__cmd_publish(d);
@@ -775,13 +791,7 @@ fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t
 
 void fp4idx__cmd_batch_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t *b) {
   if (!b) return;
-  while (b->scores) {
-    fp4idx__cmd_scores_t *s = b->scores;
-    b->scores = s->next;
-    int first = s->first, m = s->n;
-    fp4idx__cmd_scores_end(d, s, b->runs);
-    for (int k = first; k < first + m; k++) fp4idx__cmd_finish(d, &b->jobs[k], &b->runs[k]);
-  }
+  fp4idx__cmd_batch_scores_end(d, b);
   free(b->runs);
   free(b);
 }

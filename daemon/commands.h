@@ -82,8 +82,9 @@ void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs
 
 /* The same in two halves, so that the worker takes and prepares the next
  * batch while the device runs this one's scores: begin decodes and runs
- * everything, replying to every request but the scores, whose launches it
- * only queues; end waits for them and replies to them. Between the two,
+ * everything, replying to every request but the last run of scores, whose
+ * launches it only queues (earlier runs are answered before the next other
+ * request runs); end waits for them and replies to them. Between the two,
  * jobs[] and what they point to stay in place; later batches may begin
  * (their backend ops wait for these launches first, so each request sees
  * the state in queue order). begin returns NULL when there was not even

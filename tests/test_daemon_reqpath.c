@@ -530,3 +530,63 @@ Test(reqpath, busy_polling_gives_the_same_bytes) {
   free(a);
   free(b);
 }
+
+/* Many clients, half scoring and half appending at the same moment (decode
+ * steps of different sequences), each get the right reply, however many
+ * runs of scores one worker batch holds: connection C's long score holds
+ * the worker while the others' requests queue score, append, score, ...,
+ * so they run as one batch of NC/2 score runs (each run's launch used to
+ * stay out until the batch ended: the engine's 16 calls ran out and the
+ * later scores got ENOMEM). */
+Test(reqpath, many_score_runs_in_one_batch_all_answered) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
+  enum { BIG = 30000, NC = 48, STEPS = 2 };
+  int cfd = fp4idx_test_connect(d.sock), fd[NC];
+  cr_assert_geq(cfd, 0);
+  uint16_t *k = malloc((size_t)BIG * 128 * 2);
+  fill(k, (size_t)BIG * 128, 5);
+  for (int i = 0; i < BIG; i += 8192)
+    cr_assert_eq(fp4idx_test_append(cfd, 9, FP4IDX_WIRE_BF16, BIG - i < 8192 ? BIG - i : 8192,
+                                    k + (size_t)i * 128, NULL, NULL), 0);
+  free(k);
+  for (int c = 0; c < NC; c++) {
+    fd[c] = fp4idx_test_connect(d.sock);
+    cr_assert_geq(fd[c], 0);
+    cr_assert_eq(fp4idx_test_append(fd[c], 20 + (uint64_t)c, FP4IDX_WIRE_BF16, 2,
+                                    (uint16_t[256]){0}, NULL, NULL), 0);
+  }
+  for (int step = 0; step < STEPS; step++) {
+    frame_t big = score_frame(5, 9, 64, 0, 8, NULL, 3); /* holds the worker */
+    cr_assert_eq(fp4idx_test_send_all(cfd, big.data, big.len), 0);
+    free(big.data);
+    for (int c = 0; c < NC; c++) { /* even: score, odd: append */
+      frame_t f = c % 2 ? append_frame(101, 20 + (uint64_t)c, 3, (uint64_t)c)
+                        : score_frame(100, 20 + (uint64_t)c, 8, 0, 2, NULL, (uint64_t)c);
+      cr_assert_eq(fp4idx_test_send_all(fd[c], f.data, f.len), 0);
+      free(f.data);
+    }
+    for (int c = 0; c < NC; c++) {
+      unsigned char *body;
+      size_t len;
+      fp4idx_response_t r;
+      cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body, &len), 0);
+      cr_assert_eq(fp4idx_decode_response(body, len, c % 2 ? FP4IDX_OP_APPEND : FP4IDX_OP_SCORE,
+                                          &r, NULL, 0), 0);
+      cr_assert_eq(r.status, 0, "step %d connection %d: %s", step, c, r.error);
+      if (c % 2 == 0)
+        cr_assert_eq(r.u.score.results[0].logits.shape[1], 2u, "connection %d: width", c);
+      else
+        cr_assert_eq(r.u.append.length, 2u + 3u * (uint64_t)(step + 1), "connection %d", c);
+      fp4idx_response_clear(&r);
+      free(body);
+    }
+    unsigned char *body;
+    size_t len;
+    cr_assert_eq(fp4idx_test_recv_frame(cfd, &body, &len), 0);
+    free(body);
+  }
+  for (int c = 0; c < NC; c++) close(fd[c]);
+  close(cfd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
