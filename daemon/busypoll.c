@@ -29,7 +29,3 @@ void fp4idx__busypoll_kick(fp4idx_busypoll_t *bp) {
   bp->last_us = fp4idx__stats_now_us();
   if (!bp->on && uv_idle_start(&bp->idle, fp4idx__busypoll_idle_cb) == 0) bp->on = 1;
 }
-
-void fp4idx__busypoll_close(fp4idx_busypoll_t *bp) {
-  if (!uv_is_closing((uv_handle_t *)&bp->idle)) uv_close((uv_handle_t *)&bp->idle, NULL);
-}

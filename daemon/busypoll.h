@@ -34,7 +34,4 @@ int fp4idx__busypoll_init(fp4idx_busypoll_t *bp, uv_loop_t *loop, int spin_us,
 /* Something happened (a read, a reply ready): poll for the next spin_us. */
 void fp4idx__busypoll_kick(fp4idx_busypoll_t *bp);
 
-/* Closes the handle (the loop must run to finish the close). */
-void fp4idx__busypoll_close(fp4idx_busypoll_t *bp);
-
 #endif /* FP4IDX_DAEMON_BUSYPOLL_H */

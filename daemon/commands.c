@@ -799,11 +799,3 @@ void fp4idx__cmd_batch_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t *b) {
 void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
   fp4idx__cmd_batch_end(d, fp4idx__cmd_batch_begin(d, jobs, n));
 }
-
-void fp4idx__cmd_execute(fp4idx_daemon_t *d, fp4idx_regions_t *regions, int fd,
-                         const uint8_t *body, size_t len, double t0_us, double tq_us,
-                         fp4idx_stage_times_t *times, fp4idx_cmd_reply_t *reply) {
-  fp4idx_cmd_job_t j = {.body = body, .len = len, .regions = regions, .fd = fd,
-                        .t0_us = t0_us, .tq_us = tq_us, .times = times, .reply = reply};
-  fp4idx__cmd_execute_batch(d, &j, 1);
-}

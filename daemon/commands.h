@@ -42,23 +42,16 @@ typedef struct fp4idx_cmd_reply_s {
 
 struct fp4idx_regions_s;
 
-/* Executes the request in body[0..len) and fills *reply. `regions` is the
- * connection's region table (register/unregister change it, references are
- * resolved against it; NULL: the request may not name regions); `fd` the
- * file descriptor that came with the frame (SCM_RIGHTS) or -1: "register"
- * of a host region maps it, and it is closed in every case. Records the request
- * in d->stats with latency measured from t0_us (frame complete, on the
- * fp4idx__stats_now_us clock) and its stages in d->stages (tq_us: when the
- * worker picked it up; times->us[FP4IDX_STAGE_READ] preset by the caller).
- * Never fails: on out-of-memory while encoding it returns a short error
- * frame; if even that fails reply->frame is NULL (the caller closes the
- * connection). */
-void fp4idx__cmd_execute(struct fp4idx_daemon_s *d, struct fp4idx_regions_s *regions, int fd,
-                         const uint8_t *body, size_t len, double t0_us, double tq_us,
-                         fp4idx_stage_times_t *times, fp4idx_cmd_reply_t *reply);
-
-/* One request of a batch: its frame body, clock readings and where its
- * reply goes (as the arguments of fp4idx__cmd_execute). */
+/* One request of a batch: its frame body; `regions`, the connection's
+ * region table (register/unregister change it, references are resolved
+ * against it; NULL: the request may not name regions); `fd`, the file
+ * descriptor that came with the frame (SCM_RIGHTS) or -1 ("register" of a
+ * host region maps it; it is closed in every case); t0_us, the frame
+ * complete, and tq_us, picked up by the worker (fp4idx__stats_now_us
+ * clock), for stats and stages (times->us[FP4IDX_STAGE_READ] preset by the
+ * caller); and where its reply goes. A reply is never missing: on
+ * out-of-memory while encoding it is a short error frame; if even that
+ * fails reply->frame is NULL (the caller closes the connection). */
 typedef struct fp4idx_cmd_job_s {
   const uint8_t *body;
   size_t len;
@@ -77,7 +70,7 @@ typedef struct fp4idx_cmd_job_s {
  * score requests goes to daemon/score.c as one batch (one backend launch
  * per head count and top-k; a score writing into regions launches alone),
  * every other request runs alone in its place.
- * Each job is recorded in stats and stages as by fp4idx__cmd_execute. */
+ * Each job is recorded in stats and stages (see fp4idx_cmd_job_t). */
 void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
 
 /* The same in two halves, so that the worker takes and prepares the next
@@ -102,7 +95,7 @@ void fp4idx__cmd_batch_end(struct fp4idx_daemon_s *d, fp4idx_cmd_batch_t *b);
  * FP4IDX_CMD_LOOP_MAX bytes whose op has FP4IDX_OPF_LOOP (hello, info,
  * stats: they read nothing the worker changes but d->pub and the stats,
  * both safe from any thread), so the loop may answer it itself
- * (fp4idx__cmd_execute) when the connection has nothing else in flight --
+ * (fp4idx__cmd_execute_batch) when the connection has nothing else in flight --
  * no worker hop, and the reply order is trivially kept. Loop thread. */
 int fp4idx__cmd_loop_op(const uint8_t *body, size_t len);
 

@@ -218,11 +218,6 @@ int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to) {
   return e->b->ops->copy_pages(e->b, from, to, 1);
 }
 
-int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch) {
-  fp4idx__engine_drain(e);
-  return e->b->ops->score(e->b, batch);
-}
-
 int fp4idx__engine_seq_pages(fp4idx_engine_t *e, uint64_t seq, const int32_t *pages,
                              int64_t n_pages, int64_t first) {
   if (!e->b->ops->seq_pages_update) return FP4IDX_OK;

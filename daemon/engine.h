@@ -53,9 +53,6 @@ int fp4idx__engine_write_pages(fp4idx_engine_t *e, int64_t first, int64_t count,
  * ctx is the engine). Returns FP4IDX_OK or the backend's status. */
 int fp4idx__engine_copy_page(void *ctx, int32_t from, int32_t to);
 
-/* backend->score on one batch (fp4idx_backend_batch_t: outputs, optional
- * timing). seqs[i] pointers must be aligned host buffers. */
-int fp4idx__engine_score(fp4idx_engine_t *e, const fp4idx_backend_batch_t *batch);
 
 /* A score call in flight (fp4idx__engine_score_submit). */
 typedef struct fp4idx_engine_call_s {

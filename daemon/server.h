@@ -15,7 +15,7 @@
  * File descriptors: connections are libuv pipes in ipc mode, so the
  * SCM_RIGHTS fds of a "register" request are received with its bytes
  * (recvmsg inside libuv) and taken with uv_accept; each is handed to the
- * request of the frame it came with (fp4idx__cmd_execute closes it).
+ * request of the frame it came with (the command layer closes it).
  *
  * Caps: a frame longer than max_frame gets an E2BIG reply and the connection
  * closes after it; a connection with FP4IDX_SERVER_MAX_PENDING requests
@@ -150,7 +150,7 @@ struct fp4idx_server_s {
   uv_timer_t reaper;           /* closes connections past the timeout */
   int reaper_on;
   uint64_t slow_closed;        /* connections closed by the timeout */
-  /* Set by the daemon. worker: where requests run (fp4idx__cmd_execute
+  /* Set by the daemon. worker: where requests run (fp4idx__cmd_batch_begin/_end
    * with data as the daemon). conn_event: +1 / -1 on open / close. */
   fp4idx_worker_t *worker;
   void (*conn_event)(fp4idx_server_t *srv, int delta);
