@@ -16,6 +16,8 @@
  * --bucket-cap N: the experiment knob of the chunked path's counting-rank
  * finish: the plan's bucket_cap replaced by N (0: every row takes the
  * one-block finish_kernel, as before round 3; at most the planner's own).
+ * --cluster-max N: the cluster path with clusters of at most N blocks
+ * (fp4idx__cuda_topk_cluster_plan), to time cluster sizes against each other.
  * --check: the new kernel's pairs and counts compared bit for bit with a
  * host sort (logit descending, position ascending), and the old kernel's.
  */
@@ -139,7 +141,7 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 }  // namespace
 
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
-  int check = 0, bucket_cap = -1;
+  int check = 0, bucket_cap = -1, cluster_max = 0;
   const char *csv = nullptr, *only = nullptr;
   fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
   for (int i = 1; i < argc; i++) {
@@ -152,9 +154,10 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--bucket-cap") && i + 1 < argc) bucket_cap = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--cluster-max") && i + 1 < argc) cluster_max = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
-                      " [--path auto|chunked|cluster] [--bucket-cap N]\n");
+                      " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N]\n");
       return 2;
     }
   }
@@ -224,6 +227,12 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     for (int k : {512, 2048}) {
       fp4idx_cuda_topk_plan_t tp;
       FCK(fp4idx_cuda_topk_plan_path(rows.data(), nr, k, path, &tp));
+      if (cluster_max > 0) {  // the cluster path with clusters of at most cluster_max blocks
+        memset(&tp, 0, sizeof tp);
+        tp.n_rows = nr;
+        tp.k = k;
+        FCK(fp4idx__cuda_topk_cluster_plan(rows.data(), nr, k, cluster_max, &tp));
+      }
       if (bucket_cap >= 0 && !tp.cluster && !tp.large_k && bucket_cap <= tp.bucket_cap)
         tp.bucket_cap = bucket_cap;  // fewer rows take the rank finish; rank_blocks still covers
       fp4idx_cuda_topk_row_t *drows;
@@ -271,9 +280,9 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       });
       const double goal = k == 512 ? c.goal_512 : c.goal_2048;
       table.push_back(Out{&c, k, t_old, t_new, sc, t_so, t_sn, goal, chk});
-      printf("%-16s k=%-5d top-k old %8.2f us  new %7.2f us (x%.1f)  score %7.2f  score+old %8.2f"
+      printf("%-16s k=%-5d cluster %2d top-k old %8.2f us  new %7.2f us (x%.1f)  score %7.2f  score+old %8.2f"
              "  score+new %8.2f (x%.2f score)\n",
-             c.name, k, t_old, t_new, t_old / t_new, sc, t_so, t_sn, t_sn / sc);
+             c.name, k, tp.cluster, t_old, t_new, t_old / t_new, sc, t_so, t_sn, t_sn / sc);
       fflush(stdout);
       if (cf)
         fprintf(cf, "%s,%d,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s\n", c.name, nr, (long long)n, k, t_old,

@@ -11,8 +11,10 @@
  * NaN (never returned) and -0 (ties +0); a CUDA graph replayed on new
  * logits; argument errors. Every case runs through each path that can
  * take it (chunked; cluster on sm_90+, kernels/cuda/topk_cluster.cu), and
- * the automatic plan must follow its rule (cluster path for clusters of
- * at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks). GPU tests
+ * the automatic plan must follow its rule (the cluster path wherever it
+ * can run). The cluster path's select and rank edges (a pass whose digit
+ * bin is taken whole, every key above the threshold equal, all visible
+ * keys fewer than k, buckets of one value) have their own test. GPU tests
  * skip cleanly without a GPU.
  */
 #include <criterion/criterion.h>
@@ -432,9 +434,9 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
   fp4idx_test_rng_seed(&g, 17009);
   static const struct { int32_t rows; int64_t w; int32_t k; } cs[] = {
       {4, 65536, 512}, {4, 65536, 2048}, {64, 9295, 2048}, {128, 32768, 512},
-      {3, 655360, 4096}, /* the widest row the cluster path holds, the largest k */
-      {1, 655361, 2048}, /* one position wider: the chunked path */
-      {5, 40961, 1},     {2, 7, 4096}};
+      {3, FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, 4096}, /* the widest row, the largest k */
+      {1, FP4IDX_CUDA_TOPK_CLUSTER_WIDTH + 1, 2048}, /* one position wider: chunked */
+      {5, 32769, 1},     {2, 7, 4096}, {1000, 3001, 64}, {2, 400000, 2048}};
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     int64_t *w = malloc(sizeof(int64_t) * (size_t)cs[c].rows);
     cr_assert(w);
@@ -448,23 +450,75 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
     char what[96];
     snprintf(what, sizeof what, "%d x %lld k=%d", cs[c].rows, (long long)cs[c].w, cs[c].k);
     if (device_is_sm90()) {
-      /* The automatic plan takes the cluster path exactly where that path
-       * fits in clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks. */
+      /* The automatic plan takes the cluster path exactly where it can run
+       * (rows up to FP4IDX_CUDA_TOPK_CLUSTER_WIDTH on the H200). */
       fp4idx_cuda_topk_row_t *hr = calloc((size_t)cs[c].rows, sizeof *hr);
       cr_assert(hr);
       for (int32_t r = 0; r < cs[c].rows; r++) hr[r].width = w[r];
       fp4idx_cuda_topk_plan_t p, pc;
       const int crc = fp4idx_cuda_topk_plan_path(hr, cs[c].rows, cs[c].k,
                                                  FP4IDX_CUDA_TOPK_CLUSTER, &pc);
-      cr_assert_eq(crc == FP4IDX_OK, cs[c].w <= 655360, "%s: cluster plan %d", what, crc);
+      cr_assert_eq(crc == FP4IDX_OK, cs[c].w <= FP4IDX_CUDA_TOPK_CLUSTER_WIDTH,
+                   "%s: cluster plan %d", what, crc);
       cr_assert_eq(fp4idx_cuda_topk_plan(hr, cs[c].rows, cs[c].k, &p), FP4IDX_OK);
-      const int want = crc == FP4IDX_OK && pc.cluster <= FP4IDX_CUDA_TOPK_AUTO_CLUSTER;
+      const int want = crc == FP4IDX_OK;
       cr_assert_eq(p.cluster > 0, want, "%s: automatic plan's path (cluster %d)", what,
                    pc.cluster);
       if (want) cr_assert_eq(p.cluster, pc.cluster, "%s: same cluster size", what);
       free(hr);
     }
     direct(what, cs[c].rows, w, x, cs[c].k);
+    free(x);
+    free(w);
+  }
+}
+
+/* The cluster path's select and rank edges, as 4 rows of 65,536 (clusters
+ * of 16) and 64 rows of 9,295 (small clusters), against the host sort:
+ * every key above the threshold equal (one bucket of ties ranked by
+ * position), exactly k keys of one value (the first digit's bin taken
+ * whole), 2,048 distinct keys in one level-1 bin (whole at k = 2048, three
+ * passes at 1500), a 24-bit prefix taken whole (the second pass ends it),
+ * fewer visible keys than k. */
+Test(cuda_topk, cluster_select_edges, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17011);
+  static const struct { int32_t rows; int64_t w; } shapes[2] = {{4, 65536}, {64, 9295}};
+  for (int sh = 0; sh < 2; sh++) {
+    const int32_t nr = shapes[sh].rows;
+    int64_t *w = malloc(sizeof(int64_t) * (size_t)nr);
+    cr_assert(w);
+    for (int32_t r = 0; r < nr; r++) w[r] = shapes[sh].w - r % 3;
+    float *x = rows_alloc(nr, w);
+    for (int kind = 0; kind < 5; kind++) {
+      int64_t at = 0;
+      for (int32_t r = 0; r < nr; r++) {
+        float *y = x + at;
+        const int64_t n = w[r];
+        for (int64_t i = 0; i < n; i++) y[i] = kind == 4 ? -INFINITY : 1.0f;
+        if (kind == 0) /* 1,000 keys of 3.0 above a threshold of ties */
+          for (int64_t i = 0; i < 1000; i++) y[(i * 7919 + r) % n] = 3.0f;
+        else if (kind == 1) /* exactly k = 2048 keys of 2.0 */
+          for (int64_t i = 0; i < 2048; i++) y[(i * 4 + r) % n] = 2.0f;
+        else if (kind == 2) /* 2,048 distinct keys in [2, 2.0039): one 12-bit bin */
+          for (int64_t i = 0; i < 2048; i++) y[(i * 3 + 1) % n] = 2.0f + (float)i / 524288.0f;
+        else if (kind == 3) /* 2,048 keys of one 24-bit prefix, 1,000 below in its 12-bit bin */
+          for (int64_t i = 0; i < 3048; i++)
+            y[(i * 3 + 2) % n] = i < 2048 ? 2.0f + 1.0f / 1024.0f + (float)(i % 2) / 4194304.0f : 2.0f;
+        else /* kind 4: 10 visible keys, the rest -inf */
+          for (int64_t i = 0; i < 10; i++)
+            y[fp4idx_test_rng_range(&g, 0, n - 1)] = (float)fp4idx_test_rng_range(&g, -8, 8);
+        at += n;
+      }
+      char what[96];
+      snprintf(what, sizeof what, "select edge %d, %d x %lld k=2048", kind, nr,
+               (long long)shapes[sh].w);
+      direct(what, nr, w, x, 2048);
+      snprintf(what, sizeof what, "select edge %d, %d x %lld k=1500", kind, nr,
+               (long long)shapes[sh].w);
+      direct(what, nr, w, x, 1500);
+    }
     free(x);
     free(w);
   }

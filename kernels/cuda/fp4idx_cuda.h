@@ -101,21 +101,22 @@ enum {
   FP4IDX_CUDA_TOPK_MAX = 1 << 20,     /* every k the protocol allows */
   FP4IDX_CUDA_TOPK_SMEM_K = 8192,     /* k above this: CUB segmented sort */
   FP4IDX_CUDA_TOPK_CLUSTER_K = 4096,  /* k up to this: the cluster path may run */
-  FP4IDX_CUDA_TOPK_AUTO_CLUSTER = 2   /* largest cluster the automatic plan takes */
+  /* the widest row the cluster path holds (16 blocks of 32,768 keys, where
+   * the device runs 16-block clusters) */
+  FP4IDX_CUDA_TOPK_CLUSTER_WIDTH = 16 * 32768
 };
 
 /* Which top-k path a plan uses. AUTO picks from the shape, once, in the
- * planner: the cluster path (topk_cluster.cu: one thread-block cluster per
- * row, the row in shared memory, one kernel) when the device is sm_90+,
- * k <= FP4IDX_CUDA_TOPK_CLUSTER_K and the batch has rows enough for
- * clusters of at most FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks (about 2 blocks
- * per SM; on the H200 clusters of 4 and 16 measured slower than the chunked
- * path, clusters of 2 faster: bench/RESULTS.md); else the chunked path
- * (topk.cu: histogram, compaction and a counting-rank finish over the
- * whole GPU; one block per row only for rows with a big threshold bin).
- * CLUSTER takes clusters of up to 16 blocks (rows up to 655,360
- * positions). Both paths give the same pairs bit for bit; tests force each
- * one. */
+ * planner: the cluster path (topk_cluster.cu: one thread-block cluster of
+ * 1..16 blocks per row, the row in shared memory, ONE kernel node, no
+ * workspace, no memset) when the device is sm_90+, k <=
+ * FP4IDX_CUDA_TOPK_CLUSTER_K and every row has at most
+ * FP4IDX_CUDA_TOPK_CLUSTER_WIDTH positions; else the chunked path (topk.cu:
+ * a memset and histogram, compaction and a counting-rank finish over the
+ * whole GPU; one block per row only for rows with a big threshold bin; CUB's
+ * segmented sort for k > FP4IDX_CUDA_TOPK_SMEM_K). CLUSTER and CHUNKED
+ * force one path (tests, benches). Both paths give the same pairs bit for
+ * bit. */
 typedef enum fp4idx_cuda_topk_path_e {
   FP4IDX_CUDA_TOPK_AUTO = 0,
   FP4IDX_CUDA_TOPK_CHUNKED = 1,

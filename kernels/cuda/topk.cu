@@ -46,6 +46,7 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
+#include <atomic>
 #include <limits.h>
 #include <string.h>
 
@@ -544,6 +545,24 @@ __global__ void write_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t chunk_l
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+// finish_kernel's dynamic shared memory limit, raised once per device (a
+// cudaFuncSetAttribute per launch is one more host call on the request path).
+constexpr size_t kFinishSmem = 2 * kCap * sizeof(unsigned long long) + sizeof(FinishSmem);
+std::atomic<int> g_finish_ready[64];
+
+int finish_smem_once() {
+  int dev = 0;
+  int rc = fp4idx__cuda_check(cudaGetDevice(&dev), "topk: device");
+  if (rc) return rc;
+  if (dev >= 0 && dev < 64 && g_finish_ready[dev].load(std::memory_order_acquire)) return FP4IDX_OK;
+  rc = fp4idx__cuda_check(cudaFuncSetAttribute(finish_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)kFinishSmem),
+                          "topk: shared memory");
+  if (!rc && dev >= 0 && dev < 64) g_finish_ready[dev].store(1, std::memory_order_release);
+  return rc;
+}
+
 }  // namespace
 
 extern "C" int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
@@ -567,8 +586,7 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->n_rows = n_rows;
   p->k = k;
   if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
-    const int rc = fp4idx__cuda_topk_cluster_plan(
-        rows, n_rows, k, path == FP4IDX_CUDA_TOPK_AUTO ? FP4IDX_CUDA_TOPK_AUTO_CLUSTER : 16, p);
+    const int rc = fp4idx__cuda_topk_cluster_plan(rows, n_rows, k, 16, p);
     if (rc == FP4IDX_OK) {
       for (int32_t i = 0; i < n_rows; i++) rows[i].chunk0 = 0;  // unused by the cluster path
       return FP4IDX_OK;
@@ -655,12 +673,8 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
     rank_kernel<<<(unsigned)((int64_t)p->rank_blocks * p->n_rows), kRT, 0, stream>>>(
         rows, p->rank_blocks, p->chunk_len, p->k, info, hist, bucket, cand, pos, val, count);
     if ((rc = fp4idx__cuda_check(cudaGetLastError(), "topk: rank"))) return rc;
-    const size_t sm = 2 * kCap * sizeof(unsigned long long) + sizeof(FinishSmem);
-    if ((rc = fp4idx__cuda_check(
-             cudaFuncSetAttribute(finish_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)sm),
-             "topk: shared memory")))
-      return rc;
+    const size_t sm = kFinishSmem;
+    if ((rc = finish_smem_once())) return rc;
     finish_kernel<<<p->n_rows, kFT, sm, stream>>>(rows, p->chunk_len, p->k, ccount, cand, pos,
                                                   val, count, info);
     return fp4idx__cuda_check(cudaGetLastError(), "topk: finish");

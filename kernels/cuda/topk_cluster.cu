@@ -7,22 +7,26 @@
  * visible, padding (-1, -inf). Keys as in topk_keys.cuh.
  *
  * Block q of a row's cluster holds positions [q * slice, (q + 1) * slice)
- * as keys in shared memory (read once from global memory). A radix select
- * in three digit passes (key bits 31-21, 20-10, 9-0) finds the k-th key T:
- * each block histograms its slice, the cluster barrier publishes it, and
- * every block sums the cluster's histograms through distributed shared
- * memory and finds the same digit. Then each block counts its keys > T and
- * == T; their prefix over the cluster's blocks (in position order) gives
- * every selected key a slot in block 0's candidate array: keys > T first,
- * then the first keys == T by position, so equal keys sit in position
- * order. Block 0 sorts the <= k candidates with a stable CUB block radix
- * sort (descending, only the key bits that differ) and writes the row.
+ * as keys in shared memory (read once from global memory, converted and
+ * histogrammed on the way in). A radix select in up to three digit passes
+ * (key bits 31-20, 19-8, 7-0) finds the k-th key T. Distributed shared
+ * memory (DSMEM) is used sparingly, because it is slow when many blocks
+ * read one block (bench/RESULTS.md, "Round 4": 2.4 us per round of
+ * all-blocks-read-all-histograms with 16-block clusters, 118 us for three
+ * passes): each block builds its own histogram, pushes its non-zero bins
+ * with remote atomics to the bin's owner (block b * cs / NB owns bin b),
+ * and after one cluster barrier every block reads the summed histogram
+ * once, spread evenly over the owners, and finds the same digit. A pass
+ * whose digit bin is taken whole ends the select early. Then each block
+ * counts its keys > T and == T; their prefix over the cluster's blocks (in
+ * position order, pushed by remote atomics) gives every selected key a slot
+ * in the candidate list: keys > T first, then the first keys == T by
+ * position. Every block receives the whole list (remote stores), and block
+ * q ranks the slots [q * n / cs, (q + 1) * n / cs): a key == T's output
+ * index is its slot, a key > T's the number of keys > T that order before
+ * it (keys with their positions are distinct, so counting is the exact
+ * order; no sort, no single block doing the row's finish).
  * No host synchronization: capturable in a CUDA graph.
- *
- * Measured on the H200 (bench/RESULTS.md, "Round 2"): bit-exact, faster
- * than the chunked path with clusters of 2 blocks, slower with 4 and 16
- * (a fixed per-cluster cost not yet explained), so the automatic plan uses
- * it only up to FP4IDX_CUDA_TOPK_AUTO_CLUSTER blocks (topk.cu).
  */
 #include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
@@ -41,59 +45,86 @@ using namespace fp4idx_topk;
 
 constexpr int kT = 512;                 // threads per block (two blocks fit an SM)
 constexpr int kMaxCluster = 16;         // the non-portable cluster size of sm_90
-constexpr int64_t kSliceCap = 40960;    // keys one block holds (160 KiB)
+constexpr int64_t kSliceCap = 32768;    // keys one block holds (128 KiB)
 constexpr int kMaxK = FP4IDX_CUDA_TOPK_CLUSTER_K;
-constexpr int kB1 = 2048, kB2 = 2048, kB3 = 1024;  // digits: key bits 31-21, 20-10, 9-0
+constexpr int kNB1 = 4096, kNB2 = 4096, kNB3 = 256;  // digits: key bits 31-20, 19-8, 7-0
 using Scan = cub::BlockScan<uint32_t, kT>;
 using Scan64 = cub::BlockScan<unsigned long long, kT>;
-using Sort8 = cub::BlockRadixSort<uint32_t, kT, 8, uint32_t>;  // the largest sort_write below
-static_assert(kMaxK <= kT * 8, "block 0 sorts at most kT * 8 candidates");
 
+// Static shared state of a block. gt_base / eq_base are summed by remote
+// atomics of the lower-ranked blocks of the cluster.
 struct Head {
-  uint32_t h1[kB1], h2[kB2], h3[kB3];  // this block's histogram of each pass
-  uint32_t n_gt, n_eq;                 // this block's keys > T and == T
-  uint32_t digit, rem, total;          // cluster_find's answer
-  uint32_t gt_base, eq_base;           // keys > T / == T in the blocks before this one
-  uint32_t kor, kand;
+  uint32_t gt_base, eq_base;     // keys > T / == T in the blocks before this one
+  uint32_t digit, rem, cnt, total;  // cluster_find's answer
+  uint32_t kor, kand;               // OR / AND of the keys > T
 };
-constexpr size_t kHead = (sizeof(Head) + 15) & ~(size_t)15;
 
-// Bytes of the key area: the slice's keys, later block 0's sort storage.
-__host__ __device__ size_t area_bytes(int64_t slice) {
-  const size_t a = (size_t)slice * 4, b = sizeof(typename Sort8::TempStorage);
-  return ((a > b ? a : b) + 15) & ~(size_t)15;
+// Dynamic shared memory of a block, in bytes from its start:
+//   [0, 16 KiB)          h: this block's histogram of the current pass
+//   then s1, s2, s3      the owned part of the cluster's summed histograms
+//                        (NB / cs bins each)
+//   then list            [k] candidates (key << 32 | ~position)
+//   then keys            [slice + 3] the slice's keys (shifted so that the
+//                        16-byte loads land on 16-byte shared stores), at
+//                        the end the bucketed copy of the list ([k] u64)
+constexpr __host__ __device__ size_t owned_words(int cs) { return (size_t)(kNB1 + kNB2 + kNB3) / cs; }
+constexpr __host__ __device__ size_t off_list(int cs) { return (size_t)kNB1 * 4 + owned_words(cs) * 4; }
+constexpr __host__ __device__ size_t off_keys(int cs, int32_t k) {
+  return off_list(cs) + (((size_t)k * 8 + 15) & ~(size_t)15);
 }
-size_t smem_bytes(int64_t slice, int32_t k) { return kHead + area_bytes(slice) + (size_t)k * 8; }
+constexpr size_t smem_bytes(int cs, int64_t slice, int32_t k) {
+  const size_t words = (size_t)slice + 3 > (size_t)k * 2 ? (size_t)slice + 3 : (size_t)k * 2;
+  return off_keys(cs, k) + words * 4;
+}
+// The most dynamic shared memory a block may take (227 KiB on sm_90, less
+// the static shared memory of the kernel and a margin).
+constexpr size_t kSmemMax = 227 * 1024 - 2048;
+static_assert(smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fits an SM");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The digit d of an NB-bin pass where the cluster's count of keys above d is
-// < rem <= the count at or above d: s.digit = d, s.rem = rem minus the
-// count above, s.total = the cluster's count of keys in the pass. Every
-// block computes the same answer from the cluster's histograms h.
+// Histogram increment by a whole warp (every lane calls it): one atomic
+// when every active lane has the same bin (ties, dense logits), else one
+// per lane. (The warp-aggregated hist_add of topk_keys.cuh waits on
+// __match_any_sync: the top stall of this kernel's histograms in ncu.)
+__device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
+  const unsigned act = __ballot_sync(0xffffffffu, on);
+  if (!act) return;
+  const int first = __ffs(act) - 1;
+  const uint32_t b0 = __shfl_sync(0xffffffffu, bin, first);
+  if (__all_sync(0xffffffffu, !on || bin == b0)) {
+    if ((int)(threadIdx.x & 31) == first) atomicAdd(&h[b0], (uint32_t)__popc(act));
+  } else if (on) {
+    atomicAdd(&h[bin], 1u);
+  }
+}
+
+// One digit pass's cluster step. h holds this block's histogram of NB bins;
+// own (this block's s1/s2/s3) is zero. Pushes h's non-zero bins to their
+// owners, waits for the cluster, reads the summed histogram (thread t: bins
+// NB-1-(t*PT .. t*PT+PT-1), one owner each) and finds the digit d where the
+// count of keys above d is < rem <= the count at or above d: s.digit = d,
+// s.rem = rem minus the count above, s.cnt = the count of bin d, s.total =
+// the count of the pass. Every block computes the same answer.
 template <int NB>
-__device__ void cluster_find(cg::cluster_group &cl, uint32_t *h, uint32_t rem, Head &s,
-                             typename Scan::TempStorage &scan) {
-  constexpr int PT = NB / kT;
+__device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t *own,
+                             uint32_t rem, Head &s, typename Scan::TempStorage &scan) {
   const int tid = threadIdx.x, cs = (int)cl.num_blocks();
+  const int per = NB / cs;  // bins a block owns
+  for (int b = tid; b < NB; b += kT) {
+    const uint32_t v = h[b];
+    if (v) atomicAdd(cl.map_shared_rank(own, (unsigned)(b / per)) + (b % per), v);
+  }
+  cl.sync();  // every push landed: the owners hold the sums
+  constexpr int PT = NB >= kT ? NB / kT : 1;
   uint32_t v[PT], mine = 0;
+  const int b0 = NB - PT - tid * PT;  // this thread's lowest bin (bins b0 .. b0 + PT - 1)
+  if (b0 >= 0) {
+    const uint32_t *src = cl.map_shared_rank(own, (unsigned)(b0 / per)) + (b0 % per);
 #pragma unroll
-  for (int j = 0; j < PT; j++) v[j] = 0;
-  // Four blocks' bins a step, all loads first: distributed shared memory
-  // has a latency of some hundred cycles, so they must overlap.
-  for (int q0 = 0; q0 < cs; q0 += 4) {
-    uint32_t t[4][PT];
+    for (int j = 0; j < PT; j++) v[j] = src[PT - 1 - j];  // v[j]: bin b0 + PT - 1 - j
+  } else {
 #pragma unroll
-    for (int qq = 0; qq < 4; qq++) {
-      const int q = q0 + qq < cs ? q0 + qq : 0;
-      const uint32_t *hq = cl.map_shared_rank(h, (unsigned)q);
-#pragma unroll
-      for (int j = 0; j < PT; j++)  // thread t: bins in descending order
-        t[qq][j] = q0 + qq < cs ? hq[NB - 1 - (tid * PT + j)] : 0u;
-    }
-#pragma unroll
-    for (int qq = 0; qq < 4; qq++)
-#pragma unroll
-      for (int j = 0; j < PT; j++) v[j] += t[qq][j];
+    for (int j = 0; j < PT; j++) v[j] = 0;
   }
 #pragma unroll
   for (int j = 0; j < PT; j++) mine += v[j];
@@ -105,8 +136,9 @@ __device__ void cluster_find(cg::cluster_group &cl, uint32_t *h, uint32_t rem, H
 #pragma unroll
     for (int j = 0; j < PT; j++) {
       if (c + v[j] >= rem) {
-        s.digit = (uint32_t)(NB - 1 - (tid * PT + j));
+        s.digit = (uint32_t)(b0 + PT - 1 - j);
         s.rem = rem - c;
+        s.cnt = v[j];
         break;
       }
       c += v[j];
@@ -121,10 +153,7 @@ __global__ void __launch_bounds__(kT, 2)
                    float *val, int32_t *count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
-  Head &s = *reinterpret_cast<Head *>(smem);
-  uint32_t *keys = reinterpret_cast<uint32_t *>(smem + kHead);
-  unsigned long long *cand =
-      reinterpret_cast<unsigned long long *>(smem + kHead + area_bytes(slice));
+  __shared__ Head s;
   __shared__ typename Scan::TempStorage scan;
   __shared__ typename Scan64::TempStorage scan64;
   cg::cluster_group cl = cg::this_cluster();
@@ -134,17 +163,35 @@ __global__ void __launch_bounds__(kT, 2)
   const fp4idx_cuda_topk_row_t row = rows[r];
   const int64_t b = (int64_t)q * slice;
   const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
+  uint32_t *h = reinterpret_cast<uint32_t *>(smem);
+  uint32_t *s1 = h + kNB1, *s2 = s1 + kNB1 / cs, *s3 = s2 + kNB2 / cs;
+  unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
+  uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
-  for (int i = tid; i < kB1; i += kT) { s.h1[i] = 0; s.h2[i] = 0; }
-  for (int i = tid; i < kB3; i += kT) s.h3[i] = 0;
-
-  // The slice into shared memory: 16-byte loads between a scalar head and tail.
+  for (int i = tid; i < kNB1; i += kT) h[i] = 0;
+  for (int i = tid; i < (int)owned_words(cs); i += kT) s1[i] = 0;
+  if (tid == 0) {
+    s.gt_base = 0;
+    s.eq_base = 0;
+    s.kor = 0;
+    s.kand = 0xFFFFFFFFu;
+  }
+  // The slice into shared memory as keys, histogram of the top 12 bits on
+  // the way: 16-byte loads between a scalar head and tail, the key array
+  // shifted so that the 16-byte loads are 16-byte stores too.
   const float *x = row.logits + b;
   int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
   if (head > nn) head = nn;
-  if (tid < head) keys[tid] = __float_as_uint(x[tid]);
+  uint32_t *keys = area + ((4 - head) & 3);
+  __syncthreads();  // h is zero
+  {
+    uint32_t key = 0;
+    if (tid < head) keys[tid] = key = ord_key(x[tid]);
+    hist_inc(h, key >> 20, tid < head && key > kInvisibleMax);
+  }
   const int nv = (nn - head) / 4;
   const float4 *xv = reinterpret_cast<const float4 *>(x + head);
+  uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
   for (int v0 = 0; v0 < nv; v0 += 4 * kT) {
     float4 f[4];
 #pragma unroll
@@ -155,58 +202,66 @@ __global__ void __launch_bounds__(kT, 2)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       const int v = v0 + j * kT + tid;
-      if (v < nv) {
-        uint32_t *o = keys + head + 4 * v;
-        o[0] = __float_as_uint(f[j].x);
-        o[1] = __float_as_uint(f[j].y);
-        o[2] = __float_as_uint(f[j].z);
-        o[3] = __float_as_uint(f[j].w);
-      }
+      const uint4 u = make_uint4(ord_key(f[j].x), ord_key(f[j].y), ord_key(f[j].z), ord_key(f[j].w));
+      if (v < nv) kv[v] = u;
+      hist_inc(h, u.x >> 20, v < nv && u.x > kInvisibleMax);
+      hist_inc(h, u.y >> 20, v < nv && u.y > kInvisibleMax);
+      hist_inc(h, u.z >> 20, v < nv && u.z > kInvisibleMax);
+      hist_inc(h, u.w >> 20, v < nv && u.w > kInvisibleMax);
     }
   }
-  const int tail0 = head + 4 * nv;
-  if (tid < nn - tail0) keys[tail0 + tid] = __float_as_uint(x[tail0 + tid]);
-  __syncthreads();
-
-  // Pass 1: logits to keys, histogram of the top 11 bits (uniform trip count:
-  // hist_add needs whole warps).
-  for (int i0 = 0; i0 < nn; i0 += kT) {
-    const int i = i0 + tid;
+  {
+    const int tail0 = head + 4 * nv;
     uint32_t key = 0;
-    if (i < nn) {
-      key = ord_key(__uint_as_float(keys[i]));
-      keys[i] = key;
-    }
-    hist_add(s.h1, key >> 21, key > kInvisibleMax);
+    if (tid < nn - tail0) keys[tail0 + tid] = key = ord_key(x[tail0 + tid]);
+    hist_inc(h, key >> 20, tid < nn - tail0 && key > kInvisibleMax);
   }
+  // Every block's owned sums are zero before anyone pushes into them.
   cl.sync();
-  cluster_find<kB1>(cl, s.h1, (uint32_t)k, s, scan);
-  uint32_t T, rem_t, G;  // take keys > T (G of them) and the first rem_t keys == T
+
+  // Radix select: take keys > T (G of them) and the first rem_t keys == T.
+  uint32_t T, rem_t, G;
+  cluster_find<kNB1>(cl, h, s1, (uint32_t)k, s, scan);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
     G = s.total;
+  } else if (s.rem == s.cnt) {  // bin d1 taken whole: every key >= d1 << 20
+    T = (s.digit << 20) - 1u;
+    rem_t = 0;
+    G = (uint32_t)k;
   } else {
     const uint32_t d1 = s.digit, r1 = s.rem;
+    for (int i = tid; i < kNB2; i += kT) h[i] = 0;  // h was read by the push above
+    __syncthreads();
     for (int i0 = 0; i0 < nn; i0 += kT) {
       const int i = i0 + tid;
       const uint32_t key = i < nn ? keys[i] : 0u;
-      hist_add(s.h2, (key >> 10) & 2047u, key > kInvisibleMax && (key >> 21) == d1);
+      hist_inc(h, (key >> 8) & 4095u, i < nn && (key >> 20) == d1 && key > kInvisibleMax);
     }
-    cl.sync();
-    cluster_find<kB2>(cl, s.h2, r1, s, scan);
-    const uint32_t p2 = d1 << 11 | s.digit, r2 = s.rem;
-    for (int i0 = 0; i0 < nn; i0 += kT) {
-      const int i = i0 + tid;
-      const uint32_t key = i < nn ? keys[i] : 0u;
-      hist_add(s.h3, key & 1023u, key > kInvisibleMax && (key >> 10) == p2);
+    __syncthreads();
+    cluster_find<kNB2>(cl, h, s2, r1, s, scan);
+    const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
+    if (s.rem == s.cnt) {  // bin p2 taken whole
+      T = (p2 << 8) - 1u;
+      rem_t = 0;
+      G = (uint32_t)k;
+    } else {
+      for (int i = tid; i < kNB3; i += kT) h[i] = 0;
+      __syncthreads();
+      for (int i0 = 0; i0 < nn; i0 += kT) {
+        const int i = i0 + tid;
+        const uint32_t key = i < nn ? keys[i] : 0u;
+        hist_inc(h, key & 255u, i < nn && (key >> 8) == p2 && key > kInvisibleMax);
+      }
+      __syncthreads();
+      cluster_find<kNB3>(cl, h, s3, r2, s, scan);
+      T = p2 << 8 | s.digit;
+      rem_t = s.rem;
+      G = (uint32_t)k - rem_t;
     }
-    cl.sync();
-    cluster_find<kB3>(cl, s.h3, r2, s, scan);
-    T = p2 << 10 | s.digit;
-    rem_t = s.rem;
-    G = (uint32_t)k - rem_t;
   }
+  const uint32_t n_out = G + rem_t;
 
   // Thread t owns the run [t * per, t * per + per): per is odd, so the
   // lanes of a warp read distinct banks.
@@ -220,54 +275,114 @@ __global__ void __launch_bounds__(kT, 2)
   }
   unsigned long long pre, tot;
   Scan64(scan64).ExclusiveSum((unsigned long long)ngt << 32 | neq, pre, tot);
-  if (tid == 0) {
-    s.n_gt = (uint32_t)(tot >> 32);
-    s.n_eq = (uint32_t)tot;
+  // This block's counts into every later block's bases (their zeroing was
+  // ordered before the first cluster barrier).
+  if (tid > q && tid < cs) {
+    if (tot >> 32) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), (uint32_t)(tot >> 32));
+    if ((uint32_t)tot) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), (uint32_t)tot);
   }
   cl.sync();
-  if (tid < 32) {  // lane o < q: block o's counts, summed over the warp
-    const bool on = tid < q;
-    const uint32_t g = on ? *cl.map_shared_rank(&s.n_gt, (unsigned)tid) : 0u;
-    const uint32_t e = on ? *cl.map_shared_rank(&s.n_eq, (unsigned)tid) : 0u;
-    const uint32_t gs = __reduce_add_sync(0xffffffffu, g), es = __reduce_add_sync(0xffffffffu, e);
-    if (tid == 0) {
-      s.gt_base = gs;
-      s.eq_base = es;
+  // Every selected key to its slot of every block's list.
+  {
+    uint32_t gt_at = s.gt_base + (uint32_t)(pre >> 32), eq_at = s.eq_base + (uint32_t)pre;
+    for (int i = r0; i < r1; i++) {
+      const uint32_t key = keys[i];
+      uint32_t slot = UINT_MAX;
+      if (key > T) {
+        slot = gt_at++;
+      } else if (key == T) {
+        if (eq_at < rem_t) slot = G + eq_at;
+        eq_at++;
+      }
+      if (slot != UINT_MAX) {
+        const unsigned long long c = cand_of(key, b + i);
+        for (int o = 0; o < cs; o++) cl.map_shared_rank(list, (unsigned)o)[slot] = c;
+      }
     }
   }
-  __syncthreads();
-  unsigned long long *c0 = cl.map_shared_rank(cand, 0u);
-  uint32_t gt_at = s.gt_base + (uint32_t)(pre >> 32), eq_at = s.eq_base + (uint32_t)pre;
-  for (int i = r0; i < r1; i++) {
-    const uint32_t key = keys[i];
-    if (key > T) {
-      c0[gt_at++] = cand_of(key, b + i);
-    } else if (key == T) {
-      if (eq_at < rem_t) c0[G + eq_at] = cand_of(key, b + i);
-      eq_at++;
-    }
-  }
-  cl.sync();  // block 0 holds the candidates; no block reads another's memory after this
+  cl.sync();  // every list is whole; no block touches another's memory after this
 
-  const uint32_t n_out = G + rem_t;
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
   for (int64_t i = (int64_t)n_out + (int64_t)q * kT + tid; i < k; i += (int64_t)cs * kT) {
     po[i] = -1;
     vo[i] = -INFINITY;
   }
-  if (q != 0) return;
+  if (q == 0 && tid == 0) count[r] = (int32_t)n_out;
 
-  // Sort only the key bits that differ among the candidates; the keys are
-  // dead, so their area holds CUB's storage.
-  const uint32_t diff = key_diff<kT>(cand, n_out, &s.kor, &s.kand);
-  sort_write_n<kT>(smem + kHead, cand, n_out, diff, row.logits, po, vo);
-  if (tid == 0) count[r] = (int32_t)n_out;
+  // Rank slots [a, e) of the list (the same list in every block). A slot
+  // >= G holds a key == T, in position order after every key > T: its
+  // output index is the slot. A key > T's index is the number of the G keys
+  // > T larger than it (the whole candidate, so ties go by position). To
+  // compare only within a bucket, the G keys are counting-sorted (any order
+  // inside a bucket) by the 12 key bits below the bits they all share, into
+  // `sorted` (the dead key area); h[bucket] = first slot << 16 | count.
+  unsigned long long *sorted = reinterpret_cast<unsigned long long *>(area);
+  {
+    uint32_t kor = 0, kand = 0xFFFFFFFFu;
+    for (uint32_t i = tid; i < G; i += kT) {
+      const uint32_t key = (uint32_t)(list[i] >> 32);
+      kor |= key;
+      kand &= key;
+    }
+    kor = __reduce_or_sync(0xffffffffu, kor);
+    kand = __reduce_and_sync(0xffffffffu, kand);
+    if ((tid & 31) == 0) {
+      atomicOr(&s.kor, kor);
+      atomicAnd(&s.kand, kand);
+    }
+  }
+  for (int i = tid; i < kNB1; i += kT) h[i] = 0;
+  __syncthreads();
+  const uint32_t diff = s.kor ^ s.kand;
+  const int hb = diff ? 31 - __clz((int)diff) : 0;
+  const int sh = hb > 11 ? hb - 11 : 0;
+  for (uint32_t i = tid; i < G; i += kT) atomicAdd(&h[((uint32_t)(list[i] >> 32) >> sh) & 4095u], 1u);
+  __syncthreads();
+  {
+    constexpr int PT = kNB1 / kT;  // thread t: buckets 4095 - t * PT .. down, descending
+    uint32_t v[PT], mine = 0, at;
+#pragma unroll
+    for (int j = 0; j < PT; j++) mine += v[j] = h[kNB1 - 1 - (tid * PT + j)];
+    Scan(scan).ExclusiveSum(mine, at);
+#pragma unroll
+    for (int j = 0; j < PT; j++) {
+      h[kNB1 - 1 - (tid * PT + j)] = at << 16;
+      at += v[j];
+    }
+  }
+  __syncthreads();
+  for (uint32_t i = tid; i < G; i += kT) {
+    const unsigned long long c = list[i];
+    const uint32_t u = atomicAdd(&h[((uint32_t)(c >> 32) >> sh) & 4095u], 1u);
+    sorted[(u >> 16) + (u & 0xFFFFu)] = c;
+  }
+  __syncthreads();
+  const uint32_t share = (n_out + (uint32_t)cs - 1) / (uint32_t)cs;
+  const uint32_t a = (uint32_t)q * share < n_out ? (uint32_t)q * share : n_out;
+  const uint32_t e = a + share < n_out ? a + share : n_out;
+  const uint32_t ge = e < G ? e : G;
+  for (uint32_t i = a + tid; i < ge; i += kT) {  // keys > T
+    const unsigned long long c = list[i];
+    const uint32_t u = h[((uint32_t)(c >> 32) >> sh) & 4095u];
+    const uint32_t b0 = u >> 16, b1 = b0 + (u & 0xFFFFu);
+    uint32_t rank = b0;
+    for (uint32_t j = b0; j < b1; j++) rank += sorted[j] > c;
+    const int32_t p = cand_pos(c);
+    po[rank] = p;
+    vo[rank] = row.logits[p];
+  }
+  for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += kT) {  // keys == T
+    const int32_t p = cand_pos(list[i]);
+    po[i] = p;
+    vo[i] = row.logits[p];
+  }
 #endif
 }
 
 // Per device: the largest cluster size that can be resident at the largest
-// shared memory this path asks for (0: no cluster path), and the SM count.
+// shared memory this path asks for with it (0: no cluster path), and the
+// SM count; the kernel's attributes are set here, once.
 struct Caps {
   std::atomic<int> ready{0};
   int max_cs = 0, sms = 0;
@@ -283,12 +398,11 @@ int caps_of(int *max_cs, int *sms) {
   Caps &c = g_caps[dev];
   if (!c.ready.load(std::memory_order_acquire)) {
     int major = 0, n_sm = 0, best = 0;
-    const size_t sm = smem_bytes(kSliceCap, kMaxK);
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
         major >= 9 &&
         cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)sm) == cudaSuccess &&
+                             (int)smem_bytes(1, kSliceCap, kMaxK)) == cudaSuccess &&
         cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
                              1) == cudaSuccess) {
       for (int cs = kMaxCluster; cs >= 1 && !best; cs /= 2) {
@@ -300,7 +414,7 @@ int caps_of(int *max_cs, int *sms) {
         at[0].val.clusterDim.z = 1;
         cfg.gridDim = dim3((unsigned)cs);
         cfg.blockDim = dim3(kT);
-        cfg.dynamicSmemBytes = sm;
+        cfg.dynamicSmemBytes = smem_bytes(cs, kSliceCap, kMaxK);
         cfg.attrs = at;
         cfg.numAttrs = 1;
         int n = 0;
@@ -325,20 +439,25 @@ extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows
                                               fp4idx_cuda_topk_plan_t *p) {
   int max_cs = 0, sms = 0;
   if (k > kMaxK || n_rows < 1 || !caps_of(&max_cs, &sms)) return FP4IDX_ENODEV;
+  if (max_cluster < max_cs) max_cs = max_cluster;
   int64_t max_w = 0;
   for (int32_t i = 0; i < n_rows; i++)
     if (rows[i].width > max_w) max_w = rows[i].width;
-  // About two blocks per SM over the batch, then wide enough for the slice.
+  // About one block per SM over the batch while a block keeps at least
+  // kSliceMin keys (the cluster barriers and remote traffic grow with the
+  // cluster), then wide enough for the slice.
+  constexpr int64_t kSliceMin = 4096;
   int cs = 1;
-  while (cs * 2 <= max_cs && (int64_t)n_rows * cs * 2 <= 2 * (int64_t)sms) cs *= 2;
+  while (cs * 2 <= max_cs && (int64_t)n_rows * cs * 2 <= (int64_t)sms &&
+         max_w / (cs * 2) >= kSliceMin)
+    cs *= 2;
   while (cs * 2 <= max_cs && (max_w + cs - 1) / cs > kSliceCap) cs *= 2;
   int64_t slice = (max_w + cs - 1) / cs;
   slice = slice < 4 ? 4 : (slice + 3) & ~(int64_t)3;  // 16-byte steps between blocks
-  if (slice > kSliceCap || cs > max_cluster || (int64_t)n_rows * cs > INT_MAX)
-    return FP4IDX_ENODEV;
+  if (slice > kSliceCap || cs > max_cs || (int64_t)n_rows * cs > INT_MAX) return FP4IDX_ENODEV;
   p->cluster = cs;
   p->slice = slice;
-  p->cluster_smem = smem_bytes(slice, k);
+  p->cluster_smem = smem_bytes(cs, slice, k);
   p->ws_bytes = 256;  // unused; non-zero so every caller's allocation is valid
   return FP4IDX_OK;
 }
@@ -347,8 +466,9 @@ extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p
                                                 const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
                                                 float *val, int32_t *count, cudaStream_t stream) {
   int max_cs = 0, sms = 0;
-  if (p->cluster < 1 || p->cluster > kMaxCluster || p->slice < 4 || p->slice > kSliceCap ||
-      p->k > kMaxK || p->cluster_smem != smem_bytes(p->slice, p->k))
+  if (p->cluster < 1 || p->cluster > kMaxCluster || (p->cluster & (p->cluster - 1)) ||
+      p->slice < 4 || p->slice > kSliceCap || p->k > kMaxK ||
+      p->cluster_smem != smem_bytes(p->cluster, p->slice, p->k))
     return FP4IDX_EINVAL;
   if (!caps_of(&max_cs, &sms) || p->cluster > max_cs) return FP4IDX_ENODEV;
   cudaLaunchConfig_t cfg = {};
