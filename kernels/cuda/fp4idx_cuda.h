@@ -101,9 +101,9 @@ enum {
   FP4IDX_CUDA_TOPK_MAX = 1 << 20,     /* every k the protocol allows */
   FP4IDX_CUDA_TOPK_SMEM_K = 8192,     /* k above this: CUB segmented sort */
   FP4IDX_CUDA_TOPK_CLUSTER_K = 4096,  /* k up to this: the cluster path may run */
-  /* the widest row the cluster path holds (16 blocks of 32,768 keys, where
+  /* the widest row the cluster path holds (16 blocks of 32,000 keys, where
    * the device runs 16-block clusters) */
-  FP4IDX_CUDA_TOPK_CLUSTER_WIDTH = 16 * 32768
+  FP4IDX_CUDA_TOPK_CLUSTER_WIDTH = 16 * 32000
 };
 
 /* Which top-k path a plan uses. AUTO picks from the shape, once, in the

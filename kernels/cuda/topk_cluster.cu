@@ -9,23 +9,25 @@
  * Block q of a row's cluster holds positions [q * slice, (q + 1) * slice)
  * as keys in shared memory (read once from global memory, converted and
  * histogrammed on the way in). A radix select in up to three digit passes
- * (key bits 31-20, 19-8, 7-0) finds the k-th key T. Distributed shared
- * memory (DSMEM) is used sparingly, because it is slow when many blocks
- * read one block (bench/RESULTS.md, "Round 4": 2.4 us per round of
- * all-blocks-read-all-histograms with 16-block clusters, 118 us for three
- * passes): each block builds its own histogram, pushes its non-zero bins
- * with remote atomics to the bin's owner (block b * cs / NB owns bin b),
- * and after one cluster barrier every block reads the summed histogram
- * once, spread evenly over the owners, and finds the same digit. A pass
- * whose digit bin is taken whole ends the select early. Then each block
- * counts its keys > T and == T; their prefix over the cluster's blocks (in
- * position order, pushed by remote atomics) gives every selected key a slot
- * in the candidate list: keys > T first, then the first keys == T by
- * position. Every block receives the whole list (remote stores), and block
- * q ranks the slots [q * n / cs, (q + 1) * n / cs): a key == T's output
- * index is its slot, a key > T's the number of keys > T that order before
- * it (keys with their positions are distinct, so counting is the exact
- * order; no sort, no single block doing the row's finish).
+ * (key bits 31-20, 19-8, 7-0) finds the k-th key T; it ends after the
+ * first pass (usually) or the second when the k-th key's bin holds at most
+ * kExtra keys more than needed: the whole bin joins the candidates then.
+ * Distributed shared memory (DSMEM) is used sparingly, because it is slow
+ * when many blocks read one block (bench/RESULTS.md, "Round 4": 2.4 us per
+ * round of all-blocks-read-all-histograms with 16-block clusters, 118 us
+ * for three passes): each block builds its own histogram, pushes its
+ * non-zero bins with remote atomics to the bin's owner (block b * cs / NB
+ * owns bin b), and after one cluster barrier every block reads the summed
+ * histogram once, spread evenly over the owners, and finds the same digit.
+ * Then each block counts its keys > T and == T; their prefix over the
+ * cluster's blocks (in position order, pushed by remote atomics) gives
+ * every selected key a slot in the candidate list: keys > T first, then
+ * the first keys == T by position. Every block receives the whole list
+ * (remote stores), and block q ranks the slots [q * n / cs, (q + 1) * n /
+ * cs): a key == T's output index is its slot, a key > T's the number of
+ * keys > T that order before it, counted inside buckets of 12 key bits
+ * (keys with their positions are distinct, so counting is the exact order;
+ * no sort, no single block doing the row's finish); indices >= k drop.
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
@@ -45,11 +47,18 @@ using namespace fp4idx_topk;
 
 constexpr int kT = 512;                 // threads per block (two blocks fit an SM)
 constexpr int kMaxCluster = 16;         // the non-portable cluster size of sm_90
-constexpr int64_t kSliceCap = 32768;    // keys one block holds (128 KiB)
+constexpr int64_t kSliceCap = 32000;    // keys one block holds (125 KiB)
 constexpr int kMaxK = FP4IDX_CUDA_TOPK_CLUSTER_K;
+// Keys past k the candidate list may hold: a digit pass whose bin would
+// overflow k by at most this much ends the select (the bin is taken whole
+// and the counting rank drops ranks >= k), so the usual row needs one pass.
+constexpr int kExtra = 2048;
+constexpr size_t kStatic = 2048;        // static shared memory the kernel may take
 constexpr int kNB1 = 4096, kNB2 = 4096, kNB3 = 256;  // digits: key bits 31-20, 19-8, 7-0
-using Scan = cub::BlockScan<uint32_t, kT>;
-using Scan64 = cub::BlockScan<unsigned long long, kT>;
+// Warp-scan storage: a few hundred bytes of static shared memory, so the
+// dynamic part may take nearly all of an SM's 227 KiB.
+using Scan = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
+using Scan64 = cub::BlockScan<unsigned long long, kT, cub::BLOCK_SCAN_WARP_SCANS>;
 
 // Static shared state of a block. gt_base / eq_base are summed by remote
 // atomics of the lower-ranked blocks of the cluster.
@@ -58,27 +67,30 @@ struct Head {
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
   uint32_t kor, kand;               // OR / AND of the keys > T
 };
+static_assert(sizeof(Head) + sizeof(Scan::TempStorage) + sizeof(Scan64::TempStorage) <= kStatic,
+              "static shared memory within its share");
 
 // Dynamic shared memory of a block, in bytes from its start:
 //   [0, 16 KiB)          h: this block's histogram of the current pass
 //   then s1, s2, s3      the owned part of the cluster's summed histograms
 //                        (NB / cs bins each)
-//   then list            [k] candidates (key << 32 | ~position)
+//   then list            [k + kExtra] candidates (key << 32 | ~position)
 //   then keys            [slice + 3] the slice's keys (shifted so that the
 //                        16-byte loads land on 16-byte shared stores), at
-//                        the end the bucketed copy of the list ([k] u64)
+//                        the end the bucketed copy of the list
 constexpr __host__ __device__ size_t owned_words(int cs) { return (size_t)(kNB1 + kNB2 + kNB3) / cs; }
 constexpr __host__ __device__ size_t off_list(int cs) { return (size_t)kNB1 * 4 + owned_words(cs) * 4; }
 constexpr __host__ __device__ size_t off_keys(int cs, int32_t k) {
-  return off_list(cs) + (((size_t)k * 8 + 15) & ~(size_t)15);
+  return off_list(cs) + (((size_t)(k + kExtra) * 8 + 15) & ~(size_t)15);
 }
 constexpr size_t smem_bytes(int cs, int64_t slice, int32_t k) {
-  const size_t words = (size_t)slice + 3 > (size_t)k * 2 ? (size_t)slice + 3 : (size_t)k * 2;
+  const size_t words = (size_t)slice + 3 > (size_t)(k + kExtra) * 2 ? (size_t)slice + 3
+                                                                    : (size_t)(k + kExtra) * 2;
   return off_keys(cs, k) + words * 4;
 }
-// The most dynamic shared memory a block may take (227 KiB on sm_90, less
-// the static shared memory of the kernel and a margin).
-constexpr size_t kSmemMax = 227 * 1024 - 2048;
+// The most dynamic shared memory a block may take: 227 KiB a block on
+// sm_90, less kStatic for the kernel's static shared memory.
+constexpr size_t kSmemMax = 227 * 1024 - kStatic;
 static_assert(smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fits an SM");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -120,8 +132,22 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
   const int b0 = NB - PT - tid * PT;  // this thread's lowest bin (bins b0 .. b0 + PT - 1)
   if (b0 >= 0) {
     const uint32_t *src = cl.map_shared_rank(own, (unsigned)(b0 / per)) + (b0 % per);
+    if constexpr (PT % 4 == 0) {  // 16-byte remote loads (b0 and per are multiples of PT)
+      uint32_t t[PT];
 #pragma unroll
-    for (int j = 0; j < PT; j++) v[j] = src[PT - 1 - j];  // v[j]: bin b0 + PT - 1 - j
+      for (int j = 0; j < PT / 4; j++) {
+        const uint4 u = reinterpret_cast<const uint4 *>(src)[j];
+        t[4 * j] = u.x;
+        t[4 * j + 1] = u.y;
+        t[4 * j + 2] = u.z;
+        t[4 * j + 3] = u.w;
+      }
+#pragma unroll
+      for (int j = 0; j < PT; j++) v[j] = t[PT - 1 - j];  // v[j]: bin b0 + PT - 1 - j
+    } else {
+#pragma unroll
+      for (int j = 0; j < PT; j++) v[j] = src[PT - 1 - j];
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < PT; j++) v[j] = 0;
@@ -219,17 +245,19 @@ __global__ void __launch_bounds__(kT, 2)
   // Every block's owned sums are zero before anyone pushes into them.
   cl.sync();
 
-  // Radix select: take keys > T (G of them) and the first rem_t keys == T.
+  // Radix select: the list takes the G keys > T and the first rem_t keys
+  // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
+  // more when a pass's bin is taken whole (T just below the bin).
   uint32_t T, rem_t, G;
   cluster_find<kNB1>(cl, h, s1, (uint32_t)k, s, scan);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
     G = s.total;
-  } else if (s.rem == s.cnt) {  // bin d1 taken whole: every key >= d1 << 20
+  } else if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin d1 whole: every key >= d1 << 20
     T = (s.digit << 20) - 1u;
     rem_t = 0;
-    G = (uint32_t)k;
+    G = (uint32_t)k - s.rem + s.cnt;
   } else {
     const uint32_t d1 = s.digit, r1 = s.rem;
     for (int i = tid; i < kNB2; i += kT) h[i] = 0;  // h was read by the push above
@@ -242,10 +270,10 @@ __global__ void __launch_bounds__(kT, 2)
     __syncthreads();
     cluster_find<kNB2>(cl, h, s2, r1, s, scan);
     const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
-    if (s.rem == s.cnt) {  // bin p2 taken whole
+    if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin p2 whole
       T = (p2 << 8) - 1u;
       rem_t = 0;
-      G = (uint32_t)k;
+      G = (uint32_t)k - s.rem + s.cnt;
     } else {
       for (int i = tid; i < kNB3; i += kT) h[i] = 0;
       __syncthreads();
@@ -261,7 +289,7 @@ __global__ void __launch_bounds__(kT, 2)
       G = (uint32_t)k - rem_t;
     }
   }
-  const uint32_t n_out = G + rem_t;
+  const uint32_t n_list = G + rem_t, n_out = n_list < (uint32_t)k ? n_list : (uint32_t)k;
 
   // Thread t owns the run [t * per, t * per + per): per is odd, so the
   // lanes of a warp read distinct banks.
@@ -313,7 +341,8 @@ __global__ void __launch_bounds__(kT, 2)
   // Rank slots [a, e) of the list (the same list in every block). A slot
   // >= G holds a key == T, in position order after every key > T: its
   // output index is the slot. A key > T's index is the number of the G keys
-  // > T larger than it (the whole candidate, so ties go by position). To
+  // > T larger than it (the whole candidate, so ties go by position);
+  // indices >= k are dropped (a bin taken whole). To
   // compare only within a bucket, the G keys are counting-sorted (any order
   // inside a bucket) by the 12 key bits below the bits they all share, into
   // `sorted` (the dead key area); h[bucket] = first slot << 16 | count.
@@ -358,9 +387,9 @@ __global__ void __launch_bounds__(kT, 2)
     sorted[(u >> 16) + (u & 0xFFFFu)] = c;
   }
   __syncthreads();
-  const uint32_t share = (n_out + (uint32_t)cs - 1) / (uint32_t)cs;
-  const uint32_t a = (uint32_t)q * share < n_out ? (uint32_t)q * share : n_out;
-  const uint32_t e = a + share < n_out ? a + share : n_out;
+  const uint32_t share = (n_list + (uint32_t)cs - 1) / (uint32_t)cs;
+  const uint32_t a = (uint32_t)q * share < n_list ? (uint32_t)q * share : n_list;
+  const uint32_t e = a + share < n_list ? a + share : n_list;
   const uint32_t ge = e < G ? e : G;
   for (uint32_t i = a + tid; i < ge; i += kT) {  // keys > T
     const unsigned long long c = list[i];
@@ -368,6 +397,7 @@ __global__ void __launch_bounds__(kT, 2)
     const uint32_t b0 = u >> 16, b1 = b0 + (u & 0xFFFFu);
     uint32_t rank = b0;
     for (uint32_t j = b0; j < b1; j++) rank += sorted[j] > c;
+    if (rank >= (uint32_t)k) continue;
     const int32_t p = cand_pos(c);
     po[rank] = p;
     vo[rank] = row.logits[p];
