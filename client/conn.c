@@ -98,6 +98,12 @@ fp4idx_client_t *fp4idx_client_new(void) {
   if (c == NULL) return NULL;
   c->fd = -1;
   c->next_id = 1;
+  /* Spin briefly by default where a core can spare it: a reply that comes
+   * within the window skips the scheduler's wake-up (10-13 us of an info
+   * round trip on the H200 host, bench/RESULTS_SOCKET.md); on a machine of
+   * 1-3 cores the spin would take the core the daemon needs. */
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  c->busy_poll_us = ncpu >= 4 ? FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US : 0;
   return c;
 }
 
@@ -185,6 +191,10 @@ fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
   if (fd < 0)
     return fp4idx__client_fail(c, errno == ENOMEM ? FP4IDX_ENOMEM : FP4IDX_ECONN,
                                "socket: %s", ERRTEXT(errno));
+  /* Large appends through the socket: as much send buffer as the kernel
+   * allows (net.core.wmem_max caps it; failing changes nothing). */
+  int sb = 4 << 20;
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   for (;;) {
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) break;
     int e = errno;
