@@ -191,10 +191,6 @@ fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
   if (fd < 0)
     return fp4idx__client_fail(c, errno == ENOMEM ? FP4IDX_ENOMEM : FP4IDX_ECONN,
                                "socket: %s", ERRTEXT(errno));
-  /* Large appends through the socket: as much send buffer as the kernel
-   * allows (net.core.wmem_max caps it; failing changes nothing). */
-  int sb = 4 << 20;
-  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   for (;;) {
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) break;
     int e = errno;

@@ -698,18 +698,11 @@ int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
   uv_os_fd_t sfd;
   struct ucred cred;
   socklen_t clen = sizeof cred;
-  if (uv_fileno((uv_handle_t *)&c->pipe, &sfd) == 0) {
-    if (getsockopt(sfd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
-      c->regions->pid = cred.pid;
-      c->regions->uid = cred.uid;
-      c->regions->gid = cred.gid;
-    }
-    /* A reply of full logits (6.4 MB at 400,000 keys) leaves in send
-     * buffer sized pieces, a wake-up of the reader and of this loop each:
-     * as large a buffer as the kernel allows (net.core.wmem_max caps it;
-     * the kernel's memory, bounded per connection). */
-    int sb = 4 << 20;
-    (void)setsockopt(sfd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
+  if (uv_fileno((uv_handle_t *)&c->pipe, &sfd) == 0 &&
+      getsockopt(sfd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+    c->regions->pid = cred.pid;
+    c->regions->uid = cred.uid;
+    c->regions->gid = cred.gid;
   }
   fp4idx__log_debug("connection %llu opened", (unsigned long long)c->id);
   fp4idx__server_update_reading(c);
