@@ -225,3 +225,23 @@ int fp4idx_encode_request(msgpack_sbuffer *sb, const fp4idx_request_t *req) {
    * caps) before it writes; the tests decode what it wrote */
   return fp4idx__frame_end(sb, start, od->req_pack(&pk, req));
 }
+
+int fp4idx_encode_request_split(msgpack_sbuffer *sb, const fp4idx_request_t *req,
+                                size_t min_split, fp4idx_payload_t *out, size_t cap,
+                                size_t *n) {
+  msgpack_packer pk;
+  size_t start;
+  int rc;
+
+  if (n != NULL) *n = 0;
+  if (sb == NULL || req == NULL || n == NULL || (cap > 0 && out == NULL)) return FP4IDX_EINVAL;
+  const fp4idx__op_desc_t *od = fp4idx__op_desc(req->op);
+  if (od == NULL) return FP4IDX_EINVAL;
+  if ((rc = fp4idx__frame_begin(sb, &start)) != 0) return rc;
+  /* every write this long is a bin (or str) body, which msgpack-c passes
+   * as the request's own pointer; its own pieces are headers of <= 9 bytes */
+  fp4idx__split_t sp = {.sb = sb, .min = min_split < 64 ? 64 : min_split, .out = out,
+                        .cap = cap};
+  msgpack_packer_init(&pk, &sp, fp4idx__split_write);
+  return fp4idx__split_end(&sp, start, od->req_pack(&pk, req), n);
+}
