@@ -129,6 +129,15 @@ int fp4idx__split_write(void *data, const char *buf, size_t len);
  * becomes FP4IDX_EINVAL. On success *n = the payloads noted. */
 int fp4idx__split_end(fp4idx__split_t *sp, size_t start, int rc, size_t *n);
 
+/* dst = a sep b, cut to cap - 1 bytes (NUL-terminated; cap > 0). The
+ * decoders build a field path like this for every tensor and entry, on
+ * success too, so without printf (snprintf was a quarter of a score
+ * request's decode). */
+void fp4idx__path_cat(char *dst, size_t cap, const char *a, const char *sep, const char *b);
+
+/* dst = name[i], cut like fp4idx__path_cat. */
+void fp4idx__path_index(char *dst, size_t cap, const char *name, size_t i);
+
 /* Packing helpers; return msgpack's callback result (0 or -1). */
 int fp4idx__pack_cstr(msgpack_packer *pk, const char *s);
 int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n);

@@ -20,6 +20,31 @@ int fp4idx__frame_end(msgpack_sbuffer *sb, size_t start, int rc) {
   return 0;
 }
 
+/* Appends src to dst[*at..cap - 1), keeping room for the NUL. */
+static void fp4idx__path_put(char *dst, size_t cap, size_t *at, const char *src) {
+  while (*src && *at + 1 < cap) dst[(*at)++] = *src++;
+}
+
+void fp4idx__path_cat(char *dst, size_t cap, const char *a, const char *sep, const char *b) {
+  size_t at = 0;
+  fp4idx__path_put(dst, cap, &at, a);
+  fp4idx__path_put(dst, cap, &at, sep);
+  fp4idx__path_put(dst, cap, &at, b);
+  dst[at] = 0;
+}
+
+void fp4idx__path_index(char *dst, size_t cap, const char *name, size_t i) {
+  char num[24], *p = num + sizeof num;
+  *--p = 0;
+  do *--p = (char)('0' + i % 10); while ((i /= 10) != 0);
+  size_t at = 0;
+  fp4idx__path_put(dst, cap, &at, name);
+  fp4idx__path_put(dst, cap, &at, "[");
+  fp4idx__path_put(dst, cap, &at, p);
+  fp4idx__path_put(dst, cap, &at, "]");
+  dst[at] = 0;
+}
+
 int fp4idx__split_write(void *data, const char *buf, size_t len) {
   fp4idx__split_t *sp = data;
   if (len == 0 || len < sp->min || (sp->is_payload && !sp->is_payload(sp->ctx, buf, len)))
