@@ -20,6 +20,19 @@ static fp4idx_backend_t *mk(int cuda, int64_t n_pages, int32_t P) {
   return b;
 }
 
+/* A dyadic case of n keys (heads H, R rows, pages of P) stored in a CUDA
+ * backend *g and a CPU backend *c alike, keys in pool order. */
+static void stored_pair(fp4idx_test_case_t *tc, fp4idx_backend_t **g, fp4idx_backend_t **c,
+                        uint64_t seed, int H, int R, int64_t n, int32_t P) {
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, seed);
+  cr_assert_eq(fp4idx_test_case_dyadic(tc, &rng, H, R, n, P, (n + P - 1) / P, NULL, 0), 0);
+  *g = mk(1, tc->n_pages, P);
+  *c = mk(0, tc->n_pages, P);
+  cr_assert_eq((*g)->ops->store(*g, tc->keys, FP4IDX_DTYPE_BF16, n, tc->slots, 0), 0);
+  cr_assert_eq((*c)->ops->store(*c, tc->keys, FP4IDX_DTYPE_BF16, n, tc->slots, 0), 0);
+}
+
 /* Full logits of one sequence (n keys visible to every row) on g (CUDA,
  * resident flag as given, output from host_alloc) vs c (CPU). */
 static void same_scores(fp4idx_backend_t *g, fp4idx_backend_t *c, const fp4idx_test_case_t *tc,
@@ -110,15 +123,10 @@ Test(cuda_reqpath, resident_page_tables_follow_the_sequence, .timeout = 600) {
 
 Test(cuda_reqpath, staging_sets_under_changing_sizes, .timeout = 600) {
   NEED_GPU();
-  const int32_t P = 64;
   const int64_t N = 40000;
-  fp4idx_test_rng_t rng;
-  fp4idx_test_rng_seed(&rng, 99);
   fp4idx_test_case_t tc;
-  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, 64, 6, N, P, (N + P - 1) / P, NULL, 0), 0);
-  fp4idx_backend_t *g = mk(1, tc.n_pages, P), *c = mk(0, tc.n_pages, P);
-  cr_assert_eq(g->ops->store(g, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
-  cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
+  fp4idx_backend_t *g, *c;
+  stored_pair(&tc, &g, &c, 99, 64, 6, N, 64);
   const int64_t sizes[] = {10, N, 65, N / 2, 1, N, 4097, 3};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     same_scores(g, c, &tc, 0, tc.pages, sizes[i], 0);
@@ -156,15 +164,10 @@ Test(cuda_reqpath, staging_sets_under_changing_sizes, .timeout = 600) {
  * time (the end event closes the kernels when nothing is copied back). */
 Test(cuda_reqpath, pinned_and_pageable_outputs_over_shapes, .timeout = 600) {
   NEED_GPU();
-  const int32_t P = 64;
   const int64_t N = 9000;
-  fp4idx_test_rng_t rng;
-  fp4idx_test_rng_seed(&rng, 1234);
   fp4idx_test_case_t tc;
-  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, 32, 4, N, P, (N + P - 1) / P, NULL, 0), 0);
-  fp4idx_backend_t *g = mk(1, tc.n_pages, P), *c = mk(0, tc.n_pages, P);
-  cr_assert_eq(g->ops->store(g, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
-  cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
+  fp4idx_backend_t *g, *c;
+  stored_pair(&tc, &g, &c, 1234, 32, 4, N, 64);
   const int64_t widths[] = {N, 129, 4096, 1};
   const int ks[] = {0, 16, 700};
   void *pin = NULL;
