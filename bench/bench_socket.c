@@ -95,7 +95,7 @@ typedef struct opts_s {
 } opts_t;
 
 static FILE *g_csv;
-static int g_client_busy_us; /* --client-busy-poll: fp4idx_client_set_busy_poll */
+static int g_client_busy_us = -1; /* --client-busy-poll: fp4idx_client_set_busy_poll; -1: the library's default */
 
 static double median3(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -664,7 +664,8 @@ static void *conc_main(void *arg) {
   for (size_t i = 0; i < sizeof q / 2; i++) q[i] = bf16_of((float)((i * 7 + t->seq) % 13) / 8 - 0.75f);
   for (size_t i = 0; i < sizeof w / 2; i++) w[i] = bf16_of(0.5f);
   if (!c || !pos || !val || fp4idx_client_set_timeout(c, 600000) ||
-      fp4idx_client_set_busy_poll(c, g_client_busy_us) || fp4idx_client_connect(c, t->sock))
+      (g_client_busy_us >= 0 && fp4idx_client_set_busy_poll(c, g_client_busy_us)) ||
+      fp4idx_client_connect(c, t->sock))
     t->failed = 1;
   if (!t->failed) /* warm-up */
     t->failed = fp4idx_client_topk(c, t->seq, HEADS, ROWS, q, w, NULL, (uint32_t)t->k, pos, val,
@@ -838,7 +839,8 @@ static void usage(FILE *f) {
           "  --region-ctx N   (e) context of the region cases (default 100000)\n"
           "  --region-cuda    (e) also into CUDA regions (the daemon must run CUDA)\n"
           "  --client-busy-poll US  every client polls its socket US us before\n"
-          "                   sleeping (fp4idx_client_set_busy_poll; default 0)\n");
+          "                   sleeping (fp4idx_client_set_busy_poll; default: the\n"
+          "                   library's, FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US on 4+ CPUs)\n");
 }
 
 int main(int argc, char **argv) {
@@ -899,7 +901,7 @@ int main(int argc, char **argv) {
     }
   }
   for (int i = 0; i < o.nclients; i++) bad |= o.clients[i] < 1 || o.clients[i] > 1024;
-  bad |= g_client_busy_us < 0 || g_client_busy_us > 1000000;
+  bad |= g_client_busy_us < -1 || g_client_busy_us > 1000000;
   for (int i = 0; i < o.nctx; i++) bad |= o.ctx[i] < 1;
   if (bad || o.iters < 1 || o.warmup < 0 || o.append_keys < 1 || o.big_iters < 1 ||
       o.big_iters > 100000 || o.conc_calls < 1 || o.conc_ctx < 1 || o.conc_topk < 1 ||
@@ -941,7 +943,7 @@ int main(int argc, char **argv) {
   c = fp4idx_client_new();
   if (!c) goto fail;
   CHECK(fp4idx_client_set_timeout(c, 600000));
-  CHECK(fp4idx_client_set_busy_poll(c, g_client_busy_us));
+  if (g_client_busy_us >= 0) CHECK(fp4idx_client_set_busy_poll(c, g_client_busy_us));
   CHECK(fp4idx_client_connect(c, o.sock));
   CHECK(fp4idx_client_info(c, &info));
   printf("daemon: %s, backend %s (%s), page %llu keys, %llu pages, max frame %llu\n",

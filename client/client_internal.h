@@ -6,8 +6,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "fp4idx_client.h"
+
+/* Request tensors this long or longer are sent from the caller's memory
+ * (writev) instead of being copied into the frame (client.c). */
+#define FP4IDX__CLIENT_SPLIT_MIN 4096
 
 struct fp4idx_client_s {
   int fd;                 /* -1 when not connected */
@@ -32,18 +37,16 @@ void fp4idx__client_disconnect(fp4idx_client_t *c);
  * (INT64_MAX without a timeout). */
 int64_t fp4idx__client_deadline(const fp4idx_client_t *c);
 
-/* Sends len bytes of an encoded frame (header included, as the codec's
- * encoders produce it). Handles short writes and EINTR; never raises
- * SIGPIPE. Returns OK; ETIMEDOUT (the connection is then closed); ECONN
- * (the peer went away; the socket is left open so that a reply the daemon
- * sent before closing can still be read -- the caller must disconnect). */
-fp4idx_status_t fp4idx__client_send(fp4idx_client_t *c, const void *frame,
-                                    size_t len, int64_t deadline);
-
-/* Like fp4idx__client_send, with `fd` passed as SCM_RIGHTS on the frame's
- * first bytes (the same sendmsg), for "register" of a host region. */
-fp4idx_status_t fp4idx__client_send_fd(fp4idx_client_t *c, const void *frame,
-                                       size_t len, int fd, int64_t deadline);
+/* Sends an encoded frame given as n pieces (header included, as the
+ * codec's split encoders lay it out; the iovecs are consumed), with `fd`
+ * (>= 0) passed as SCM_RIGHTS on its first bytes (the same sendmsg; for
+ * "register" of a host region). Handles short writes and EINTR; never
+ * raises SIGPIPE. Returns OK; ETIMEDOUT (the connection is then closed);
+ * ECONN (the peer went away; the socket is left open so that a reply the
+ * daemon sent before closing can still be read -- the caller must
+ * disconnect). */
+fp4idx_status_t fp4idx__client_sendv(fp4idx_client_t *c, struct iovec *iov, int n, int fd,
+                                     int64_t deadline);
 
 /* Receives one frame; *body is malloc'ed (caller frees), *len its length.
  * Returns OK, ECONN (closed, even mid-frame), ETIMEDOUT, E2BIG (announced

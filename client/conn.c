@@ -98,6 +98,12 @@ fp4idx_client_t *fp4idx_client_new(void) {
   if (c == NULL) return NULL;
   c->fd = -1;
   c->next_id = 1;
+  /* Spin briefly by default where a core can spare it: a reply that comes
+   * within the window skips the scheduler's wake-up (10-13 us of an info
+   * round trip on the H200 host, bench/RESULTS_SOCKET.md); on a machine of
+   * 1-3 cores the spin would take the core the daemon needs. */
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  c->busy_poll_us = ncpu >= 4 ? FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US : 0;
   return c;
 }
 
@@ -225,36 +231,6 @@ fp4idx_status_t fp4idx_client_connect(fp4idx_client_t *c,
   return fp4idx__client_fail(c, FP4IDX_OK, NULL);
 }
 
-/* Writes len bytes from p. */
-static fp4idx_status_t write_all(fp4idx_client_t *c, const char *p,
-                                 size_t len, int64_t deadline) {
-  while (len > 0) {
-    ssize_t w = send(c->fd, p, len, MSG_NOSIGNAL);
-    if (w > 0) {
-      p += w;
-      len -= (size_t)w;
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      fp4idx_status_t st = wait_fd(c->fd, POLLOUT, deadline);
-      if (st == FP4IDX_OK) continue;
-      fp4idx__client_disconnect(c);
-      return fp4idx__client_fail(c, st,
-                                 st == FP4IDX_ETIMEDOUT
-                                     ? "timed out sending the request"
-                                     : "poll failed while sending");
-    }
-    /* Left open on purpose: the daemon may have answered (E2BIG, say)
-     * before closing; the caller reads that reply, then disconnects. */
-    int e = w < 0 ? errno : EPIPE;
-    return fp4idx__client_fail(c, FP4IDX_ECONN,
-                               "connection lost while sending: %s",
-                               ERRTEXT(e));
-  }
-  return FP4IDX_OK;
-}
-
 /* One recv of 1..cap bytes into p (waiting for them): *got. `what`, `have`
  * and `total` only word the messages. On error the connection is closed. */
 static fp4idx_status_t recv_chunk(fp4idx_client_t *c, char *p, size_t cap, size_t *got,
@@ -309,44 +285,63 @@ static fp4idx_status_t read_all(fp4idx_client_t *c, char *p, size_t len,
   return FP4IDX_OK;
 }
 
-fp4idx_status_t fp4idx__client_send(fp4idx_client_t *c, const void *frame,
-                                    size_t len, int64_t deadline) {
-  if (c->fd < 0)
-    return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
-  return write_all(c, frame, len, deadline);
-}
-
-fp4idx_status_t fp4idx__client_send_fd(fp4idx_client_t *c, const void *frame,
-                                       size_t len, int fd, int64_t deadline) {
+fp4idx_status_t fp4idx__client_sendv(fp4idx_client_t *c, struct iovec *iov, int n, int fd,
+                                     int64_t deadline) {
   if (c->fd < 0)
     return fp4idx__client_fail(c, FP4IDX_ECONN, "not connected");
   /* The fd rides on the first bytes of the frame (the daemon gives it to
    * the frame those bytes belong to); the rest, if the socket took only
-   * part, follows with plain sends. */
+   * part, follows without it. */
   union {
     struct cmsghdr h;
     char buf[CMSG_SPACE(sizeof(int))];
   } ctl;
   memset(&ctl, 0, sizeof ctl);
-  struct iovec iov = {.iov_base = (void *)frame, .iov_len = len};
-  struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                      .msg_controllen = sizeof ctl.buf};
-  struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+  if (fd >= 0) {
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  }
   for (;;) {
+    while (mh.msg_iovlen > 0 && mh.msg_iov[0].iov_len == 0) {
+      mh.msg_iov++;
+      mh.msg_iovlen--;
+    }
+    if (mh.msg_iovlen == 0) return FP4IDX_OK; /* a frame is >= 4 bytes: the fd went */
     ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-    if (w > 0)
-      return write_all(c, (const char *)frame + w, len - (size_t)w, deadline);
+    if (w > 0) {
+      mh.msg_control = NULL; /* it went with these bytes */
+      mh.msg_controllen = 0;
+      size_t done = (size_t)w;
+      while (done > 0) {
+        size_t k = done < mh.msg_iov[0].iov_len ? done : mh.msg_iov[0].iov_len;
+        mh.msg_iov[0].iov_base = (char *)mh.msg_iov[0].iov_base + k;
+        mh.msg_iov[0].iov_len -= k;
+        done -= k;
+        if (mh.msg_iov[0].iov_len == 0) {
+          mh.msg_iov++;
+          mh.msg_iovlen--;
+        }
+      }
+      continue;
+    }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       fp4idx_status_t st = wait_fd(c->fd, POLLOUT, deadline);
       if (st == FP4IDX_OK) continue;
       fp4idx__client_disconnect(c);
-      return fp4idx__client_fail(c, st, "timed out sending the request");
+      return fp4idx__client_fail(c, st,
+                                 st == FP4IDX_ETIMEDOUT
+                                     ? "timed out sending the request"
+                                     : "poll failed while sending");
     }
+    /* Left open on purpose: the daemon may have answered (E2BIG, say)
+     * before closing; the caller reads that reply, then disconnects. */
     int e = w < 0 ? errno : EPIPE;
     return fp4idx__client_fail(c, FP4IDX_ECONN,
                                "connection lost while sending: %s", ERRTEXT(e));

@@ -117,9 +117,14 @@ fp4idx_status_t fp4idx_client_default_socket(char *buf, size_t size);
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (c NULL or timeout_ms < 0). */
 fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c, int timeout_ms);
 
+/* The busy poll of a new client on a host of at least 4 online CPUs (on
+ * fewer, 0: the spin would take the core the daemon needs). */
+#define FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US 50
+
 /* Sets how long each wait for a response retries the socket before the
- * thread sleeps in poll(2), in microseconds; 0 = sleep at once (the
- * default). A reply that comes within the window is read without the
+ * thread sleeps in poll(2), in microseconds; 0 = sleep at once. A new
+ * client starts at FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US (0 on hosts of fewer
+ * than 4 CPUs). A reply that comes within the window is read without the
  * scheduler's wake-up (tens of us on a busy or virtualized host), at the
  * price of one core spinning meanwhile: for latency-critical callers of
  * short requests (fp4idxd's own busy polling, --busy-poll-us, is the other

@@ -106,6 +106,38 @@ int fp4idx__frame_begin(msgpack_sbuffer *sb, size_t *start);
  * error. */
 int fp4idx__frame_end(msgpack_sbuffer *sb, size_t start, int rc);
 
+/* The split encoders' packer output: bytes go to sb, except the writes
+ * of at least `min` bytes that is_payload accepts (NULL: all of them),
+ * which are noted in out[] instead -- msgpack-c hands the callback the
+ * caller's own pointer for str and bin bodies, and only those are that
+ * long. */
+typedef struct fp4idx__split_s {
+  msgpack_sbuffer *sb;
+  int (*is_payload)(const void *ctx, const char *buf, size_t len);
+  const void *ctx;
+  size_t min;
+  fp4idx_payload_t *out;
+  size_t cap, n, bytes;
+  int overflow;
+} fp4idx__split_t;
+
+/* msgpack_packer write callback over an fp4idx__split_t. */
+int fp4idx__split_write(void *data, const char *buf, size_t len);
+
+/* Ends a split frame begun at `start` like fp4idx__frame_end (the header
+ * counts sb's bytes and the payloads'); rc != 0 from an overflow of out[]
+ * becomes FP4IDX_EINVAL. On success *n = the payloads noted. */
+int fp4idx__split_end(fp4idx__split_t *sp, size_t start, int rc, size_t *n);
+
+/* dst = a sep b, cut to cap - 1 bytes (NUL-terminated; cap > 0). The
+ * decoders build a field path like this for every tensor and entry, on
+ * success too, so without printf (snprintf was a quarter of a score
+ * request's decode). */
+void fp4idx__path_cat(char *dst, size_t cap, const char *a, const char *sep, const char *b);
+
+/* dst = name[i], cut like fp4idx__path_cat. */
+void fp4idx__path_index(char *dst, size_t cap, const char *name, size_t i);
+
 /* Packing helpers; return msgpack's callback result (0 or -1). */
 int fp4idx__pack_cstr(msgpack_packer *pk, const char *s);
 int fp4idx__pack_strn(msgpack_packer *pk, const char *s, size_t n);

@@ -345,7 +345,7 @@ static int decode_score_out(const msgpack_object *o, const char *path,
                          {"counts", NULL}};
   fp4idx_tensor_t *t[] = {&s->out_logits, &s->out_positions, &s->out_counts};
   int rc;
-  snprintf(where, sizeof(where), "%s.out", path);
+  fp4idx__path_cat(where, sizeof(where), path, ".", "out");
   if (o->type != MSGPACK_OBJECT_MAP)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
                         "%s: expected a map of region references", where);
@@ -386,7 +386,7 @@ static int decode_score_seq(const msgpack_object *o, size_t i, uint32_t heads,
   fp4idx__fields_t fs = {f, NF(f)};
   int rc;
 
-  snprintf(path, sizeof(path), "seqs[%zu]", i);
+  fp4idx__path_index(path, sizeof(path), "seqs", i);
   if (o->type != MSGPACK_OBJECT_MAP)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: expected a map", path);
   if ((rc = fp4idx__map_fields(o, path, f, NF(f), true, msg, cap)) != 0)
@@ -568,7 +568,7 @@ static int decode_result(const msgpack_object *o, size_t i,
   fp4idx__fields_t fs = {f, NF(f)};
   int rc;
 
-  snprintf(path, sizeof(path), "results[%zu]", i);
+  fp4idx__path_index(path, sizeof(path), "results", i);
   if ((rc = fp4idx__map_fields(o, path, f, NF(f), false, msg, cap)) != 0)
     return rc;
   if ((rc = fp4idx__get_uint(fp4idx__fv(&fs, "seq"), path, "seq", &r->seq, msg,
@@ -577,7 +577,7 @@ static int decode_result(const msgpack_object *o, size_t i,
   if ((rc = fp4idx__get_tensor(fp4idx__fv(&fs, "logits"), path, "logits",
                                false, &r->logits, msg, cap)) != 0)
     return rc;
-  snprintf(where, sizeof(where), "%s.logits", path);
+  fp4idx__path_cat(where, sizeof(where), path, ".", "logits");
   if ((rc = expect_shape(&r->logits, where, "f32 [R,W] or f32 [R,k]",
                          r->logits.dtype == FP4IDX_WIRE_F32 &&
                              r->logits.ndim == 2,
@@ -591,7 +591,7 @@ static int decode_result(const msgpack_object *o, size_t i,
   if ((rc = fp4idx__get_tensor(pv, path, "positions", false, &r->positions,
                                msg, cap)) != 0)
     return rc;
-  snprintf(where, sizeof(where), "%s.positions", path);
+  fp4idx__path_cat(where, sizeof(where), path, ".", "positions");
   if ((rc = expect_shape(&r->positions, where, "i32 [R,k] like logits",
                          r->positions.dtype == FP4IDX_WIRE_I32 &&
                              r->positions.ndim == 2 &&
@@ -602,7 +602,7 @@ static int decode_result(const msgpack_object *o, size_t i,
   if ((rc = fp4idx__get_tensor(cv, path, "counts", false, &r->counts, msg,
                                cap)) != 0)
     return rc;
-  snprintf(where, sizeof(where), "%s.counts", path);
+  fp4idx__path_cat(where, sizeof(where), path, ".", "counts");
   return expect_shape(&r->counts, where, "i32 [R]",
                       r->counts.dtype == FP4IDX_WIRE_I32 &&
                           r->counts.ndim == 1 &&
@@ -795,7 +795,7 @@ static int decode_op_stats(const msgpack_object_kv *kv, const char *what,
   if ((rc = fp4idx__get_strcpy(&kv->key, what, "<key>", s->op,
                                sizeof(s->op), msg, cap)) != 0)
     return rc;
-  snprintf(path, sizeof(path), "%s.%s", what, s->op);
+  fp4idx__path_cat(path, sizeof(path), what, ".", s->op);
   if ((rc = fp4idx__map_fields(&kv->val, path, f, NF(f), false, msg, cap)))
     return rc;
   if ((rc = fp4idx__get_uint(fp4idx__fv(&fs, "count"), path, "count",
@@ -1038,7 +1038,7 @@ int fp4idx__list_resp_decode(const fp4idx__fields_t *f,
                             {"pages_shared", NULL}};
     fp4idx__fields_t es = {ef, NF(ef)};
     fp4idx_list_entry_t *e = &l->seqs[i];
-    snprintf(path, sizeof(path), "seqs[%zu]", i);
+    fp4idx__path_index(path, sizeof(path), "seqs", i);
     if ((rc = fp4idx__map_fields(&a->via.array.ptr[i], path, ef, NF(ef), false,
                                  msg, cap)) ||
         (rc = fp4idx__get_uint(fp4idx__fv(&es, "seq"), path, "seq", &e->seq,

@@ -102,38 +102,15 @@ int fp4idx_encode_response(msgpack_sbuffer *sb,
   return 0;
 }
 
-/* The split encoder's packer output: bytes go to the sbuffer, except the
- * bin bodies of the score-result tensors (msgpack-c hands the packer's
- * callback the caller's own pointer for them), which are noted instead. */
-typedef struct split_s {
-  msgpack_sbuffer *sb;
-  const fp4idx_score_resp_t *sc;
-  size_t min;
-  fp4idx_payload_t *out;
-  size_t cap, n, bytes;
-  int overflow;
-} split_t;
-
-static int split_is_result(const split_t *sp, const char *buf, size_t len) {
-  for (size_t i = 0; i < sp->sc->nresults; i++) {
-    const fp4idx_score_result_t *x = &sp->sc->results[i];
+/* The score-result tensors' bodies are the response's payloads. */
+static int split_is_result(const void *ctx, const char *buf, size_t len) {
+  const fp4idx_score_resp_t *sc = ctx;
+  for (size_t i = 0; i < sc->nresults; i++) {
+    const fp4idx_score_result_t *x = &sc->results[i];
     const fp4idx_tensor_t *t[3] = {&x->logits, &x->positions, &x->counts};
     for (int k = 0; k < (x->topk ? 3 : 1); k++)
       if (t[k]->data == (const void *)buf && t[k]->nbytes == len) return 1;
   }
-  return 0;
-}
-
-static int split_write(void *data, const char *buf, size_t len) {
-  split_t *sp = data;
-  if (len == 0 || len < sp->min || !split_is_result(sp, buf, len))
-    return msgpack_sbuffer_write(sp->sb, buf, len);
-  if (sp->n == sp->cap) {
-    sp->overflow = 1;
-    return -1;
-  }
-  sp->out[sp->n++] = (fp4idx_payload_t){sp->sb->size, buf, len};
-  sp->bytes += len;
   return 0;
 }
 
@@ -153,21 +130,10 @@ int fp4idx_encode_response_split(msgpack_sbuffer *sb,
   const fp4idx__op_desc_t *od = fp4idx__op_desc(resp->op);
   if (od == NULL) return FP4IDX_EINVAL;
   if ((rc = fp4idx__frame_begin(sb, &start)) != 0) return rc;
-  split_t sp = {.sb = sb, .sc = &resp->u.score, .min = min_split ? min_split : 1,
-                .out = out, .cap = cap};
-  msgpack_packer_init(&pk, &sp, split_write);
-  rc = od->resp_pack(&pk, resp);
-  if (rc != 0 && sp.overflow) rc = FP4IDX_EINVAL;
-  size_t body = sb->size - start - 4 + sp.bytes;
-  if (rc == 0 && (body < sp.bytes || body > FP4IDX_MAX_FRAME_LIMIT))
-    rc = FP4IDX_E2BIG;
-  if (rc != 0) {
-    sb->size = start;
-    return rc;
-  }
-  fp4idx_frame_header_put((unsigned char *)sb->data + start, (uint32_t)body);
-  *n = sp.n;
-  return 0;
+  fp4idx__split_t sp = {.sb = sb, .is_payload = split_is_result, .ctx = &resp->u.score,
+                        .min = min_split ? min_split : 1, .out = out, .cap = cap};
+  msgpack_packer_init(&pk, &sp, fp4idx__split_write);
+  return fp4idx__split_end(&sp, start, od->resp_pack(&pk, resp), n);
 }
 
 int fp4idx_encode_error(msgpack_sbuffer *sb, uint64_t id, int status,

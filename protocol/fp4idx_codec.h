@@ -508,6 +508,30 @@ int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t msg
  * FP4IDX_ENOMEM. */
 int fp4idx_encode_request(msgpack_sbuffer *sb, const fp4idx_request_t *req);
 
+/* A tensor payload left out of the encoded bytes by the split encoders
+ * (fp4idx_encode_request_split, fp4idx_encode_response_split): its `len`
+ * bytes from `data` belong at byte offset `at` of the sbuffer (before the
+ * byte that is there now). */
+typedef struct fp4idx_payload_s {
+  size_t at;
+  const void *data;
+  size_t len;
+} fp4idx_payload_t;
+
+/* Like fp4idx_encode_request, but the data of every tensor of at least
+ * `min_split` bytes (q, w, lens, mask of a score; an append's keys) is not
+ * copied: sb gets the frame with those payloads left out (the frame header
+ * counts them), and out[0..*n) says where each goes, in order. Sending sb's
+ * bytes with the payloads spliced in at their offsets (writev) gives
+ * exactly the bytes fp4idx_encode_request would have produced; the tensors'
+ * memory must stay untouched until sent. min_split below 64 counts as 64
+ * (smaller pieces cost more as iovecs than as copies).
+ * Returns 0, FP4IDX_EINVAL (bad struct, or more than `cap` payloads would be
+ * needed), FP4IDX_E2BIG or FP4IDX_ENOMEM; sb unchanged on failure. */
+int fp4idx_encode_request_split(msgpack_sbuffer *sb, const fp4idx_request_t *req,
+                                size_t min_split, fp4idx_payload_t *out, size_t cap,
+                                size_t *n);
+
 /* ---- responses ------------------------------------------------------------ */
 
 /* "hello" -> {"version", "server"}. */
@@ -650,15 +674,6 @@ typedef struct fp4idx_response_s {
  * Returns 0, FP4IDX_EINVAL (bad struct), FP4IDX_E2BIG (body > 4 GiB - 1) or
  * FP4IDX_ENOMEM. */
 int fp4idx_encode_response(msgpack_sbuffer *sb, const fp4idx_response_t *resp);
-
-/* A tensor payload left out of the encoded bytes by
- * fp4idx_encode_response_split: its `len` bytes from `data` belong at byte
- * offset `at` of the sbuffer (before the byte that is there now). */
-typedef struct fp4idx_payload_s {
-  size_t at;
-  const void *data;
-  size_t len;
-} fp4idx_payload_t;
 
 /* Like fp4idx_encode_response, but the data of every score-result tensor of
  * at least `min_split` bytes is not copied: sb gets the frame with those

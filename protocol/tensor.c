@@ -104,7 +104,7 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
   int rc;
 
   memset(t, 0, sizeof(*t));
-  snprintf(where, sizeof(where), "%s%s%s", path, path[0] ? "." : "", name);
+  fp4idx__path_cat(where, sizeof(where), path, path[0] ? "." : "", name);
   if (v == NULL)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: missing field", where);
   if (v->type != MSGPACK_OBJECT_MAP)
@@ -165,11 +165,12 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
 
   size_t want;
   char desc[96];
+  /* desc only for a message: built on the error branches alone */
   if (t->region != 0) {
-    fp4idx__tensor_desc(t, desc, sizeof(desc));
     if (!fp4idx__tensor_bytes(t->dtype, t->ndim, t->shape, &t->nbytes))
       return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
-                          "%s: %s is too large (size overflows)", where, desc);
+                          "%s: %s is too large (size overflows)", where,
+                          fp4idx__tensor_desc(t, desc, sizeof(desc)));
     return 0;
   }
   const msgpack_object *d = f[2].val;
@@ -188,14 +189,14 @@ int fp4idx__get_tensor(const msgpack_object *v, const char *path,
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s.data: expected bin",
                         where);
   }
-  fp4idx__tensor_desc(t, desc, sizeof(desc));
   if (!fp4idx__tensor_bytes(t->dtype, t->ndim, t->shape, &want))
     return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
-                        "%s: %s is too large (size overflows)", where, desc);
+                        "%s: %s is too large (size overflows)", where,
+                        fp4idx__tensor_desc(t, desc, sizeof(desc)));
   if (want != t->nbytes)
     return fp4idx__fail(msg, cap, FP4IDX_ESHAPE,
                         "%s: %s needs %zu bytes of data, got %zu", where,
-                        desc, want, t->nbytes);
+                        fp4idx__tensor_desc(t, desc, sizeof(desc)), want, t->nbytes);
   return 0;
 }
 

@@ -20,6 +20,19 @@ static fp4idx_backend_t *mk(int cuda, int64_t n_pages, int32_t P) {
   return b;
 }
 
+/* A dyadic case of n keys (heads H, R rows, pages of P) stored in a CUDA
+ * backend *g and a CPU backend *c alike, keys in pool order. */
+static void stored_pair(fp4idx_test_case_t *tc, fp4idx_backend_t **g, fp4idx_backend_t **c,
+                        uint64_t seed, int H, int R, int64_t n, int32_t P) {
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, seed);
+  cr_assert_eq(fp4idx_test_case_dyadic(tc, &rng, H, R, n, P, (n + P - 1) / P, NULL, 0), 0);
+  *g = mk(1, tc->n_pages, P);
+  *c = mk(0, tc->n_pages, P);
+  cr_assert_eq((*g)->ops->store(*g, tc->keys, FP4IDX_DTYPE_BF16, n, tc->slots, 0), 0);
+  cr_assert_eq((*c)->ops->store(*c, tc->keys, FP4IDX_DTYPE_BF16, n, tc->slots, 0), 0);
+}
+
 /* Full logits of one sequence (n keys visible to every row) on g (CUDA,
  * resident flag as given, output from host_alloc) vs c (CPU). */
 static void same_scores(fp4idx_backend_t *g, fp4idx_backend_t *c, const fp4idx_test_case_t *tc,
@@ -110,15 +123,10 @@ Test(cuda_reqpath, resident_page_tables_follow_the_sequence, .timeout = 600) {
 
 Test(cuda_reqpath, staging_sets_under_changing_sizes, .timeout = 600) {
   NEED_GPU();
-  const int32_t P = 64;
   const int64_t N = 40000;
-  fp4idx_test_rng_t rng;
-  fp4idx_test_rng_seed(&rng, 99);
   fp4idx_test_case_t tc;
-  cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, 64, 6, N, P, (N + P - 1) / P, NULL, 0), 0);
-  fp4idx_backend_t *g = mk(1, tc.n_pages, P), *c = mk(0, tc.n_pages, P);
-  cr_assert_eq(g->ops->store(g, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
-  cr_assert_eq(c->ops->store(c, tc.keys, FP4IDX_DTYPE_BF16, N, tc.slots, 0), 0);
+  fp4idx_backend_t *g, *c;
+  stored_pair(&tc, &g, &c, 99, 64, 6, N, 64);
   const int64_t sizes[] = {10, N, 65, N / 2, 1, N, 4097, 3};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     same_scores(g, c, &tc, 0, tc.pages, sizes[i], 0);
@@ -143,6 +151,75 @@ Test(cuda_reqpath, staging_sets_under_changing_sizes, .timeout = 600) {
     cr_assert_eq(fp4idx_test_count_diff(vg, vc, 6 * k), 0);
     g->ops->host_free(g, mem);
   }
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  fp4idx_test_case_free(&tc);
+}
+
+/* Outputs in pinned memory (small full logits stored there by the kernels
+ * themselves, the rest copied by DMA) and in pageable memory, over twelve
+ * shapes (full logits and top-k at several widths and k), three rounds in
+ * a changing order so both staging sets see every shape after another:
+ * every result equal to the CPU backend's, the device timing present each
+ * time (the end event closes the kernels when nothing is copied back). */
+Test(cuda_reqpath, pinned_and_pageable_outputs_over_shapes, .timeout = 600) {
+  NEED_GPU();
+  const int64_t N = 9000;
+  fp4idx_test_case_t tc;
+  fp4idx_backend_t *g, *c;
+  stored_pair(&tc, &g, &c, 1234, 32, 4, N, 64);
+  const int64_t widths[] = {N, 129, 4096, 1};
+  const int ks[] = {0, 16, 700};
+  void *pin = NULL;
+  const size_t cap = (size_t)4 * N * 4 + 4096;
+  cr_assert_eq(g->ops->host_alloc(g, cap, &pin), 0);
+  uint8_t *page = malloc(cap), *want = malloc(cap);
+  for (int round = 0; round < 3; round++)
+    for (int i = 0; i < 12; i++) {
+      const int shape = (i * (round + 1) * 5 + round) % 12; /* every shape, another order */
+      const int64_t W = widths[shape % 4];
+      const int k = ks[shape / 4];
+      int32_t lens[4];
+      for (int r = 0; r < 4; r++) lens[r] = (int32_t)(W - r > 0 ? W - r : 0);
+      fp4idx_backend_seq_t s = {.pages = tc.pages, .n_keys = N, .rows = 4, .width = W,
+                                .q = tc.q, .w = tc.w, .lens = lens};
+      for (int pinned = 0; pinned < 2; pinned++) {
+        uint8_t *out = pinned == (i + round) % 2 ? (uint8_t *)pin : page;
+        fp4idx_backend_timing_t tm;
+        memset(&tm, 0, sizeof tm);
+        fp4idx_backend_batch_t bt = {.heads = 32, .n_seqs = 1, .seqs = &s, .topk = k,
+                                     .timing = &tm};
+        size_t bytes;
+        if (k) {
+          bt.topk_pos = (int32_t *)out;
+          bt.topk_val = (float *)(out + (size_t)4 * k * 4);
+          bt.topk_count = (int32_t *)(out + (size_t)8 * k * 4);
+          bytes = (size_t)8 * k * 4 + 16;
+        } else {
+          bt.logits = (float *)out;
+          bytes = (size_t)4 * W * 4;
+        }
+        memset(out, 0x5a, bytes);
+        cr_assert_eq(g->ops->score(g, &bt), 0, "shape %d round %d", shape, round);
+        cr_assert_eq(tm.timed, 1);
+        cr_assert(tm.kernels_us > 0, "shape %d: kernels %g us", shape, tm.kernels_us);
+        fp4idx_backend_batch_t bc = bt;
+        bc.timing = NULL;
+        if (k) {
+          bc.topk_pos = (int32_t *)want;
+          bc.topk_val = (float *)(want + (size_t)4 * k * 4);
+          bc.topk_count = (int32_t *)(want + (size_t)8 * k * 4);
+        } else {
+          bc.logits = (float *)want;
+        }
+        cr_assert_eq(c->ops->score(c, &bc), 0);
+        cr_assert_eq(memcmp(out, want, bytes), 0, "shape %d (W %lld, k %d) round %d %s", shape,
+                     (long long)W, k, round, out == pin ? "pinned" : "pageable");
+      }
+    }
+  g->ops->host_free(g, pin);
+  free(page);
+  free(want);
   fp4idx_backend_destroy(g);
   fp4idx_backend_destroy(c);
   fp4idx_test_case_free(&tc);

@@ -493,6 +493,101 @@ Test(codec, score_response_logits_and_topk) {
   free(pos);
 }
 
+/* sb's bytes from `from` with the n payloads spliced in at their offsets
+ * (what a writev of them sends); malloc'ed, *len its length. */
+static unsigned char *splice(const msgpack_sbuffer *sb, size_t from, const fp4idx_payload_t *pl,
+                             size_t n, size_t *len) {
+  size_t total = sb->size - from;
+  for (size_t i = 0; i < n; i++) total += pl[i].len;
+  unsigned char *joined = malloc(total ? total : 1);
+  size_t at = from, w = 0;
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(pl[i].at >= at && pl[i].at <= sb->size);
+    memcpy(joined + w, sb->data + at, pl[i].at - at), w += pl[i].at - at;
+    memcpy(joined + w, pl[i].data, pl[i].len), w += pl[i].len;
+    at = pl[i].at;
+  }
+  memcpy(joined + w, sb->data + at, sb->size - at), w += sb->size - at;
+  cr_assert_eq(w, total);
+  *len = total;
+  return joined;
+}
+
+/* The request split encoder (the client's writev path): spliced bytes ==
+ * the plain encoder's, for a score of two sequences (q, w, lens, mask; q
+ * and w only) and an append, at thresholds that split everything, some
+ * tensors, none; too small a payload list is refused, sb unchanged. */
+Test(codec, request_split_equals_whole) {
+  enum { R = 3, H = 5, W = 700, N = 40 };
+  void *q1 = pattern(R * H * 128 * 2, 21), *w1 = pattern(R * H * 2, 22);
+  void *q2 = pattern(1 * H * 128 * 2, 23), *w2 = pattern(1 * H * 2, 24);
+  void *mask = pattern(R * W, 25), *keys = pattern(N * 256, 26);
+  int32_t lens[R] = {700, 3, 0};
+  fp4idx_score_seq_t seqs[2];
+  memset(seqs, 0, sizeof seqs);
+  seqs[0].seq = 9;
+  seqs[0].rows = R;
+  fp4idx_tensor_init(&seqs[0].q, FP4IDX_WIRE_BF16, 3, (uint64_t[]){R, H, 128}, q1);
+  fp4idx_tensor_init(&seqs[0].w, FP4IDX_WIRE_BF16, 2, (uint64_t[]){R, H}, w1);
+  fp4idx_tensor_init(&seqs[0].lens, FP4IDX_WIRE_I32, 1, (uint64_t[]){R}, lens);
+  fp4idx_tensor_init(&seqs[0].mask, FP4IDX_WIRE_U8, 2, (uint64_t[]){R, W}, mask);
+  seqs[1].seq = 10;
+  seqs[1].rows = 1;
+  fp4idx_tensor_init(&seqs[1].q, FP4IDX_WIRE_BF16, 3, (uint64_t[]){1, H, 128}, q2);
+  fp4idx_tensor_init(&seqs[1].w, FP4IDX_WIRE_BF16, 2, (uint64_t[]){1, H}, w2);
+  fp4idx_request_t reqs[2];
+  memset(reqs, 0, sizeof reqs);
+  reqs[0].id = 5;
+  reqs[0].op = FP4IDX_OP_SCORE;
+  reqs[0].u.score.heads = H;
+  reqs[0].u.score.topk = 16;
+  reqs[0].u.score.seqs = seqs;
+  reqs[0].u.score.nseqs = 2;
+  reqs[1].id = 6;
+  reqs[1].op = FP4IDX_OP_APPEND;
+  reqs[1].u.append.seq = 4;
+  fp4idx_tensor_init(&reqs[1].u.append.keys, FP4IDX_WIRE_BF16, 2, (uint64_t[]){N, 128}, keys);
+  /* payloads at each threshold: score q1 3840 B, mask 2100, q2 1280, w1 30,
+   * lens 12, w2 10 (< 64: never); append 10240 */
+  const size_t mins[] = {1, 2000, 4096, 1u << 30};
+  const size_t want_n[2][4] = {{3, 2, 0, 0}, {1, 1, 1, 0}};
+  for (int r = 0; r < 2; r++) {
+    msgpack_sbuffer whole;
+    msgpack_sbuffer_init(&whole);
+    cr_assert_eq(fp4idx_encode_request(&whole, &reqs[r]), 0);
+    for (int m = 0; m < 4; m++) {
+      msgpack_sbuffer sb;
+      msgpack_sbuffer_init(&sb);
+      msgpack_sbuffer_write(&sb, "pre", 3); /* appends after what is there */
+      fp4idx_payload_t pl[8];
+      size_t n = 99, len = 0;
+      cr_assert_eq(fp4idx_encode_request_split(&sb, &reqs[r], mins[m], pl, 8, &n), 0);
+      cr_assert_eq(n, want_n[r][m], "request %d, min %zu: %zu payloads", r, mins[m], n);
+      unsigned char *joined = splice(&sb, 3, pl, n, &len);
+      cr_assert_eq(len, whole.size);
+      cr_assert(memcmp(joined, whole.data, len) == 0, "request %d, min %zu: bytes differ", r,
+                mins[m]);
+      free(joined);
+      if (n > 0) {
+        size_t before = sb.size;
+        cr_assert_eq(fp4idx_encode_request_split(&sb, &reqs[r], mins[m], pl, n - 1, &n),
+                     FP4IDX_EINVAL);
+        cr_assert_eq(sb.size, before);
+      }
+      msgpack_sbuffer_destroy(&sb);
+    }
+    msgpack_sbuffer_destroy(&whole);
+  }
+  size_t n = 0;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  reqs[0].u.score.heads = 0; /* a bad struct: refused as the plain encoder does */
+  cr_assert_eq(fp4idx_encode_request_split(&sb, &reqs[0], 1, NULL, 0, &n), FP4IDX_EINVAL);
+  cr_assert_eq(sb.size, 0);
+  msgpack_sbuffer_destroy(&sb);
+  free(q1), free(w1), free(q2), free(w2), free(mask), free(keys);
+}
+
 /* The split encoder's bytes with the payloads spliced back in == the plain
  * encoder's bytes, for several thresholds (everything split, some, none). */
 Test(codec, score_response_split_equals_whole) {
@@ -529,20 +624,9 @@ Test(codec, score_response_split_equals_whole) {
     size_t n = 99;
     cr_assert_eq(fp4idx_encode_response_split(&sb, &in, mins[m], pl, 9, &n), 0);
     cr_assert_eq(n, want_n[m], "min %zu: %zu payloads", mins[m], n);
-    /* splice */
-    size_t total = sb.size - 3;
-    for (size_t i = 0; i < n; i++) total += pl[i].len;
+    size_t total = 0;
+    unsigned char *joined = splice(&sb, 3, pl, n, &total);
     cr_assert_eq(total, whole.size);
-    unsigned char *joined = malloc(total);
-    size_t at = 3, w = 0;
-    for (size_t i = 0; i < n; i++) {
-      cr_assert(pl[i].at >= at && pl[i].at <= sb.size);
-      memcpy(joined + w, sb.data + at, pl[i].at - at), w += pl[i].at - at;
-      memcpy(joined + w, pl[i].data, pl[i].len), w += pl[i].len;
-      at = pl[i].at;
-    }
-    memcpy(joined + w, sb.data + at, sb.size - at), w += sb.size - at;
-    cr_assert_eq(w, total);
     cr_assert(memcmp(joined, whole.data, total) == 0, "min %zu: bytes differ", mins[m]);
     free(joined);
     /* too little room for the payload list: refused, buffer unchanged */
