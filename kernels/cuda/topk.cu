@@ -13,6 +13,8 @@
  * and the lower position wins, as the CPU's float compare does. The value
  * written out is the logit read back at the chosen position (bit-exact).
  *
+ * The chunked path takes what the cluster path cannot (k > 4096, rows wider
+ * than FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, devices before sm_90).
  * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
  * per chunk, all rows of the batch in one grid:
  *   1. hist_kernel: a 4096-bin histogram of the top 12 key bits per row
@@ -585,6 +587,9 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   }
   p->n_rows = n_rows;
   p->k = k;
+  // The cluster path wherever it fits (sm_90+, k <= 4096, rows up to
+  // FP4IDX_CUDA_TOPK_CLUSTER_WIDTH): one kernel node, faster than the
+  // chunked path on every shape measured (bench/RESULTS.md, "Round 4").
   if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
     const int rc = fp4idx__cuda_topk_cluster_plan(rows, n_rows, k, 16, p);
     if (rc == FP4IDX_OK) {

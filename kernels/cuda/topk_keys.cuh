@@ -1,6 +1,7 @@
-/* topk_keys.cuh -- device helpers shared by the top-k paths (topk.cu,
- * topk_cluster.cu): order-preserving keys, (key, position) candidates, the
- * warp-aggregated histogram increment and the final stable block sort.
+/* topk_keys.cuh -- device helpers of the top-k paths: order-preserving
+ * keys and (key, position) candidates (topk.cu and topk_cluster.cu), the
+ * warp-aggregated histogram increment and the stable block sort of the
+ * chunked path's finish (topk.cu).
  *
  * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
  * lower position. Logits map to 32-bit keys (negative: all bits flipped;
