@@ -410,6 +410,25 @@ __global__ void __launch_bounds__(kT, 2)
 #endif
 }
 
+// A launch of cluster_kernel: `grid` blocks of kT threads in clusters of
+// cs, `smem` bytes of dynamic shared memory each. *at receives the cluster
+// attribute the config points at (it must outlive the config).
+cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid, size_t smem,
+                                 cudaStream_t stream) {
+  at->id = cudaLaunchAttributeClusterDimension;
+  at->val.clusterDim.x = (unsigned)cs;
+  at->val.clusterDim.y = 1;
+  at->val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kT);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Per device: the largest cluster size that can be resident at the largest
 // shared memory this path asks for with it (0: no cluster path), and the
 // SM count; the kernel's attributes are set here, once.
@@ -436,17 +455,9 @@ int caps_of(int *max_cs, int *sms) {
         cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
                              1) == cudaSuccess) {
       for (int cs = kMaxCluster; cs >= 1 && !best; cs /= 2) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)cs;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)cs);
-        cfg.blockDim = dim3(kT);
-        cfg.dynamicSmemBytes = smem_bytes(cs, kSliceCap, kMaxK);
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg =
+            launch_config(&at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), 0);
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel, &cfg) == cudaSuccess && n > 0)
           best = cs;
@@ -501,18 +512,9 @@ extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p
       p->cluster_smem != smem_bytes(p->cluster, p->slice, p->k))
     return FP4IDX_EINVAL;
   if (!caps_of(&max_cs, &sms) || p->cluster > max_cs) return FP4IDX_ENODEV;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = (unsigned)p->cluster;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3((unsigned)((int64_t)p->n_rows * p->cluster));
-  cfg.blockDim = dim3(kT);
-  cfg.dynamicSmemBytes = p->cluster_smem;
-  cfg.stream = stream;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute at;
+  const cudaLaunchConfig_t cfg = launch_config(
+      &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, stream);
   return fp4idx__cuda_check(
       cudaLaunchKernelEx(&cfg, cluster_kernel, rows, (int64_t)p->slice, p->k, pos, val, count),
       "topk: cluster kernel");
