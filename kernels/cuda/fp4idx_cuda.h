@@ -207,9 +207,12 @@ int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
                                     fp4idx_cuda_score_params_t *prm, cudaStream_t *stream);
 
 /* Internal (topk_cluster.cu): fills the cluster fields and ws_bytes of *p
- * (n_rows and k already set) for rows (host array), or returns
- * FP4IDX_ENODEV where the cluster path cannot run or would need clusters
- * of more than max_cluster blocks. */
+ * (n_rows and k already set) for rows (host array): clusters of a power of
+ * two up to max_cluster blocks (the planner passes 16, benches cap it),
+ * about one block per SM over the batch while a block keeps 4,096 keys or
+ * more, as many as the widest row's slices of at most 32,000 keys need.
+ * Returns FP4IDX_OK, or FP4IDX_ENODEV where the cluster path cannot run or
+ * would need clusters of more than max_cluster blocks. */
 int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
                                    int32_t max_cluster, fp4idx_cuda_topk_plan_t *p);
 
