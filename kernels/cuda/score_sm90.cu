@@ -51,6 +51,8 @@
 #include <cuda_bf16.h>
 #include <stdio.h>
 
+#include <type_traits>
+
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
 #include "score_work.cuh"
@@ -63,7 +65,7 @@
 
 namespace {
 
-constexpr int kConsumers = 3;                     // consumer warpgroups
+constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kCThreads = kConsumers * 128;       // consumer threads
 constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
 constexpr int kStages = 8;                        // key-tile ring depth
@@ -364,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---- consumer warpgroups ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     const int ct = threadIdx.x;  // 0 .. kCThreads-1
     const int warp = (ct >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
@@ -480,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int k0 = 16 * warp + g;  // this thread's keys: k0 and k0 + 8 of a tile
       uint32_t a[2][16], pr[32], accb[8];
       float acc[16];  // [64 keys x 32 rows]: head sums
-      float d[64];
+      float d0[64], d1[64];  // two QK results in flight
       // Tile i's rows: accb[2jr + e2] = key k0 + 8e2, rows 8jr + 2t + {0, 1}.
       auto store = [&](int i) {
         // Row pointers, masks and lengths come from shared memory (set once
@@ -539,90 +541,124 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mbar_arrive(empty + 8 * s);  // the stage's bytes are in registers now
       };
-      for (int k = 0; k < n_my; k++) {
-        const int i = ifirst + k * kConsumers;
-        if (k == 0) decode(i);
-        // acc's old value is dead (the first head-sum k-step has scale-d 0);
-        // zeros here end its live range before the QK (16 registers).
+      // QK of chunk ch (query vectors 128 ch ..) into dd; a = the tile's keys.
+      auto qk = [&](float (&dd)[64], int ch) {
+        // Descriptors of the 8 k-steps: an opaque base (not held across the
+        // tile loop), the K 64..127 half nq * 128 bytes on, and the 32-byte
+        // k-steps added to the address field in 16-byte units (no carry
+        // out of it: shared addresses < 2^18) -- one uniform add each.
+        const uint64_t qd0 = make_desc(opaque(q_addr + ch * (kN * 128)));
+        const uint64_t qd1 = qd0 + (uint32_t)(nq * 8);
+        wgmma_fence();
 #pragma unroll
-        for (int e = 0; e < 16; e++) acc[e] = 0.f;
-        auto chunk = [&](int ch) {
-          // Descriptors of the 8 k-steps: an opaque base (not held across the
-          // tile loop), the K 64..127 half nq * 128 bytes on, and the 32-byte
-          // k-steps added to the address field in 16-byte units (no carry
-          // out of it: shared addresses < 2^18) -- one uniform add each.
-          const uint64_t qd0 = make_desc(opaque(q_addr + ch * (kN * 128)));
-          const uint64_t qd1 = qd0 + (uint32_t)(nq * 8);
-          wgmma_fence();
-#pragma unroll
-          for (int kk = 0; kk < 8; kk++) {
-            const int w4 = kk >> 1, n0 = 2 * (kk & 1);
-            const uint64_t desc = (kk < 4 ? qd0 : qd1) + (uint32_t)((kk & 3) * 2);
-            if (kk == 0)  // D as outputs only: d's old value is dead
-              wgmma_m64n128k16_zero(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0],
-                                    a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], desc);
-            else
-              wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
-                               a[1][4 * w4 + n0 + 1], desc, 1);
-          }
-          wgmma_commit();
-          if (ch == 0 && k > 0) store(i - kConsumers);  // under this tile's QK
-          wgmma_wait0();  // QK(ch) done
-          fence_acc(d);
-          fence_u32(a[0]);
-          fence_u32(a[1]);
-          fence_acc(acc);
-          // p = bf16(relu(bf16(d)) * w) in bf16x2, straight into the A
-          // registers of the head-sum wgmma.
-          const uint4 *wp =
-              reinterpret_cast<const uint4 *>(w_s + opaque((uint32_t)(t * ws + ch * (kN / 8))));
-          uint32_t wv2[kN / 8];
-#pragma unroll
-          for (int q4 = 0; q4 < kN / 32; q4++) {
-            const uint4 w4v = wp[q4];
-            wv2[4 * q4] = w4v.x;
-            wv2[4 * q4 + 1] = w4v.y;
-            wv2[4 * q4 + 2] = w4v.z;
-            wv2[4 * q4 + 3] = w4v.w;
-          }
-#pragma unroll
-          for (int jj = 0; jj < kN / 8; jj++) {
-            const uint32_t w2 = wv2[jj];
-            pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
-            pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
-          }
-          wgmma_fence();
-          // K rows 128 ch .. 128 ch + 127 of S: its 64-row chunks 2ch, 2ch + 1.
-          const uint64_t sd = make_desc(opaque(s_addr + ch * 2 * (kRowsMax * 128)));
-#pragma unroll
-          for (int k2 = 0; k2 < 8; k2++) {
-            const uint64_t desc =
-                sd + (uint32_t)(((k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32) >> 4);
-            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
-                            desc, ch | k2);
-          }
-          wgmma_commit();
-        };
-        // Every chunk but the last waits for its head sums (pr is reused);
-        // the last one's run under the next tile's decode. (Peeled: a wait
-        // under an if would let ptxas see head sums in flight at the next
-        // QK and serialize every wgmma.)
-        for (int ch = 0; ch + 1 < nchunks; ch++) {
-          chunk(ch);
-          wgmma_wait0();
-          fence_u32(pr);
-          fence_acc(acc);
+        for (int kk = 0; kk < 8; kk++) {
+          const int w4 = kk >> 1, n0 = 2 * (kk & 1);
+          const uint64_t desc = (kk < 4 ? qd0 : qd1) + (uint32_t)((kk & 3) * 2);
+          if (kk == 0)  // D as outputs only: dd's old value is dead
+            wgmma_m64n128k16_zero(dd, a[0][4 * w4 + n0], a[1][4 * w4 + n0],
+                                  a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], desc);
+          else
+            wgmma_m64n128k16(dd, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
+                             a[1][4 * w4 + n0 + 1], desc, 1);
         }
-        chunk(nchunks - 1);
-        // The next tile's keys decode under this tile's head sums (a is
-        // free: QK done).
-        if (k + 1 < n_my) decode(i + kConsumers);
-        wgmma_wait0();  // head sums done
+        wgmma_commit();
+      };
+      // p = bf16(relu(bf16(dd)) * w) of chunk ch in bf16x2, straight into the
+      // A registers of the head-sum wgmma.
+      auto epilogue = [&](const float (&dd)[64], int ch) {
+        const uint4 *wp =
+            reinterpret_cast<const uint4 *>(w_s + opaque((uint32_t)(t * ws + ch * (kN / 8))));
+        uint32_t wv2[kN / 8];
+#pragma unroll
+        for (int q4 = 0; q4 < kN / 32; q4++) {
+          const uint4 w4v = wp[q4];
+          wv2[4 * q4] = w4v.x;
+          wv2[4 * q4 + 1] = w4v.y;
+          wv2[4 * q4 + 2] = w4v.z;
+          wv2[4 * q4 + 3] = w4v.w;
+        }
+#pragma unroll
+        for (int jj = 0; jj < kN / 8; jj++) {
+          const uint32_t w2 = wv2[jj];
+          pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(dd[4 * jj], dd[4 * jj + 1]), w2);
+          pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(dd[4 * jj + 2], dd[4 * jj + 3]), w2);
+        }
+      };
+      // acc (+)= p . S^T over K rows 128 ch .. 128 ch + 127 of S (its 64-row
+      // chunks 2ch, 2ch + 1); the first k-step of chunk 0 starts from zero.
+      auto head_sum = [&](int ch) {
+        wgmma_fence();
+        const uint64_t sd = make_desc(opaque(s_addr + ch * 2 * (kRowsMax * 128)));
+#pragma unroll
+        for (int k2 = 0; k2 < 8; k2++) {
+          const uint64_t desc = sd + (uint32_t)(((k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32) >> 4);
+          wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3], desc,
+                          ch | k2);
+        }
+        wgmma_commit();
+      };
+      // Two steps in flight: a step is (tile tk, chunk ch). Step s finds its
+      // QK done in dc; it decodes the next tile when step s + 1 starts one,
+      // issues step s + 1's QK into dn, and runs its own epilogue, the
+      // previous tile's row stores and its head sums under that QK; then
+      // waits for both. So the tensor core has this warpgroup's next QK while
+      // its ALU work runs, and the other consumer's in between. Nothing is
+      // in flight at a branch or a loop edge (ptxas would serialize every
+      // wgmma otherwise); dc / dn alternate by unrolling the loop twice.
+      auto step = [&](float (&dc)[64], float (&dn)[64], int &tk, int &ch, auto has_next) {
+        int ch_n = ch + 1, tk_n = tk;
+        if (ch_n == nchunks) {
+          ch_n = 0;
+          tk_n++;
+        }
+        if constexpr (decltype(has_next)::value) {
+          if (ch_n == 0) decode(ifirst + tk_n * kConsumers);  // a is free: QK(s) done
+          qk(dn, ch_n);
+        }
+        epilogue(dc, ch);
+        // acc holds the previous tile's sums (its last head sums are done).
+        if (ch == 0 && tk > 0) {
+          pack_rows(acc, accb);
+          store(ifirst + (tk - 1) * kConsumers);
+        }
+        head_sum(ch);
+        wgmma_wait0();
+        if constexpr (decltype(has_next)::value) fence_acc(dn);
+        fence_u32(a[0]);
+        fence_u32(a[1]);
         fence_u32(pr);
         fence_acc(acc);
+        tk = tk_n;
+        ch = ch_n;
+      };
+      const int n_steps = n_my * nchunks;
+      if (n_steps > 0) {
+        std::integral_constant<bool, true> more;
+        std::integral_constant<bool, false> last;
+#pragma unroll
+        for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        decode(ifirst);
+        qk(d0, 0);
+        wgmma_wait0();
+        fence_acc(d0);
+        fence_u32(a[0]);
+        fence_u32(a[1]);
+        int tk = 0, ch = 0;
+        for (int s = 0;; s += 2) {
+          if (s + 1 >= n_steps) {
+            step(d0, d1, tk, ch, last);
+            break;
+          }
+          step(d0, d1, tk, ch, more);
+          if (s + 2 >= n_steps) {
+            step(d1, d0, tk, ch, last);
+            break;
+          }
+          step(d1, d0, tk, ch, more);
+        }
         pack_rows(acc, accb);
+        store(ifirst + (n_my - 1) * kConsumers);
       }
-      if (n_my > 0) store(ifirst + (n_my - 1) * kConsumers);
       // Past every row's visible count: -inf only, all consumer threads.
       for (int64_t tile = act_end; tile < seg_end; tile++) {
         const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
