@@ -83,6 +83,7 @@ constexpr uint32_t kCBarrier = 1;                 // named barrier of the consum
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // D[64x128] (+)= A[64x16] (registers) * B[16x128] (shared, K-major, SW128).
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, uint32_t a1,
@@ -598,13 +599,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
       };
       // Two steps in flight: a step is (tile tk, chunk ch). Step s finds its
-      // QK done in dc; it decodes the next tile when step s + 1 starts one,
-      // issues step s + 1's QK into dn, and runs its own epilogue, the
-      // previous tile's row stores and its head sums under that QK; then
-      // waits for both. So the tensor core has this warpgroup's next QK while
-      // its ALU work runs, and the other consumer's in between. Nothing is
-      // in flight at a branch or a loop edge (ptxas would serialize every
-      // wgmma otherwise); dc / dn alternate by unrolling the loop twice.
+      // QK done in dc and the previous step's head sums possibly still on the
+      // tensor core: it decodes the next tile when step s + 1 starts one (a
+      // is free: QK(s) is done), issues step s + 1's QK into dn, waits for
+      // the previous head sums (pr, acc), runs its epilogue and the previous
+      // tile's row stores under that QK, issues its own head sums and waits
+      // for the QK only: the head sums run on under the next step's decode.
+      // So the tensor core has this warpgroup's next QK while its ALU work
+      // runs, and the other consumer's in between. Waits sit outside every
+      // branch (ptxas would serialize every wgmma otherwise); dc / dn
+      // alternate by unrolling the loop twice.
       auto step = [&](float (&dc)[64], float (&dn)[64], int &tk, int &ch, auto has_next) {
         int ch_n = ch + 1, tk_n = tk;
         if (ch_n == nchunks) {
@@ -612,9 +616,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           tk_n++;
         }
         if constexpr (decltype(has_next)::value) {
-          if (ch_n == 0) decode(ifirst + tk_n * kConsumers);  // a is free: QK(s) done
+          if (ch_n == 0) decode(ifirst + tk_n * kConsumers);
           qk(dn, ch_n);
+          wgmma_wait1();  // the previous head sums (older than this QK) are done
+        } else {
+          wgmma_wait0();
         }
+        fence_u32(pr);
+        fence_acc(acc);
         epilogue(dc, ch);
         // acc holds the previous tile's sums (its last head sums are done).
         if (ch == 0 && tk > 0) {
@@ -622,12 +631,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           store(ifirst + (tk - 1) * kConsumers);
         }
         head_sum(ch);
-        wgmma_wait0();
-        if constexpr (decltype(has_next)::value) fence_acc(dn);
+        if constexpr (decltype(has_next)::value) {
+          wgmma_wait1();  // QK(s + 1) done; the head sums may run on
+          fence_acc(dn);
+        } else {
+          wgmma_wait0();
+          fence_u32(pr);
+          fence_acc(acc);
+        }
         fence_u32(a[0]);
         fence_u32(a[1]);
-        fence_u32(pr);
-        fence_acc(acc);
         tk = tk_n;
         ch = ch_n;
       };
