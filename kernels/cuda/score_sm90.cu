@@ -77,6 +77,7 @@ constexpr int kSumBytes = 4 * kRowsMax * 128;     // head-sum matrix, K = 256
 #ifdef FP4IDX_SM90
 constexpr int kN = 128;  // query vectors per wgmma
 constexpr uint32_t kCBarrier = 1;                 // named barrier of the consumers
+constexpr uint32_t kTurnBarrier = 2;              // + c: consumer c's turn to issue a QK
 #endif
 
 #ifdef FP4IDX_SM90
@@ -214,6 +215,16 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"r"(kCBarrier), "r"(kCThreads) : "memory");
+}
+// Ping-pong between the two consumers (FlashAttention-3's ordering): each
+// QK issue waits for this warpgroup's turn and then hands the turn to the
+// other one, so their QKs alternate on the tensor core and one's runs under
+// the other's decode and epilogue instead of both waiting at once.
+__device__ __forceinline__ void turn_wait(int wg) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(kTurnBarrier + wg), "r"(kCThreads) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBarrier + (wg ^ 1)), "r"(kCThreads) : "memory");
 }
 
 // Lengths of a work: the largest visible count of its rows, read by one warp.
@@ -368,6 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- consumer warpgroups ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    static_assert(kConsumers == 2, "the turn barriers pair two consumers");
+    if (wg == 1) turn_pass(wg);  // consumer 0 issues first
     const int ct = threadIdx.x;  // 0 .. kCThreads-1
     const int warp = (ct >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
@@ -617,7 +630,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if constexpr (decltype(has_next)::value) {
           if (ch_n == 0) decode(ifirst + tk_n * kConsumers);
+          turn_wait(wg);
           qk(dn, ch_n);
+          turn_pass(wg);
           wgmma_wait1();  // the previous head sums (older than this QK) are done
         } else {
           wgmma_wait0();
@@ -651,7 +666,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 16; e++) acc[e] = 0.f;
         decode(ifirst);
+        turn_wait(wg);
         qk(d0, 0);
+        turn_pass(wg);
         wgmma_wait0();
         fence_acc(d0);
         fence_u32(a[0]);
@@ -672,6 +689,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         pack_rows(acc, accb);
         store(ifirst + (n_my - 1) * kConsumers);
       }
+      // As many turns as the other consumer takes in this segment (its tile
+      // count differs from ours by at most one).
+      const int iother = (int)((wg + 1 + kConsumers - (int)(j % kConsumers)) % kConsumers);
+      const int n_other = nact > iother ? (nact - iother + kConsumers - 1) / kConsumers : 0;
+      for (int e = n_steps; e < n_other * nchunks; e++) {
+        turn_wait(wg);
+        turn_pass(wg);
+      }
       // Past every row's visible count: -inf only, all consumer threads.
       for (int64_t tile = act_end; tile < seg_end; tile++) {
         const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
@@ -682,6 +707,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       j += (uint32_t)nact;
       cur = seg_end;
     }
+    if (wg == 0) turn_wait(wg);  // consumer 1's last hand-over: every arrival is taken
   }
 #endif
 }
