@@ -5,37 +5,41 @@
  * fp4idx_format.h) and the same arithmetic as the mma.sync kernel, so the
  * same bits; what changes is the schedule.
  *
- * Block: 4 warpgroups, one block per SM, a 1-D grid of <= SMs blocks; block
+ * Block: 3 warpgroups, one block per SM, a 1-D grid of <= SMs blocks; block
  * b takes the contiguous range [T*b/G, T*(b+1)/G) of the 64-key tiles of the
  * flattened work list (score.cu's planner: every sequence of the batch), so
  * long contexts and many sequences alike spread over every SM.
- *   - Producer (warpgroup 3, setmaxnreg down to 32 registers; one warp
+ *   - Producer (warpgroup 2, setmaxnreg down to 24 registers; one warp
  *     works): copies each key tile (64 keys x 68 bytes, page-indexed) into a
  *     kStages-deep shared-memory ring guarded by mbarriers: with the bulk
  *     copy engine (cp.async.bulk, 2 copies per tile: payload, scales) when a
  *     page holds >= 64 keys, else with per-lane cp.async. Page ids of 32
  *     tiles are fetched in one round trip.
- *   - Consumers (warpgroups 0..2, setmaxnreg up to 160): consumer c takes
- *     the block's visible tiles c, c+3, ...: waits for the tile's stage,
+ *   - Consumers (warpgroups 0 and 1, setmaxnreg up to 240): consumer c takes
+ *     the block's visible tiles c, c+2, ...: waits for the tile's stage,
  *     decodes the keys (lane (g, t) of warp w: keys 16w+g and 16w+g+8, scale
  *     block t: one LDS.128 + one byte each) straight into the A registers of
- *     wgmma, frees the stage, then
+ *     wgmma, frees the stage, then per chunk of 128 query vectors
  *       1. d = K_tile . Q^T: wgmma.m64n128k16, B = query vectors in shared
  *          memory (K-major, 128-byte swizzle), 8 k-steps per 128 vectors;
  *       2. p = bf16(relu(bf16(d)) * |w|): cvt.rn.bf16x2 + fma.rn.relu.bf16x2
  *          (rounding is monotone and odd, so relu commutes with it);
  *       3. head sum on the tensor core: p (the accumulator layout of n8
- *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [32 rows]
+ *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [rows]
  *          [256 vectors], S = sign(w_v) where vector v belongs to row r:
  *          exact products, f32 sums exact on dyadic data (the CPU oracle
- *          sums in float64 and agreed on every test); then one bf16
- *          rounding and the -inf / mask rule per (row, key).
- *     The three consumers' wgmma, decode and epilogue phases interleave on
- *     the SM (one's tensor-core work runs under another's ALU work); none
- *     of them waits for global memory.
- *   - Per work segment the 384 consumer threads stage Q (swizzled, whole
+ *          sums in float64 and agreed on every test); m64n8k16 when no work
+ *          has more than 8 rows, else m64n32k16; then one bf16 rounding and
+ *          the -inf / mask rule per (row, key).
+ *     Two (tile, chunk) steps in flight per consumer: the next step's QK
+ *     (into the second of two 64-register accumulators) is issued before
+ *     this step's epilogue, row stores and head sums, and the head sums run
+ *     on under the next decode. The two consumers take turns to issue their
+ *     QKs (FlashAttention-3's ping-pong, two named barriers), so one's QK
+ *     runs under the other's decode and epilogue.
+ *   - Per work segment the 256 consumer threads stage Q (swizzled, whole
  *     16-byte units), |w|, S, the lengths and the output / mask row
- *     pointers ONCE for all three consumers; the producer reads the
+ *     pointers ONCE for both consumers; the producer reads the
  *     lengths itself and runs ahead, so the first tiles' keys load under
  *     the staging. Tiles past every row's visible count only get -inf.
  *   - Launched with programmatic stream serialization (PDL): barrier setup
@@ -68,6 +72,15 @@ namespace {
 constexpr int kConsumers = 2;                     // consumer warpgroups
 constexpr int kCThreads = kConsumers * 128;       // consumer threads
 constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
+// setmaxnreg moves registers within the block's own pool only: the
+// consumers' and the producer's counts must add up to what the block got at
+// launch (kThreads x the entry count, 168 under __launch_bounds__(384, 1)),
+// or setmaxnreg.inc waits forever (FlashAttention-3 uses the same 240 / 24).
+constexpr int kConsumerRegs = 240, kProducerRegs = 24;
+constexpr int kEntryRegs = (kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs) / kThreads;
+static_assert(kEntryRegs * kThreads == kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs &&
+                  kEntryRegs * kThreads <= 65536,
+              "register hand-over must balance");
 constexpr int kStages = 8;                        // key-tile ring depth
 constexpr int kTileKeys = 64;
 constexpr int kPayBytes = kTileKeys * 64;         // payload of a tile: [64 keys][64 B]
@@ -379,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kConsumers) {
     // ---- producer warpgroup ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if ((threadIdx.x >> 5) == kConsumers * 4) {
       uint32_t j = 0;  // visible tiles of this block so far
       for (int64_t cur = tb; cur < te;) {
@@ -395,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---- consumer warpgroups ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     static_assert(kConsumers == 2, "the turn barriers pair two consumers");
     if (wg == 1) turn_pass(wg);  // consumer 0 issues first
     const int ct = threadIdx.x;  // 0 .. kCThreads-1
@@ -503,12 +516,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t act_end = visible_end(wk, maxlen, cur, seg_end);
       const int nact = (int)(act_end - cur);
       const int ifirst = (int)((wg + kConsumers - (int)(j % kConsumers)) % kConsumers);
-      // Software pipeline over this warpgroup's tiles: tile k's decode runs
-      // while the head-sum wgmma of tile k-1 is on the tensor core, and the
-      // row stores of tile k-1 while the QK wgmma of tile k is. wgmma and
-      // waits sit in straight-line code and loops only (under an if ptxas
-      // would serialize every wgmma of the kernel); registers a wgmma in
-      // flight reads or writes stay live (fences after the wait).
+      // This warpgroup's tiles, in (tile, chunk) steps pipelined two deep
+      // (step below); registers a wgmma in flight reads or writes stay live
+      // (fences after the waits).
       const int n_my = nact > ifirst ? (nact - ifirst + kConsumers - 1) / kConsumers : 0;
       const int k0 = 16 * warp + g;  // this thread's keys: k0 and k0 + 8 of a tile
       uint32_t a[2][16], pr[32], accb[kHsN / 4];
@@ -757,8 +767,22 @@ extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
   return n;
 }
 
+// Whether instantiation k starts with the kEntryRegs registers per thread
+// that the register hand-over counts on (checked once per instantiation).
+static int sm90_entry_regs_ok(sm90_kernel_t k) {
+  cudaFuncAttributes a;
+  if (fp4idx__cuda_check(cudaFuncGetAttributes(&a, k), "score sm90: attributes")) return 0;
+  if (a.numRegs == kEntryRegs) return 1;
+  fprintf(stderr, "fp4idx: score sm90: %d registers at entry, the hand-over needs %d\n",
+          a.numRegs, kEntryRegs);
+  return 0;
+}
+
 extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream) {
   const sm90_kernel_t k = sm90_kernel(p->ntp, p->hp);
+  static const int ok8 = sm90_entry_regs_ok(fp4idx_score_sm90_kernel<8>);
+  static const int ok32 = sm90_entry_regs_ok(fp4idx_score_sm90_kernel<32>);
+  if (!(k == fp4idx_score_sm90_kernel<8> ? ok8 : ok32)) return FP4IDX_EDEVICE;
   const size_t smem = fp4idx__score_sm90_smem(p->ntp);
   int rc = fp4idx__cuda_check(
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
