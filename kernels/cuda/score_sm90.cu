@@ -5,41 +5,37 @@
  * fp4idx_format.h) and the same arithmetic as the mma.sync kernel, so the
  * same bits; what changes is the schedule.
  *
- * Block: 3 warpgroups, one block per SM, a 1-D grid of <= SMs blocks; block
+ * Block: 4 warpgroups, one block per SM, a 1-D grid of <= SMs blocks; block
  * b takes the contiguous range [T*b/G, T*(b+1)/G) of the 64-key tiles of the
  * flattened work list (score.cu's planner: every sequence of the batch), so
  * long contexts and many sequences alike spread over every SM.
- *   - Producer (warpgroup 2, setmaxnreg down to 24 registers; one warp
+ *   - Producer (warpgroup 3, setmaxnreg down to 32 registers; one warp
  *     works): copies each key tile (64 keys x 68 bytes, page-indexed) into a
  *     kStages-deep shared-memory ring guarded by mbarriers: with the bulk
  *     copy engine (cp.async.bulk, 2 copies per tile: payload, scales) when a
  *     page holds >= 64 keys, else with per-lane cp.async. Page ids of 32
  *     tiles are fetched in one round trip.
- *   - Consumers (warpgroups 0 and 1, setmaxnreg up to 240): consumer c takes
- *     the block's visible tiles c, c+2, ...: waits for the tile's stage,
+ *   - Consumers (warpgroups 0..2, setmaxnreg up to 160): consumer c takes
+ *     the block's visible tiles c, c+3, ...: waits for the tile's stage,
  *     decodes the keys (lane (g, t) of warp w: keys 16w+g and 16w+g+8, scale
  *     block t: one LDS.128 + one byte each) straight into the A registers of
- *     wgmma, frees the stage, then per chunk of 128 query vectors
+ *     wgmma, frees the stage, then
  *       1. d = K_tile . Q^T: wgmma.m64n128k16, B = query vectors in shared
  *          memory (K-major, 128-byte swizzle), 8 k-steps per 128 vectors;
  *       2. p = bf16(relu(bf16(d)) * |w|): cvt.rn.bf16x2 + fma.rn.relu.bf16x2
  *          (rounding is monotone and odd, so relu commutes with it);
  *       3. head sum on the tensor core: p (the accumulator layout of n8
- *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [rows]
+ *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [32 rows]
  *          [256 vectors], S = sign(w_v) where vector v belongs to row r:
  *          exact products, f32 sums exact on dyadic data (the CPU oracle
- *          sums in float64 and agreed on every test); m64n8k16 when no work
- *          has more than 8 rows, else m64n32k16; then one bf16 rounding and
- *          the -inf / mask rule per (row, key).
- *     Two (tile, chunk) steps in flight per consumer: the next step's QK
- *     (into the second of two 64-register accumulators) is issued before
- *     this step's epilogue, row stores and head sums, and the head sums run
- *     on under the next decode. The two consumers take turns to issue their
- *     QKs (FlashAttention-3's ping-pong, two named barriers), so one's QK
- *     runs under the other's decode and epilogue.
- *   - Per work segment the 256 consumer threads stage Q (swizzled, whole
+ *          sums in float64 and agreed on every test); then one bf16
+ *          rounding and the -inf / mask rule per (row, key).
+ *     The three consumers' wgmma, decode and epilogue phases interleave on
+ *     the SM (one's tensor-core work runs under another's ALU work); none
+ *     of them waits for global memory.
+ *   - Per work segment the 384 consumer threads stage Q (swizzled, whole
  *     16-byte units), |w|, S, the lengths and the output / mask row
- *     pointers ONCE for both consumers; the producer reads the
+ *     pointers ONCE for all three consumers; the producer reads the
  *     lengths itself and runs ahead, so the first tiles' keys load under
  *     the staging. Tiles past every row's visible count only get -inf.
  *   - Launched with programmatic stream serialization (PDL): barrier setup
@@ -55,8 +51,6 @@
 #include <cuda_bf16.h>
 #include <stdio.h>
 
-#include <type_traits>
-
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
 #include "score_work.cuh"
@@ -69,17 +63,16 @@
 
 namespace {
 
-constexpr int kConsumers = 2;                     // consumer warpgroups
+constexpr int kConsumers = 3;                     // consumer warpgroups
 constexpr int kCThreads = kConsumers * 128;       // consumer threads
 constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
-// setmaxnreg moves registers within the block's own pool only: the
-// consumers' and the producer's counts must add up to what the block got at
-// launch (kThreads x the entry count, 168 under __launch_bounds__(384, 1)),
-// or setmaxnreg.inc waits forever (FlashAttention-3 uses the same 240 / 24).
-constexpr int kConsumerRegs = 240, kProducerRegs = 24;
-constexpr int kEntryRegs = (kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs) / kThreads;
-static_assert(kEntryRegs * kThreads == kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs &&
-                  kEntryRegs * kThreads <= 65536,
+// setmaxnreg moves registers within the block's own pool only: what the
+// producer releases must cover what the consumers take (512 threads x 128
+// at entry under __launch_bounds__(512, 1)), or setmaxnreg.inc waits
+// forever -- seen with 2 consumers at 240 and a producer at 32 (issue 9
+// round 3, bench/RESULTS.md).
+constexpr int kConsumerRegs = 160, kProducerRegs = 32;
+static_assert(kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs == kThreads * 128,
               "register hand-over must balance");
 constexpr int kStages = 8;                        // key-tile ring depth
 constexpr int kTileKeys = 64;
@@ -90,14 +83,12 @@ constexpr int kSumBytes = 4 * kRowsMax * 128;     // head-sum matrix, K = 256
 #ifdef FP4IDX_SM90
 constexpr int kN = 128;  // query vectors per wgmma
 constexpr uint32_t kCBarrier = 1;                 // named barrier of the consumers
-constexpr uint32_t kTurnBarrier = 2;              // + c: consumer c's turn to issue a QK
 #endif
 
 #ifdef FP4IDX_SM90
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // D[64x128] (+)= A[64x16] (registers) * B[16x128] (shared, K-major, SW128).
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, uint32_t a1,
@@ -111,23 +102,10 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
 }
 
-// D[64x8] (+)= A[64x16] (registers) * B[16x8] (shared, K-major, SW128): the
-// head sum when no work has more than 8 rows.
-__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[4], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint64_t desc,
-                                               int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %9, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
-}
-
 // D[64x32] (+)= A[64x16] (registers) * B[16x32] (shared, K-major, SW128).
-__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[16], uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, uint64_t desc,
-                                               int scale_d) {
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint64_t desc,
+                                                int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -189,10 +167,9 @@ __device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
 // The row results of a tile rounded to bf16 once (RNE, as
 // __float2bfloat16_rn), two per register: accb[2jr + e2] = {acc[4jr + 2e2],
 // acc[4jr + 2e2 + 1]} -- rows 8jr + 2t and 8jr + 2t + 1 of key g + 8e2.
-template <int N>
-__device__ __forceinline__ void pack_rows(const float (&acc)[N], uint32_t (&accb)[N / 2]) {
+__device__ __forceinline__ void pack_rows(const float (&acc)[16], uint32_t (&accb)[8]) {
 #pragma unroll
-  for (int j = 0; j < N / 2; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
+  for (int j = 0; j < 8; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
 }
 // bf16(relu(d) * |w|) as relu(bf16(d * |w| + -0)): one fma.relu (rounding
 // is monotone and odd, so relu and rounding commute); w's sign is applied by
@@ -242,16 +219,6 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"r"(kCBarrier), "r"(kCThreads) : "memory");
-}
-// Ping-pong between the two consumers (FlashAttention-3's ordering): each
-// QK issue waits for this warpgroup's turn and then hands the turn to the
-// other one, so their QKs alternate on the tensor core and one's runs under
-// the other's decode and epilogue instead of both waiting at once.
-__device__ __forceinline__ void turn_wait(int wg) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(kTurnBarrier + wg), "r"(kCThreads) : "memory");
-}
-__device__ __forceinline__ void turn_pass(int wg) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBarrier + (wg ^ 1)), "r"(kCThreads) : "memory");
 }
 
 // Lengths of a work: the largest visible count of its rows, read by one warp.
@@ -333,9 +300,6 @@ __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
 
 }  // namespace
 
-// kHsN: columns of the head-sum wgmma = the most rows a work may have (8 or
-// 32; the launcher picks 8 when the plan's works have <= 8 rows).
-template <int kHsN>
 __global__ void __launch_bounds__(kThreads, 1)
     fp4idx_score_sm90_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
 #ifdef FP4IDX_SM90
@@ -409,8 +373,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- consumer warpgroups ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
-    static_assert(kConsumers == 2, "the turn barriers pair two consumers");
-    if (wg == 1) turn_pass(wg);  // consumer 0 issues first
     const int ct = threadIdx.x;  // 0 .. kCThreads-1
     const int warp = (ct >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
@@ -516,21 +478,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t act_end = visible_end(wk, maxlen, cur, seg_end);
       const int nact = (int)(act_end - cur);
       const int ifirst = (int)((wg + kConsumers - (int)(j % kConsumers)) % kConsumers);
-      // This warpgroup's tiles, in (tile, chunk) steps pipelined two deep
-      // (step below); registers a wgmma in flight reads or writes stay live
-      // (fences after the waits).
+      // Software pipeline over this warpgroup's tiles: tile k's decode runs
+      // while the head-sum wgmma of tile k-1 is on the tensor core, and the
+      // row stores of tile k-1 while the QK wgmma of tile k is. wgmma and
+      // waits sit in straight-line code and loops only (under an if ptxas
+      // would serialize every wgmma of the kernel); registers a wgmma in
+      // flight reads or writes stay live (fences after the wait).
       const int n_my = nact > ifirst ? (nact - ifirst + kConsumers - 1) / kConsumers : 0;
       const int k0 = 16 * warp + g;  // this thread's keys: k0 and k0 + 8 of a tile
-      uint32_t a[2][16], pr[32], accb[kHsN / 4];
-      float acc[kHsN / 2];  // [64 keys x kHsN rows]: head sums
-      float d0[64], d1[64];  // two QK results in flight
+      uint32_t a[2][16], pr[32], accb[8];
+      float acc[16];  // [64 keys x 32 rows]: head sums
+      float d[64];
       // Tile i's rows: accb[2jr + e2] = key k0 + 8e2, rows 8jr + 2t + {0, 1}.
       auto store = [&](int i) {
         // Row pointers, masks and lengths come from shared memory (set once
         // per segment): no 64-bit row products per tile, no registers held.
         const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
 #pragma unroll
-        for (int jr = 0; jr < kHsN / 8; jr++) {
+        for (int jr = 0; jr < 4; jr++) {
           if (8 * jr >= nrows) break;
 #pragma unroll
           for (int e1 = 0; e1 < 2; e1++) {
@@ -582,148 +547,90 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mbar_arrive(empty + 8 * s);  // the stage's bytes are in registers now
       };
-      // QK of chunk ch (query vectors 128 ch ..) into dd; a = the tile's keys.
-      auto qk = [&](float (&dd)[64], int ch) {
-        // Descriptors of the 8 k-steps: an opaque base (not held across the
-        // tile loop), the K 64..127 half nq * 128 bytes on, and the 32-byte
-        // k-steps added to the address field in 16-byte units (no carry
-        // out of it: shared addresses < 2^18) -- one uniform add each.
-        const uint64_t qd0 = make_desc(opaque(q_addr + ch * (kN * 128)));
-        const uint64_t qd1 = qd0 + (uint32_t)(nq * 8);
-        wgmma_fence();
+      for (int k = 0; k < n_my; k++) {
+        const int i = ifirst + k * kConsumers;
+        if (k == 0) decode(i);
+        // acc's old value is dead (the first head-sum k-step has scale-d 0);
+        // zeros here end its live range before the QK (16 registers).
 #pragma unroll
-        for (int kk = 0; kk < 8; kk++) {
-          const int w4 = kk >> 1, n0 = 2 * (kk & 1);
-          const uint64_t desc = (kk < 4 ? qd0 : qd1) + (uint32_t)((kk & 3) * 2);
-          if (kk == 0)  // D as outputs only: dd's old value is dead
-            wgmma_m64n128k16_zero(dd, a[0][4 * w4 + n0], a[1][4 * w4 + n0],
-                                  a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], desc);
-          else
-            wgmma_m64n128k16(dd, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
-                             a[1][4 * w4 + n0 + 1], desc, 1);
-        }
-        wgmma_commit();
-      };
-      // p = bf16(relu(bf16(dd)) * w) of chunk ch in bf16x2, straight into the
-      // A registers of the head-sum wgmma.
-      auto epilogue = [&](const float (&dd)[64], int ch) {
-        const uint4 *wp =
-            reinterpret_cast<const uint4 *>(w_s + opaque((uint32_t)(t * ws + ch * (kN / 8))));
-        uint32_t wv2[kN / 8];
+        for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        auto chunk = [&](int ch) {
+          // Descriptors of the 8 k-steps: an opaque base (not held across the
+          // tile loop), the K 64..127 half nq * 128 bytes on, and the 32-byte
+          // k-steps added to the address field in 16-byte units (no carry
+          // out of it: shared addresses < 2^18) -- one uniform add each.
+          const uint64_t qd0 = make_desc(opaque(q_addr + ch * (kN * 128)));
+          const uint64_t qd1 = qd0 + (uint32_t)(nq * 8);
+          wgmma_fence();
 #pragma unroll
-        for (int q4 = 0; q4 < kN / 32; q4++) {
-          const uint4 w4v = wp[q4];
-          wv2[4 * q4] = w4v.x;
-          wv2[4 * q4 + 1] = w4v.y;
-          wv2[4 * q4 + 2] = w4v.z;
-          wv2[4 * q4 + 3] = w4v.w;
-        }
+          for (int kk = 0; kk < 8; kk++) {
+            const int w4 = kk >> 1, n0 = 2 * (kk & 1);
+            const uint64_t desc = (kk < 4 ? qd0 : qd1) + (uint32_t)((kk & 3) * 2);
+            if (kk == 0)  // D as outputs only: d's old value is dead
+              wgmma_m64n128k16_zero(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0],
+                                    a[0][4 * w4 + n0 + 1], a[1][4 * w4 + n0 + 1], desc);
+            else
+              wgmma_m64n128k16(d, a[0][4 * w4 + n0], a[1][4 * w4 + n0], a[0][4 * w4 + n0 + 1],
+                               a[1][4 * w4 + n0 + 1], desc, 1);
+          }
+          wgmma_commit();
+          if (ch == 0 && k > 0) store(i - kConsumers);  // under this tile's QK
+          wgmma_wait0();  // QK(ch) done
+          fence_acc(d);
+          fence_u32(a[0]);
+          fence_u32(a[1]);
+          fence_acc(acc);
+          // p = bf16(relu(bf16(d)) * w) in bf16x2, straight into the A
+          // registers of the head-sum wgmma.
+          const uint4 *wp =
+              reinterpret_cast<const uint4 *>(w_s + opaque((uint32_t)(t * ws + ch * (kN / 8))));
+          uint32_t wv2[kN / 8];
 #pragma unroll
-        for (int jj = 0; jj < kN / 8; jj++) {
-          const uint32_t w2 = wv2[jj];
-          pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(dd[4 * jj], dd[4 * jj + 1]), w2);
-          pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(dd[4 * jj + 2], dd[4 * jj + 3]), w2);
-        }
-      };
-      // acc (+)= p . S^T over K rows 128 ch .. 128 ch + 127 of S (its 64-row
-      // chunks 2ch, 2ch + 1); the first k-step of chunk 0 starts from zero.
-      auto head_sum = [&](int ch) {
-        wgmma_fence();
-        const uint64_t sd = make_desc(opaque(s_addr + ch * 2 * (kRowsMax * 128)));
+          for (int q4 = 0; q4 < kN / 32; q4++) {
+            const uint4 w4v = wp[q4];
+            wv2[4 * q4] = w4v.x;
+            wv2[4 * q4 + 1] = w4v.y;
+            wv2[4 * q4 + 2] = w4v.z;
+            wv2[4 * q4 + 3] = w4v.w;
+          }
 #pragma unroll
-        for (int k2 = 0; k2 < 8; k2++) {
-          const uint64_t desc = sd + (uint32_t)(((k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32) >> 4);
-          wgmma_m64nNk16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3], desc,
-                          ch | k2);
-        }
-        wgmma_commit();
-      };
-      // Two steps in flight: a step is (tile tk, chunk ch). Step s finds its
-      // QK done in dc and the previous step's head sums possibly still on the
-      // tensor core: it decodes the next tile when step s + 1 starts one (a
-      // is free: QK(s) is done), issues step s + 1's QK into dn, waits for
-      // the previous head sums (pr, acc), runs its epilogue and the previous
-      // tile's row stores under that QK, issues its own head sums and waits
-      // for the QK only: the head sums run on under the next step's decode.
-      // So the tensor core has this warpgroup's next QK while its ALU work
-      // runs, and the other consumer's in between. Waits sit outside every
-      // branch (ptxas would serialize every wgmma otherwise); dc / dn
-      // alternate by unrolling the loop twice.
-      auto step = [&](float (&dc)[64], float (&dn)[64], int &tk, int &ch, auto has_next) {
-        int ch_n = ch + 1, tk_n = tk;
-        if (ch_n == nchunks) {
-          ch_n = 0;
-          tk_n++;
-        }
-        if constexpr (decltype(has_next)::value) {
-          if (ch_n == 0) decode(ifirst + tk_n * kConsumers);
-          turn_wait(wg);
-          qk(dn, ch_n);
-          turn_pass(wg);
-          wgmma_wait1();  // the previous head sums (older than this QK) are done
-        } else {
-          wgmma_wait0();
-        }
-        fence_u32(pr);
-        fence_acc(acc);
-        epilogue(dc, ch);
-        // acc holds the previous tile's sums (its last head sums are done).
-        if (ch == 0 && tk > 0) {
-          pack_rows(acc, accb);
-          store(ifirst + (tk - 1) * kConsumers);
-        }
-        head_sum(ch);
-        if constexpr (decltype(has_next)::value) {
-          wgmma_wait1();  // QK(s + 1) done; the head sums may run on
-          fence_acc(dn);
-        } else {
+          for (int jj = 0; jj < kN / 8; jj++) {
+            const uint32_t w2 = wv2[jj];
+            pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+            pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+          }
+          wgmma_fence();
+          // K rows 128 ch .. 128 ch + 127 of S: its 64-row chunks 2ch, 2ch + 1.
+          const uint64_t sd = make_desc(opaque(s_addr + ch * 2 * (kRowsMax * 128)));
+#pragma unroll
+          for (int k2 = 0; k2 < 8; k2++) {
+            const uint64_t desc =
+                sd + (uint32_t)(((k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32) >> 4);
+            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
+                            desc, ch | k2);
+          }
+          wgmma_commit();
+        };
+        // Every chunk but the last waits for its head sums (pr is reused);
+        // the last one's run under the next tile's decode. (Peeled: a wait
+        // under an if would let ptxas see head sums in flight at the next
+        // QK and serialize every wgmma.)
+        for (int ch = 0; ch + 1 < nchunks; ch++) {
+          chunk(ch);
           wgmma_wait0();
           fence_u32(pr);
           fence_acc(acc);
         }
-        fence_u32(a[0]);
-        fence_u32(a[1]);
-        tk = tk_n;
-        ch = ch_n;
-      };
-      const int n_steps = n_my * nchunks;
-      if (n_steps > 0) {
-        std::integral_constant<bool, true> more;
-        std::integral_constant<bool, false> last;
-#pragma unroll
-        for (int e = 0; e < kHsN / 2; e++) acc[e] = 0.f;
-        decode(ifirst);
-        turn_wait(wg);
-        qk(d0, 0);
-        turn_pass(wg);
-        wgmma_wait0();
-        fence_acc(d0);
-        fence_u32(a[0]);
-        fence_u32(a[1]);
-        int tk = 0, ch = 0;
-        for (int s = 0;; s += 2) {
-          if (s + 1 >= n_steps) {
-            step(d0, d1, tk, ch, last);
-            break;
-          }
-          step(d0, d1, tk, ch, more);
-          if (s + 2 >= n_steps) {
-            step(d1, d0, tk, ch, last);
-            break;
-          }
-          step(d1, d0, tk, ch, more);
-        }
+        chunk(nchunks - 1);
+        // The next tile's keys decode under this tile's head sums (a is
+        // free: QK done).
+        if (k + 1 < n_my) decode(i + kConsumers);
+        wgmma_wait0();  // head sums done
+        fence_u32(pr);
+        fence_acc(acc);
         pack_rows(acc, accb);
-        store(ifirst + (n_my - 1) * kConsumers);
       }
-      // As many turns as the other consumer takes in this segment (its tile
-      // count differs from ours by at most one).
-      const int iother = (int)((wg + 1 + kConsumers - (int)(j % kConsumers)) % kConsumers);
-      const int n_other = nact > iother ? (nact - iother + kConsumers - 1) / kConsumers : 0;
-      for (int e = n_steps; e < n_other * nchunks; e++) {
-        turn_wait(wg);
-        turn_pass(wg);
-      }
+      if (n_my > 0) store(ifirst + (n_my - 1) * kConsumers);
       // Past every row's visible count: -inf only, all consumer threads.
       for (int64_t tile = act_end; tile < seg_end; tile++) {
         const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
@@ -734,7 +641,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       j += (uint32_t)nact;
       cur = seg_end;
     }
-    if (wg == 0) turn_wait(wg);  // consumer 1's last hand-over: every arrival is taken
   }
 #endif
 }
@@ -744,22 +650,12 @@ extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
          (size_t)(ntp + 4) * 4 * 4 + 2 * kRowsMax * 8 + 32 * 4 + 256 + 512 + 1024;
 }
 
-typedef void (*sm90_kernel_t)(fp4idx_cuda_score_params_t);
-
-// The instantiation whose head-sum width holds every work's rows: a work
-// has nrows * hp <= ntp * 8 query vectors, so ntp <= hp means <= 8 rows.
-static sm90_kernel_t sm90_kernel(int32_t ntp, int32_t hp) {
-  return ntp <= hp ? fp4idx_score_sm90_kernel<8> : fp4idx_score_sm90_kernel<32>;
-}
-
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
-  // Both instantiations have the same threads, registers at entry and
-  // shared memory: the same occupancy.
-  const sm90_kernel_t k = fp4idx_score_sm90_kernel<32>;
   int n = 0;
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem) != cudaSuccess ||
+  if (cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_sm90_kernel, kThreads,
+                                                    smem) != cudaSuccess ||
       n < 1) {
     cudaGetLastError();
     n = 1;
@@ -767,25 +663,11 @@ extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
   return n;
 }
 
-// Whether instantiation k starts with the kEntryRegs registers per thread
-// that the register hand-over counts on (checked once per instantiation).
-static int sm90_entry_regs_ok(sm90_kernel_t k) {
-  cudaFuncAttributes a;
-  if (fp4idx__cuda_check(cudaFuncGetAttributes(&a, k), "score sm90: attributes")) return 0;
-  if (a.numRegs == kEntryRegs) return 1;
-  fprintf(stderr, "fp4idx: score sm90: %d registers at entry, the hand-over needs %d\n",
-          a.numRegs, kEntryRegs);
-  return 0;
-}
-
 extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream) {
-  const sm90_kernel_t k = sm90_kernel(p->ntp, p->hp);
-  static const int ok8 = sm90_entry_regs_ok(fp4idx_score_sm90_kernel<8>);
-  static const int ok32 = sm90_entry_regs_ok(fp4idx_score_sm90_kernel<32>);
-  if (!(k == fp4idx_score_sm90_kernel<8> ? ok8 : ok32)) return FP4IDX_EDEVICE;
   const size_t smem = fp4idx__score_sm90_smem(p->ntp);
   int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+      cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem),
       "score sm90: set smem");
   if (rc) return rc;
   // Programmatic stream serialization (PDL): the launch may begin before the
@@ -802,6 +684,6 @@ extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cu
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return fp4idx__cuda_check(cudaLaunchKernelEx(&cfg, k, *p),
+  return fp4idx__cuda_check(cudaLaunchKernelEx(&cfg, fp4idx_score_sm90_kernel, *p),
                             "score sm90: launch");
 }
