@@ -66,6 +66,14 @@ namespace {
 constexpr int kConsumers = 3;                     // consumer warpgroups
 constexpr int kCThreads = kConsumers * 128;       // consumer threads
 constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
+// setmaxnreg moves registers within the block's own pool only: what the
+// producer releases must cover what the consumers take (512 threads x 128
+// at entry under __launch_bounds__(512, 1)), or setmaxnreg.inc waits
+// forever -- seen with 2 consumers at 240 and a producer at 32 (issue 9
+// round 3, bench/RESULTS.md).
+constexpr int kConsumerRegs = 160, kProducerRegs = 32;
+static_assert(kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs == kThreads * 128,
+              "register hand-over must balance");
 constexpr int kStages = 8;                        // key-tile ring depth
 constexpr int kTileKeys = 64;
 constexpr int kPayBytes = kTileKeys * 64;         // payload of a tile: [64 keys][64 B]
@@ -348,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == kConsumers) {
     // ---- producer warpgroup ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     if ((threadIdx.x >> 5) == kConsumers * 4) {
       uint32_t j = 0;  // visible tiles of this block so far
       for (int64_t cur = tb; cur < te;) {
@@ -364,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---- consumer warpgroups ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const int ct = threadIdx.x;  // 0 .. kCThreads-1
     const int warp = (ct >> 5) & 3;
     const int g = lane >> 2, t = lane & 3;
