@@ -25,10 +25,11 @@
  *       2. p = bf16(relu(bf16(d)) * |w|): cvt.rn.bf16x2 + fma.rn.relu.bf16x2
  *          (rounding is monotone and odd, so relu commutes with it);
  *       3. head sum on the tensor core: p (the accumulator layout of n8
- *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [32 rows]
+ *          blocks 2k, 2k+1 is the A layout of k-step k) times S^T [rows]
  *          [256 vectors], S = sign(w_v) where vector v belongs to row r:
  *          exact products, f32 sums exact on dyadic data (the CPU oracle
- *          sums in float64 and agreed on every test); then one bf16
+ *          sums in float64 and agreed on every test); m64n8k16 when no
+ *          work has more than 8 rows, else m64n32k16; then one bf16
  *          rounding and the -inf / mask rule per (row, key).
  *     The three consumers' wgmma, decode and epilogue phases interleave on
  *     the SM (one's tensor-core work runs under another's ALU work); none
@@ -102,10 +103,23 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint32_t a0, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
 }
 
+// D[64x8] (+)= A[64x16] (registers) * B[16x8] (shared, K-major, SW128): the
+// head sum when no work has more than 8 rows.
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint64_t desc,
+                                               int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %9, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(scale_d), "l"(desc));
+}
+
 // D[64x32] (+)= A[64x16] (registers) * B[16x32] (shared, K-major, SW128).
-__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint32_t a0, uint32_t a1,
-                                                uint32_t a2, uint32_t a3, uint64_t desc,
-                                                int scale_d) {
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[16], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint64_t desc,
+                                               int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %20, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
@@ -167,9 +181,10 @@ __device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
 // The row results of a tile rounded to bf16 once (RNE, as
 // __float2bfloat16_rn), two per register: accb[2jr + e2] = {acc[4jr + 2e2],
 // acc[4jr + 2e2 + 1]} -- rows 8jr + 2t and 8jr + 2t + 1 of key g + 8e2.
-__device__ __forceinline__ void pack_rows(const float (&acc)[16], uint32_t (&accb)[8]) {
+template <int N>
+__device__ __forceinline__ void pack_rows(const float (&acc)[N], uint32_t (&accb)[N / 2]) {
 #pragma unroll
-  for (int j = 0; j < 8; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
+  for (int j = 0; j < N / 2; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
 }
 // bf16(relu(d) * |w|) as relu(bf16(d * |w| + -0)): one fma.relu (rounding
 // is monotone and odd, so relu and rounding commute); w's sign is applied by
@@ -300,6 +315,9 @@ __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
 
 }  // namespace
 
+// kHsN: columns of the head-sum wgmma = the most rows a work may have (8 or
+// 32; the launcher picks 8 when the plan's works have <= 8 rows).
+template <int kHsN>
 __global__ void __launch_bounds__(kThreads, 1)
     fp4idx_score_sm90_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
 #ifdef FP4IDX_SM90
@@ -486,8 +504,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // flight reads or writes stay live (fences after the wait).
       const int n_my = nact > ifirst ? (nact - ifirst + kConsumers - 1) / kConsumers : 0;
       const int k0 = 16 * warp + g;  // this thread's keys: k0 and k0 + 8 of a tile
-      uint32_t a[2][16], pr[32], accb[8];
-      float acc[16];  // [64 keys x 32 rows]: head sums
+      uint32_t a[2][16], pr[32], accb[kHsN / 4];
+      float acc[kHsN / 2];  // [64 keys x kHsN rows]: head sums
       float d[64];
       // Tile i's rows: accb[2jr + e2] = key k0 + 8e2, rows 8jr + 2t + {0, 1}.
       auto store = [&](int i) {
@@ -495,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // per segment): no 64-bit row products per tile, no registers held.
         const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
 #pragma unroll
-        for (int jr = 0; jr < 4; jr++) {
+        for (int jr = 0; jr < kHsN / 8; jr++) {
           if (8 * jr >= nrows) break;
 #pragma unroll
           for (int e1 = 0; e1 < 2; e1++) {
@@ -553,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // acc's old value is dead (the first head-sum k-step has scale-d 0);
         // zeros here end its live range before the QK (16 registers).
 #pragma unroll
-        for (int e = 0; e < 16; e++) acc[e] = 0.f;
+        for (int e = 0; e < kHsN / 2; e++) acc[e] = 0.f;
         auto chunk = [&](int ch) {
           // Descriptors of the 8 k-steps: an opaque base (not held across the
           // tile loop), the K 64..127 half nq * 128 bytes on, and the 32-byte
@@ -606,7 +624,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int k2 = 0; k2 < 8; k2++) {
             const uint64_t desc =
                 sd + (uint32_t)(((k2 >> 2) * (kRowsMax * 128) + (k2 & 3) * 32) >> 4);
-            wgmma_m64n32k16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
+            wgmma_m64nNk16(acc, pr[4 * k2], pr[4 * k2 + 1], pr[4 * k2 + 2], pr[4 * k2 + 3],
                             desc, ch | k2);
           }
           wgmma_commit();
@@ -650,12 +668,22 @@ extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp) {
          (size_t)(ntp + 4) * 4 * 4 + 2 * kRowsMax * 8 + 32 * 4 + 256 + 512 + 1024;
 }
 
+typedef void (*sm90_kernel_t)(fp4idx_cuda_score_params_t);
+
+// The instantiation whose head-sum width holds every work's rows: a work
+// has nrows * hp <= ntp * 8 query vectors, so ntp <= hp means <= 8 rows.
+static sm90_kernel_t sm90_kernel(int32_t ntp, int32_t hp) {
+  return ntp <= hp ? fp4idx_score_sm90_kernel<8> : fp4idx_score_sm90_kernel<32>;
+}
+
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
+  // Both instantiations have the same threads, registers at entry and
+  // shared memory: the same occupancy.
+  const sm90_kernel_t k = fp4idx_score_sm90_kernel<32>;
   int n = 0;
-  if (cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_sm90_kernel, kThreads,
-                                                    smem) != cudaSuccess ||
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem) != cudaSuccess ||
       n < 1) {
     cudaGetLastError();
     n = 1;
@@ -664,10 +692,10 @@ extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
 }
 
 extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream) {
+  const sm90_kernel_t k = sm90_kernel(p->ntp, p->hp);
   const size_t smem = fp4idx__score_sm90_smem(p->ntp);
   int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(fp4idx_score_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem),
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
       "score sm90: set smem");
   if (rc) return rc;
   // Programmatic stream serialization (PDL): the launch may begin before the
@@ -684,6 +712,6 @@ extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cu
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return fp4idx__cuda_check(cudaLaunchKernelEx(&cfg, fp4idx_score_sm90_kernel, *p),
+  return fp4idx__cuda_check(cudaLaunchKernelEx(&cfg, k, *p),
                             "score sm90: launch");
 }
