@@ -33,6 +33,7 @@
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
 #include "fp4idx_format.h"
+#include "bench_cuda_check.h"
 
 namespace {
 
@@ -52,14 +53,6 @@ const Case kCases[] = {
 constexpr int kPage = 64, kCaches = 8, kCalls = 20, kReplays = 10, kRuns = 3;
 constexpr double kTflops = 804e12, kBw = 4.25e12;
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
 
 uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 uint64_t rnd() {
@@ -98,7 +91,7 @@ int main(int argc, char **argv) {
     }
   }
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  TCK(cudaGetDeviceProperties(&prop, 0));
   fp4idx_cuda_scorer_t scorer;
   if (fp4idx_cuda_scorer_for_device(0, &scorer)) return 1;
   const char *scn = label ? label : scorer == FP4IDX_CUDA_SCORER_WGMMA ? "wgmma" : "mma";
@@ -107,10 +100,10 @@ int main(int argc, char **argv) {
   FILE *cf = csv ? fopen(csv, "w") : nullptr;
   if (cf) fprintf(cf, "case,seqs,rows,heads,ctx,hot_us,cold_us,floor_us,tflops,sglang_us,scorer\n");
   cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  TCK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  TCK(cudaEventCreate(&e0));
+  TCK(cudaEventCreate(&e1));
   struct Row { const Case *c; const char *scorer; double hot, cold, floor, tf; const char *chk; };
   std::vector<Row> table;
 
@@ -152,22 +145,22 @@ int main(int argc, char **argv) {
     // Device: 8 pool copies, per-sequence inputs, one output buffer.
     uint8_t *dpool[kCaches];
     for (int k = 0; k < kCaches; k++) {
-      CK(cudaMalloc((void **)&dpool[k], pool_bytes));
-      CK(cudaMemcpy(dpool[k], pool.data(), pool_bytes, cudaMemcpyHostToDevice));
+      TCK(cudaMalloc((void **)&dpool[k], pool_bytes));
+      TCK(cudaMemcpy(dpool[k], pool.data(), pool_bytes, cudaMemcpyHostToDevice));
     }
     int32_t *dpages, *dlens;
     uint16_t *dq, *dw;
     float *dout;
-    CK(cudaMalloc((void **)&dpages, n_pages * 4));
-    CK(cudaMalloc((void **)&dlens, lens.size() * 4));
-    CK(cudaMalloc((void **)&dq, q.size() * 2));
-    CK(cudaMalloc((void **)&dw, w.size() * 2));
-    CK(cudaMalloc((void **)&dout, (size_t)S * R * n * 4));
-    CK(cudaMemset(dout, 0x7f, (size_t)S * R * n * 4));  // poison: --check sees only kernel writes
-    CK(cudaMemcpy(dpages, perm.data(), n_pages * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+    TCK(cudaMalloc((void **)&dpages, n_pages * 4));
+    TCK(cudaMalloc((void **)&dlens, lens.size() * 4));
+    TCK(cudaMalloc((void **)&dq, q.size() * 2));
+    TCK(cudaMalloc((void **)&dw, w.size() * 2));
+    TCK(cudaMalloc((void **)&dout, (size_t)S * R * n * 4));
+    TCK(cudaMemset(dout, 0x7f, (size_t)S * R * n * 4));  // poison: --check sees only kernel writes
+    TCK(cudaMemcpy(dpages, perm.data(), n_pages * 4, cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    TCK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
     std::vector<fp4idx_cuda_seq_t> hs(S);
     std::vector<int32_t> rows(S, R);
     std::vector<int64_t> widths(S, n);
@@ -183,8 +176,8 @@ int main(int argc, char **argv) {
       hs[s].rows = R;
     }
     fp4idx_cuda_seq_t *dseq;
-    CK(cudaMalloc((void **)&dseq, sizeof(fp4idx_cuda_seq_t) * S));
-    CK(cudaMemcpy(dseq, hs.data(), sizeof(fp4idx_cuda_seq_t) * S, cudaMemcpyHostToDevice));
+    TCK(cudaMalloc((void **)&dseq, sizeof(fp4idx_cuda_seq_t) * S));
+    TCK(cudaMemcpy(dseq, hs.data(), sizeof(fp4idx_cuda_seq_t) * S, cudaMemcpyHostToDevice));
     const double keys = (double)n * S;
     const double flop = 2.0 * R * H * 128 * keys;
     const double bytes = keys * (68 + 4 + 4.0 * R);
@@ -199,8 +192,8 @@ int main(int argc, char **argv) {
       int nw = fp4idx_cuda_score_plan(scorer, H, S, rows.data(), widths.data(), prop.multiProcessorCount,
                                       works.data(), mw, &prm);
       if (nw < 0 || nw > mw) { fprintf(stderr, "plan failed\n"); return 1; }
-      CK(cudaMalloc((void **)&dworks, sizeof(fp4idx_cuda_work_t) * nw));
-      CK(cudaMemcpy(dworks, works.data(), sizeof(fp4idx_cuda_work_t) * nw, cudaMemcpyHostToDevice));
+      TCK(cudaMalloc((void **)&dworks, sizeof(fp4idx_cuda_work_t) * nw));
+      TCK(cudaMemcpy(dworks, works.data(), sizeof(fp4idx_cuda_work_t) * nw, cudaMemcpyHostToDevice));
       prm.seqs = dseq;
       prm.works = dworks;
       prm.log2_page = 6;
@@ -209,33 +202,33 @@ int main(int argc, char **argv) {
       for (int cold = 0; cold < 2; cold++) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+        TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
         for (int i = 0; i < kCalls; i++) {
           fp4idx_cuda_score_params_t p = prm;
           p.pool = dpool[cold ? i % kCaches : 0];
           if (fp4idx_cuda_score_launch(&p, st)) return 1;
         }
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
+        TCK(cudaStreamEndCapture(st, &g));
+        TCK(cudaGraphInstantiate(&ge, g, 0));
         double run[kRuns];
         for (int r = 0; r < kRuns; r++) {
-          CK(cudaGraphLaunch(ge, st));  // warm-up replay
-          CK(cudaEventRecord(e0, st));
-          for (int i = 0; i < kReplays; i++) CK(cudaGraphLaunch(ge, st));
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
+          TCK(cudaGraphLaunch(ge, st));  // warm-up replay
+          TCK(cudaEventRecord(e0, st));
+          for (int i = 0; i < kReplays; i++) TCK(cudaGraphLaunch(ge, st));
+          TCK(cudaEventRecord(e1, st));
+          TCK(cudaEventSynchronize(e1));
           float ms;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
+          TCK(cudaEventElapsedTime(&ms, e0, e1));
           run[r] = 1e3 * ms / (kCalls * kReplays);
         }
         t[cold] = median3(run[0], run[1], run[2]);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        TCK(cudaGraphExecDestroy(ge));
+        TCK(cudaGraphDestroy(g));
       }
       const char *chk = "-";
       if (check) {
         std::vector<float> got((size_t)S * R * n);
-        CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+        TCK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
         if (want.empty()) {
           want.resize((size_t)S * R * n);
           fp4idx_backend_t *cpu = nullptr;
@@ -274,10 +267,10 @@ int main(int argc, char **argv) {
         fprintf(cf, "%s,%d,%d,%d,%lld,%.3f,%.3f,%.3f,%.1f,%.1f,%s\n", c.name, S, R, H, (long long)n,
                 t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, c.sglang_us, scn);
     }
-    for (int k = 0; k < kCaches; k++) CK(cudaFree(dpool[k]));
-    CK(cudaFree(dpages)); CK(cudaFree(dlens)); CK(cudaFree(dq)); CK(cudaFree(dw));
-    CK(cudaFree(dout)); CK(cudaFree(dseq));
-    if (dworks) CK(cudaFree(dworks));
+    for (int k = 0; k < kCaches; k++) TCK(cudaFree(dpool[k]));
+    TCK(cudaFree(dpages)); TCK(cudaFree(dlens)); TCK(cudaFree(dq)); TCK(cudaFree(dw));
+    TCK(cudaFree(dout)); TCK(cudaFree(dseq));
+    if (dworks) TCK(cudaFree(dworks));
   }
   if (cf) fclose(cf);
   printf("\n| case | scorer | hot us | cold us | floor us | x floor | TFLOP/s | SGLang us | speedup | check |\n");

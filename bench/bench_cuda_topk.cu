@@ -33,6 +33,7 @@
 #include "bench_cuda_topk.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_format.h"
+#include "bench_cuda_check.h"
 
 namespace {
 
@@ -51,14 +52,6 @@ const TkCase kTkCases[] = {
 };
 constexpr int kHeads = 32, kPage = 64, kCalls = 20, kReplays = 10, kRuns = 3;
 
-#define TCK(x)                                                                 \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
 #define FCK(x)                                                                 \
   do {                                                                         \
     int rc_ = (x);                                                             \

@@ -14,15 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "bench_cuda_check.h"
 
-#define TCK(x)                                                                           \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
 
 namespace {
 
