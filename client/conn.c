@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -297,7 +298,7 @@ fp4idx_status_t fp4idx__client_sendv(fp4idx_client_t *c, struct iovec *iov, int 
     char buf[CMSG_SPACE(sizeof(int))];
   } ctl;
   memset(&ctl, 0, sizeof ctl);
-  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+  struct msghdr mh = {0};
   if (fd >= 0) {
     mh.msg_control = ctl.buf;
     mh.msg_controllen = sizeof ctl.buf;
@@ -307,25 +308,27 @@ fp4idx_status_t fp4idx__client_sendv(fp4idx_client_t *c, struct iovec *iov, int 
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &fd, sizeof fd);
   }
+  size_t left = (size_t)n; /* iov[0..left) still to send */
   for (;;) {
-    while (mh.msg_iovlen > 0 && mh.msg_iov[0].iov_len == 0) {
-      mh.msg_iov++;
-      mh.msg_iovlen--;
+    while (left > 0 && iov[0].iov_len == 0) {
+      iov++;
+      left--;
     }
-    if (mh.msg_iovlen == 0) return FP4IDX_OK; /* a frame is >= 4 bytes: the fd went */
+    if (left == 0) return FP4IDX_OK; /* a frame is >= 4 bytes: the fd went */
+    mh.msg_iov = iov;
+    mh.msg_iovlen = left < IOV_MAX ? left : IOV_MAX; /* sendmsg takes at most IOV_MAX */
     ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
     if (w > 0) {
       mh.msg_control = NULL; /* it went with these bytes */
       mh.msg_controllen = 0;
-      size_t done = (size_t)w;
-      while (done > 0) {
-        size_t k = done < mh.msg_iov[0].iov_len ? done : mh.msg_iov[0].iov_len;
-        mh.msg_iov[0].iov_base = (char *)mh.msg_iov[0].iov_base + k;
-        mh.msg_iov[0].iov_len -= k;
+      for (size_t done = (size_t)w; done > 0;) {
+        size_t k = done < iov[0].iov_len ? done : iov[0].iov_len;
+        iov[0].iov_base = (char *)iov[0].iov_base + k;
+        iov[0].iov_len -= k;
         done -= k;
-        if (mh.msg_iov[0].iov_len == 0) {
-          mh.msg_iov++;
-          mh.msg_iovlen--;
+        if (iov[0].iov_len == 0) {
+          iov++;
+          left--;
         }
       }
       continue;

@@ -259,6 +259,36 @@ Test(e2e, several_sequences_in_one_request) {
   golden_free(&b);
 }
 
+/* A score of 600 entries, each one row whose q (8 KB) the client sends
+ * from the caller's memory: 1,201 iovecs, more than one sendmsg takes
+ * (IOV_MAX 1,024), so the send goes in pieces. Every entry's logits equal
+ * those of the same row scored alone. */
+Test(e2e, many_entries_sent_in_several_sendmsg_calls) {
+  golden_t a;
+  golden_load(&a, "dyadic_h32", 32);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 100, &a);
+  enum { N = 600 };
+  fp4idx_client_seq_t *s = calloc(N, sizeof *s);
+  cr_assert_not_null(s);
+  for (int i = 0; i < N; i++)
+    s[i] = (fp4idx_client_seq_t){.seq = 100, .rows = 1, .q = a.q, .w = a.w, .lens = a.lens};
+  fp4idx_client_result_t *one, *all;
+  CHECK(c, fp4idx_client_score(c, 32, 0, s, 1, &one));
+  CHECK(c, fp4idx_client_score(c, 32, 0, s, N, &all));
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(all[i].seq, 100);
+    cr_assert_eq(all[i].width, one[0].width);
+    cr_assert_eq(memcmp(all[i].logits, one[0].logits, (size_t)one[0].width * 4), 0,
+                 "entry %d differs", i);
+  }
+  fp4idx_client_free(one);
+  fp4idx_client_free(all);
+  free(s);
+  fp4idx_client_close(c);
+  golden_free(&a);
+}
+
 /* The quantizer's golden bytes through append (bf16 and f32, both rounding
  * modes) and read (packed), fp4 round trip, and dequantized reads. */
 Test(e2e, append_read_rounding_modes) {
