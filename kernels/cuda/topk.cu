@@ -443,11 +443,7 @@ __global__ void __launch_bounds__(kFT)
   if (C > (uint32_t)k) diff = key_diff<kFT>(sel, n_out, &s.kor, &s.kand);
   if (n_out <= 1) diff = 0;
   sort_write_n<kFT>(smem, sel, n_out, diff, row.logits, po, vo);
-  for (int32_t i = (int32_t)n_out + tid; i < k; i += kFT) {
-    po[i] = -1;
-    vo[i] = -INFINITY;
-  }
-  if (tid == 0) count[blockIdx.x] = (int32_t)n_out;
+  pad_row(po, vo, count + blockIdx.x, n_out, k, 0, 1, kFT);
 }
 
 // The counting-rank finish of the bucketed rows: block p of row r ranks the
@@ -476,11 +472,7 @@ __global__ void __launch_bounds__(kRT)
   const uint32_t C = in.n_cand, n_out = C < (uint32_t)k ? C : (uint32_t)k;
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
-  for (int64_t i = (int64_t)n_out + (int64_t)p * kRT + tid; i < k; i += (int64_t)rank_blocks * kRT) {
-    po[i] = -1;
-    vo[i] = -INFINITY;
-  }
-  if (p == 0 && tid == 0) count[r] = (int32_t)n_out;
+  pad_row(po, vo, count + r, n_out, k, p, rank_blocks, kRT);
   const uint32_t a = (uint32_t)p * kRC;
   if (a >= C) return;
   const uint32_t te = a + kRC < C ? a + kRC : C;

@@ -332,11 +332,7 @@ __global__ void __launch_bounds__(kT, 2)
 
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
-  for (int64_t i = (int64_t)n_out + (int64_t)q * kT + tid; i < k; i += (int64_t)cs * kT) {
-    po[i] = -1;
-    vo[i] = -INFINITY;
-  }
-  if (q == 0 && tid == 0) count[r] = (int32_t)n_out;
+  pad_row(po, vo, count + r, n_out, k, q, cs, kT);
 
   // Rank slots [a, e) of the list (the same list in every block). A slot
   // >= G holds a key == T, in position order after every key > T: its

@@ -12,6 +12,7 @@
 #define FP4IDX_TOPK_KEYS_CUH
 
 #include <cub/block/block_radix_sort.cuh>
+#include <math.h>
 #include <stdint.h>
 
 namespace fp4idx_topk {
@@ -31,6 +32,19 @@ __device__ __forceinline__ unsigned long long cand_of(uint32_t key, int64_t pos)
 }
 __device__ __forceinline__ int32_t cand_pos(unsigned long long c) {
   return (int32_t)(0xFFFFFFFFu - (uint32_t)c);
+}
+
+// One output row's padding past its n_out pairs (position -1, logit -inf)
+// and its count, written by block `part` of the `parts` blocks of nt
+// threads that share the row (part 0's thread 0 writes the count).
+__device__ __forceinline__ void pad_row(int32_t *po, float *vo, int32_t *count, uint32_t n_out,
+                                        int32_t k, int part, int parts, int nt) {
+  for (int64_t i = (int64_t)n_out + (int64_t)part * nt + threadIdx.x; i < k;
+       i += (int64_t)parts * nt) {
+    po[i] = -1;
+    vo[i] = -INFINITY;
+  }
+  if (part == 0 && threadIdx.x == 0) *count = (int32_t)n_out;
 }
 
 // Shared-memory histogram increment, one atomic per distinct bin in the warp
