@@ -128,6 +128,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   }
   d->server.busypoll = &d->busypoll;
   d->worker.spin_us = spin;
+  d->worker.hold_spin = &d->busypoll.on;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
    * that comes as soon as a client can connect must stop gracefully, not
    * kill the process with the socket file left behind. */

@@ -154,6 +154,7 @@ static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, c->progress_us - r->t_write_us);
   int close_after = r->close_after;
   fp4idx__budget_hold(c, 0, -(int64_t)r->wire_len);
+  fp4idx__busypoll_writing(c->srv->busypoll, -1);
   fp4idx__server_req_free(r);
   if (c->closing) {
     return; /* close_cb finishes the cleanup */
@@ -205,6 +206,7 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
       return;
     }
     r->write_started = 1;
+    fp4idx__busypoll_writing(c->srv->busypoll, +1);
     c->out_bytes += r->wire_len;
     if (r->close_after) return;
   }

@@ -27,9 +27,10 @@ static void fp4idx__worker_async_cb(uv_async_t *h) {
 }
 
 /* Called with mu held and nothing to run: polls for a submission (or a
- * stop) for up to spin_us without the lock (a sleeping thread is woken tens
- * of us late; busypoll.h). 1 when one came; mu is held again either way and
- * the caller looks at the queues again before it sleeps. */
+ * stop) for up to spin_us, and on while the loop polls (hold_spin), without
+ * the lock (a sleeping thread is woken tens of us late, more from a deep
+ * idle state of its core; busypoll.h). 1 when one came; mu is held again
+ * either way and the caller looks at the queues again before it sleeps. */
 static int fp4idx__worker_spin(fp4idx_worker_t *w) {
   uint64_t seen = __atomic_load_n(&w->submitted, __ATOMIC_ACQUIRE);
   pthread_mutex_unlock(&w->mu);
@@ -43,7 +44,11 @@ static int fp4idx__worker_spin(fp4idx_worker_t *w) {
       break;
     }
     clock_gettime(CLOCK_MONOTONIC, &t);
-    if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= w->spin_us) break;
+    long us = (t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000;
+    if (us >= w->spin_us &&
+        (!w->hold_spin || !__atomic_load_n(w->hold_spin, __ATOMIC_ACQUIRE) ||
+         us >= FP4IDX_WORKER_SPIN_MAX_US))
+      break;
   }
   pthread_mutex_lock(&w->mu);
   return got;
@@ -173,10 +178,12 @@ int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
   void *data = w->data;
   void (*on_idle)(fp4idx_worker_t *) = w->on_idle;
   int spin_us = w->spin_us;
+  const int *hold_spin = w->hold_spin;
   memset(w, 0, sizeof *w);
   w->data = data;
   w->on_idle = on_idle;
   w->spin_us = spin_us;
+  w->hold_spin = hold_spin;
   w->loop = loop;
   if (pthread_mutex_init(&w->mu, NULL)) return FP4IDX_ENOMEM;
   if (pthread_cond_init(&w->cv, NULL)) goto err_mu;

@@ -62,6 +62,7 @@ struct fp4idx_job_s {
 };
 
 #define FP4IDX_WORKER_BULK_EVERY 4
+#define FP4IDX_WORKER_SPIN_MAX_US 50000
 
 typedef struct fp4idx_worker_s {
   uv_loop_t *loop;
@@ -89,6 +90,10 @@ typedef struct fp4idx_worker_s {
   } runs[2];
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
   int spin_us;             /* poll the queue this long before sleeping (set before start) */
+  /* and on while *hold_spin is nonzero (atomic int; the loop's busy
+   * polling, busypoll.h: a request is near while the loop expects one), at
+   * most FP4IDX_WORKER_SPIN_MAX_US; NULL: spin_us only (set before start) */
+  const int *hold_spin;
   uint64_t submitted;      /* jobs ever submitted (atomic: the spinning worker reads it) */
   void *data;              /* user's */
 } fp4idx_worker_t;

@@ -397,3 +397,44 @@ Test(stats, record_and_snapshot) {
   cr_assert_str_eq(fp4idx__stats_op_name(FP4IDX_OP_SCORE), "score");
   fp4idx__stats_destroy(&s);
 }
+
+/* ---- the loop's busy polling (daemon/busypoll.c) ------------------------- */
+
+#include "busypoll.h"
+
+/* Runs the loop (the idle handle keeps uv_run from blocking) for about
+ * `us`, then returns whether busy polling is still on. */
+static int bp_on_after(uv_loop_t *loop, fp4idx_busypoll_t *bp, double us) {
+  double t0 = fp4idx__stats_now_us();
+  while (fp4idx__stats_now_us() - t0 < us && bp->on) uv_run(loop, UV_RUN_NOWAIT);
+  return __atomic_load_n(&bp->on, __ATOMIC_ACQUIRE);
+}
+
+Test(busypoll, stays_on_while_a_reply_is_written_then_stops) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  fp4idx_busypoll_t bp;
+  cr_assert_eq(fp4idx__busypoll_init(&bp, &loop, 1000, NULL), 0);
+  /* nothing written: off again once spin_us passed without an event */
+  fp4idx__busypoll_kick(&bp);
+  cr_assert_eq(bp.on, 1);
+  cr_assert_eq(bp_on_after(&loop, &bp, 200e3), 0, "busy polling did not stop");
+  /* a write in flight holds it on well past spin_us ... */
+  fp4idx__busypoll_kick(&bp);
+  fp4idx__busypoll_writing(&bp, +1);
+  cr_assert_eq(bp_on_after(&loop, &bp, 5000), 1, "stopped while a reply was written");
+  /* ... and the end of the write is an event: spin_us more, then off */
+  fp4idx__busypoll_writing(&bp, -1);
+  cr_assert_eq(bp.writing, 0);
+  cr_assert_eq(bp.on, 1);
+  cr_assert_eq(bp_on_after(&loop, &bp, 200e3), 0, "busy polling did not stop after the write");
+  /* a write that never ends (a client that does not read) holds it on for
+   * at most FP4IDX_BUSYPOLL_WRITE_HOLD_US after the last event */
+  fp4idx__busypoll_kick(&bp);
+  fp4idx__busypoll_writing(&bp, +1);
+  cr_assert_eq(bp_on_after(&loop, &bp, 10 * FP4IDX_BUSYPOLL_WRITE_HOLD_US), 0,
+               "a stalled write kept the loop polling");
+  uv_close((uv_handle_t *)&bp.idle, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  cr_assert_eq(uv_loop_close(&loop), 0);
+}
