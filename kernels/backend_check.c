@@ -4,6 +4,27 @@
  * keep a backend safe on its own (tests, benchmarks, other callers). */
 #include "fp4idx_backend.h"
 
+#include <stdint.h>
+
+/* 1 when one of pages[0..n) lies outside 0..n_pages-1. One unsigned
+ * compare per page (a negative page is a huge one), OR-ed without a branch
+ * in blocks of a fixed length, which the compiler vectorizes: a
+ * 400,000-key sequence names 6,250 pages, checked on every score, and the
+ * loop of two compares and a branch per page took ~5 us of the request on
+ * the H200 host (2026-12-01 trace, branch trace). */
+static int fp4idx__pages_outside(const int32_t *pages, int64_t n, int64_t n_pages) {
+  const uint32_t lim = n_pages > (int64_t)INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)n_pages;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    uint32_t bad = 0;
+    for (int j = 0; j < 64; j++) bad |= (uint32_t)pages[i + j] >= lim;
+    if (bad) return 1;
+  }
+  for (; i < n; i++)
+    if ((uint32_t)pages[i] >= lim) return 1;
+  return 0;
+}
+
 int fp4idx_backend_check_score(const fp4idx_backend_t *b,
                                const fp4idx_backend_batch_t *batch) {
   if (!b || !batch || b->n_pages < 1) return FP4IDX_EINVAL;
@@ -24,9 +45,8 @@ int fp4idx_backend_check_score(const fp4idx_backend_t *b,
     for (int32_t r = 0; r < sq->rows; r++)
       if (sq->lens[r] < 0 || sq->lens[r] > sq->width) return FP4IDX_EINVAL;
     /* Every page the sequence names must lie in the pool. */
-    const int64_t np = (sq->n_keys + P - 1) / P;
-    for (int64_t p = 0; p < np; p++)
-      if (sq->pages[p] < 0 || sq->pages[p] >= b->n_pages) return FP4IDX_EINVAL;
+    if (fp4idx__pages_outside(sq->pages, (sq->n_keys + P - 1) / P, b->n_pages))
+      return FP4IDX_EINVAL;
   }
   return FP4IDX_OK;
 }

@@ -53,8 +53,9 @@ typedef struct fp4idx__stage_s {
   uint8_t *d;             /* device */
   size_t d_cap;
   cudaEvent_t ev[4];      /* before upload, after upload, after kernels, end */
-  int used;               /* 1: ev[3] recorded, wait on it before reuse;
-                             2: a call failed before recording it: sync */
+  int used;               /* 0: free (its end waited for); 1: ev[3]
+                             recorded, wait on it before reuse; 2: a call
+                             failed before recording it: sync */
   int pending;            /* a submitted score not yet waited for */
   int no_down;            /* its last score copied nothing back: no ev[2] */
   fp4idx_backend_timing_t *timing; /* where its timing goes (may be NULL) */
@@ -148,6 +149,7 @@ static int fp4idx__stage_finish(fp4idx__cuda_t *c, fp4idx__stage_t *st, const ch
   CK(cudaEventRecord(st->ev[3], c->stream), what);
   st->used = 1;
   CK(cudaEventSynchronize(st->ev[3]), what);
+  st->used = 0; /* waited for: the next take needs no sync (~1.6 us) */
 out:
   return rc;
 }
@@ -582,6 +584,7 @@ static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
   st->pending = 0;
   int rc;
   CK(cudaEventSynchronize(st->ev[3]), "score: wait");
+  st->used = 0; /* waited for: the next take needs no sync (~1.6 us) */
   if (st->timing) rc = fp4idx__stage_timing(st, st->timing);
 out:
   return rc;
