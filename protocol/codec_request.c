@@ -10,6 +10,9 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "codec_internal.h"
 
@@ -77,11 +80,41 @@ void fp4idx_request_clear(fp4idx_request_t *req) {
  * the index is then found value by value in that word. A score's q is
  * 16,384 values per 4 x 32 rows: the plain loop, one branch per value, took
  * ~16 us of a 60 us request on the H200 host (26 us vs 4 us word by word). */
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The whole blocks of 128 values with AVX2 (16 lanes compared at once):
+ * 0.9 us instead of 1.6 for a score's 16,384 (dev box). Returns the start
+ * of the first block that holds a non-finite value, or the end of the
+ * whole blocks. */
+__attribute__((target("avx2"))) static size_t fp4idx__nonfinite_blocks_avx2(
+    const unsigned char *p, size_t n) {
+  const __m256i E = _mm256_set1_epi16(0x7f80);
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+      __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(p + i * 2u + (size_t)j * 32u));
+      acc = _mm256_or_si256(acc, _mm256_cmpeq_epi16(_mm256_and_si256(x, E), E));
+    }
+    if (!_mm256_testz_si256(acc, acc)) break;
+  }
+  return i;
+}
+#endif
+
 static size_t fp4idx__first_nonfinite_bf16(const void *data, size_t n) {
   const uint64_t E = 0x7f807f807f807f80ull, ONE = 0x0001000100010001ull,
                  HI = 0x8000800080008000ull;
   const unsigned char *p = data;
   size_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  static int avx2 = -1; /* decided once (threads that race store the same) */
+  int has = __atomic_load_n(&avx2, __ATOMIC_RELAXED);
+  if (has < 0) {
+    has = __builtin_cpu_supports("avx2") ? 1 : 0;
+    __atomic_store_n(&avx2, has, __ATOMIC_RELAXED);
+  }
+  if (has) i = fp4idx__nonfinite_blocks_avx2(p, n);
+#endif
   /* Blocks of 128 values without a branch (the compiler vectorizes a
    * fixed trip count), then the block that holds one word by word. */
   for (; i + 128 <= n; i += 128) {
