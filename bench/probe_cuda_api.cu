@@ -9,6 +9,7 @@
  * requests, each waited for: upload 32 KB, one kernel, download 16 KB.
  */
 #include <algorithm>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -235,6 +236,46 @@ int main() {
         TCK(cudaGetLastError());
         TCK(cudaEventRecord(ev_n, st));
       }, sync));
+  // The end of a request seen through a word of mapped host memory that the
+  // stream writes after its last operation (cuStreamWriteValue32), the host
+  // spinning on it, instead of waiting on the end event.
+  {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult qr;
+    TCK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault,
+                                         &qr));
+    typedef CUresult (*write_value_t)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    write_value_t wv = qr == cudaDriverEntryPointSuccess ? (write_value_t)fn : nullptr;
+    uint32_t *h_flag, *d_flag;
+    TCK(cudaHostAlloc((void **)&h_flag, 64, cudaHostAllocMapped));
+    TCK(cudaHostGetDevicePointer((void **)&d_flag, h_flag, 0));
+    *(volatile uint32_t *)h_flag = 0;
+    uint32_t seq = 0;
+    auto flag_wait = [&] {
+      while (*(volatile uint32_t *)h_flag != seq) {
+      }
+    };
+    if (wv) {
+      add("round trip: up 32 KB + kernel + down 16 KB, mapped flag", round_trip([&] {
+            small_req();
+            if (wv((CUstream)st, (CUdeviceptr)d_flag, ++seq, CU_STREAM_WRITE_VALUE_DEFAULT))
+              abort();
+          }, flag_wait));
+      add("round trip: one kernel alone, mapped flag", round_trip([&] {
+            kernel_only();
+            if (wv((CUstream)st, (CUdeviceptr)d_flag, ++seq, CU_STREAM_WRITE_VALUE_DEFAULT))
+              abort();
+          }, flag_wait));
+      add("cuStreamWriteValue32 (mapped host word)", host_cost(st, [&](int) {
+            if (wv((CUstream)st, (CUdeviceptr)d_flag, ++seq, CU_STREAM_WRITE_VALUE_DEFAULT))
+              abort();
+          }));
+    } else {
+      printf("cuStreamWriteValue32: not available (%d)\n", (int)qr);
+    }
+    TCK(cudaStreamSynchronize(st));
+    TCK(cudaFreeHost(h_flag));
+  }
   add("round trip: the request's 7 nodes as a graph", round_trip([&] {
         TCK(cudaGraphLaunch(ge, st));
         TCK(cudaEventRecord(ev_n, st));
