@@ -605,22 +605,54 @@ static fp4idx__cmd_scores_t *fp4idx__cmd_scores_start(fp4idx_daemon_t *d, fp4idx
   return sc;
 }
 
-/* Waits for a started run and takes its results into runs[first..). */
-static void fp4idx__cmd_scores_end(fp4idx_daemon_t *d, fp4idx__cmd_scores_t *sc,
-                                   fp4idx__cmd_run_t *runs) {
-  fp4idx__score_end(d, sc->pending);
-  double te = fp4idx__stats_now_us();
-  for (int i = 0; i < sc->n; i++) {
-    fp4idx__cmd_run_t *r = &runs[sc->first + i];
-    r->score = sc->jobs[i];
-    r->rc = sc->jobs[i].rc;
-    r->timing = sc->jobs[i].timing;
-    r->te = te;
-    if (sc->jobs[i].rc == FP4IDX_OK) {
-      r->resp.u.score.results = sc->jobs[i].results;
-      r->resp.u.score.nresults = sc->jobs[i].nresults;
-    }
+static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r);
+
+/* A started run being answered (fp4idx__cmd_scores_end). */
+typedef struct fp4idx__cmd_scores_reply_s {
+  fp4idx_daemon_t *d;
+  fp4idx__cmd_scores_t *sc;
+  fp4idx_cmd_job_t *jobs;   /* the batch's */
+  fp4idx__cmd_run_t *runs;  /* the batch's */
+  uint8_t *answered;        /* [sc->n] */
+} fp4idx__cmd_scores_reply_t;
+
+/* Takes score job i's results into its run and answers it. */
+static void fp4idx__cmd_scores_answer(fp4idx__cmd_scores_reply_t *x, int i, double te) {
+  fp4idx__cmd_scores_t *sc = x->sc;
+  fp4idx__cmd_run_t *r = &x->runs[sc->first + i];
+  r->score = sc->jobs[i];
+  r->rc = sc->jobs[i].rc;
+  r->timing = sc->jobs[i].timing;
+  r->te = te;
+  if (sc->jobs[i].rc == FP4IDX_OK) {
+    r->resp.u.score.results = sc->jobs[i].results;
+    r->resp.u.score.nresults = sc->jobs[i].nresults;
   }
+  if (x->answered) x->answered[i] = 1;
+  fp4idx__cmd_finish(x->d, &x->jobs[sc->first + i], r);
+}
+
+/* fp4idx_score_done_fn: the jobs of one collected launch, answered now. */
+static void fp4idx__cmd_scores_launch_done(void *arg, fp4idx_score_job_t *const *jobs, int n) {
+  fp4idx__cmd_scores_reply_t *x = arg;
+  double te = fp4idx__stats_now_us();
+  for (int k = 0; k < n; k++) fp4idx__cmd_scores_answer(x, (int)(jobs[k] - x->sc->jobs), te);
+}
+
+/* Waits for a started run launch by launch and answers each launch's
+ * requests as soon as it is collected (the replies of a first half leave
+ * while the device scores the second, score.h), then the ones that never
+ * launched, in queue order. */
+static void fp4idx__cmd_scores_end(fp4idx_daemon_t *d, fp4idx__cmd_scores_t *sc,
+                                   fp4idx_cmd_job_t *jobs, fp4idx__cmd_run_t *runs) {
+  fp4idx__cmd_scores_reply_t x = {.d = d, .sc = sc, .jobs = jobs, .runs = runs,
+                                  .answered = calloc((size_t)sc->n, 1)};
+  /* without the bookkeeping, everything is answered after the last launch */
+  fp4idx__score_end_each(d, sc->pending, x.answered ? fp4idx__cmd_scores_launch_done : NULL, &x);
+  double te = fp4idx__stats_now_us();
+  for (int i = 0; i < sc->n; i++)
+    if (!x.answered || !x.answered[i]) fp4idx__cmd_scores_answer(&x, i, te);
+  free(x.answered);
   free(sc->jobs);
   free(sc);
 }
@@ -710,9 +742,7 @@ static void fp4idx__cmd_batch_scores_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t 
     fp4idx__cmd_scores_t *s = b->scores;
     b->scores = s->next;
     if (!b->scores) b->scores_tail = NULL;
-    int first = s->first, m = s->n;
-    fp4idx__cmd_scores_end(d, s, b->runs);
-    for (int k = first; k < first + m; k++) fp4idx__cmd_finish(d, &b->jobs[k], &b->runs[k]);
+    fp4idx__cmd_scores_end(d, s, b->jobs, b->runs);
   }
 }
 

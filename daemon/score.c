@@ -180,6 +180,10 @@ typedef struct fp4idx__score_launch_s {
 struct fp4idx_score_pending_s {
   fp4idx__score_launch_t *head, *tail; /* submit order */
   int n;
+  /* jobs of launches start had to collect already (more launches than the
+   * device holds), reported first by fp4idx__score_end_each */
+  fp4idx_score_job_t **early;
+  int n_early, cap_early;
 };
 
 static void fp4idx__score_launch_free(fp4idx__score_launch_t *l) {
@@ -354,8 +358,10 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
 }
 
 /* Finishes a launch: its results, or on failure each of its jobs alone
- * (one bad launch must not fail its neighbours), or the error. Frees l. */
-static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) {
+ * (one bad launch must not fail its neighbours), or the error; then hands
+ * its jobs to done (if set). Frees l. */
+static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l,
+                                 fp4idx_score_done_fn done, void *arg) {
   int rc = fp4idx__score_collect(d, l);
   if (l->n > 1) fp4idx__log_debug("one launch for %d score requests (rc %d)", l->n, rc);
   if (rc && l->n > 1) {
@@ -368,7 +374,23 @@ static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) 
   } else if (rc) {
     fp4idx__score_fail(l->jobs[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
   }
+  if (done) done(arg, l->jobs, l->n);
   fp4idx__score_launch_free(l);
+}
+
+/* Keeps the jobs of a launch collected inside fp4idx__score_start for
+ * fp4idx__score_end_each (0, or ENOMEM: then they are reported nowhere and
+ * the caller's sweep of unreported jobs answers them). */
+static void fp4idx__score_keep_early(void *arg, fp4idx_score_job_t *const *jobs, int n) {
+  fp4idx_score_pending_t *p = arg;
+  if (p->n_early + n > p->cap_early) {
+    int cap = 2 * (p->n_early + n);
+    fp4idx_score_job_t **e = realloc(p->early, (size_t)cap * sizeof *e);
+    if (!e) return;
+    p->early = e;
+    p->cap_early = cap;
+  }
+  for (int i = 0; i < n; i++) p->early[p->n_early++] = jobs[i];
 }
 
 fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs,
@@ -381,11 +403,20 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
     jobs[i].nresults = 0;
     jobs[i].alone = 0;
     memset(&jobs[i].timing, 0, sizeof jobs[i].timing);
-    fp4idx__score_prepare(d, &jobs[i]);
   }
+  /* Each job is checked just before a group looks at it, so a launch goes
+   * to the device before the jobs after it are checked. */
+  int prepared = 0;
+#define FP4IDX__SCORE_PREPARE_TO(k)                                    \
+  while (prepared < (k)) fp4idx__score_prepare(d, &jobs[prepared++])
+  /* A run of many requests launches in two halves: the device scores the
+   * first while the worker checks the second, and the first half's replies
+   * leave while the device scores the second (fp4idx__score_end_each). */
+  const int cap = n >= FP4IDX_SCORE_SPLIT_MIN ? (n + 1) / 2 : n;
   /* Groups of one (heads, topk), queue order inside each; a group whose
    * output would exceed FP4IDX_SCORE_MAX_LAUNCH launches in parts. */
   for (int i = 0; i < n; i++) {
+    FP4IDX__SCORE_PREPARE_TO(i + 1);
     if (jobs[i].rc != FP4IDX_OK || jobs[i].group >= 0) continue;
     fp4idx_score_job_t **g = p ? malloc((size_t)(n - i) * sizeof *g) : NULL;
     if (!g) {
@@ -396,6 +427,7 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
     int m = 0;
     uint64_t bytes = 0, work = 0;
     for (int x = i; x < n; x++) {
+      FP4IDX__SCORE_PREPARE_TO(x + 1);
       const fp4idx_score_req_t *b = &jobs[x].req->u.score;
       if (jobs[x].rc != FP4IDX_OK || jobs[x].group >= 0 || b->heads != a->heads ||
           b->topk != a->topk || (m > 0 && (jobs[x].alone || jobs[i].alone)))
@@ -408,6 +440,7 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
       work += jobs[x].work;
       jobs[x].group = i;
       g[m++] = &jobs[x];
+      if (m >= cap) break;
     }
     /* no more launches out than the device holds: collect the oldest */
     if (p->n >= FP4IDX_BACKEND_INFLIGHT) {
@@ -415,7 +448,7 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
       p->head = h->next;
       if (!p->head) p->tail = NULL;
       p->n--;
-      fp4idx__score_finish(d, h);
+      fp4idx__score_finish(d, h, fp4idx__score_keep_early, p);
     }
     fp4idx__score_launch_t *l;
     int rc = fp4idx__score_submit(d, g, m, &l); /* takes g */
@@ -429,17 +462,26 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
     p->tail = l;
     p->n++;
   }
+  FP4IDX__SCORE_PREPARE_TO(n);
+#undef FP4IDX__SCORE_PREPARE_TO
   return p;
 }
 
-void fp4idx__score_end(fp4idx_daemon_t *d, fp4idx_score_pending_t *p) {
+void fp4idx__score_end_each(fp4idx_daemon_t *d, fp4idx_score_pending_t *p,
+                            fp4idx_score_done_fn done, void *arg) {
   if (!p) return;
+  if (p->n_early && done) done(arg, p->early, p->n_early);
   while (p->head) {
     fp4idx__score_launch_t *l = p->head;
     p->head = l->next;
-    fp4idx__score_finish(d, l);
+    fp4idx__score_finish(d, l, done, arg);
   }
+  free(p->early);
   free(p);
+}
+
+void fp4idx__score_end(fp4idx_daemon_t *d, fp4idx_score_pending_t *p) {
+  fp4idx__score_end_each(d, p, NULL, NULL);
 }
 
 void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {

@@ -35,6 +35,11 @@ struct fp4idx_daemon_s;
  * is refused with E2BIG above FP4IDX_CMD_MAX_RESULT alone. */
 #define FP4IDX_SCORE_MAX_LAUNCH ((uint64_t)1 << 30)
 
+/* A run of at least this many score requests launches in two halves
+ * (fp4idx__score_start): the device's work on the first overlaps the
+ * worker's checks of the second and its replies to the first. */
+#define FP4IDX_SCORE_SPLIT_MIN 8
+
 typedef struct fp4idx_score_job_s {
   /* in */
   const fp4idx_request_t *req;   /* a decoded "score" */
@@ -75,6 +80,17 @@ typedef struct fp4idx_score_pending_s fp4idx_score_pending_t;
 fp4idx_score_pending_t *fp4idx__score_start(struct fp4idx_daemon_s *d, fp4idx_score_job_t *jobs,
                                             int n);
 void fp4idx__score_end(struct fp4idx_daemon_s *d, fp4idx_score_pending_t *p);
+
+/* fp4idx__score_end, handing the jobs of each launch to done(arg, jobs, n)
+ * as soon as that launch is collected (each of them has rc and msg or its
+ * results then), in launch order, so that their replies need not wait for
+ * the launches after them. Jobs that never launched (their own checks
+ * failed) are not passed, nor, when memory ran out, those of a launch
+ * collected inside fp4idx__score_start: the caller answers every job not
+ * passed once this returns. done may be NULL. */
+typedef void (*fp4idx_score_done_fn)(void *arg, fp4idx_score_job_t *const *jobs, int n);
+void fp4idx__score_end_each(struct fp4idx_daemon_s *d, fp4idx_score_pending_t *p,
+                            fp4idx_score_done_fn done, void *arg);
 
 /* Frees what a job holds except its output reference (results array,
  * input copies). */

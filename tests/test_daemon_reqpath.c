@@ -590,3 +590,69 @@ Test(reqpath, many_score_runs_in_one_batch_all_answered) {
   close(cfd);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
+
+/* A run of queued scores (score.h, FP4IDX_SCORE_SPLIT_MIN) launches in two
+ * halves, the first before the second is checked: every reply is the one
+ * the request gets alone, a bad request among them fails alone, and the
+ * log shows the two launches. The worker is held by a big score so that
+ * the others queue into one batch. */
+Test(reqpath, a_long_run_of_scores_launches_in_two_halves) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
+  enum { BIG = 30000, NC = 11, BAD = 4 };
+  int cfd = fp4idx_test_connect(d.sock), fd[NC];
+  cr_assert_geq(cfd, 0);
+  uint16_t *k = malloc((size_t)BIG * 128 * 2);
+  fill(k, (size_t)BIG * 128, 5);
+  for (int i = 0; i < BIG; i += 8192)
+    cr_assert_eq(fp4idx_test_append(cfd, 9, FP4IDX_WIRE_BF16, BIG - i < 8192 ? BIG - i : 8192,
+                                    k + (size_t)i * 128, NULL, NULL), 0);
+  free(k);
+  load_seqs(cfd);
+  for (int c = 0; c < NC; c++) {
+    fd[c] = fp4idx_test_connect(d.sock);
+    cr_assert_geq(fd[c], 0);
+  }
+  /* request c: sequence 1 + c % NSEQ, same heads and top-k for all (one
+   * group); BAD names a sequence that does not exist */
+  frame_t f[NC];
+  for (int c = 0; c < NC; c++)
+    f[c] = score_frame(200 + (uint64_t)c, c == BAD ? 777 : 1 + (uint64_t)(c % NSEQ), HEADS, 7,
+                       ROWS, NULL, 40 + (uint64_t)c);
+  frame_t big = score_frame(5, 9, 64, 0, 8, NULL, 3); /* holds the worker */
+  cr_assert_eq(fp4idx_test_send_all(cfd, big.data, big.len), 0);
+  free(big.data);
+  for (int c = 0; c < NC; c++) cr_assert_eq(fp4idx_test_send_all(fd[c], f[c].data, f[c].len), 0);
+  unsigned char *body[NC];
+  size_t len[NC];
+  for (int c = 0; c < NC; c++) cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body[c], &len[c]), 0);
+  unsigned char *bb;
+  size_t bl;
+  cr_assert_eq(fp4idx_test_recv_frame(cfd, &bb, &bl), 0);
+  free(bb);
+  /* each alone, one round trip at a time */
+  for (int c = 0; c < NC; c++) {
+    unsigned char *one;
+    size_t n1;
+    cr_assert_eq(fp4idx_test_send_all(cfd, f[c].data, f[c].len), 0);
+    cr_assert_eq(fp4idx_test_recv_frame(cfd, &one, &n1), 0);
+    fp4idx_response_t r;
+    cr_assert_eq(fp4idx_decode_response(body[c], len[c], FP4IDX_OP_SCORE, &r, NULL, 0), 0);
+    if (c == BAD)
+      cr_assert_eq(r.status, FP4IDX_ENOSEQ, "request %d: %s", c, r.error);
+    else
+      cr_assert_eq(r.status, 0, "request %d: %s", c, r.error);
+    fp4idx_response_clear(&r);
+    cr_assert_eq(n1, len[c], "request %d: %zu bytes batched, %zu alone", c, len[c], n1);
+    cr_assert(memcmp(one, body[c], n1) == 0, "request %d: bytes differ", c);
+    free(one);
+    free(body[c]);
+    free(f[c].data);
+  }
+  /* 10 valid of 11 queued: halves of 6 and 4 */
+  cr_expect(log_has(&d, "one launch for 6 score requests"), "no first half of 6");
+  cr_expect(log_has(&d, "one launch for 4 score requests"), "no second half of 4");
+  for (int c = 0; c < NC; c++) close(fd[c]);
+  close(cfd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
