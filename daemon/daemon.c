@@ -35,6 +35,12 @@ static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
   fp4idx__stats_conn(&d->stats, delta);
 }
 
+/* The loop, woken by the worker: replies written in parts go on. */
+static void fp4idx__daemon_worker_wake(fp4idx_worker_t *w) {
+  fp4idx_daemon_t *d = w->data;
+  fp4idx__server_flush_streams(&d->server);
+}
+
 /* ---- stopping ----------------------------------------------------------- */
 
 static void fp4idx__daemon_server_stopped(fp4idx_server_t *srv) {
@@ -119,6 +125,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server.pressure = fp4idx__daemon_pressure;
   d->server.on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
+  d->worker.on_wake = fp4idx__daemon_worker_wake;
   /* Busy polling, chosen once from the backend (busypoll.h). */
   int spin = d->cfg.busy_poll_us >= 0 ? d->cfg.busy_poll_us
                                       : (strcmp(d->desc.name, "cuda") == 0 ? 200 : 0);

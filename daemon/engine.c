@@ -187,6 +187,38 @@ int fp4idx__engine_score_wait(fp4idx_engine_t *e, fp4idx_engine_call_t call) {
   return rc;
 }
 
+int fp4idx__engine_score_wait_part(fp4idx_engine_t *e, fp4idx_engine_call_t call,
+                                   uint64_t *ready) {
+  *ready = UINT64_MAX;
+  fp4idx__engine_slot_t *s = NULL;
+  for (int i = 0; i < FP4IDX__ENGINE_CALLS && !s; i++)
+    if (e->calls[i].id == call.id && call.id) s = &e->calls[i];
+  if (!s) return FP4IDX_EINVAL;
+  if (s->ticket < 0 || !e->b->ops->score_wait_part) {
+    while (s->ticket >= 0) fp4idx__engine_finish_oldest(e);
+    return s->rc;
+  }
+  /* the older calls first: the device runs them in submit order */
+  for (;;) {
+    fp4idx__engine_slot_t *old = NULL;
+    for (int i = 0; i < FP4IDX__ENGINE_CALLS; i++) {
+      fp4idx__engine_slot_t *o = &e->calls[i];
+      if (o->id && o->ticket >= 0 && (!old || o->id < old->id)) old = o;
+    }
+    if (old == s) break;
+    fp4idx__engine_finish_oldest(e);
+  }
+  int rc = e->b->ops->score_wait_part(e->b, s->ticket, ready);
+  if (rc) { /* the call failed: its wait returns the error */
+    s->rc = e->b->ops->score_wait(e->b, s->ticket);
+    if (s->rc == FP4IDX_OK) s->rc = rc;
+    s->ticket = -1;
+    e->on_device--;
+    *ready = UINT64_MAX;
+  }
+  return rc;
+}
+
 /* Every op but score waits for the score calls in flight first: they must
  * not overlap (fp4idx_backend.h, score_submit). */
 int fp4idx__engine_store(fp4idx_engine_t *e, const void *keys, fp4idx_dtype_t dtype,

@@ -71,6 +71,15 @@ int fp4idx__engine_score_submit(fp4idx_engine_t *e, const fp4idx_backend_batch_t
                                 fp4idx_engine_call_t *call);
 int fp4idx__engine_score_wait(fp4idx_engine_t *e, fp4idx_engine_call_t call);
 
+/* Before fp4idx__engine_score_wait: waits until more of the call's full
+ * logits are on the host and sets *ready to the leading bytes there
+ * (backend->score_wait_part), UINT64_MAX once all are (at once where the
+ * backend has no parts, or after the whole call ran). Calls before it are
+ * finished first. Returns FP4IDX_OK or the call's error (then
+ * fp4idx__engine_score_wait returns it too). */
+int fp4idx__engine_score_wait_part(fp4idx_engine_t *e, fp4idx_engine_call_t call,
+                                   uint64_t *ready);
+
 /* Waits for every score call in flight (their statuses kept for their own
  * waits): called before any other backend op, which must not overlap them. */
 void fp4idx__engine_drain(fp4idx_engine_t *e);

@@ -14,12 +14,22 @@
 #include "log.h"
 #include "refs.h"
 
-/* A launch's output buffer, shared by the responses that point into it. */
+/* A launch's output buffer, shared by the responses that point into it
+ * (and, while it is still being copied back in parts, by the launch). */
 typedef struct fp4idx__score_out_s {
   int refs;                /* atomic */
   fp4idx_engine_t *engine;
   uint8_t *mem;
+  uint64_t ready;          /* atomic: leading bytes of mem final (UINT64_MAX: all) */
+  int failed;              /* atomic: the copy back failed part way */
 } fp4idx__score_out_t;
+
+uint64_t fp4idx__score_out_ready(const void *out, const uint8_t **base, int *failed) {
+  const fp4idx__score_out_t *o = out;
+  if (base) *base = o ? o->mem : NULL;
+  if (failed) *failed = o ? __atomic_load_n(&o->failed, __ATOMIC_ACQUIRE) : 0;
+  return o ? __atomic_load_n(&o->ready, __ATOMIC_ACQUIRE) : UINT64_MAX;
+}
 
 void fp4idx__score_out_release(void *p) {
   fp4idx__score_out_t *o = p;
@@ -174,6 +184,7 @@ typedef struct fp4idx__score_launch_s {
   fp4idx_backend_batch_t batch;
   fp4idx_engine_call_t call;
   double t0;
+  int streaming;             /* answered with only the first part back */
   struct fp4idx__score_launch_s *next;
 } fp4idx__score_launch_t;
 
@@ -263,6 +274,7 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
     o->refs = n;
     o->engine = d->engine;
     o->mem = mem;
+    o->ready = UINT64_MAX;
   }
   if (staged) {
     if (!k) logits = (float *)mem;
@@ -294,11 +306,34 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
   return FP4IDX_OK;
 }
 
+/* 1 when l's reply may leave while its logits are still coming back: one
+ * request of one sequence, full logits into the launch's own buffer, big
+ * enough to be copied back in parts (the reply is then written as they
+ * land; a batch's replies wait, since small ones are copied into their
+ * frames when encoded). */
+static int fp4idx__score_streamable(const fp4idx__score_launch_t *l) {
+  return l->o && l->n == 1 && l->batch.topk == 0 && l->jobs[0]->req->u.score.nseqs == 1 &&
+         l->jobs[0]->cells * 4u >= FP4IDX_SCORE_STREAM_MIN;
+}
+
 /* Waits for a submitted launch and splits its results back into its jobs.
- * Returns the call's status (the jobs untouched on failure). Frees l on
- * success; on failure the caller still owns l->jobs' fate (see finish). */
-static int fp4idx__score_collect(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) {
-  int rc = fp4idx__engine_score_wait(d->engine, l->call);
+ * With `stream` a streamable launch (above) returns as soon as the first
+ * part of its logits is back (l->streaming; fp4idx__score_stream_rest
+ * waits for the rest). Returns the call's status (the jobs untouched on
+ * failure). On failure the caller still owns l->jobs' fate (see finish). */
+static int fp4idx__score_collect(fp4idx_daemon_t *d, fp4idx__score_launch_t *l, int stream) {
+  int rc = FP4IDX_OK;
+  uint64_t ready = UINT64_MAX;
+  if (stream && fp4idx__score_streamable(l))
+    rc = fp4idx__engine_score_wait_part(d->engine, l->call, &ready);
+  if (rc == FP4IDX_OK && ready != UINT64_MAX) {
+    l->streaming = 1;
+    __atomic_store_n(&l->o->ready, ready, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&l->o->refs, 1, __ATOMIC_ACQ_REL); /* the launch's, until all is back */
+  } else {
+    int wrc = fp4idx__engine_score_wait(d->engine, l->call);
+    if (rc == FP4IDX_OK) rc = wrc;
+  }
   if (!l->timing.timed) l->timing.kernels_us = fp4idx__stats_now_us() - l->t0;
   if (rc) {
     if (l->o) {
@@ -352,7 +387,7 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   fp4idx__score_launch_t *l;
   int rc = fp4idx__score_submit(d, one, 1, &l);
   if (rc) return rc;
-  rc = fp4idx__score_collect(d, l);
+  rc = fp4idx__score_collect(d, l, 0);
   fp4idx__score_launch_free(l);
   return rc;
 }
@@ -360,9 +395,34 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
 /* Finishes a launch: its results, or on failure each of its jobs alone
  * (one bad launch must not fail its neighbours), or the error; then hands
  * its jobs to done (if set). Frees l. */
+/* The rest of a streaming launch's logits: each part published to the
+ * reply writing from the buffer (and the loop told), then the call waited
+ * for and the launch's reference dropped. A part that fails marks the
+ * buffer failed: its reply cannot be finished, the server drops the
+ * connection. */
+static void fp4idx__score_stream_rest(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) {
+  fp4idx__score_out_t *o = l->o;
+  for (;;) {
+    uint64_t ready = 0;
+    int rc = fp4idx__engine_score_wait_part(d->engine, l->call, &ready);
+    if (rc) {
+      fp4idx__log_error("a score's logits failed part way back (%s): its connection closes",
+                        fp4idx_strerror(rc));
+      __atomic_store_n(&o->failed, 1, __ATOMIC_RELEASE);
+    } else {
+      __atomic_store_n(&o->ready, ready, __ATOMIC_RELEASE);
+    }
+    fp4idx__server_stream_progress(&d->server);
+    if (rc || ready == UINT64_MAX) break;
+  }
+  (void)fp4idx__engine_score_wait(d->engine, l->call);
+  l->streaming = 0;
+  fp4idx__score_out_release(o);
+}
+
 static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l,
                                  fp4idx_score_done_fn done, void *arg) {
-  int rc = fp4idx__score_collect(d, l);
+  int rc = fp4idx__score_collect(d, l, 1);
   if (l->n > 1) fp4idx__log_debug("one launch for %d score requests (rc %d)", l->n, rc);
   if (rc && l->n > 1) {
     fp4idx__log_warn("a launch of %d score requests failed (%s): running them one by one",
@@ -375,6 +435,7 @@ static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l,
     fp4idx__score_fail(l->jobs[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
   }
   if (done) done(arg, l->jobs, l->n);
+  if (l->streaming) fp4idx__score_stream_rest(d, l);
   fp4idx__score_launch_free(l);
 }
 

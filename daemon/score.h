@@ -100,4 +100,16 @@ void fp4idx__score_job_clear(fp4idx_score_job_t *j);
  * gives the memory back to the engine. Any thread. */
 void fp4idx__score_out_release(void *out);
 
+/* A reply of at least FP4IDX_SCORE_STREAM_MIN bytes of full logits (one
+ * request, one sequence) is answered once the first part of them is back
+ * from the device, and written as the rest lands (the server asks
+ * fp4idx__score_out_ready before each write, and is told of each part by
+ * fp4idx__server_stream_progress). */
+#define FP4IDX_SCORE_STREAM_MIN ((uint64_t)1 << 20)
+
+/* The leading bytes of launch output `out` that are final (UINT64_MAX: all
+ * of it; also for NULL), its first byte in *base, and in *failed whether
+ * the copy back failed part way (the rest will never come). Any thread. */
+uint64_t fp4idx__score_out_ready(const void *out, const uint8_t **base, int *failed);
+
 #endif /* FP4IDX_DAEMON_SCORE_H */

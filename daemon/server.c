@@ -84,7 +84,15 @@ static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
 /* Drops request r (unlinked by the caller) with what it held. */
 static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
   int64_t in = r->done ? 0 : (int64_t)r->body_len;
-  int64_t out = r->done && !r->write_started ? (int64_t)r->wire_len : 0;
+  /* a reply cut off while written in parts (no part left in flight) gives
+   * back what its last part's callback would have */
+  int64_t out = r->done && (!r->write_started || r->streaming) ? (int64_t)r->wire_len : 0;
+  if (r->streaming) {
+    r->streaming = 0;
+    c->srv->streaming--;
+    c->out_bytes -= r->wire_len;
+    fp4idx__busypoll_writing(c->srv->busypoll, -1);
+  }
   fp4idx__budget_hold(c, -in, -out);
   c->pending--;
   fp4idx__server_req_free(r);
@@ -141,8 +149,8 @@ static void fp4idx__server_maybe_close(fp4idx_conn_t *c) {
 
 /* ---- writing responses in order ----------------------------------------- */
 
-static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
-  fp4idx_req_t *r = wr->data;
+/* Reply r is written (status 0) or its write failed: its completion. */
+static void fp4idx__server_written(fp4idx_req_t *r, int status) {
   fp4idx_conn_t *c = r->conn;
   /* Writes start in list order and complete in order: r is the head. */
   c->head = r->next;
@@ -172,44 +180,151 @@ static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
   fp4idx__server_resume(c);
 }
 
+static void fp4idx__server_write_cb(uv_write_t *wr, int status) {
+  fp4idx__server_written(wr->data, status);
+}
+
+/* One part of a reply written in parts. */
+typedef struct fp4idx__server_part_s {
+  uv_write_t wr;
+  fp4idx_req_t *r;
+} fp4idx__server_part_t;
+
+static void fp4idx__server_part_cb(uv_write_t *wr, int status) {
+  fp4idx__server_part_t *part = wr->data;
+  fp4idx_req_t *r = part->r;
+  free(part);
+  r->parts--;
+  if (status < 0 && !r->part_status) r->part_status = status;
+  /* complete after its last part; cut off (failed, or the connection is
+   * closing) once no part is left in flight */
+  if (r->parts > 0) return;
+  if (r->sent < r->wire_len && !r->part_status && !r->conn->closing) return;
+  r->streaming = 0;
+  r->conn->srv->streaming--;
+  fp4idx__server_written(r, r->part_status          ? r->part_status
+                            : r->sent < r->wire_len ? UV_ECANCELED
+                                                    : 0);
+}
+
+/* The wire bytes of r that may be written now: all of them, or, for a
+ * reply whose payload is still coming back from the device (score.h), up
+ * to the first byte not there yet. -1: that copy failed (the reply can
+ * never be finished). */
+static int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r) {
+  if (!r->out) return (int64_t)r->wire_len;
+  const uint8_t *base = NULL;
+  int failed = 0;
+  uint64_t ready = fp4idx__score_out_ready(r->out, &base, &failed);
+  if (failed) return -1;
+  if (ready == UINT64_MAX) return (int64_t)r->wire_len;
+  size_t w = 0, at = 0;
+  for (size_t i = 0; i < r->npayloads; i++) {
+    const fp4idx_payload_t *p = &r->payloads[i];
+    w += p->at - at;
+    at = p->at;
+    const uint8_t *d = p->data;
+    uint64_t off = d >= base ? (uint64_t)(d - base) : 0;
+    uint64_t have = ready > off ? ready - off : 0;
+    if (have < p->len) return (int64_t)(w + have);
+    w += p->len;
+  }
+  return (int64_t)r->wire_len;
+}
+
+/* uv bufs for wire bytes [from, to) of r (the frame's bytes with the
+ * payloads spliced in at their offsets) into bufs, which has room for
+ * 2 * npayloads + 1; returns how many. */
+static size_t fp4idx__server_wire_bufs(const fp4idx_req_t *r, size_t from, size_t to,
+                                       uv_buf_t *bufs) {
+  size_t k = 0, w = 0, at = 0;
+  for (size_t i = 0; i <= r->npayloads; i++) {
+    /* frame bytes [at, end), then payload i (if any) */
+    const int pl = i < r->npayloads;
+    const size_t end = pl ? r->payloads[i].at : r->resp_len;
+    const char *seg[2] = {(const char *)r->resp + at, pl ? r->payloads[i].data : NULL};
+    const size_t len[2] = {end - at, pl ? r->payloads[i].len : 0};
+    for (int s = 0; s < 2; s++) {
+      size_t a = from > w ? from - w : 0, b = to - w < len[s] ? to - w : len[s];
+      if (w < to && a < b) bufs[k++] = uv_buf_init((char *)seg[s] + a, (unsigned)(b - a));
+      w += len[s];
+    }
+    at = end;
+  }
+  return k;
+}
+
 static void fp4idx__server_flush(fp4idx_conn_t *c) {
   if (c->closing || c->dead) return;
   for (fp4idx_req_t *r = c->head; r && r->done; r = r->next) {
-    if (r->write_started) {
+    if (r->write_started && !r->streaming) {
       if (r->close_after) return; /* nothing goes out after a closing reply */
       continue;
     }
-    /* The frame's bytes with the payloads spliced in at their offsets: one
-     * writev, no copy of the payloads (libuv copies the buf array). */
+    int64_t ready = fp4idx__server_wire_ready(r);
+    if (ready < 0) {
+      fp4idx__log_warn("connection %llu: a reply's data failed to come back from the device; "
+                       "closing", (unsigned long long)c->id);
+      fp4idx__server_drop(c);
+      return;
+    }
+    if ((size_t)ready <= r->sent) return; /* the rest later (stream progress) */
+    /* One writev, no copy of the payloads (libuv copies the buf array); a
+     * reply whose payload is not all there yet goes in parts. */
     uv_buf_t small[17], *bufs = small;
     size_t nb = 2 * r->npayloads + 1;
-    if (nb > sizeof small / sizeof small[0] && !(bufs = malloc(nb * sizeof *bufs))) {
+    fp4idx__server_part_t *part = NULL;
+    const int whole = !r->write_started && (size_t)ready == r->wire_len;
+    if ((nb > sizeof small / sizeof small[0] && !(bufs = malloc(nb * sizeof *bufs))) ||
+        (!whole && !(part = malloc(sizeof *part)))) {
+      if (bufs != small) free(bufs);
       c->dead = 1;
       fp4idx__server_conn_close(c);
       return;
     }
-    size_t at = 0, k = 0;
-    for (size_t i = 0; i < r->npayloads; i++) {
-      const fp4idx_payload_t *p = &r->payloads[i];
-      bufs[k++] = uv_buf_init((char *)r->resp + at, (unsigned)(p->at - at));
-      bufs[k++] = uv_buf_init((char *)p->data, (unsigned)p->len);
-      at = p->at;
+    size_t k = fp4idx__server_wire_bufs(r, r->sent, (size_t)ready, bufs);
+    if (!r->write_started) r->t_write_us = fp4idx__stats_now_us();
+    int rc;
+    if (whole) {
+      r->wr.data = r;
+      rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, bufs, (unsigned)k, fp4idx__server_write_cb);
+    } else {
+      part->r = r;
+      part->wr.data = part;
+      rc = uv_write(&part->wr, (uv_stream_t *)&c->pipe, bufs, (unsigned)k,
+                    fp4idx__server_part_cb);
+      if (rc < 0) free(part);
     }
-    bufs[k++] = uv_buf_init((char *)r->resp + at, (unsigned)(r->resp_len - at));
-    r->wr.data = r;
-    r->t_write_us = fp4idx__stats_now_us();
-    int rc = uv_write(&r->wr, (uv_stream_t *)&c->pipe, bufs, (unsigned)k,
-                      fp4idx__server_write_cb);
     if (bufs != small) free(bufs);
     if (rc < 0) {
       fp4idx__server_drop(c);
       return;
     }
-    r->write_started = 1;
-    fp4idx__busypoll_writing(c->srv->busypoll, +1);
-    c->out_bytes += r->wire_len;
+    if (!r->write_started) {
+      r->write_started = 1;
+      fp4idx__busypoll_writing(c->srv->busypoll, +1);
+      c->out_bytes += r->wire_len;
+      if (!whole) {
+        r->streaming = 1;
+        c->srv->streaming++;
+      }
+    }
+    if (!whole) r->parts++;
+    r->sent = (size_t)ready;
+    if (r->sent < r->wire_len) return; /* the replies after it wait */
     if (r->close_after) return;
   }
+}
+
+void fp4idx__server_stream_progress(fp4idx_server_t *srv) {
+  if (srv->worker) fp4idx__worker_kick(srv->worker);
+}
+
+void fp4idx__server_flush_streams(fp4idx_server_t *srv) {
+  if (!srv->streaming) return;
+  for (fp4idx_conn_t *c = srv->conns; c; c = c->next)
+    if (c->head && c->head->streaming && c->head->sent < c->head->wire_len)
+      fp4idx__server_flush(c);
 }
 
 void fp4idx__server_req_done(fp4idx_req_t *req) {

@@ -72,6 +72,13 @@ typedef struct fp4idx_req_s {
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
   int write_started;
+  /* a reply written while its payload still comes back from the device
+   * (score.h, FP4IDX_SCORE_STREAM_MIN): in parts, each as far as the bytes
+   * are there */
+  int streaming;            /* 1 from its first part until it is all written */
+  size_t sent;              /* wire bytes handed to uv_write so far */
+  int parts;                /* part writes in flight */
+  int part_status;          /* the first failed part's status, or 0 */
   double t_first_us;        /* first byte of the frame (fp4idx__stats_now_us clock) */
   double t0_us;             /* whole frame received */
   double t_done_us;         /* response built (worker thread) */
@@ -162,6 +169,7 @@ struct fp4idx_server_s {
   struct fp4idx_busypoll_s *busypoll; /* kicked on reads and replies; may be NULL */
   void *data;                  /* the daemon's */
   int cuda_device;             /* regions: the CUDA backend's device, or -1 */
+  uint64_t streaming;          /* replies being written in parts */
 };
 
 /* Initializes an idle server on `loop` (no listener yet). */
@@ -197,6 +205,14 @@ void fp4idx__server_resume(fp4idx_conn_t *c);
 
 /* Closes c now, dropping unsent replies (the budget's timeout). */
 void fp4idx__server_drop(fp4idx_conn_t *c);
+
+/* Any thread: more of a reply's payload came back from the device
+ * (score.h); the loop writes what is there (fp4idx__server_flush_streams,
+ * through the worker's wake). */
+void fp4idx__server_stream_progress(fp4idx_server_t *srv);
+
+/* Loop: writes what has come of every reply being written in parts. */
+void fp4idx__server_flush_streams(fp4idx_server_t *srv);
 
 /* Accepts the pending connection of listener l as a new connection and
  * starts reading it (listener.c calls it below the caps). FP4IDX_OK, or

@@ -11,7 +11,9 @@
  *   upload    device backend: host-to-device copies (CUDA events)
  *   kernels   device backend: scorer + top-k kernels (CUDA events); the CPU
  *             backend's score call
- *   download  device backend: device-to-host copies (CUDA events)
+ *   download  device backend: device-to-host copies (CUDA events); for a
+ *             reply written while its logits come back (score.h,
+ *             FP4IDX_SCORE_STREAM_MIN) the first part, the rest in write
  *   encode    worker: response frame built
  *   wake      worker -> loop: response built -> the loop has it
  *   write     loop: response handed to the socket -> written

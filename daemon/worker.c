@@ -23,8 +23,12 @@ static void fp4idx__worker_drain_done(fp4idx_worker_t *w) {
 }
 
 static void fp4idx__worker_async_cb(uv_async_t *h) {
-  fp4idx__worker_drain_done(h->data);
+  fp4idx_worker_t *w = h->data;
+  fp4idx__worker_drain_done(w);
+  if (w->on_wake) w->on_wake(w);
 }
+
+void fp4idx__worker_kick(fp4idx_worker_t *w) { uv_async_send(&w->async); }
 
 /* Called with mu held and nothing to run: polls for a submission (or a
  * stop) for up to spin_us, and on while the loop polls (hold_spin), without
@@ -177,11 +181,13 @@ void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
   void *data = w->data;
   void (*on_idle)(fp4idx_worker_t *) = w->on_idle;
+  void (*on_wake)(fp4idx_worker_t *) = w->on_wake;
   int spin_us = w->spin_us;
   const int *hold_spin = w->hold_spin;
   memset(w, 0, sizeof *w);
   w->data = data;
   w->on_idle = on_idle;
+  w->on_wake = on_wake;
   w->spin_us = spin_us;
   w->hold_spin = hold_spin;
   w->loop = loop;

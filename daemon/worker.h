@@ -89,6 +89,8 @@ typedef struct fp4idx_worker_s {
     void (*end)(void *state); /* jobs[0]->batch_end (jobs[0] may be gone by then) */
   } runs[2];
   void (*on_idle)(struct fp4idx_worker_s *w); /* loop: queued dropped to 0 */
+  /* loop: after every wake by fp4idx__worker_kick or a post (set before start) */
+  void (*on_wake)(struct fp4idx_worker_s *w);
   int spin_us;             /* poll the queue this long before sleeping (set before start) */
   /* and on while *hold_spin is nonzero (atomic int; the loop's busy
    * polling, busypoll.h: a request is near while the loop expects one), at
@@ -112,6 +114,10 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
  * returns, so that it does not wait for its neighbours. The job may be
  * freed by its done callback from then on: do not touch it again. */
 void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job);
+
+/* Any thread: wakes the loop, which calls w->on_wake (coalesced with other
+ * wakes, as uv_async_send is). */
+void fp4idx__worker_kick(fp4idx_worker_t *w);
 
 /* Holds (on = 1) or releases (0) the bulk lane (loop thread). Stopping runs
  * every job regardless. */

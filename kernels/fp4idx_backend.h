@@ -178,6 +178,18 @@ typedef struct fp4idx_backend_ops_s {
    * FP4IDX_EINVAL (no such call in flight), FP4IDX_EDEVICE. */
   int (*score_submit)(fp4idx_backend_t *b, const fp4idx_backend_batch_t *batch, int *ticket);
   int (*score_wait)(fp4idx_backend_t *b, int ticket);
+  /* Optional (NULL: score_wait only). For the oldest submitted call: waits
+   * until more of its full logits (topk == 0, host outputs) are on the host
+   * than before, and sets *ready to the leading bytes of batch->logits now
+   * there (all sequences in order); UINT64_MAX once all of the call's
+   * outputs are, which is at once for a call that copies its results back
+   * in one piece. So a caller may send the first bytes while the rest is
+   * still coming (a device backend copies large logits back in parts).
+   * The first return that is not an error fills batch->timing with the
+   * parts done so far (download: the first part). score_wait must still
+   * be called (it returns at once after UINT64_MAX). FP4IDX_OK,
+   * FP4IDX_EINVAL (no such call in flight), FP4IDX_EDEVICE. */
+  int (*score_wait_part)(fp4idx_backend_t *b, int ticket, uint64_t *ready);
 } fp4idx_backend_ops_t;
 
 /* Score calls a backend with score_submit holds in flight at most. */

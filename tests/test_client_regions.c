@@ -672,3 +672,74 @@ Test(regions, lens_rewritten_during_a_score_cannot_escape) {
   free(w);
   close(sock);
 }
+
+/* ---- a long full-logits reply (written in parts on a device backend) ---- */
+
+/* Full logits of more than FP4IDX_SCORE_STREAM_MIN bytes through the socket
+ * equal the same score into a host region (on the CUDA backend the socket
+ * reply is written while its logits still come back from the device, in
+ * parts; the region takes one copy), also back to back; and a client that
+ * leaves in the middle of such a reply harms no one: the daemon answers the
+ * next request, and the same score again gives the same bytes. */
+Test(regions, a_long_logits_reply_equals_the_region_path) {
+  enum { N = 70000, R = 4, H = 8 };
+  fp4idx_client_t *c = open_client();
+  const size_t kbytes = (size_t)N * 128 * 2, lbytes = (size_t)R * N * 4;
+  cr_assert_gt(lbytes, (size_t)1 << 20);
+  uint64_t region = 0;
+  void *base = NULL;
+  CHECK(c, fp4idx_client_region_create(c, kbytes > lbytes ? kbytes : lbytes, &region, &base));
+  uint16_t *keys = make_keys(N, 41);
+  memcpy(base, keys, kbytes);
+  free(keys);
+  CHECK(c, fp4idx_client_append_region(c, 7, FP4IDX_KEYS_BF16, region, 0, N,
+                                       FP4IDX_ROUNDING_RNE, NULL, NULL));
+  uint16_t *q = make_bf16((size_t)R * H * 128, 42, -8, 8);
+  uint16_t *w = make_bf16((size_t)R * H, 43, 0, 8);
+  int32_t lens[R] = {N, N - 5, 1000, N / 3};
+  float *got = malloc(lbytes);
+  cr_assert_not_null(got);
+  for (int rep = 0; rep < 3; rep++) {
+    memset(got, 0xCD, lbytes);
+    uint32_t width = 0;
+    CHECK(c, fp4idx_client_score_into(c, 7, H, R, q, w, lens, got, (size_t)R * N, &width));
+    cr_assert_eq(width, (uint32_t)N);
+    memset(base, 0xAB, lbytes);
+    CHECK(c, fp4idx_client_score_region(c, 7, H, R, q, w, lens, N, region, 0));
+    cr_assert_eq(memcmp(base, got, lbytes), 0, "round %d: socket logits differ from the region's",
+                 rep);
+  }
+  /* a raw client asks for the same logits and leaves after 1,000 bytes */
+  int fd = fp4idx_test_connect(daemon_.sock);
+  cr_assert_geq(fd, 0);
+  fp4idx_request_t req;
+  fp4idx_score_seq_t s;
+  cr_assert_eq(fp4idx_test_score_request(&req, &s, 77, 7, H, 0, R, q, w, lens), 0);
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  cr_assert_eq(fp4idx_test_send_all(fd, sb.data, sb.size), 0);
+  msgpack_sbuffer_destroy(&sb);
+  char some[1000];
+  size_t have = 0;
+  while (have < sizeof some) {
+    ssize_t r = read(fd, some + have, sizeof some - have);
+    cr_assert_gt(r, 0, "the reply stopped after %zu bytes", have);
+    have += (size_t)r;
+  }
+  close(fd);
+  /* everyone else goes on */
+  fp4idx_client_t *c2 = open_client();
+  fp4idx_client_info_t info;
+  CHECK(c2, fp4idx_client_info(c2, &info));
+  uint32_t width = 0;
+  memset(got, 0xCD, lbytes);
+  CHECK(c2, fp4idx_client_score_into(c2, 7, H, R, q, w, lens, got, (size_t)R * N, &width));
+  cr_assert_eq(memcmp(base, got, lbytes), 0, "after a client left mid-reply: logits differ");
+  fp4idx_client_close(c2);
+  CHECK(c, fp4idx_client_region_destroy(c, region, base, kbytes > lbytes ? kbytes : lbytes));
+  free(got);
+  free(q);
+  free(w);
+  fp4idx_client_close(c);
+}

@@ -49,6 +49,17 @@
  * stores over PCIe and keeps them out of the scorer's pipeline). */
 #define FP4IDX__CUDA_DIRECT_MAX ((size_t)256 << 10)
 
+/* Full logits of at least FP4IDX__CUDA_PART_MIN bytes copied back into
+ * host memory by a submitted call come in parts, FP4IDX__CUDA_PART_FIRST
+ * and then each 4x the one before (at most FP4IDX__CUDA_PARTS, the last
+ * taking the rest), each closed by an event: score_wait_part hands out the
+ * first bytes while the rest is coming, so that a socket sends them
+ * meanwhile (6.4 MB of logits take ~135 us over PCIe, ~900 us through a
+ * Unix socket; the first 256 KiB are back in ~10 us). */
+#define FP4IDX__CUDA_PART_MIN ((size_t)1 << 20)
+#define FP4IDX__CUDA_PART_FIRST ((size_t)256 << 10)
+#define FP4IDX__CUDA_PARTS 5
+
 /* Pinned output blocks kept for reuse once freed. */
 #define FP4IDX__CUDA_PINNED_KEEP ((size_t)512 << 20)
 
@@ -68,6 +79,11 @@ typedef struct fp4idx__stage_s {
   CUdeviceptr d_done;     /* its device address */
   uint32_t done_seq;      /* the value the last call writes there */
   int flagged;            /* the last call writes it (else: wait on ev[3]) */
+  cudaEvent_t part_ev[FP4IDX__CUDA_PARTS]; /* after each part of a download
+                             in parts ([0] timing: the first part's time) */
+  uint64_t part_end[FP4IDX__CUDA_PARTS];   /* bytes back after each part */
+  int n_parts;            /* parts of the last call's download (0: one copy) */
+  int parts_seen;         /* of them, returned by score_wait_part */
   fp4idx_backend_timing_t *timing; /* where its timing goes (may be NULL) */
 } fp4idx__stage_t;
 
@@ -249,6 +265,8 @@ static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
       if (st->h) cudaFreeHost(st->h);
       for (int j = 0; j < 4; j++)
         if (st->ev[j]) cudaEventDestroy(st->ev[j]);
+      for (int j = 0; j < FP4IDX__CUDA_PARTS; j++)
+        if (st->part_ev[j]) cudaEventDestroy(st->part_ev[j]);
     }
     cudaFree(c->d_flag);
     if (c->h_words) cudaFreeHost(c->h_words);
@@ -552,6 +570,8 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if ((rc = fp4idx__stage_take(c, in_bytes, all, &st))) goto out;
 
   uint8_t *h = st->h, *d = st->d;
+  st->n_parts = 0;
+  st->parts_seen = 0;
   float *d_logits = dev_out && !bt->topk ? o_dlogits : (float *)(d + o_logits);
   int32_t *d_tpos = dev_out ? bt->topk_pos : (int32_t *)(d + o_tpos);
   float *d_tval = dev_out ? bt->topk_val : (float *)(d + o_tval);
@@ -621,6 +641,19 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
                        c->stream), "score: topk download");
     CK(cudaMemcpyAsync(bt->topk_count, d_tcnt, total_rows * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: topk download");
+  } else if (total_out && ticket && total_out * 4 >= FP4IDX__CUDA_PART_MIN) {
+    /* in parts (FP4IDX__CUDA_PART_MIN): score_wait_part hands them out */
+    const size_t bytes = total_out * 4;
+    size_t at = 0, len = FP4IDX__CUDA_PART_FIRST;
+    while (at < bytes) {
+      size_t n = st->n_parts == FP4IDX__CUDA_PARTS - 1 || bytes - at < len ? bytes - at : len;
+      CK(cudaMemcpyAsync((uint8_t *)bt->logits + at, (const uint8_t *)d_logits + at, n,
+                         cudaMemcpyDeviceToHost, c->stream), "score: download");
+      at += n;
+      CK(cudaEventRecord(st->part_ev[st->n_parts], c->stream), "score: event");
+      st->part_end[st->n_parts++] = at;
+      len *= 4;
+    }
   } else if (total_out) {
     CK(cudaMemcpyAsync(bt->logits, d_logits, total_out * 4, cudaMemcpyDeviceToHost,
                        c->stream), "score: download");
@@ -663,6 +696,34 @@ static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
   st->pending = 0;
   int rc = fp4idx__stage_wait(st, "score: wait");
   if (rc == FP4IDX_OK && st->timing) rc = fp4idx__stage_timing(st, st->timing);
+  return rc;
+}
+
+static int fp4idx__cuda_score_wait_part(fp4idx_backend_t *b, int ticket, uint64_t *ready) {
+  if (!b || !ready || ticket < 0 || ticket > 1) return FP4IDX_EINVAL;
+  fp4idx__cuda_t *c = b->impl;
+  fp4idx__stage_t *st = &c->set[ticket];
+  if (!st->pending) return FP4IDX_EINVAL;
+  int rc = FP4IDX_OK;
+  if (st->parts_seen >= st->n_parts) {
+    /* one piece (or every part handed out): the whole call */
+    if ((rc = fp4idx__stage_wait(st, "score: wait"))) return rc;
+    *ready = UINT64_MAX;
+    return FP4IDX_OK;
+  }
+  const int i = st->parts_seen;
+  CK(cudaEventSynchronize(st->part_ev[i]), "score: wait for a part");
+  if (i == 0 && st->timing) {
+    float up = 0, k = 0, down = 0;
+    CK(cudaEventElapsedTime(&up, st->ev[0], st->ev[1]), "score: timing");
+    CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[2]), "score: timing");
+    CK(cudaEventElapsedTime(&down, st->ev[2], st->part_ev[0]), "score: timing");
+    *st->timing = (fp4idx_backend_timing_t){.timed = 1, .upload_us = up * 1e3,
+                                            .kernels_us = k * 1e3, .download_us = down * 1e3};
+  }
+  st->parts_seen++;
+  *ready = st->parts_seen == st->n_parts ? UINT64_MAX : st->part_end[i];
+out:
   return rc;
 }
 
@@ -762,6 +823,7 @@ static const fp4idx_backend_ops_t fp4idx__cuda_ops = {
     .copy_pages = fp4idx__cuda_copy_pages,
     .score_submit = fp4idx__cuda_score_submit,
     .score_wait = fp4idx__cuda_score_wait,
+    .score_wait_part = fp4idx__cuda_score_wait_part,
 };
 
 int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
@@ -793,6 +855,11 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 4; j++)
       CK(cudaEventCreate(&c->set[i].ev[j]), "create event");
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < FP4IDX__CUDA_PARTS; j++)
+      CK(cudaEventCreateWithFlags(&c->set[i].part_ev[j], j ? cudaEventDisableTiming
+                                                             : cudaEventDefault),
+         "create event");
   /* The sets' end words (fp4idx__stage_wait), where the driver has
    * cuStreamWriteValue32; without it every wait is on the event. */
   CK(cudaHostAlloc((void **)&c->h_words, 128, cudaHostAllocMapped), "alloc end words");
