@@ -41,6 +41,17 @@
 
 namespace cg = cooperative_groups;
 
+// Phase marks of the experiment build bench/topk_phases.cu (it defines
+// FP4IDX_TOPK_PHASES and fp4idx_topk_phase(i) before including this file):
+// thread 0 stamps its clock at each phase boundary. Nothing in the product.
+#ifdef FP4IDX_TOPK_PHASES
+#define TOPK_PHASE(i) fp4idx_topk_phase(i)
+#define TOPK_PHASE_SYNC(i) (__syncthreads(), fp4idx_topk_phase(i))
+#else
+#define TOPK_PHASE(i) ((void)0)
+#define TOPK_PHASE_SYNC(i) ((void)0)
+#endif
+
 namespace {
 
 using namespace fp4idx_topk;
@@ -119,14 +130,16 @@ __device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
 // the count of the pass. Every block computes the same answer.
 template <int NB>
 __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t *own,
-                             uint32_t rem, Head &s, typename Scan::TempStorage &scan) {
+                             uint32_t rem, Head &s, typename Scan::TempStorage &scan, int ph) {
   const int tid = threadIdx.x, cs = (int)cl.num_blocks();
   const int per = NB / cs;  // bins a block owns
   for (int b = tid; b < NB; b += kT) {
     const uint32_t v = h[b];
     if (v) atomicAdd(cl.map_shared_rank(own, (unsigned)(b / per)) + (b % per), v);
   }
+  TOPK_PHASE_SYNC(ph);
   cl.sync();  // every push landed: the owners hold the sums
+  TOPK_PHASE(ph + 1);
   constexpr int PT = NB >= kT ? NB / kT : 1;
   uint32_t v[PT], mine = 0;
   const int b0 = NB - PT - tid * PT;  // this thread's lowest bin (bins b0 .. b0 + PT - 1)
@@ -171,6 +184,7 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
     }
   }
   __syncthreads();
+  TOPK_PHASE(ph + 2);
 }
 #endif
 
@@ -186,6 +200,7 @@ __global__ void __launch_bounds__(kT, 2)
   const int tid = threadIdx.x;
   const int cs = (int)cl.num_blocks(), q = (int)cl.block_rank();
   const int r = (int)(blockIdx.x / (unsigned)cs);
+  TOPK_PHASE(0);
   const fp4idx_cuda_topk_row_t row = rows[r];
   const int64_t b = (int64_t)q * slice;
   const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
@@ -210,6 +225,7 @@ __global__ void __launch_bounds__(kT, 2)
   if (head > nn) head = nn;
   uint32_t *keys = area + ((4 - head) & 3);
   __syncthreads();  // h is zero
+  TOPK_PHASE(1);
   {
     uint32_t key = 0;
     if (tid < head) keys[tid] = key = ord_key(x[tid]);
@@ -242,14 +258,16 @@ __global__ void __launch_bounds__(kT, 2)
     if (tid < nn - tail0) keys[tail0 + tid] = key = ord_key(x[tail0 + tid]);
     hist_inc(h, key >> 20, tid < nn - tail0 && key > kInvisibleMax);
   }
+  TOPK_PHASE_SYNC(2);
   // Every block's owned sums are zero before anyone pushes into them.
   cl.sync();
+  TOPK_PHASE(3);
 
   // Radix select: the list takes the G keys > T and the first rem_t keys
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
   // more when a pass's bin is taken whole (T just below the bin).
   uint32_t T, rem_t, G;
-  cluster_find<kNB1>(cl, h, s1, (uint32_t)k, s, scan);
+  cluster_find<kNB1>(cl, h, s1, (uint32_t)k, s, scan, 4);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
@@ -268,7 +286,8 @@ __global__ void __launch_bounds__(kT, 2)
       hist_inc(h, (key >> 8) & 4095u, i < nn && (key >> 20) == d1 && key > kInvisibleMax);
     }
     __syncthreads();
-    cluster_find<kNB2>(cl, h, s2, r1, s, scan);
+    TOPK_PHASE(20);
+    cluster_find<kNB2>(cl, h, s2, r1, s, scan, 21);
     const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
     if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin p2 whole
       T = (p2 << 8) - 1u;
@@ -283,13 +302,15 @@ __global__ void __launch_bounds__(kT, 2)
         hist_inc(h, key & 255u, i < nn && (key >> 8) == p2 && key > kInvisibleMax);
       }
       __syncthreads();
-      cluster_find<kNB3>(cl, h, s3, r2, s, scan);
+      TOPK_PHASE(24);
+      cluster_find<kNB3>(cl, h, s3, r2, s, scan, 25);
       T = p2 << 8 | s.digit;
       rem_t = s.rem;
       G = (uint32_t)k - rem_t;
     }
   }
   const uint32_t n_list = G + rem_t, n_out = n_list < (uint32_t)k ? n_list : (uint32_t)k;
+  TOPK_PHASE(7);
 
   // Thread t owns the run [t * per, t * per + per): per is odd, so the
   // lanes of a warp read distinct banks.
@@ -309,7 +330,9 @@ __global__ void __launch_bounds__(kT, 2)
     if (tot >> 32) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), (uint32_t)(tot >> 32));
     if ((uint32_t)tot) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), (uint32_t)tot);
   }
+  TOPK_PHASE_SYNC(8);
   cl.sync();
+  TOPK_PHASE(9);
   // Every selected key to its slot of every block's list.
   {
     uint32_t gt_at = s.gt_base + (uint32_t)(pre >> 32), eq_at = s.eq_base + (uint32_t)pre;
@@ -328,11 +351,14 @@ __global__ void __launch_bounds__(kT, 2)
       }
     }
   }
+  TOPK_PHASE_SYNC(10);
   cl.sync();  // every list is whole; no block touches another's memory after this
+  TOPK_PHASE(11);
 
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
   pad_row(po, vo, count + r, n_out, k, q, cs, kT);
+  TOPK_PHASE_SYNC(12);
 
   // Rank slots [a, e) of the list (the same list in every block). A slot
   // >= G holds a key == T, in position order after every key > T: its
@@ -359,11 +385,13 @@ __global__ void __launch_bounds__(kT, 2)
   }
   for (int i = tid; i < kNB1; i += kT) h[i] = 0;
   __syncthreads();
+  TOPK_PHASE(13);
   const uint32_t diff = s.kor ^ s.kand;
   const int hb = diff ? 31 - __clz((int)diff) : 0;
   const int sh = hb > 11 ? hb - 11 : 0;
   for (uint32_t i = tid; i < G; i += kT) atomicAdd(&h[((uint32_t)(list[i] >> 32) >> sh) & 4095u], 1u);
   __syncthreads();
+  TOPK_PHASE(14);
   {
     constexpr int PT = kNB1 / kT;  // thread t: buckets 4095 - t * PT .. down, descending
     uint32_t v[PT], mine = 0, at;
@@ -377,12 +405,14 @@ __global__ void __launch_bounds__(kT, 2)
     }
   }
   __syncthreads();
+  TOPK_PHASE(15);
   for (uint32_t i = tid; i < G; i += kT) {
     const unsigned long long c = list[i];
     const uint32_t u = atomicAdd(&h[((uint32_t)(c >> 32) >> sh) & 4095u], 1u);
     sorted[(u >> 16) + (u & 0xFFFFu)] = c;
   }
   __syncthreads();
+  TOPK_PHASE(16);
   const uint32_t share = (n_list + (uint32_t)cs - 1) / (uint32_t)cs;
   const uint32_t a = (uint32_t)q * share < n_list ? (uint32_t)q * share : n_list;
   const uint32_t e = a + share < n_list ? a + share : n_list;
@@ -398,11 +428,13 @@ __global__ void __launch_bounds__(kT, 2)
     po[rank] = p;
     vo[rank] = row.logits[p];
   }
+  TOPK_PHASE_SYNC(17);
   for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += kT) {  // keys == T
     const int32_t p = cand_pos(list[i]);
     po[i] = p;
     vo[i] = row.logits[p];
   }
+  TOPK_PHASE_SYNC(18);
 #endif
 }
 
