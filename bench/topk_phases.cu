@@ -124,10 +124,11 @@ extern "C" int fp4idx_bench_topk_phases(const fp4idx_cuda_topk_row_t *rows, int3
     pass2.push_back(n2);
     pass3.push_back(n3);
   }
-  printf("phases %s k=%d: %d rows, cluster %d, slice %lld, %d blocks x %d launches; blocks that ran "
-         "pass 2 / 3 (median of launches): %.0f / %.0f\n",
-         name, k, n_rows, p.cluster, (long long)p.slice, nb, kLaunches, pct(pass2, 0.5),
-         pct(pass3, 0.5));
+  const Caps *caps = caps_of();
+  printf("phases %s k=%d: %d rows, cluster %d of %d threads, slice %lld, %d blocks x %d launches; "
+         "blocks that ran pass 2 / 3 (median of launches): %.0f / %.0f\n",
+         name, k, n_rows, p.cluster, caps ? threads_of(*caps, n_rows, p.cluster) : 0,
+         (long long)p.slice, nb, kLaunches, pct(pass2, 0.5), pct(pass3, 0.5));
   printf("  kernel span (globaltimer, first block start to last block end): median %.2f us; "
          "block start skew %.2f us\n",
          pct(span, 0.5) / 1e3, pct(skew, 0.5) / 1e3);

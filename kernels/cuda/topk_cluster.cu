@@ -56,7 +56,10 @@ namespace {
 
 using namespace fp4idx_topk;
 
-constexpr int kT = 512;                 // threads per block (two blocks fit an SM)
+// Threads per block: 512 where two blocks share an SM (batches of more
+// blocks than SMs), 1024 where each block has an SM to itself (twice the
+// warps for the load, the histograms and the rank; same 64 registers).
+constexpr int kT = 512, kTWide = 1024;
 constexpr int kMaxCluster = 16;         // the non-portable cluster size of sm_90
 constexpr int64_t kSliceCap = 32000;    // keys one block holds (125 KiB)
 constexpr int kMaxK = FP4IDX_CUDA_TOPK_CLUSTER_K;
@@ -68,8 +71,8 @@ constexpr size_t kStatic = 2048;        // static shared memory the kernel may t
 constexpr int kNB1 = 4096, kNB2 = 4096, kNB3 = 256;  // digits: key bits 31-20, 19-8, 7-0
 // Warp-scan storage: a few hundred bytes of static shared memory, so the
 // dynamic part may take nearly all of an SM's 227 KiB.
-using Scan = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
-using Scan64 = cub::BlockScan<unsigned long long, kT, cub::BLOCK_SCAN_WARP_SCANS>;
+template <int NT> using Scan = cub::BlockScan<uint32_t, NT, cub::BLOCK_SCAN_WARP_SCANS>;
+template <int NT> using Scan64 = cub::BlockScan<unsigned long long, NT, cub::BLOCK_SCAN_WARP_SCANS>;
 
 // Static shared state of a block. gt_base / eq_base are summed by remote
 // atomics of the lower-ranked blocks of the cluster.
@@ -78,7 +81,8 @@ struct Head {
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
   uint32_t kor, kand;               // OR / AND of the keys > T
 };
-static_assert(sizeof(Head) + sizeof(Scan::TempStorage) + sizeof(Scan64::TempStorage) <= kStatic,
+static_assert(sizeof(Head) + sizeof(Scan<kTWide>::TempStorage) +
+                      sizeof(Scan64<kTWide>::TempStorage) <= kStatic,
               "static shared memory within its share");
 
 // Dynamic shared memory of a block, in bytes from its start:
@@ -128,19 +132,19 @@ __device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
 // count of keys above d is < rem <= the count at or above d: s.digit = d,
 // s.rem = rem minus the count above, s.cnt = the count of bin d, s.total =
 // the count of the pass. Every block computes the same answer.
-template <int NB>
+template <int NB, int NT>
 __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t *own,
-                             uint32_t rem, Head &s, typename Scan::TempStorage &scan, int ph) {
+                             uint32_t rem, Head &s, typename Scan<NT>::TempStorage &scan, int ph) {
   const int tid = threadIdx.x, cs = (int)cl.num_blocks();
   const int per = NB / cs;  // bins a block owns
-  for (int b = tid; b < NB; b += kT) {
+  for (int b = tid; b < NB; b += NT) {
     const uint32_t v = h[b];
     if (v) atomicAdd(cl.map_shared_rank(own, (unsigned)(b / per)) + (b % per), v);
   }
   TOPK_PHASE_SYNC(ph);
   cl.sync();  // every push landed: the owners hold the sums
   TOPK_PHASE(ph + 1);
-  constexpr int PT = NB >= kT ? NB / kT : 1;
+  constexpr int PT = NB >= NT ? NB / NT : 1;
   uint32_t v[PT], mine = 0;
   const int b0 = NB - PT - tid * PT;  // this thread's lowest bin (bins b0 .. b0 + PT - 1)
   if (b0 >= 0) {
@@ -168,7 +172,7 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
 #pragma unroll
   for (int j = 0; j < PT; j++) mine += v[j];
   uint32_t above, total;
-  Scan(scan).ExclusiveSum(mine, above, total);
+  Scan<NT>(scan).ExclusiveSum(mine, above, total);
   if (tid == 0) s.total = total;
   if (above < rem && above + mine >= rem) {
     uint32_t c = above;
@@ -188,14 +192,15 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
 }
 #endif
 
-__global__ void __launch_bounds__(kT, 2)
+template <int NT>
+__global__ void __launch_bounds__(NT, 1024 / NT)
     cluster_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t slice, int32_t k, int32_t *pos,
                    float *val, int32_t *count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Head s;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ typename Scan64::TempStorage scan64;
+  __shared__ typename Scan<NT>::TempStorage scan;
+  __shared__ typename Scan64<NT>::TempStorage scan64;
   cg::cluster_group cl = cg::this_cluster();
   const int tid = threadIdx.x;
   const int cs = (int)cl.num_blocks(), q = (int)cl.block_rank();
@@ -209,8 +214,8 @@ __global__ void __launch_bounds__(kT, 2)
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
   uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
-  for (int i = tid; i < kNB1; i += kT) h[i] = 0;
-  for (int i = tid; i < (int)owned_words(cs); i += kT) s1[i] = 0;
+  for (int i = tid; i < kNB1; i += NT) h[i] = 0;
+  for (int i = tid; i < (int)owned_words(cs); i += NT) s1[i] = 0;
   if (tid == 0) {
     s.gt_base = 0;
     s.eq_base = 0;
@@ -234,16 +239,16 @@ __global__ void __launch_bounds__(kT, 2)
   const int nv = (nn - head) / 4;
   const float4 *xv = reinterpret_cast<const float4 *>(x + head);
   uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
-  for (int v0 = 0; v0 < nv; v0 += 4 * kT) {
+  for (int v0 = 0; v0 < nv; v0 += 4 * NT) {
     float4 f[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
-      const int v = v0 + j * kT + tid;
+      const int v = v0 + j * NT + tid;
       f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      const int v = v0 + j * kT + tid;
+      const int v = v0 + j * NT + tid;
       const uint4 u = make_uint4(ord_key(f[j].x), ord_key(f[j].y), ord_key(f[j].z), ord_key(f[j].w));
       if (v < nv) kv[v] = u;
       hist_inc(h, u.x >> 20, v < nv && u.x > kInvisibleMax);
@@ -267,7 +272,7 @@ __global__ void __launch_bounds__(kT, 2)
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
   // more when a pass's bin is taken whole (T just below the bin).
   uint32_t T, rem_t, G;
-  cluster_find<kNB1>(cl, h, s1, (uint32_t)k, s, scan, 4);
+  cluster_find<kNB1, NT>(cl, h, s1, (uint32_t)k, s, scan, 4);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
@@ -278,32 +283,32 @@ __global__ void __launch_bounds__(kT, 2)
     G = (uint32_t)k - s.rem + s.cnt;
   } else {
     const uint32_t d1 = s.digit, r1 = s.rem;
-    for (int i = tid; i < kNB2; i += kT) h[i] = 0;  // h was read by the push above
+    for (int i = tid; i < kNB2; i += NT) h[i] = 0;  // h was read by the push above
     __syncthreads();
-    for (int i0 = 0; i0 < nn; i0 += kT) {
+    for (int i0 = 0; i0 < nn; i0 += NT) {
       const int i = i0 + tid;
       const uint32_t key = i < nn ? keys[i] : 0u;
       hist_inc(h, (key >> 8) & 4095u, i < nn && (key >> 20) == d1 && key > kInvisibleMax);
     }
     __syncthreads();
     TOPK_PHASE(20);
-    cluster_find<kNB2>(cl, h, s2, r1, s, scan, 21);
+    cluster_find<kNB2, NT>(cl, h, s2, r1, s, scan, 21);
     const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
     if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin p2 whole
       T = (p2 << 8) - 1u;
       rem_t = 0;
       G = (uint32_t)k - s.rem + s.cnt;
     } else {
-      for (int i = tid; i < kNB3; i += kT) h[i] = 0;
+      for (int i = tid; i < kNB3; i += NT) h[i] = 0;
       __syncthreads();
-      for (int i0 = 0; i0 < nn; i0 += kT) {
+      for (int i0 = 0; i0 < nn; i0 += NT) {
         const int i = i0 + tid;
         const uint32_t key = i < nn ? keys[i] : 0u;
         hist_inc(h, key & 255u, i < nn && (key >> 8) == p2 && key > kInvisibleMax);
       }
       __syncthreads();
       TOPK_PHASE(24);
-      cluster_find<kNB3>(cl, h, s3, r2, s, scan, 25);
+      cluster_find<kNB3, NT>(cl, h, s3, r2, s, scan, 25);
       T = p2 << 8 | s.digit;
       rem_t = s.rem;
       G = (uint32_t)k - rem_t;
@@ -314,7 +319,7 @@ __global__ void __launch_bounds__(kT, 2)
 
   // Thread t owns the run [t * per, t * per + per): per is odd, so the
   // lanes of a warp read distinct banks.
-  const int per = (int)((slice + kT - 1) / kT) | 1;
+  const int per = (int)((slice + NT - 1) / NT) | 1;
   const int r0 = tid * per < nn ? tid * per : nn, r1 = r0 + per < nn ? r0 + per : nn;
   uint32_t ngt = 0, neq = 0;
   for (int i = r0; i < r1; i++) {
@@ -323,7 +328,7 @@ __global__ void __launch_bounds__(kT, 2)
     neq += key == T;
   }
   unsigned long long pre, tot;
-  Scan64(scan64).ExclusiveSum((unsigned long long)ngt << 32 | neq, pre, tot);
+  Scan64<NT>(scan64).ExclusiveSum((unsigned long long)ngt << 32 | neq, pre, tot);
   // This block's counts into every later block's bases (their zeroing was
   // ordered before the first cluster barrier).
   if (tid > q && tid < cs) {
@@ -357,7 +362,7 @@ __global__ void __launch_bounds__(kT, 2)
 
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
-  pad_row(po, vo, count + r, n_out, k, q, cs, kT);
+  pad_row(po, vo, count + r, n_out, k, q, cs, NT);
   TOPK_PHASE_SYNC(12);
 
   // Rank slots [a, e) of the list (the same list in every block). A slot
@@ -371,7 +376,7 @@ __global__ void __launch_bounds__(kT, 2)
   unsigned long long *sorted = reinterpret_cast<unsigned long long *>(area);
   {
     uint32_t kor = 0, kand = 0xFFFFFFFFu;
-    for (uint32_t i = tid; i < G; i += kT) {
+    for (uint32_t i = tid; i < G; i += NT) {
       const uint32_t key = (uint32_t)(list[i] >> 32);
       kor |= key;
       kand &= key;
@@ -383,21 +388,21 @@ __global__ void __launch_bounds__(kT, 2)
       atomicAnd(&s.kand, kand);
     }
   }
-  for (int i = tid; i < kNB1; i += kT) h[i] = 0;
+  for (int i = tid; i < kNB1; i += NT) h[i] = 0;
   __syncthreads();
   TOPK_PHASE(13);
   const uint32_t diff = s.kor ^ s.kand;
   const int hb = diff ? 31 - __clz((int)diff) : 0;
   const int sh = hb > 11 ? hb - 11 : 0;
-  for (uint32_t i = tid; i < G; i += kT) atomicAdd(&h[((uint32_t)(list[i] >> 32) >> sh) & 4095u], 1u);
+  for (uint32_t i = tid; i < G; i += NT) atomicAdd(&h[((uint32_t)(list[i] >> 32) >> sh) & 4095u], 1u);
   __syncthreads();
   TOPK_PHASE(14);
   {
-    constexpr int PT = kNB1 / kT;  // thread t: buckets 4095 - t * PT .. down, descending
+    constexpr int PT = kNB1 / NT;  // thread t: buckets 4095 - t * PT .. down, descending
     uint32_t v[PT], mine = 0, at;
 #pragma unroll
     for (int j = 0; j < PT; j++) mine += v[j] = h[kNB1 - 1 - (tid * PT + j)];
-    Scan(scan).ExclusiveSum(mine, at);
+    Scan<NT>(scan).ExclusiveSum(mine, at);
 #pragma unroll
     for (int j = 0; j < PT; j++) {
       h[kNB1 - 1 - (tid * PT + j)] = at << 16;
@@ -406,7 +411,7 @@ __global__ void __launch_bounds__(kT, 2)
   }
   __syncthreads();
   TOPK_PHASE(15);
-  for (uint32_t i = tid; i < G; i += kT) {
+  for (uint32_t i = tid; i < G; i += NT) {
     const unsigned long long c = list[i];
     const uint32_t u = atomicAdd(&h[((uint32_t)(c >> 32) >> sh) & 4095u], 1u);
     sorted[(u >> 16) + (u & 0xFFFFu)] = c;
@@ -417,7 +422,7 @@ __global__ void __launch_bounds__(kT, 2)
   const uint32_t a = (uint32_t)q * share < n_list ? (uint32_t)q * share : n_list;
   const uint32_t e = a + share < n_list ? a + share : n_list;
   const uint32_t ge = e < G ? e : G;
-  for (uint32_t i = a + tid; i < ge; i += kT) {  // keys > T
+  for (uint32_t i = a + tid; i < ge; i += NT) {  // keys > T
     const unsigned long long c = list[i];
     const uint32_t u = h[((uint32_t)(c >> 32) >> sh) & 4095u];
     const uint32_t b0 = u >> 16, b1 = b0 + (u & 0xFFFFu);
@@ -429,7 +434,7 @@ __global__ void __launch_bounds__(kT, 2)
     vo[rank] = row.logits[p];
   }
   TOPK_PHASE_SYNC(17);
-  for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += kT) {  // keys == T
+  for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += NT) {  // keys == T
     const int32_t p = cand_pos(list[i]);
     po[i] = p;
     vo[i] = row.logits[p];
@@ -438,18 +443,18 @@ __global__ void __launch_bounds__(kT, 2)
 #endif
 }
 
-// A launch of cluster_kernel: `grid` blocks of kT threads in clusters of
+// A launch of cluster_kernel: `grid` blocks of nt threads in clusters of
 // cs, `smem` bytes of dynamic shared memory each. *at receives the cluster
 // attribute the config points at (it must outlive the config).
 cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid, size_t smem,
-                                 cudaStream_t stream) {
+                                 int nt, cudaStream_t stream) {
   at->id = cudaLaunchAttributeClusterDimension;
   at->val.clusterDim.x = (unsigned)cs;
   at->val.clusterDim.y = 1;
   at->val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kT);
+  cfg.blockDim = dim3((unsigned)nt);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = at;
@@ -458,47 +463,60 @@ cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid,
 }
 
 // Per device: the largest cluster size that can be resident at the largest
-// shared memory this path asks for with it (0: no cluster path), and the
-// SM count; the kernel's attributes are set here, once.
+// shared memory this path asks for with it (0: no cluster path), whether
+// the 1024-thread kernel can run such clusters too, and the SM count; the
+// kernels' attributes are set here, once.
 struct Caps {
   std::atomic<int> ready{0};
-  int max_cs = 0, sms = 0;
+  int max_cs = 0, wide = 0, sms = 0;
 };
+
+// Sets one instantiation's attributes; returns whether clusters of cs blocks
+// of it fit the device at the largest shared memory (0 also on an error).
+template <int NT>
+int fits(int cs) {
+  if (cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem_bytes(1, kSliceCap, kMaxK)) != cudaSuccess ||
+      cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                           1) != cudaSuccess)
+    return 0;
+  cudaLaunchAttribute at;
+  const cudaLaunchConfig_t cfg =
+      launch_config(&at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), NT, 0);
+  int n = 0;
+  return cudaOccupancyMaxActiveClusters(&n, cluster_kernel<NT>, &cfg) == cudaSuccess && n > 0;
+}
+
+// The block size of a launch: 1024 threads where every block has an SM to
+// itself and the device runs such clusters, else 512.
+int threads_of(const Caps &c, int32_t n_rows, int cs) {
+  return c.wide && (int64_t)n_rows * cs <= (int64_t)c.sms ? kTWide : kT;
+}
 Caps g_caps[64];
 
-int caps_of(int *max_cs, int *sms) {
+// The current device's Caps, or null where it has no cluster path.
+const Caps *caps_of() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     (void)cudaGetLastError();
-    return 0;
+    return nullptr;
   }
   Caps &c = g_caps[dev];
   if (!c.ready.load(std::memory_order_acquire)) {
     int major = 0, n_sm = 0, best = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        major >= 9 &&
-        cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem_bytes(1, kSliceCap, kMaxK)) == cudaSuccess &&
-        cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                             1) == cudaSuccess) {
-      for (int cs = kMaxCluster; cs >= 1 && !best; cs /= 2) {
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg =
-            launch_config(&at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), 0);
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel, &cfg) == cudaSuccess && n > 0)
-          best = cs;
-      }
+        major >= 9) {
+      for (int cs = kMaxCluster; cs >= 1 && !best; cs /= 2)
+        if (fits<kT>(cs)) best = cs;
+      c.wide = best && fits<kTWide>(best);
     }
     (void)cudaGetLastError();  // a failed query means: no cluster path
     c.max_cs = best;
     c.sms = n_sm;
     c.ready.store(1, std::memory_order_release);
   }
-  *max_cs = c.max_cs;
-  *sms = c.sms;
-  return c.max_cs > 0;
+  return c.max_cs > 0 ? &c : nullptr;
 }
 
 }  // namespace
@@ -506,8 +524,10 @@ int caps_of(int *max_cs, int *sms) {
 extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows,
                                               int32_t n_rows, int32_t k, int32_t max_cluster,
                                               fp4idx_cuda_topk_plan_t *p) {
-  int max_cs = 0, sms = 0;
-  if (k > kMaxK || n_rows < 1 || !caps_of(&max_cs, &sms)) return FP4IDX_ENODEV;
+  const Caps *caps = k <= kMaxK && n_rows >= 1 ? caps_of() : nullptr;
+  if (!caps) return FP4IDX_ENODEV;
+  int max_cs = caps->max_cs;
+  const int sms = caps->sms;
   if (max_cluster < max_cs) max_cs = max_cluster;
   int64_t max_w = 0;
   for (int32_t i = 0; i < n_rows; i++)
@@ -534,16 +554,20 @@ extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows
 extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p,
                                                 const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
                                                 float *val, int32_t *count, cudaStream_t stream) {
-  int max_cs = 0, sms = 0;
   if (p->cluster < 1 || p->cluster > kMaxCluster || (p->cluster & (p->cluster - 1)) ||
       p->slice < 4 || p->slice > kSliceCap || p->k > kMaxK ||
       p->cluster_smem != smem_bytes(p->cluster, p->slice, p->k))
     return FP4IDX_EINVAL;
-  if (!caps_of(&max_cs, &sms) || p->cluster > max_cs) return FP4IDX_ENODEV;
+  const Caps *caps = caps_of();
+  if (!caps || p->cluster > caps->max_cs) return FP4IDX_ENODEV;
+  const int nt = threads_of(*caps, p->n_rows, p->cluster);
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = launch_config(
-      &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, stream);
+      &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, nt, stream);
   return fp4idx__cuda_check(
-      cudaLaunchKernelEx(&cfg, cluster_kernel, rows, (int64_t)p->slice, p->k, pos, val, count),
+      nt == kTWide ? cudaLaunchKernelEx(&cfg, cluster_kernel<kTWide>, rows, (int64_t)p->slice,
+                                        p->k, pos, val, count)
+                   : cudaLaunchKernelEx(&cfg, cluster_kernel<kT>, rows, (int64_t)p->slice, p->k,
+                                        pos, val, count),
       "topk: cluster kernel");
 }
