@@ -18,4 +18,4 @@ for v in $sets; do
   echo "== bench $v"; timeout 35 $v/fp4idx-bench-cuda --topk --check --csv $L/$v.csv > $L/b_$v.log 2>&1; echo "rc $?"; pack
 done
 for v in $sets; do echo "-- $v"; grep -E "^\|" $L/b_$v.log 2>/dev/null | tail -10 | cut -d"|" -f2,3,4,6,9; grep -c bit-exact $L/b_$v.log 2>/dev/null; grep MISMATCH $L/b_$v.log 2>/dev/null | head -3; done
-for v in $sets; do echo "-- phases $v"; grep -E "^phases|span|TOTAL|load|barrier|broadcast|rank|bucket" $L/p_$v.log | head -80; done
+for v in $sets; do echo "-- phases $v"; grep -E "^phases|span|TOTAL" $L/p_$v.log | head -40; done
