@@ -127,7 +127,7 @@ extern "C" int fp4idx_bench_topk_phases(const fp4idx_cuda_topk_row_t *rows, int3
   const Caps *caps = caps_of();
   printf("phases %s k=%d: %d rows, cluster %d of %d threads, slice %lld, %d blocks x %d launches; "
          "blocks that ran pass 2 / 3 (median of launches): %.0f / %.0f\n",
-         name, k, n_rows, p.cluster, caps ? threads_of(*caps, n_rows, p.cluster) : 0,
+         name, k, n_rows, p.cluster, caps ? threads_of(*caps, n_rows, p.cluster, p.slice) : 0,
          (long long)p.slice, nb, kLaunches, pct(pass2, 0.5), pct(pass3, 0.5));
   printf("  kernel span (globaltimer, first block start to last block end): median %.2f us; "
          "block start skew %.2f us\n",

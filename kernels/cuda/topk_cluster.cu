@@ -72,17 +72,16 @@ constexpr int kNB1 = 4096, kNB2 = 4096, kNB3 = 256;  // digits: key bits 31-20, 
 // Warp-scan storage: a few hundred bytes of static shared memory, so the
 // dynamic part may take nearly all of an SM's 227 KiB.
 template <int NT> using Scan = cub::BlockScan<uint32_t, NT, cub::BLOCK_SCAN_WARP_SCANS>;
-template <int NT> using Scan64 = cub::BlockScan<unsigned long long, NT, cub::BLOCK_SCAN_WARP_SCANS>;
 
 // Static shared state of a block. gt_base / eq_base are summed by remote
 // atomics of the lower-ranked blocks of the cluster.
 struct Head {
   uint32_t gt_base, eq_base;     // keys > T / == T in the blocks before this one
+  uint32_t wgt[32], weq[32];     // keys > T / == T per warp of this block
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
   uint32_t kor, kand;               // OR / AND of the keys > T
 };
-static_assert(sizeof(Head) + sizeof(Scan<kTWide>::TempStorage) +
-                      sizeof(Scan64<kTWide>::TempStorage) <= kStatic,
+static_assert(sizeof(Head) + sizeof(Scan<kTWide>::TempStorage) <= kStatic,
               "static shared memory within its share");
 
 // Dynamic shared memory of a block, in bytes from its start:
@@ -109,6 +108,12 @@ constexpr size_t kSmemMax = 227 * 1024 - kStatic;
 static_assert(smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fits an SM");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Zeroes n words at p (16-byte aligned, n a multiple of 4) by a block of nt threads.
+__device__ __forceinline__ void zero_words(uint32_t *p, int n, int nt) {
+  uint4 *v = reinterpret_cast<uint4 *>(p);
+  for (int i = threadIdx.x; i < n / 4; i += nt) v[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
 // Histogram increment by a whole warp (every lane calls it): one atomic
 // when every active lane has the same bin (ties, dense logits), else one
 // per lane. (The warp-aggregated hist_add of topk_keys.cuh waits on
@@ -200,7 +205,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Head s;
   __shared__ typename Scan<NT>::TempStorage scan;
-  __shared__ typename Scan64<NT>::TempStorage scan64;
   cg::cluster_group cl = cg::this_cluster();
   const int tid = threadIdx.x;
   const int cs = (int)cl.num_blocks(), q = (int)cl.block_rank();
@@ -214,37 +218,48 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
   uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
-  for (int i = tid; i < kNB1; i += NT) h[i] = 0;
-  for (int i = tid; i < (int)owned_words(cs); i += NT) s1[i] = 0;
+  // The slice into shared memory as keys, histogram of the top 12 bits on
+  // the way: 16-byte loads between a scalar head and tail, the key array
+  // shifted so that the 16-byte loads are 16-byte stores too. The first
+  // loads are issued before the zeroing, so their latency overlaps it.
+  const float *x = row.logits + b;
+  int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
+  if (head > nn) head = nn;
+  uint32_t *keys = area + ((4 - head) & 3);
+  const int nv = (nn - head) / 4;
+  const float4 *xv = reinterpret_cast<const float4 *>(x + head);
+  uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
+  float4 f[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
+    const int v = j * NT + tid;
+    f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const float xh = tid < head ? x[tid] : 0.f;
+  zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h and s1..s3 are contiguous
   if (tid == 0) {
     s.gt_base = 0;
     s.eq_base = 0;
     s.kor = 0;
     s.kand = 0xFFFFFFFFu;
   }
-  // The slice into shared memory as keys, histogram of the top 12 bits on
-  // the way: 16-byte loads between a scalar head and tail, the key array
-  // shifted so that the 16-byte loads are 16-byte stores too.
-  const float *x = row.logits + b;
-  int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
-  if (head > nn) head = nn;
-  uint32_t *keys = area + ((4 - head) & 3);
   __syncthreads();  // h is zero
+  // Every block's owned sums are zero before anyone pushes into them: the
+  // cluster barrier's arrive here, its wait after the load.
+  cl.barrier_arrive();
   TOPK_PHASE(1);
   {
-    uint32_t key = 0;
-    if (tid < head) keys[tid] = key = ord_key(x[tid]);
+    const uint32_t key = ord_key(xh);
+    if (tid < head) keys[tid] = key;
     hist_inc(h, key >> 20, tid < head && key > kInvisibleMax);
   }
-  const int nv = (nn - head) / 4;
-  const float4 *xv = reinterpret_cast<const float4 *>(x + head);
-  uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
   for (int v0 = 0; v0 < nv; v0 += 4 * NT) {
-    float4 f[4];
+    if (v0) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
-      const int v = v0 + j * NT + tid;
-      f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < 4; j++) {
+        const int v = v0 + j * NT + tid;
+        f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -263,9 +278,9 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     if (tid < nn - tail0) keys[tail0 + tid] = key = ord_key(x[tail0 + tid]);
     hist_inc(h, key >> 20, tid < nn - tail0 && key > kInvisibleMax);
   }
-  TOPK_PHASE_SYNC(2);
-  // Every block's owned sums are zero before anyone pushes into them.
-  cl.sync();
+  __syncthreads();  // the block's histogram is whole
+  TOPK_PHASE(2);
+  cl.barrier_wait();
   TOPK_PHASE(3);
 
   // Radix select: the list takes the G keys > T and the first rem_t keys
@@ -278,7 +293,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     rem_t = 0;
     G = s.total;
   } else if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin d1 whole: every key >= d1 << 20
-    T = (s.digit << 20) - 1u;
+    T = s.digit ? (s.digit << 20) - 1u : kInvisibleMax;  // bin 0: every visible key
     rem_t = 0;
     G = (uint32_t)k - s.rem + s.cnt;
   } else {
@@ -317,43 +332,75 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const uint32_t n_list = G + rem_t, n_out = n_list < (uint32_t)k ? n_list : (uint32_t)k;
   TOPK_PHASE(7);
 
-  // Thread t owns the run [t * per, t * per + per): per is odd, so the
-  // lanes of a warp read distinct banks.
-  const int per = (int)((slice + NT - 1) / NT) | 1;
-  const int r0 = tid * per < nn ? tid * per : nn, r1 = r0 + per < nn ? r0 + per : nn;
-  uint32_t ngt = 0, neq = 0;
-  for (int i = r0; i < r1; i++) {
-    const uint32_t key = keys[i];
-    ngt += key > T;
-    neq += key == T;
+  // Warp w scans the keys [w0, w1) of the slice, 32 at a time (lane l the
+  // l-th: conflict-free), and counts the keys > T and == T by ballots; the
+  // warps' counts in position order give each warp its first slots.
+  constexpr int NW = NT / 32;
+  const int lane = tid & 31, w = tid >> 5;
+  const unsigned lt = (1u << lane) - 1u;  // the lanes below this one
+  const int wc = (nn + 32 * NW - 1) / (32 * NW) * 32;
+  const int w0 = w * wc < nn ? w * wc : nn, w1 = w0 + wc < nn ? w0 + wc : nn;
+  {
+    uint32_t ngt = 0, neq = 0;
+    for (int i0 = w0; i0 < w1; i0 += 32) {
+      const uint32_t key = i0 + lane < w1 ? keys[i0 + lane] : 0u;  // 0 is below every T
+      ngt += __popc(__ballot_sync(0xffffffffu, key > T));
+      neq += __popc(__ballot_sync(0xffffffffu, key == T));
+    }
+    if (lane == 0) {
+      s.wgt[w] = ngt;
+      s.weq[w] = neq;
+    }
   }
-  unsigned long long pre, tot;
-  Scan64<NT>(scan64).ExclusiveSum((unsigned long long)ngt << 32 | neq, pre, tot);
+  __syncthreads();
+  uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
+  for (int j = 0; j < NW; j++) {
+    if (j == w) {
+      wgt = bgt;
+      weq = beq;
+    }
+    bgt += s.wgt[j];
+    beq += s.weq[j];
+  }
   // This block's counts into every later block's bases (their zeroing was
   // ordered before the first cluster barrier).
   if (tid > q && tid < cs) {
-    if (tot >> 32) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), (uint32_t)(tot >> 32));
-    if ((uint32_t)tot) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), (uint32_t)tot);
+    if (bgt) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), bgt);
+    if (beq) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), beq);
   }
   TOPK_PHASE_SYNC(8);
   cl.sync();
   TOPK_PHASE(9);
-  // Every selected key to its slot of every block's list.
+  // Every selected key to its slot of this block's list (keys > T: slots
+  // gt_base.., keys == T: G + eq_base.. while below rem_t; both in position
+  // order), then the block's two runs of slots copied to every other block.
+  const uint32_t gt0 = s.gt_base, eq0 = s.eq_base;
   {
-    uint32_t gt_at = s.gt_base + (uint32_t)(pre >> 32), eq_at = s.eq_base + (uint32_t)pre;
-    for (int i = r0; i < r1; i++) {
-      const uint32_t key = keys[i];
-      uint32_t slot = UINT_MAX;
+    uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq;
+    for (int i0 = w0; i0 < w1; i0 += 32) {
+      const int i = i0 + lane;
+      const uint32_t key = i < w1 ? keys[i] : 0u;
+      const unsigned mg = __ballot_sync(0xffffffffu, key > T);
+      const unsigned me = __ballot_sync(0xffffffffu, key == T);
       if (key > T) {
-        slot = gt_at++;
+        list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
       } else if (key == T) {
-        if (eq_at < rem_t) slot = G + eq_at;
-        eq_at++;
+        const uint32_t e = eq_at + __popc(me & lt);
+        if (e < rem_t) list[G + e] = cand_of(key, b + i);
       }
-      if (slot != UINT_MAX) {
-        const unsigned long long c = cand_of(key, b + i);
-        for (int o = 0; o < cs; o++) cl.map_shared_rank(list, (unsigned)o)[slot] = c;
-      }
+      gt_at += __popc(mg);
+      eq_at += __popc(me);
+    }
+  }
+  __syncthreads();  // this block's slots are written
+  {
+    const uint32_t e0 = eq0 < rem_t ? eq0 : rem_t, e1 = eq0 + beq < rem_t ? eq0 + beq : rem_t;
+    const uint32_t mine = bgt + (e1 - e0), sends = mine * (uint32_t)(cs - 1);
+    for (uint32_t t = tid; t < sends; t += NT) {
+      const uint32_t o = t / mine, j = t - o * mine;  // o: the o+1-th block after this one
+      const uint32_t slot = j < bgt ? gt0 + j : G + e0 + (j - bgt);
+      const unsigned dst = (unsigned)((q + 1 + (int)o) % cs);
+      cl.map_shared_rank(list, dst)[slot] = list[slot];
     }
   }
   TOPK_PHASE_SYNC(10);
@@ -388,7 +435,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       atomicAnd(&s.kand, kand);
     }
   }
-  for (int i = tid; i < kNB1; i += NT) h[i] = 0;
+  zero_words(h, kNB1, NT);
   __syncthreads();
   TOPK_PHASE(13);
   const uint32_t diff = s.kor ^ s.kand;
@@ -426,8 +473,15 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     const unsigned long long c = list[i];
     const uint32_t u = h[((uint32_t)(c >> 32) >> sh) & 4095u];
     const uint32_t b0 = u >> 16, b1 = b0 + (u & 0xFFFFu);
-    uint32_t rank = b0;
-    for (uint32_t j = b0; j < b1; j++) rank += sorted[j] > c;
+    uint32_t rank = b0, j = b0;
+    for (; j + 8 <= b1; j += 8) {  // eight loads in flight: ties make buckets long
+      unsigned long long y[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) y[u] = sorted[j + u];
+#pragma unroll
+      for (int u = 0; u < 8; u++) rank += y[u] > c;
+    }
+    for (; j < b1; j++) rank += sorted[j] > c;
     if (rank >= (uint32_t)k) continue;
     const int32_t p = cand_pos(c);
     po[rank] = p;
@@ -488,9 +542,12 @@ int fits(int cs) {
 }
 
 // The block size of a launch: 1024 threads where every block has an SM to
-// itself and the device runs such clusters, else 512.
-int threads_of(const Caps &c, int32_t n_rows, int cs) {
-  return c.wide && (int64_t)n_rows * cs <= (int64_t)c.sms ? kTWide : kT;
+// itself, holds at least kWideSlice keys and the device runs such
+// clusters, else 512 (bench/RESULTS.md, "Round 6": the wider block wins the
+// load of 25,000 keys a block and loses the barriers and scans of 4,096).
+constexpr int64_t kWideSlice = 16384;
+int threads_of(const Caps &c, int32_t n_rows, int cs, int64_t slice) {
+  return c.wide && (int64_t)n_rows * cs <= (int64_t)c.sms && slice >= kWideSlice ? kTWide : kT;
 }
 Caps g_caps[64];
 
@@ -560,7 +617,7 @@ extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p
     return FP4IDX_EINVAL;
   const Caps *caps = caps_of();
   if (!caps || p->cluster > caps->max_cs) return FP4IDX_ENODEV;
-  const int nt = threads_of(*caps, p->n_rows, p->cluster);
+  const int nt = threads_of(*caps, p->n_rows, p->cluster, p->slice);
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = launch_config(
       &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, nt, stream);
