@@ -88,11 +88,17 @@ static_assert(sizeof(Head) + sizeof(Scan<kTWide>::TempStorage) <= kStatic,
 //   [0, 16 KiB)          h: this block's histogram of the current pass
 //   then s1, s2, s3      the owned part of the cluster's summed histograms
 //                        (NB / cs bins each)
+//   then c1, c2, c3      the cluster's summed histograms in groups of 16
+//                        bins (NB / 16 words each, every block a copy)
 //   then list            [k + kExtra] candidates (key << 32 | ~position)
 //   then keys            [slice + 3] the slice's keys (shifted so that the
 //                        16-byte loads land on 16-byte shared stores), at
 //                        the end the bucketed copy of the list
-constexpr __host__ __device__ size_t owned_words(int cs) { return (size_t)(kNB1 + kNB2 + kNB3) / cs; }
+// The owned bins and the coarse histograms (groups of 16 bins) of a block.
+constexpr size_t kCoarseWords = (size_t)(kNB1 + kNB2 + kNB3) / 16;
+constexpr __host__ __device__ size_t owned_words(int cs) {
+  return (size_t)(kNB1 + kNB2 + kNB3) / cs + kCoarseWords;
+}
 constexpr __host__ __device__ size_t off_list(int cs) { return (size_t)kNB1 * 4 + owned_words(cs) * 4; }
 constexpr __host__ __device__ size_t off_keys(int cs, int32_t k) {
   return off_list(cs) + (((size_t)(k + kExtra) * 8 + 15) & ~(size_t)15);
@@ -131,60 +137,64 @@ __device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
 }
 
 // One digit pass's cluster step. h holds this block's histogram of NB bins;
-// own (this block's s1/s2/s3) is zero. Pushes h's non-zero bins to their
-// owners, waits for the cluster, reads the summed histogram (thread t: bins
-// NB-1-(t*PT .. t*PT+PT-1), one owner each) and finds the digit d where the
-// count of keys above d is < rem <= the count at or above d: s.digit = d,
-// s.rem = rem minus the count above, s.cnt = the count of bin d, s.total =
-// the count of the pass. Every block computes the same answer.
+// own (this block's s1/s2/s3) and coarse (its c1/c2/c3: NB / 16 words) are
+// zero. Pushes h's non-zero bins to their owners and the sums of its groups
+// of 16 bins to every block's coarse copy, waits for the cluster, scans the
+// coarse histogram locally (thread t: group NB/16-1-t) to the group where
+// the count of keys above is < rem <= the count at or above, and reads only
+// that group's 16 summed bins from their owner to find the digit d: s.digit
+// = d, s.rem = rem minus the count above d, s.cnt = the count of bin d,
+// s.total = the count of the pass. Every block computes the same answer.
+// (Round 4 read the whole summed histogram from the owners: 16 KB of remote
+// loads a block, the largest phase of the select; bench/RESULTS.md, "Round 6".)
 template <int NB, int NT>
 __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t *own,
-                             uint32_t rem, Head &s, typename Scan<NT>::TempStorage &scan, int ph) {
+                             uint32_t *coarse, uint32_t rem, Head &s,
+                             typename Scan<NT>::TempStorage &scan, int ph) {
+  constexpr int NG = NB / 16;  // groups of 16 bins: 4 consecutive threads, 4 bins each
+  static_assert(NB / 4 % 32 == 0, "whole warps take part in the push");
   const int tid = threadIdx.x, cs = (int)cl.num_blocks();
-  const int per = NB / cs;  // bins a block owns
-  for (int b = tid; b < NB; b += NT) {
-    const uint32_t v = h[b];
-    if (v) atomicAdd(cl.map_shared_rank(own, (unsigned)(b / per)) + (b % per), v);
+  const int per = NB / cs;  // bins a block owns: a multiple of 16
+  for (int b4 = tid; b4 < NB / 4; b4 += NT) {
+    const uint4 v = reinterpret_cast<const uint4 *>(h)[b4];
+    uint32_t *dst = cl.map_shared_rank(own, (unsigned)(4 * b4 / per)) + (4 * b4 % per);
+    if (v.x) atomicAdd(dst, v.x);
+    if (v.y) atomicAdd(dst + 1, v.y);
+    if (v.z) atomicAdd(dst + 2, v.z);
+    if (v.w) atomicAdd(dst + 3, v.w);
+    uint32_t g = v.x + v.y + v.z + v.w;
+    g += __shfl_xor_sync(0xffffffffu, g, 1);
+    g += __shfl_xor_sync(0xffffffffu, g, 2);
+    if (g)  // the group's 4 threads share its cs destinations
+      for (int o = tid & 3; o < cs; o += 4)
+        atomicAdd(cl.map_shared_rank(coarse, (unsigned)o) + (b4 >> 2), g);
   }
   TOPK_PHASE_SYNC(ph);
-  cl.sync();  // every push landed: the owners hold the sums
+  cl.sync();  // every push landed: the owners hold the sums, every block the group sums
   TOPK_PHASE(ph + 1);
-  constexpr int PT = NB >= NT ? NB / NT : 1;
-  uint32_t v[PT], mine = 0;
-  const int b0 = NB - PT - tid * PT;  // this thread's lowest bin (bins b0 .. b0 + PT - 1)
-  if (b0 >= 0) {
-    const uint32_t *src = cl.map_shared_rank(own, (unsigned)(b0 / per)) + (b0 % per);
-    if constexpr (PT % 4 == 0) {  // 16-byte remote loads (b0 and per are multiples of PT)
-      uint32_t t[PT];
-#pragma unroll
-      for (int j = 0; j < PT / 4; j++) {
-        const uint4 u = reinterpret_cast<const uint4 *>(src)[j];
-        t[4 * j] = u.x;
-        t[4 * j + 1] = u.y;
-        t[4 * j + 2] = u.z;
-        t[4 * j + 3] = u.w;
-      }
-#pragma unroll
-      for (int j = 0; j < PT; j++) v[j] = t[PT - 1 - j];  // v[j]: bin b0 + PT - 1 - j
-    } else {
-#pragma unroll
-      for (int j = 0; j < PT; j++) v[j] = src[PT - 1 - j];
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < PT; j++) v[j] = 0;
-  }
-#pragma unroll
-  for (int j = 0; j < PT; j++) mine += v[j];
+  const int gi = NG - 1 - tid;  // this thread's group (descending)
+  const uint32_t mine = gi >= 0 ? coarse[gi] : 0u;
   uint32_t above, total;
   Scan<NT>(scan).ExclusiveSum(mine, above, total);
   if (tid == 0) s.total = total;
   if (above < rem && above + mine >= rem) {
+    const int b0 = gi * 16;  // the group's bins b0 .. b0 + 15, in one owner
+    const uint4 *src =
+        reinterpret_cast<const uint4 *>(cl.map_shared_rank(own, (unsigned)(b0 / per)) + (b0 % per));
+    uint32_t v[16];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const uint4 u = src[j];
+      v[4 * j] = u.x;
+      v[4 * j + 1] = u.y;
+      v[4 * j + 2] = u.z;
+      v[4 * j + 3] = u.w;
+    }
     uint32_t c = above;
 #pragma unroll
-    for (int j = 0; j < PT; j++) {
+    for (int j = 15; j >= 0; j--) {
       if (c + v[j] >= rem) {
-        s.digit = (uint32_t)(b0 + PT - 1 - j);
+        s.digit = (uint32_t)(b0 + j);
         s.rem = rem - c;
         s.cnt = v[j];
         break;
@@ -215,6 +225,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
   uint32_t *h = reinterpret_cast<uint32_t *>(smem);
   uint32_t *s1 = h + kNB1, *s2 = s1 + kNB1 / cs, *s3 = s2 + kNB2 / cs;
+  uint32_t *c1 = s3 + kNB3 / cs, *c2 = c1 + kNB1 / 16, *c3 = c2 + kNB2 / 16;
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
   uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
   // more when a pass's bin is taken whole (T just below the bin).
   uint32_t T, rem_t, G;
-  cluster_find<kNB1, NT>(cl, h, s1, (uint32_t)k, s, scan, 4);
+  cluster_find<kNB1, NT>(cl, h, s1, c1, (uint32_t)k, s, scan, 4);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
@@ -307,7 +318,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     }
     __syncthreads();
     TOPK_PHASE(20);
-    cluster_find<kNB2, NT>(cl, h, s2, r1, s, scan, 21);
+    cluster_find<kNB2, NT>(cl, h, s2, c2, r1, s, scan, 21);
     const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
     if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin p2 whole
       T = (p2 << 8) - 1u;
@@ -323,7 +334,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       }
       __syncthreads();
       TOPK_PHASE(24);
-      cluster_find<kNB3, NT>(cl, h, s3, r2, s, scan, 25);
+      cluster_find<kNB3, NT>(cl, h, s3, c3, r2, s, scan, 25);
       T = p2 << 8 | s.digit;
       rem_t = s.rem;
       G = (uint32_t)k - rem_t;
