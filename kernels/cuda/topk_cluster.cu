@@ -79,7 +79,8 @@ struct Head {
   uint32_t gt_base, eq_base;     // keys > T / == T in the blocks before this one
   uint32_t wgt[32], weq[32];     // keys > T / == T per warp of this block
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
-  uint32_t kor, kand;               // OR / AND of the keys > T
+  uint32_t kor, kand;               // OR / AND of the cluster's keys > T (remote atomics)
+  uint32_t bor, band;               // OR / AND of this block's keys > T
 };
 static_assert(sizeof(Head) + sizeof(Scan<kTWide>::TempStorage) <= kStatic,
               "static shared memory within its share");
@@ -251,8 +252,8 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   if (tid == 0) {
     s.gt_base = 0;
     s.eq_base = 0;
-    s.kor = 0;
-    s.kand = 0xFFFFFFFFu;
+    s.kor = s.bor = 0;
+    s.kand = s.band = 0xFFFFFFFFu;
   }
   __syncthreads();  // h is zero
   // Every block's owned sums are zero before anyone pushes into them: the
@@ -363,6 +364,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       s.weq[w] = neq;
     }
   }
+  zero_words(h, kNB1, NT);  // dead since the last cluster_find: the rank's buckets
   __syncthreads();
   uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
   for (int j = 0; j < NW; j++) {
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // order), then the block's two runs of slots copied to every other block.
   const uint32_t gt0 = s.gt_base, eq0 = s.eq_base;
   {
-    uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq;
+    uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq, kor = 0, kand = 0xFFFFFFFFu;
     for (int i0 = w0; i0 < w1; i0 += 32) {
       const int i = i0 + lane;
       const uint32_t key = i < w1 ? keys[i] : 0u;
@@ -395,6 +397,8 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       const unsigned me = __ballot_sync(0xffffffffu, key == T);
       if (key > T) {
         list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
+        kor |= key;
+        kand &= key;
       } else if (key == T) {
         const uint32_t e = eq_at + __popc(me & lt);
         if (e < rem_t) list[G + e] = cand_of(key, b + i);
@@ -402,8 +406,16 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       gt_at += __popc(mg);
       eq_at += __popc(me);
     }
+    kor = __reduce_or_sync(0xffffffffu, kor);
+    kand = __reduce_and_sync(0xffffffffu, kand);
+    if (lane == 0 && kor) atomicOr(&s.bor, kor);
+    if (lane == 0 && kand != 0xFFFFFFFFu) atomicAnd(&s.band, kand);
   }
   __syncthreads();  // this block's slots are written
+  if (tid < cs && bgt) {  // its keys' OR / AND into every block's (for the rank's buckets)
+    atomicOr(cl.map_shared_rank(&s.kor, (unsigned)tid), s.bor);
+    atomicAnd(cl.map_shared_rank(&s.kand, (unsigned)tid), s.band);
+  }
   {
     const uint32_t e0 = eq0 < rem_t ? eq0 : rem_t, e1 = eq0 + beq < rem_t ? eq0 + beq : rem_t;
     const uint32_t mine = bgt + (e1 - e0), sends = mine * (uint32_t)(cs - 1);
@@ -432,22 +444,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // inside a bucket) by the 12 key bits below the bits they all share, into
   // `sorted` (the dead key area); h[bucket] = first slot << 16 | count.
   unsigned long long *sorted = reinterpret_cast<unsigned long long *>(area);
-  {
-    uint32_t kor = 0, kand = 0xFFFFFFFFu;
-    for (uint32_t i = tid; i < G; i += NT) {
-      const uint32_t key = (uint32_t)(list[i] >> 32);
-      kor |= key;
-      kand &= key;
-    }
-    kor = __reduce_or_sync(0xffffffffu, kor);
-    kand = __reduce_and_sync(0xffffffffu, kand);
-    if ((tid & 31) == 0) {
-      atomicOr(&s.kor, kor);
-      atomicAnd(&s.kand, kand);
-    }
-  }
-  zero_words(h, kNB1, NT);
-  __syncthreads();
   TOPK_PHASE(13);
   const uint32_t diff = s.kor ^ s.kand;
   const int hb = diff ? 31 - __clz((int)diff) : 0;
