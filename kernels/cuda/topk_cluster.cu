@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     rem_t = 0;
     G = s.total;
   } else if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin d1 whole: every key >= d1 << 20
-    T = s.digit ? (s.digit << 20) - 1u : kInvisibleMax;  // bin 0: every visible key
+    T = (s.digit << 20) - 1u;
     rem_t = 0;
     G = (uint32_t)k - s.rem + s.cnt;
   } else {
