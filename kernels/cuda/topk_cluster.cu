@@ -448,27 +448,65 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const uint32_t diff = s.kor ^ s.kand;
   const int hb = diff ? 31 - __clz((int)diff) : 0;
   const int sh = hb > 11 ? hb - 11 : 0;
-  for (uint32_t i = tid; i < G; i += NT) atomicAdd(&h[((uint32_t)(list[i] >> 32) >> sh) & 4095u], 1u);
+  // Four list reads in flight per thread before their atomics (ties put
+  // many candidates in one bucket: the atomics serialize, the reads need not).
+  for (uint32_t i0 = tid; i0 < G; i0 += 4 * NT) {
+    uint32_t bk[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const uint32_t i = i0 + (uint32_t)u * NT;
+      bk[u] = i < G ? ((uint32_t)(list[i] >> 32) >> sh) & 4095u : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (i0 + (uint32_t)u * NT < G) atomicAdd(&h[bk[u]], 1u);
+  }
   __syncthreads();
   TOPK_PHASE(14);
   {
-    constexpr int PT = kNB1 / NT;  // thread t: buckets 4095 - t * PT .. down, descending
+    // Thread t: buckets 4095 - t * PT down to 4096 - (t + 1) * PT, read and
+    // written as 16-byte words (a thread's PT consecutive words).
+    constexpr int PT = kNB1 / NT;
+    static_assert(PT % 4 == 0, "whole 16-byte words a thread");
+    uint4 *hv = reinterpret_cast<uint4 *>(h + kNB1 - (tid + 1) * PT);
     uint32_t v[PT], mine = 0, at;
 #pragma unroll
-    for (int j = 0; j < PT; j++) mine += v[j] = h[kNB1 - 1 - (tid * PT + j)];
+    for (int j = 0; j < PT / 4; j++) {
+      const uint4 u = hv[j];
+      v[PT - 1 - 4 * j] = u.x;  // v[j]: bucket 4095 - t * PT - j
+      v[PT - 2 - 4 * j] = u.y;
+      v[PT - 3 - 4 * j] = u.z;
+      v[PT - 4 - 4 * j] = u.w;
+    }
+#pragma unroll
+    for (int j = 0; j < PT; j++) mine += v[j];
     Scan<NT>(scan).ExclusiveSum(mine, at);
+    uint32_t o[PT];
 #pragma unroll
     for (int j = 0; j < PT; j++) {
-      h[kNB1 - 1 - (tid * PT + j)] = at << 16;
+      o[j] = at << 16;
       at += v[j];
     }
+#pragma unroll
+    for (int j = 0; j < PT / 4; j++)
+      hv[j] = make_uint4(o[PT - 1 - 4 * j], o[PT - 2 - 4 * j], o[PT - 3 - 4 * j], o[PT - 4 - 4 * j]);
   }
   __syncthreads();
   TOPK_PHASE(15);
-  for (uint32_t i = tid; i < G; i += NT) {
-    const unsigned long long c = list[i];
-    const uint32_t u = atomicAdd(&h[((uint32_t)(c >> 32) >> sh) & 4095u], 1u);
-    sorted[(u >> 16) + (u & 0xFFFFu)] = c;
+  for (uint32_t i0 = tid; i0 < G; i0 += 4 * NT) {
+    unsigned long long c[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const uint32_t i = i0 + (uint32_t)u * NT;
+      c[u] = i < G ? list[i] : 0ull;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (i0 + (uint32_t)u * NT < G) {
+        const uint32_t v = atomicAdd(&h[((uint32_t)(c[u] >> 32) >> sh) & 4095u], 1u);
+        sorted[(v >> 16) + (v & 0xFFFFu)] = c[u];
+      }
+    }
   }
   __syncthreads();
   TOPK_PHASE(16);
