@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const float xh = tid < head ? x[tid] : 0.f;
-  zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h and s1..s3 are contiguous
+  zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h, s1..s3 and c1..c3: contiguous
   if (tid == 0) {
     s.gt_base = 0;
     s.eq_base = 0;
@@ -522,9 +522,9 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     for (; j + 8 <= b1; j += 8) {  // eight loads in flight: ties make buckets long
       unsigned long long y[8];
 #pragma unroll
-      for (int u = 0; u < 8; u++) y[u] = sorted[j + u];
+      for (int m = 0; m < 8; m++) y[m] = sorted[j + m];
 #pragma unroll
-      for (int u = 0; u < 8; u++) rank += y[u] > c;
+      for (int m = 0; m < 8; m++) rank += y[m] > c;
     }
     for (; j < b1; j++) rank += sorted[j] > c;
     if (rank >= (uint32_t)k) continue;
