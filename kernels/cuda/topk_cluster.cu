@@ -17,17 +17,22 @@
  * round of all-blocks-read-all-histograms with 16-block clusters, 118 us
  * for three passes): each block builds its own histogram, pushes its
  * non-zero bins with remote atomics to the bin's owner (block b * cs / NB
- * owns bin b), and after one cluster barrier every block reads the summed
- * histogram once, spread evenly over the owners, and finds the same digit.
- * Then each block counts its keys > T and == T; their prefix over the
- * cluster's blocks (in position order, pushed by remote atomics) gives
- * every selected key a slot in the candidate list: keys > T first, then
- * the first keys == T by position. Every block receives the whole list
- * (remote stores), and block q ranks the slots [q * n / cs, (q + 1) * n /
- * cs): a key == T's output index is its slot, a key > T's the number of
- * keys > T that order before it, counted inside buckets of 12 key bits
- * (keys with their positions are distinct, so counting is the exact order;
- * no sort, no single block doing the row's finish); indices >= k drop.
+ * owns bin b) and the sums of its groups of 16 bins to every block; after
+ * one cluster barrier every block scans the group sums locally and reads
+ * only the k-th key's group of 16 summed bins from its owner, so every
+ * block finds the same digit. Then each warp counts its keys > T and == T
+ * by ballots over a contiguous run of the slice; their prefix over the
+ * warps and the cluster's blocks (in position order, the blocks' totals
+ * pushed by remote atomics) gives every selected key a slot in the
+ * candidate list: keys > T first, then the first keys == T by position.
+ * Each block writes its keys' slots locally and copies them to every
+ * other block (all threads, remote stores), and block q ranks the slots
+ * [q * n / cs, (q + 1) * n / cs): a key == T's output index is its slot, a
+ * key > T's the number of keys > T that order before it, counted inside
+ * buckets of 12 key bits (keys with their positions are distinct, so
+ * counting is the exact order; no sort, no single block doing the row's
+ * finish); indices >= k drop. The phase timeline that chose these steps:
+ * bench/topk_phases.cu (bench/RESULTS.md, "Round 6").
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
