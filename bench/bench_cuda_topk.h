@@ -26,6 +26,15 @@ typedef struct fp4idx_bench_old_row_s {
 int fp4idx_bench_topk_old_launch(const fp4idx_bench_old_row_t *rows, int32_t n_rows, int32_t k,
                                  int32_t *pos, float *val, int32_t *count, cudaStream_t stream);
 
+/* The phase timeline of the cluster top-k (topk_phases.cu, an
+ * instrumented copy of kernels/cuda/topk_cluster.cu): plans rows (host) for
+ * k, launches 3 + 15 times on d_rows (device) into pos/val/count, prints
+ * per phase the median / p90 / max cycles over blocks and launches. Returns
+ * 0, an FP4IDX_ status of the plan or launch, or 1 on a CUDA error. */
+int fp4idx_bench_topk_phases(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                             const fp4idx_cuda_topk_row_t *d_rows, int32_t *pos, float *val,
+                             int32_t *count, cudaStream_t stream, const char *name);
+
 /* `fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]`: the top-k table
  * (argv[0] is "--topk"). Returns the process exit status. */
 int fp4idx_bench_topk_main(int argc, char **argv);

@@ -14,8 +14,9 @@
  * the automatic plan must follow its rule (the cluster path wherever it
  * can run). The cluster path's select and rank edges (a pass whose digit
  * bin is taken whole, every key above the threshold equal, all visible
- * keys fewer than k, buckets of one value) have their own test. GPU tests
- * skip cleanly without a GPU.
+ * keys fewer than k, buckets of one value) have their own test, and so
+ * have bf16-valued Gaussian rows (ties in every rank bucket) and a small
+ * 2-block case for compute-sanitizer. GPU tests skip cleanly without a GPU.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -522,6 +523,69 @@ Test(cuda_topk, cluster_select_edges, .timeout = 600) {
     free(x);
     free(w);
   }
+}
+
+/* Gaussian logits rounded to bf16 (the values the scorer writes: ties in
+ * every bucket of the cluster path's rank, dozens of keys deep near the
+ * threshold), scaled by 64 so that the keys' low 16 bits are zero and
+ * their high bits spread over several binades, with 1% NaN and 1% -inf;
+ * shapes that take 512- and 1024-thread blocks (4 x 400,000: 25,000 keys
+ * a block) and clusters of 16, 2 and 4 blocks. */
+static void fill_bf16(fp4idx_test_rng_t *g, float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float f = (float)(64.0 * gauss(g));
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u; /* round to nearest even */
+    memcpy(&x[i], &u, 4);
+    const int64_t c = fp4idx_test_rng_range(g, 0, 99);
+    if (c == 0) x[i] = NAN;
+    else if (c == 1) x[i] = -INFINITY;
+  }
+}
+
+Test(cuda_topk, cluster_bf16_ties, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17061);
+  static const struct { int32_t rows; int64_t w; } shapes[4] = {
+      {4, 65536}, {64, 9295}, {4, 400000}, {16, 30001}};
+  for (int sh = 0; sh < 4; sh++) {
+    const int32_t nr = shapes[sh].rows;
+    int64_t *w = malloc(sizeof(int64_t) * (size_t)nr);
+    cr_assert(w);
+    for (int32_t r = 0; r < nr; r++) w[r] = shapes[sh].w - r % 4;
+    float *x = rows_alloc(nr, w);
+    int64_t at = 0;
+    for (int32_t r = 0; r < nr; r++) {
+      fill_bf16(&g, x + at, w[r]);
+      at += w[r];
+    }
+    static const int32_t ks[3] = {512, 2048, 4096};
+    for (int ki = 0; ki < 3; ki++) {
+      char what[96];
+      snprintf(what, sizeof what, "bf16 Gaussian, %d x %lld k=%d", nr, (long long)shapes[sh].w,
+               ks[ki]);
+      direct(what, nr, w, x, ks[ki]);
+    }
+    free(x);
+    free(w);
+  }
+}
+
+/* A small case of the cluster path (2 rows x 9,000: clusters of 2 blocks),
+ * bf16 ties and all-equal rows, for compute-sanitizer runs. */
+Test(cuda_topk, cluster_small, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17062);
+  const int64_t w[2] = {9000, 8999};
+  float *x = rows_alloc(2, w);
+  fill_bf16(&g, x, w[0]);
+  for (int64_t i = 0; i < w[1]; i++) x[w[0] + i] = 1.0f;
+  direct("small bf16 + all-equal, 2 x 9000 k=100", 2, w, x, 100);
+  direct("small bf16 + all-equal, 2 x 9000 k=2048", 2, w, x, 2048);
+  free(x);
 }
 
 /* Argument errors: no GPU needed (nothing reaches the device). */

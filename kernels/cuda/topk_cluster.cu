@@ -17,17 +17,22 @@
  * round of all-blocks-read-all-histograms with 16-block clusters, 118 us
  * for three passes): each block builds its own histogram, pushes its
  * non-zero bins with remote atomics to the bin's owner (block b * cs / NB
- * owns bin b), and after one cluster barrier every block reads the summed
- * histogram once, spread evenly over the owners, and finds the same digit.
- * Then each block counts its keys > T and == T; their prefix over the
- * cluster's blocks (in position order, pushed by remote atomics) gives
- * every selected key a slot in the candidate list: keys > T first, then
- * the first keys == T by position. Every block receives the whole list
- * (remote stores), and block q ranks the slots [q * n / cs, (q + 1) * n /
- * cs): a key == T's output index is its slot, a key > T's the number of
- * keys > T that order before it, counted inside buckets of 12 key bits
- * (keys with their positions are distinct, so counting is the exact order;
- * no sort, no single block doing the row's finish); indices >= k drop.
+ * owns bin b) and the sums of its groups of 16 bins to every block; after
+ * one cluster barrier every block scans the group sums locally and reads
+ * only the k-th key's group of 16 summed bins from its owner, so every
+ * block finds the same digit. Then each warp counts its keys > T and == T
+ * by ballots over a contiguous run of the slice; their prefix over the
+ * warps and the cluster's blocks (in position order, the blocks' totals
+ * pushed by remote atomics) gives every selected key a slot in the
+ * candidate list: keys > T first, then the first keys == T by position.
+ * Each block writes its keys' slots locally and copies them to every
+ * other block (all threads, remote stores), and block q ranks the slots
+ * [q * n / cs, (q + 1) * n / cs): a key == T's output index is its slot, a
+ * key > T's the number of keys > T that order before it, counted inside
+ * buckets of 12 key bits (keys with their positions are distinct, so
+ * counting is the exact order; no sort, no single block doing the row's
+ * finish); indices >= k drop. The phase timeline that chose these steps:
+ * bench/topk_phases.cu (bench/RESULTS.md, "Round 6").
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
@@ -41,11 +46,25 @@
 
 namespace cg = cooperative_groups;
 
+// Phase marks of the experiment build bench/topk_phases.cu (it defines
+// FP4IDX_TOPK_PHASES and fp4idx_topk_phase(i) before including this file):
+// thread 0 stamps its clock at each phase boundary. Nothing in the product.
+#ifdef FP4IDX_TOPK_PHASES
+#define TOPK_PHASE(i) fp4idx_topk_phase(i)
+#define TOPK_PHASE_SYNC(i) (__syncthreads(), fp4idx_topk_phase(i))
+#else
+#define TOPK_PHASE(i) ((void)0)
+#define TOPK_PHASE_SYNC(i) ((void)0)
+#endif
+
 namespace {
 
 using namespace fp4idx_topk;
 
-constexpr int kT = 512;                 // threads per block (two blocks fit an SM)
+// Threads per block: 512 where two blocks share an SM (batches of more
+// blocks than SMs), 1024 where each block has an SM to itself (twice the
+// warps for the load, the histograms and the rank; same 64 registers).
+constexpr int kT = 512, kTWide = 1024;
 constexpr int kMaxCluster = 16;         // the non-portable cluster size of sm_90
 constexpr int64_t kSliceCap = 32000;    // keys one block holds (125 KiB)
 constexpr int kMaxK = FP4IDX_CUDA_TOPK_CLUSTER_K;
@@ -57,28 +76,35 @@ constexpr size_t kStatic = 2048;        // static shared memory the kernel may t
 constexpr int kNB1 = 4096, kNB2 = 4096, kNB3 = 256;  // digits: key bits 31-20, 19-8, 7-0
 // Warp-scan storage: a few hundred bytes of static shared memory, so the
 // dynamic part may take nearly all of an SM's 227 KiB.
-using Scan = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
-using Scan64 = cub::BlockScan<unsigned long long, kT, cub::BLOCK_SCAN_WARP_SCANS>;
+template <int NT> using Scan = cub::BlockScan<uint32_t, NT, cub::BLOCK_SCAN_WARP_SCANS>;
 
 // Static shared state of a block. gt_base / eq_base are summed by remote
 // atomics of the lower-ranked blocks of the cluster.
 struct Head {
   uint32_t gt_base, eq_base;     // keys > T / == T in the blocks before this one
+  uint32_t wgt[32], weq[32];     // keys > T / == T per warp of this block
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
-  uint32_t kor, kand;               // OR / AND of the keys > T
+  uint32_t kor, kand;               // OR / AND of the cluster's keys > T (remote atomics)
+  uint32_t bor, band;               // OR / AND of this block's keys > T
 };
-static_assert(sizeof(Head) + sizeof(Scan::TempStorage) + sizeof(Scan64::TempStorage) <= kStatic,
+static_assert(sizeof(Head) + sizeof(Scan<kTWide>::TempStorage) <= kStatic,
               "static shared memory within its share");
 
 // Dynamic shared memory of a block, in bytes from its start:
 //   [0, 16 KiB)          h: this block's histogram of the current pass
 //   then s1, s2, s3      the owned part of the cluster's summed histograms
 //                        (NB / cs bins each)
+//   then c1, c2, c3      the cluster's summed histograms in groups of 16
+//                        bins (NB / 16 words each, every block a copy)
 //   then list            [k + kExtra] candidates (key << 32 | ~position)
 //   then keys            [slice + 3] the slice's keys (shifted so that the
 //                        16-byte loads land on 16-byte shared stores), at
 //                        the end the bucketed copy of the list
-constexpr __host__ __device__ size_t owned_words(int cs) { return (size_t)(kNB1 + kNB2 + kNB3) / cs; }
+// The owned bins and the coarse histograms (groups of 16 bins) of a block.
+constexpr size_t kCoarseWords = (size_t)(kNB1 + kNB2 + kNB3) / 16;
+constexpr __host__ __device__ size_t owned_words(int cs) {
+  return (size_t)(kNB1 + kNB2 + kNB3) / cs + kCoarseWords;
+}
 constexpr __host__ __device__ size_t off_list(int cs) { return (size_t)kNB1 * 4 + owned_words(cs) * 4; }
 constexpr __host__ __device__ size_t off_keys(int cs, int32_t k) {
   return off_list(cs) + (((size_t)(k + kExtra) * 8 + 15) & ~(size_t)15);
@@ -94,6 +120,12 @@ constexpr size_t kSmemMax = 227 * 1024 - kStatic;
 static_assert(smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fits an SM");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Zeroes n words at p (16-byte aligned, n a multiple of 4) by a block of nt threads.
+__device__ __forceinline__ void zero_words(uint32_t *p, int n, int nt) {
+  uint4 *v = reinterpret_cast<uint4 *>(p);
+  for (int i = threadIdx.x; i < n / 4; i += nt) v[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
 // Histogram increment by a whole warp (every lane calls it): one atomic
 // when every active lane has the same bin (ties, dense logits), else one
 // per lane. (The warp-aggregated hist_add of topk_keys.cuh waits on
@@ -111,58 +143,64 @@ __device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
 }
 
 // One digit pass's cluster step. h holds this block's histogram of NB bins;
-// own (this block's s1/s2/s3) is zero. Pushes h's non-zero bins to their
-// owners, waits for the cluster, reads the summed histogram (thread t: bins
-// NB-1-(t*PT .. t*PT+PT-1), one owner each) and finds the digit d where the
-// count of keys above d is < rem <= the count at or above d: s.digit = d,
-// s.rem = rem minus the count above, s.cnt = the count of bin d, s.total =
-// the count of the pass. Every block computes the same answer.
-template <int NB>
+// own (this block's s1/s2/s3) and coarse (its c1/c2/c3: NB / 16 words) are
+// zero. Pushes h's non-zero bins to their owners and the sums of its groups
+// of 16 bins to every block's coarse copy, waits for the cluster, scans the
+// coarse histogram locally (thread t: group NB/16-1-t) to the group where
+// the count of keys above is < rem <= the count at or above, and reads only
+// that group's 16 summed bins from their owner to find the digit d: s.digit
+// = d, s.rem = rem minus the count above d, s.cnt = the count of bin d,
+// s.total = the count of the pass. Every block computes the same answer.
+// (Round 4 read the whole summed histogram from the owners: 16 KB of remote
+// loads a block, the largest phase of the select; bench/RESULTS.md, "Round 6".)
+template <int NB, int NT>
 __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t *own,
-                             uint32_t rem, Head &s, typename Scan::TempStorage &scan) {
+                             uint32_t *coarse, uint32_t rem, Head &s,
+                             typename Scan<NT>::TempStorage &scan, int ph) {
+  constexpr int NG = NB / 16;  // groups of 16 bins: 4 consecutive threads, 4 bins each
+  static_assert(NB / 4 % 32 == 0, "whole warps take part in the push");
   const int tid = threadIdx.x, cs = (int)cl.num_blocks();
-  const int per = NB / cs;  // bins a block owns
-  for (int b = tid; b < NB; b += kT) {
-    const uint32_t v = h[b];
-    if (v) atomicAdd(cl.map_shared_rank(own, (unsigned)(b / per)) + (b % per), v);
+  const int per = NB / cs;  // bins a block owns: a multiple of 16
+  for (int b4 = tid; b4 < NB / 4; b4 += NT) {
+    const uint4 v = reinterpret_cast<const uint4 *>(h)[b4];
+    uint32_t *dst = cl.map_shared_rank(own, (unsigned)(4 * b4 / per)) + (4 * b4 % per);
+    if (v.x) atomicAdd(dst, v.x);
+    if (v.y) atomicAdd(dst + 1, v.y);
+    if (v.z) atomicAdd(dst + 2, v.z);
+    if (v.w) atomicAdd(dst + 3, v.w);
+    uint32_t g = v.x + v.y + v.z + v.w;
+    g += __shfl_xor_sync(0xffffffffu, g, 1);
+    g += __shfl_xor_sync(0xffffffffu, g, 2);
+    if (g)  // the group's 4 threads share its cs destinations
+      for (int o = tid & 3; o < cs; o += 4)
+        atomicAdd(cl.map_shared_rank(coarse, (unsigned)o) + (b4 >> 2), g);
   }
-  cl.sync();  // every push landed: the owners hold the sums
-  constexpr int PT = NB >= kT ? NB / kT : 1;
-  uint32_t v[PT], mine = 0;
-  const int b0 = NB - PT - tid * PT;  // this thread's lowest bin (bins b0 .. b0 + PT - 1)
-  if (b0 >= 0) {
-    const uint32_t *src = cl.map_shared_rank(own, (unsigned)(b0 / per)) + (b0 % per);
-    if constexpr (PT % 4 == 0) {  // 16-byte remote loads (b0 and per are multiples of PT)
-      uint32_t t[PT];
-#pragma unroll
-      for (int j = 0; j < PT / 4; j++) {
-        const uint4 u = reinterpret_cast<const uint4 *>(src)[j];
-        t[4 * j] = u.x;
-        t[4 * j + 1] = u.y;
-        t[4 * j + 2] = u.z;
-        t[4 * j + 3] = u.w;
-      }
-#pragma unroll
-      for (int j = 0; j < PT; j++) v[j] = t[PT - 1 - j];  // v[j]: bin b0 + PT - 1 - j
-    } else {
-#pragma unroll
-      for (int j = 0; j < PT; j++) v[j] = src[PT - 1 - j];
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < PT; j++) v[j] = 0;
-  }
-#pragma unroll
-  for (int j = 0; j < PT; j++) mine += v[j];
+  TOPK_PHASE_SYNC(ph);
+  cl.sync();  // every push landed: the owners hold the sums, every block the group sums
+  TOPK_PHASE(ph + 1);
+  const int gi = NG - 1 - tid;  // this thread's group (descending)
+  const uint32_t mine = gi >= 0 ? coarse[gi] : 0u;
   uint32_t above, total;
-  Scan(scan).ExclusiveSum(mine, above, total);
+  Scan<NT>(scan).ExclusiveSum(mine, above, total);
   if (tid == 0) s.total = total;
   if (above < rem && above + mine >= rem) {
+    const int b0 = gi * 16;  // the group's bins b0 .. b0 + 15, in one owner
+    const uint4 *src =
+        reinterpret_cast<const uint4 *>(cl.map_shared_rank(own, (unsigned)(b0 / per)) + (b0 % per));
+    uint32_t v[16];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const uint4 u = src[j];
+      v[4 * j] = u.x;
+      v[4 * j + 1] = u.y;
+      v[4 * j + 2] = u.z;
+      v[4 * j + 3] = u.w;
+    }
     uint32_t c = above;
 #pragma unroll
-    for (int j = 0; j < PT; j++) {
+    for (int j = 15; j >= 0; j--) {
       if (c + v[j] >= rem) {
-        s.digit = (uint32_t)(b0 + PT - 1 - j);
+        s.digit = (uint32_t)(b0 + j);
         s.rem = rem - c;
         s.cnt = v[j];
         break;
@@ -171,63 +209,78 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
     }
   }
   __syncthreads();
+  TOPK_PHASE(ph + 2);
 }
 #endif
 
-__global__ void __launch_bounds__(kT, 2)
+template <int NT>
+__global__ void __launch_bounds__(NT, 1024 / NT)
     cluster_kernel(const fp4idx_cuda_topk_row_t *rows, int64_t slice, int32_t k, int32_t *pos,
                    float *val, int32_t *count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Head s;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ typename Scan64::TempStorage scan64;
+  __shared__ typename Scan<NT>::TempStorage scan;
   cg::cluster_group cl = cg::this_cluster();
   const int tid = threadIdx.x;
   const int cs = (int)cl.num_blocks(), q = (int)cl.block_rank();
   const int r = (int)(blockIdx.x / (unsigned)cs);
+  TOPK_PHASE(0);
   const fp4idx_cuda_topk_row_t row = rows[r];
   const int64_t b = (int64_t)q * slice;
   const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
   uint32_t *h = reinterpret_cast<uint32_t *>(smem);
   uint32_t *s1 = h + kNB1, *s2 = s1 + kNB1 / cs, *s3 = s2 + kNB2 / cs;
+  uint32_t *c1 = s3 + kNB3 / cs, *c2 = c1 + kNB1 / 16, *c3 = c2 + kNB2 / 16;
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
   uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
-  for (int i = tid; i < kNB1; i += kT) h[i] = 0;
-  for (int i = tid; i < (int)owned_words(cs); i += kT) s1[i] = 0;
-  if (tid == 0) {
-    s.gt_base = 0;
-    s.eq_base = 0;
-    s.kor = 0;
-    s.kand = 0xFFFFFFFFu;
-  }
   // The slice into shared memory as keys, histogram of the top 12 bits on
   // the way: 16-byte loads between a scalar head and tail, the key array
-  // shifted so that the 16-byte loads are 16-byte stores too.
+  // shifted so that the 16-byte loads are 16-byte stores too. The first
+  // loads are issued before the zeroing, so their latency overlaps it.
   const float *x = row.logits + b;
   int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
   if (head > nn) head = nn;
   uint32_t *keys = area + ((4 - head) & 3);
-  __syncthreads();  // h is zero
-  {
-    uint32_t key = 0;
-    if (tid < head) keys[tid] = key = ord_key(x[tid]);
-    hist_inc(h, key >> 20, tid < head && key > kInvisibleMax);
-  }
   const int nv = (nn - head) / 4;
   const float4 *xv = reinterpret_cast<const float4 *>(x + head);
   uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
-  for (int v0 = 0; v0 < nv; v0 += 4 * kT) {
-    float4 f[4];
+  float4 f[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
-      const int v = v0 + j * kT + tid;
-      f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
+    const int v = j * NT + tid;
+    f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const float xh = tid < head ? x[tid] : 0.f;
+  zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h, s1..s3 and c1..c3: contiguous
+  if (tid == 0) {
+    s.gt_base = 0;
+    s.eq_base = 0;
+    s.kor = s.bor = 0;
+    s.kand = s.band = 0xFFFFFFFFu;
+  }
+  __syncthreads();  // h is zero
+  // Every block's owned sums are zero before anyone pushes into them: the
+  // cluster barrier's arrive here, its wait after the load.
+  cl.barrier_arrive();
+  TOPK_PHASE(1);
+  {
+    const uint32_t key = ord_key(xh);
+    if (tid < head) keys[tid] = key;
+    hist_inc(h, key >> 20, tid < head && key > kInvisibleMax);
+  }
+  for (int v0 = 0; v0 < nv; v0 += 4 * NT) {
+    if (v0) {
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int v = v0 + j * NT + tid;
+        f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      const int v = v0 + j * kT + tid;
+      const int v = v0 + j * NT + tid;
       const uint4 u = make_uint4(ord_key(f[j].x), ord_key(f[j].y), ord_key(f[j].z), ord_key(f[j].w));
       if (v < nv) kv[v] = u;
       hist_inc(h, u.x >> 20, v < nv && u.x > kInvisibleMax);
@@ -242,14 +295,16 @@ __global__ void __launch_bounds__(kT, 2)
     if (tid < nn - tail0) keys[tail0 + tid] = key = ord_key(x[tail0 + tid]);
     hist_inc(h, key >> 20, tid < nn - tail0 && key > kInvisibleMax);
   }
-  // Every block's owned sums are zero before anyone pushes into them.
-  cl.sync();
+  __syncthreads();  // the block's histogram is whole
+  TOPK_PHASE(2);
+  cl.barrier_wait();
+  TOPK_PHASE(3);
 
   // Radix select: the list takes the G keys > T and the first rem_t keys
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
   // more when a pass's bin is taken whole (T just below the bin).
   uint32_t T, rem_t, G;
-  cluster_find<kNB1>(cl, h, s1, (uint32_t)k, s, scan);
+  cluster_find<kNB1, NT>(cl, h, s1, c1, (uint32_t)k, s, scan, 4);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
@@ -260,79 +315,130 @@ __global__ void __launch_bounds__(kT, 2)
     G = (uint32_t)k - s.rem + s.cnt;
   } else {
     const uint32_t d1 = s.digit, r1 = s.rem;
-    for (int i = tid; i < kNB2; i += kT) h[i] = 0;  // h was read by the push above
+    for (int i = tid; i < kNB2; i += NT) h[i] = 0;  // h was read by the push above
     __syncthreads();
-    for (int i0 = 0; i0 < nn; i0 += kT) {
+    for (int i0 = 0; i0 < nn; i0 += NT) {
       const int i = i0 + tid;
       const uint32_t key = i < nn ? keys[i] : 0u;
       hist_inc(h, (key >> 8) & 4095u, i < nn && (key >> 20) == d1 && key > kInvisibleMax);
     }
     __syncthreads();
-    cluster_find<kNB2>(cl, h, s2, r1, s, scan);
+    TOPK_PHASE(20);
+    cluster_find<kNB2, NT>(cl, h, s2, c2, r1, s, scan, 21);
     const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
     if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin p2 whole
       T = (p2 << 8) - 1u;
       rem_t = 0;
       G = (uint32_t)k - s.rem + s.cnt;
     } else {
-      for (int i = tid; i < kNB3; i += kT) h[i] = 0;
+      for (int i = tid; i < kNB3; i += NT) h[i] = 0;
       __syncthreads();
-      for (int i0 = 0; i0 < nn; i0 += kT) {
+      for (int i0 = 0; i0 < nn; i0 += NT) {
         const int i = i0 + tid;
         const uint32_t key = i < nn ? keys[i] : 0u;
         hist_inc(h, key & 255u, i < nn && (key >> 8) == p2 && key > kInvisibleMax);
       }
       __syncthreads();
-      cluster_find<kNB3>(cl, h, s3, r2, s, scan);
+      TOPK_PHASE(24);
+      cluster_find<kNB3, NT>(cl, h, s3, c3, r2, s, scan, 25);
       T = p2 << 8 | s.digit;
       rem_t = s.rem;
       G = (uint32_t)k - rem_t;
     }
   }
   const uint32_t n_list = G + rem_t, n_out = n_list < (uint32_t)k ? n_list : (uint32_t)k;
+  TOPK_PHASE(7);
 
-  // Thread t owns the run [t * per, t * per + per): per is odd, so the
-  // lanes of a warp read distinct banks.
-  const int per = (int)((slice + kT - 1) / kT) | 1;
-  const int r0 = tid * per < nn ? tid * per : nn, r1 = r0 + per < nn ? r0 + per : nn;
-  uint32_t ngt = 0, neq = 0;
-  for (int i = r0; i < r1; i++) {
-    const uint32_t key = keys[i];
-    ngt += key > T;
-    neq += key == T;
+  // Warp w scans the keys [w0, w1) of the slice, 32 at a time (lane l the
+  // l-th: conflict-free), and counts the keys > T and == T by ballots; the
+  // warps' counts in position order give each warp its first slots.
+  constexpr int NW = NT / 32;
+  const int lane = tid & 31, w = tid >> 5;
+  const unsigned lt = (1u << lane) - 1u;  // the lanes below this one
+  const int wc = (nn + 32 * NW - 1) / (32 * NW) * 32;
+  const int w0 = w * wc < nn ? w * wc : nn, w1 = w0 + wc < nn ? w0 + wc : nn;
+  {
+    uint32_t ngt = 0, neq = 0;
+    for (int i0 = w0; i0 < w1; i0 += 32) {
+      const uint32_t key = i0 + lane < w1 ? keys[i0 + lane] : 0u;  // 0 is below every T
+      ngt += __popc(__ballot_sync(0xffffffffu, key > T));
+      neq += __popc(__ballot_sync(0xffffffffu, key == T));
+    }
+    if (lane == 0) {
+      s.wgt[w] = ngt;
+      s.weq[w] = neq;
+    }
   }
-  unsigned long long pre, tot;
-  Scan64(scan64).ExclusiveSum((unsigned long long)ngt << 32 | neq, pre, tot);
+  zero_words(h, kNB1, NT);  // dead since the last cluster_find: the rank's buckets
+  __syncthreads();
+  uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
+  for (int j = 0; j < NW; j++) {
+    if (j == w) {
+      wgt = bgt;
+      weq = beq;
+    }
+    bgt += s.wgt[j];
+    beq += s.weq[j];
+  }
   // This block's counts into every later block's bases (their zeroing was
   // ordered before the first cluster barrier).
   if (tid > q && tid < cs) {
-    if (tot >> 32) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), (uint32_t)(tot >> 32));
-    if ((uint32_t)tot) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), (uint32_t)tot);
+    if (bgt) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), bgt);
+    if (beq) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), beq);
   }
+  TOPK_PHASE_SYNC(8);
   cl.sync();
-  // Every selected key to its slot of every block's list.
+  TOPK_PHASE(9);
+  // Every selected key to its slot of this block's list (keys > T: slots
+  // gt_base.., keys == T: G + eq_base.. while below rem_t; both in position
+  // order), then the block's two runs of slots copied to every other block.
+  const uint32_t gt0 = s.gt_base, eq0 = s.eq_base;
   {
-    uint32_t gt_at = s.gt_base + (uint32_t)(pre >> 32), eq_at = s.eq_base + (uint32_t)pre;
-    for (int i = r0; i < r1; i++) {
-      const uint32_t key = keys[i];
-      uint32_t slot = UINT_MAX;
+    uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq, kor = 0, kand = 0xFFFFFFFFu;
+    for (int i0 = w0; i0 < w1; i0 += 32) {
+      const int i = i0 + lane;
+      const uint32_t key = i < w1 ? keys[i] : 0u;
+      const unsigned mg = __ballot_sync(0xffffffffu, key > T);
+      const unsigned me = __ballot_sync(0xffffffffu, key == T);
       if (key > T) {
-        slot = gt_at++;
+        list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
+        kor |= key;
+        kand &= key;
       } else if (key == T) {
-        if (eq_at < rem_t) slot = G + eq_at;
-        eq_at++;
+        const uint32_t e = eq_at + __popc(me & lt);
+        if (e < rem_t) list[G + e] = cand_of(key, b + i);
       }
-      if (slot != UINT_MAX) {
-        const unsigned long long c = cand_of(key, b + i);
-        for (int o = 0; o < cs; o++) cl.map_shared_rank(list, (unsigned)o)[slot] = c;
-      }
+      gt_at += __popc(mg);
+      eq_at += __popc(me);
+    }
+    kor = __reduce_or_sync(0xffffffffu, kor);
+    kand = __reduce_and_sync(0xffffffffu, kand);
+    if (lane == 0 && kor) atomicOr(&s.bor, kor);
+    if (lane == 0 && kand != 0xFFFFFFFFu) atomicAnd(&s.band, kand);
+  }
+  __syncthreads();  // this block's slots are written
+  if (tid < cs && bgt) {  // its keys' OR / AND into every block's (for the rank's buckets)
+    atomicOr(cl.map_shared_rank(&s.kor, (unsigned)tid), s.bor);
+    atomicAnd(cl.map_shared_rank(&s.kand, (unsigned)tid), s.band);
+  }
+  {
+    const uint32_t e0 = eq0 < rem_t ? eq0 : rem_t, e1 = eq0 + beq < rem_t ? eq0 + beq : rem_t;
+    const uint32_t mine = bgt + (e1 - e0), sends = mine * (uint32_t)(cs - 1);
+    for (uint32_t t = tid; t < sends; t += NT) {
+      const uint32_t o = t / mine, j = t - o * mine;  // o: the o+1-th block after this one
+      const uint32_t slot = j < bgt ? gt0 + j : G + e0 + (j - bgt);
+      const unsigned dst = (unsigned)((q + 1 + (int)o) % cs);
+      cl.map_shared_rank(list, dst)[slot] = list[slot];
     }
   }
+  TOPK_PHASE_SYNC(10);
   cl.sync();  // every list is whole; no block touches another's memory after this
+  TOPK_PHASE(11);
 
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
-  pad_row(po, vo, count + r, n_out, k, q, cs, kT);
+  pad_row(po, vo, count + r, n_out, k, q, cs, NT);
+  TOPK_PHASE_SYNC(12);
 
   // Rank slots [a, e) of the list (the same list in every block). A slot
   // >= G holds a key == T, in position order after every key > T: its
@@ -343,81 +449,116 @@ __global__ void __launch_bounds__(kT, 2)
   // inside a bucket) by the 12 key bits below the bits they all share, into
   // `sorted` (the dead key area); h[bucket] = first slot << 16 | count.
   unsigned long long *sorted = reinterpret_cast<unsigned long long *>(area);
-  {
-    uint32_t kor = 0, kand = 0xFFFFFFFFu;
-    for (uint32_t i = tid; i < G; i += kT) {
-      const uint32_t key = (uint32_t)(list[i] >> 32);
-      kor |= key;
-      kand &= key;
-    }
-    kor = __reduce_or_sync(0xffffffffu, kor);
-    kand = __reduce_and_sync(0xffffffffu, kand);
-    if ((tid & 31) == 0) {
-      atomicOr(&s.kor, kor);
-      atomicAnd(&s.kand, kand);
-    }
-  }
-  for (int i = tid; i < kNB1; i += kT) h[i] = 0;
-  __syncthreads();
+  TOPK_PHASE(13);
   const uint32_t diff = s.kor ^ s.kand;
   const int hb = diff ? 31 - __clz((int)diff) : 0;
   const int sh = hb > 11 ? hb - 11 : 0;
-  for (uint32_t i = tid; i < G; i += kT) atomicAdd(&h[((uint32_t)(list[i] >> 32) >> sh) & 4095u], 1u);
+  // Four list reads in flight per thread before their atomics (ties put
+  // many candidates in one bucket: the atomics serialize, the reads need not).
+  for (uint32_t i0 = tid; i0 < G; i0 += 4 * NT) {
+    uint32_t bk[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const uint32_t i = i0 + (uint32_t)u * NT;
+      bk[u] = i < G ? ((uint32_t)(list[i] >> 32) >> sh) & 4095u : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (i0 + (uint32_t)u * NT < G) atomicAdd(&h[bk[u]], 1u);
+  }
   __syncthreads();
+  TOPK_PHASE(14);
   {
-    constexpr int PT = kNB1 / kT;  // thread t: buckets 4095 - t * PT .. down, descending
+    // Thread t: buckets 4095 - t * PT down to 4096 - (t + 1) * PT, read and
+    // written as 16-byte words (a thread's PT consecutive words).
+    constexpr int PT = kNB1 / NT;
+    static_assert(PT % 4 == 0, "whole 16-byte words a thread");
+    uint4 *hv = reinterpret_cast<uint4 *>(h + kNB1 - (tid + 1) * PT);
     uint32_t v[PT], mine = 0, at;
 #pragma unroll
-    for (int j = 0; j < PT; j++) mine += v[j] = h[kNB1 - 1 - (tid * PT + j)];
-    Scan(scan).ExclusiveSum(mine, at);
+    for (int j = 0; j < PT / 4; j++) {
+      const uint4 u = hv[j];
+      v[PT - 1 - 4 * j] = u.x;  // v[j]: bucket 4095 - t * PT - j
+      v[PT - 2 - 4 * j] = u.y;
+      v[PT - 3 - 4 * j] = u.z;
+      v[PT - 4 - 4 * j] = u.w;
+    }
+#pragma unroll
+    for (int j = 0; j < PT; j++) mine += v[j];
+    Scan<NT>(scan).ExclusiveSum(mine, at);
+    uint32_t o[PT];
 #pragma unroll
     for (int j = 0; j < PT; j++) {
-      h[kNB1 - 1 - (tid * PT + j)] = at << 16;
+      o[j] = at << 16;
       at += v[j];
+    }
+#pragma unroll
+    for (int j = 0; j < PT / 4; j++)
+      hv[j] = make_uint4(o[PT - 1 - 4 * j], o[PT - 2 - 4 * j], o[PT - 3 - 4 * j], o[PT - 4 - 4 * j]);
+  }
+  __syncthreads();
+  TOPK_PHASE(15);
+  for (uint32_t i0 = tid; i0 < G; i0 += 4 * NT) {
+    unsigned long long c[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const uint32_t i = i0 + (uint32_t)u * NT;
+      c[u] = i < G ? list[i] : 0ull;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (i0 + (uint32_t)u * NT < G) {
+        const uint32_t v = atomicAdd(&h[((uint32_t)(c[u] >> 32) >> sh) & 4095u], 1u);
+        sorted[(v >> 16) + (v & 0xFFFFu)] = c[u];
+      }
     }
   }
   __syncthreads();
-  for (uint32_t i = tid; i < G; i += kT) {
-    const unsigned long long c = list[i];
-    const uint32_t u = atomicAdd(&h[((uint32_t)(c >> 32) >> sh) & 4095u], 1u);
-    sorted[(u >> 16) + (u & 0xFFFFu)] = c;
-  }
-  __syncthreads();
+  TOPK_PHASE(16);
   const uint32_t share = (n_list + (uint32_t)cs - 1) / (uint32_t)cs;
   const uint32_t a = (uint32_t)q * share < n_list ? (uint32_t)q * share : n_list;
   const uint32_t e = a + share < n_list ? a + share : n_list;
   const uint32_t ge = e < G ? e : G;
-  for (uint32_t i = a + tid; i < ge; i += kT) {  // keys > T
+  for (uint32_t i = a + tid; i < ge; i += NT) {  // keys > T
     const unsigned long long c = list[i];
     const uint32_t u = h[((uint32_t)(c >> 32) >> sh) & 4095u];
     const uint32_t b0 = u >> 16, b1 = b0 + (u & 0xFFFFu);
-    uint32_t rank = b0;
-    for (uint32_t j = b0; j < b1; j++) rank += sorted[j] > c;
+    uint32_t rank = b0, j = b0;
+    for (; j + 8 <= b1; j += 8) {  // eight loads in flight: ties make buckets long
+      unsigned long long y[8];
+#pragma unroll
+      for (int m = 0; m < 8; m++) y[m] = sorted[j + m];
+#pragma unroll
+      for (int m = 0; m < 8; m++) rank += y[m] > c;
+    }
+    for (; j < b1; j++) rank += sorted[j] > c;
     if (rank >= (uint32_t)k) continue;
     const int32_t p = cand_pos(c);
     po[rank] = p;
     vo[rank] = row.logits[p];
   }
-  for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += kT) {  // keys == T
+  TOPK_PHASE_SYNC(17);
+  for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += NT) {  // keys == T
     const int32_t p = cand_pos(list[i]);
     po[i] = p;
     vo[i] = row.logits[p];
   }
+  TOPK_PHASE_SYNC(18);
 #endif
 }
 
-// A launch of cluster_kernel: `grid` blocks of kT threads in clusters of
+// A launch of cluster_kernel: `grid` blocks of nt threads in clusters of
 // cs, `smem` bytes of dynamic shared memory each. *at receives the cluster
 // attribute the config points at (it must outlive the config).
 cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid, size_t smem,
-                                 cudaStream_t stream) {
+                                 int nt, cudaStream_t stream) {
   at->id = cudaLaunchAttributeClusterDimension;
   at->val.clusterDim.x = (unsigned)cs;
   at->val.clusterDim.y = 1;
   at->val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kT);
+  cfg.blockDim = dim3((unsigned)nt);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = at;
@@ -426,47 +567,63 @@ cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid,
 }
 
 // Per device: the largest cluster size that can be resident at the largest
-// shared memory this path asks for with it (0: no cluster path), and the
-// SM count; the kernel's attributes are set here, once.
+// shared memory this path asks for with it (0: no cluster path), whether
+// the 1024-thread kernel can run such clusters too, and the SM count; the
+// kernels' attributes are set here, once.
 struct Caps {
   std::atomic<int> ready{0};
-  int max_cs = 0, sms = 0;
+  int max_cs = 0, wide = 0, sms = 0;
 };
+
+// Sets one instantiation's attributes; returns whether clusters of cs blocks
+// of it fit the device at the largest shared memory (0 also on an error).
+template <int NT>
+int fits(int cs) {
+  if (cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           (int)smem_bytes(1, kSliceCap, kMaxK)) != cudaSuccess ||
+      cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                           1) != cudaSuccess)
+    return 0;
+  cudaLaunchAttribute at;
+  const cudaLaunchConfig_t cfg =
+      launch_config(&at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), NT, 0);
+  int n = 0;
+  return cudaOccupancyMaxActiveClusters(&n, cluster_kernel<NT>, &cfg) == cudaSuccess && n > 0;
+}
+
+// The block size of a launch: 1024 threads where every block has an SM to
+// itself, holds at least kWideSlice keys and the device runs such
+// clusters, else 512 (bench/RESULTS.md, "Round 6": the wider block wins the
+// load of 25,000 keys a block and loses the barriers and scans of 4,096).
+constexpr int64_t kWideSlice = 16384;
+int threads_of(const Caps &c, int32_t n_rows, int cs, int64_t slice) {
+  return c.wide && (int64_t)n_rows * cs <= (int64_t)c.sms && slice >= kWideSlice ? kTWide : kT;
+}
 Caps g_caps[64];
 
-int caps_of(int *max_cs, int *sms) {
+// The current device's Caps, or null where it has no cluster path.
+const Caps *caps_of() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     (void)cudaGetLastError();
-    return 0;
+    return nullptr;
   }
   Caps &c = g_caps[dev];
   if (!c.ready.load(std::memory_order_acquire)) {
     int major = 0, n_sm = 0, best = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        major >= 9 &&
-        cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem_bytes(1, kSliceCap, kMaxK)) == cudaSuccess &&
-        cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                             1) == cudaSuccess) {
-      for (int cs = kMaxCluster; cs >= 1 && !best; cs /= 2) {
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg =
-            launch_config(&at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), 0);
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, cluster_kernel, &cfg) == cudaSuccess && n > 0)
-          best = cs;
-      }
+        major >= 9) {
+      for (int cs = kMaxCluster; cs >= 1 && !best; cs /= 2)
+        if (fits<kT>(cs)) best = cs;
+      c.wide = best && fits<kTWide>(best);
     }
     (void)cudaGetLastError();  // a failed query means: no cluster path
     c.max_cs = best;
     c.sms = n_sm;
     c.ready.store(1, std::memory_order_release);
   }
-  *max_cs = c.max_cs;
-  *sms = c.sms;
-  return c.max_cs > 0;
+  return c.max_cs > 0 ? &c : nullptr;
 }
 
 }  // namespace
@@ -474,8 +631,10 @@ int caps_of(int *max_cs, int *sms) {
 extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows,
                                               int32_t n_rows, int32_t k, int32_t max_cluster,
                                               fp4idx_cuda_topk_plan_t *p) {
-  int max_cs = 0, sms = 0;
-  if (k > kMaxK || n_rows < 1 || !caps_of(&max_cs, &sms)) return FP4IDX_ENODEV;
+  const Caps *caps = k <= kMaxK && n_rows >= 1 ? caps_of() : nullptr;
+  if (!caps) return FP4IDX_ENODEV;
+  int max_cs = caps->max_cs;
+  const int sms = caps->sms;
   if (max_cluster < max_cs) max_cs = max_cluster;
   int64_t max_w = 0;
   for (int32_t i = 0; i < n_rows; i++)
@@ -502,16 +661,20 @@ extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows
 extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p,
                                                 const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
                                                 float *val, int32_t *count, cudaStream_t stream) {
-  int max_cs = 0, sms = 0;
   if (p->cluster < 1 || p->cluster > kMaxCluster || (p->cluster & (p->cluster - 1)) ||
       p->slice < 4 || p->slice > kSliceCap || p->k > kMaxK ||
       p->cluster_smem != smem_bytes(p->cluster, p->slice, p->k))
     return FP4IDX_EINVAL;
-  if (!caps_of(&max_cs, &sms) || p->cluster > max_cs) return FP4IDX_ENODEV;
+  const Caps *caps = caps_of();
+  if (!caps || p->cluster > caps->max_cs) return FP4IDX_ENODEV;
+  const int nt = threads_of(*caps, p->n_rows, p->cluster, p->slice);
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = launch_config(
-      &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, stream);
+      &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, nt, stream);
   return fp4idx__cuda_check(
-      cudaLaunchKernelEx(&cfg, cluster_kernel, rows, (int64_t)p->slice, p->k, pos, val, count),
+      nt == kTWide ? cudaLaunchKernelEx(&cfg, cluster_kernel<kTWide>, rows, (int64_t)p->slice,
+                                        p->k, pos, val, count)
+                   : cudaLaunchKernelEx(&cfg, cluster_kernel<kT>, rows, (int64_t)p->slice, p->k,
+                                        pos, val, count),
       "topk: cluster kernel");
 }
