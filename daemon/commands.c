@@ -640,8 +640,9 @@ static void fp4idx__cmd_scores_launch_done(void *arg, fp4idx_score_job_t *const 
 }
 
 /* Waits for a started run launch by launch and answers each launch's
- * requests as soon as it is collected (the replies of a first half leave
- * while the device scores the second, score.h), then the ones that never
+ * requests as soon as it is collected (a first launch's replies leave
+ * while the device runs the next, and a long full-logits reply while its
+ * logits are still coming back: score.h), then the ones that never
  * launched, in queue order. */
 static void fp4idx__cmd_scores_end(fp4idx_daemon_t *d, fp4idx__cmd_scores_t *sc,
                                    fp4idx_cmd_job_t *jobs, fp4idx__cmd_run_t *runs) {

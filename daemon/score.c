@@ -470,10 +470,6 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
   int prepared = 0;
 #define FP4IDX__SCORE_PREPARE_TO(k)                                    \
   while (prepared < (k)) fp4idx__score_prepare(d, &jobs[prepared++])
-  /* A run of many requests launches in two halves: the device scores the
-   * first while the worker checks the second, and the first half's replies
-   * leave while the device scores the second (fp4idx__score_end_each). */
-  const int cap = n >= FP4IDX_SCORE_SPLIT_MIN ? (n + 1) / 2 : n;
   /* Groups of one (heads, topk), queue order inside each; a group whose
    * output would exceed FP4IDX_SCORE_MAX_LAUNCH launches in parts. */
   for (int i = 0; i < n; i++) {
@@ -501,7 +497,6 @@ fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job
       work += jobs[x].work;
       jobs[x].group = i;
       g[m++] = &jobs[x];
-      if (m >= cap) break;
     }
     /* no more launches out than the device holds: collect the oldest */
     if (p->n >= FP4IDX_BACKEND_INFLIGHT) {

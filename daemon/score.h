@@ -35,10 +35,6 @@ struct fp4idx_daemon_s;
  * is refused with E2BIG above FP4IDX_CMD_MAX_RESULT alone. */
 #define FP4IDX_SCORE_MAX_LAUNCH ((uint64_t)1 << 30)
 
-/* A run of at least this many score requests launches in two halves
- * (fp4idx__score_start): the device's work on the first overlaps the
- * worker's checks of the second and its replies to the first. */
-#define FP4IDX_SCORE_SPLIT_MIN 8
 
 typedef struct fp4idx_score_job_s {
   /* in */
