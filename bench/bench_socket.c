@@ -703,11 +703,13 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
     if (load_seq(c, 1000 + (uint64_t)i, keys, n)) goto fail;
   printf("\n(d) %ld-key sequences, one per client, score R=%d x H=%d top-%ld, %d calls per client\n",
          n, ROWS, HEADS, k, o->conc_calls);
-  printf("    %-8s %12s %10s %10s %14s %16s %7s\n", "clients", "requests/s", "p50 us",
+  printf("    %-8s %12s %10s %10s %14s %16s %7s |", "clients", "requests/s", "p50 us",
          "p90 us", "daemon us", "in-process /s", "ratio");
+  for (int i = 0; i < NSTAGE; i++) printf(" %8.8s", stage_name[i]);
+  printf("\n");
   for (int ni = 0; ni < o->nclients; ni++) {
     const long N = o->clients[ni];
-    double per[5][16];
+    double per[5][16], stm[NSTAGE][16];
     for (int rep = 0; rep < o->reps; rep++) {
       pthread_barrier_t bar;
       pthread_barrier_init(&bar, NULL, (unsigned)N + 1);
@@ -740,6 +742,7 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
       per[2][rep] = pct(all, m, 90);
       per[3][rep] = daemon;
       per[4][rep] = NAN;
+      for (int st = 0; st < NSTAGE; st++) stm[st][rep] = mean[st];
     }
     /* One in-process launch of all N sequences (the device's batched rate). */
     double local_rate = NAN;
@@ -776,12 +779,15 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
       free(pages), free(q), free(w), free(lens), free(lp), free(lc), free(lv), free(ss);
       if (!ok) goto fail;
     }
-    double r[4];
+    double r[4], sm[NSTAGE];
     for (int j = 0; j < 4; j++) r[j] = median3(per[j], o->reps);
-    printf("    %-8ld %12.0f %10.0f %10.0f %14.0f %16.0f %6.0f%%\n", N, r[0], r[1], r[2], r[3],
+    for (int st = 0; st < NSTAGE; st++) sm[st] = median3(stm[st], o->reps);
+    printf("    %-8ld %12.0f %10.0f %10.0f %14.0f %16.0f %6.0f%% |", N, r[0], r[1], r[2], r[3],
            local_rate, 100.0 * r[0] / local_rate);
+    for (int st = 0; st < NSTAGE; st++) printf(" %8.1f", sm[st]);
+    printf("\n");
     fflush(stdout);
-    summary_row("concurrent", n, k, N, r[1], r[2], r[3], NULL, NAN, NAN, r[0], local_rate);
+    summary_row("concurrent", n, k, N, r[1], r[2], r[3], sm, NAN, NAN, r[0], local_rate);
   }
   printf("    (requests/s: all clients together over the wall time; in-process /s:\n"
          "     N sequences / the p50 time of one --local %s launch of all N, no socket;\n"
