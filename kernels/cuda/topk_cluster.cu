@@ -126,6 +126,15 @@ __device__ __forceinline__ void zero_words(uint32_t *p, int n, int nt) {
   for (int i = threadIdx.x; i < n / 4; i += nt) v[i] = make_uint4(0u, 0u, 0u, 0u);
 }
 
+// The logit of a candidate, from its key (ord_key inverted: bit for bit for
+// every visible logit but the zeros, -0 and +0 sharing one key), else read
+// back from the row (saves an L2 round trip before each output's store).
+__device__ __forceinline__ float logit_of(unsigned long long c, const float *logits) {
+  const uint32_t key = (uint32_t)(c >> 32);
+  if (key == 0x80000000u) return logits[cand_pos(c)];
+  return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);
+}
+
 // Histogram increment by a whole warp (every lane calls it): one atomic
 // when every active lane has the same bin (ties, dense logits), else one
 // per lane. (The warp-aggregated hist_add of topk_keys.cuh waits on
@@ -359,10 +368,18 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const int w0 = w * wc < nn ? w * wc : nn, w1 = w0 + wc < nn ? w0 + wc : nn;
   {
     uint32_t ngt = 0, neq = 0;
-    for (int i0 = w0; i0 < w1; i0 += 32) {
-      const uint32_t key = i0 + lane < w1 ? keys[i0 + lane] : 0u;  // 0 is below every T
-      ngt += __popc(__ballot_sync(0xffffffffu, key > T));
-      neq += __popc(__ballot_sync(0xffffffffu, key == T));
+    for (int i0 = w0; i0 < w1; i0 += 128) {  // four loads in flight before the ballots
+      uint32_t kk[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int i = i0 + 32 * u + lane;
+        kk[u] = i < w1 ? keys[i] : 0u;  // 0 is below every T
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        ngt += __popc(__ballot_sync(0xffffffffu, kk[u] > T));
+        neq += __popc(__ballot_sync(0xffffffffu, kk[u] == T));
+      }
     }
     if (lane == 0) {
       s.wgt[w] = ngt;
@@ -395,21 +412,30 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const uint32_t gt0 = s.gt_base, eq0 = s.eq_base;
   {
     uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq, kor = 0, kand = 0xFFFFFFFFu;
-    for (int i0 = w0; i0 < w1; i0 += 32) {
-      const int i = i0 + lane;
-      const uint32_t key = i < w1 ? keys[i] : 0u;
-      const unsigned mg = __ballot_sync(0xffffffffu, key > T);
-      const unsigned me = __ballot_sync(0xffffffffu, key == T);
-      if (key > T) {
-        list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
-        kor |= key;
-        kand &= key;
-      } else if (key == T) {
-        const uint32_t e = eq_at + __popc(me & lt);
-        if (e < rem_t) list[G + e] = cand_of(key, b + i);
+    for (int i00 = w0; i00 < w1; i00 += 128) {  // four loads in flight, then in order
+      uint32_t kk[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int i = i00 + 32 * u + lane;
+        kk[u] = i < w1 ? keys[i] : 0u;
       }
-      gt_at += __popc(mg);
-      eq_at += __popc(me);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int i = i00 + 32 * u + lane;
+        const uint32_t key = kk[u];
+        const unsigned mg = __ballot_sync(0xffffffffu, key > T);
+        const unsigned me = __ballot_sync(0xffffffffu, key == T);
+        if (key > T) {
+          list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
+          kor |= key;
+          kand &= key;
+        } else if (key == T) {
+          const uint32_t e = eq_at + __popc(me & lt);
+          if (e < rem_t) list[G + e] = cand_of(key, b + i);
+        }
+        gt_at += __popc(mg);
+        eq_at += __popc(me);
+      }
     }
     kor = __reduce_or_sync(0xffffffffu, kor);
     kand = __reduce_and_sync(0xffffffffu, kand);
@@ -535,13 +561,13 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     if (rank >= (uint32_t)k) continue;
     const int32_t p = cand_pos(c);
     po[rank] = p;
-    vo[rank] = row.logits[p];
+    vo[rank] = logit_of(c, row.logits);
   }
   TOPK_PHASE_SYNC(17);
   for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += NT) {  // keys == T
-    const int32_t p = cand_pos(list[i]);
-    po[i] = p;
-    vo[i] = row.logits[p];
+    const unsigned long long c = list[i];
+    po[i] = cand_pos(c);
+    vo[i] = logit_of(c, row.logits);
   }
   TOPK_PHASE_SYNC(18);
 #endif
