@@ -244,24 +244,11 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
   uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
-  // The slice into shared memory as keys, histogram of the top 12 bits on
-  // the way: 16-byte loads between a scalar head and tail, the key array
-  // shifted so that the 16-byte loads are 16-byte stores too. The first
-  // loads are issued before the zeroing, so their latency overlaps it.
-  const float *x = row.logits + b;
-  int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
-  if (head > nn) head = nn;
-  uint32_t *keys = area + ((4 - head) & 3);
-  const int nv = (nn - head) / 4;
-  const float4 *xv = reinterpret_cast<const float4 *>(x + head);
-  uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
-  float4 f[4];
-#pragma unroll
-  for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
-    const int v = j * NT + tid;
-    f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  const float xh = tid < head ? x[tid] : 0.f;
+  // Every block's owned sums are zero before anyone pushes into them: the
+  // cluster barrier's arrive right after the zeroing, its wait after the
+  // load. The logits loads are issued after the arrive: its release
+  // semantics would wait for loads issued before it (bench/RESULTS.md,
+  // "Round 6": the zeroing phase grew from 1,404 to 2,044 cycles).
   zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h, s1..s3 and c1..c3: contiguous
   if (tid == 0) {
     s.gt_base = 0;
@@ -270,22 +257,25 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     s.kand = s.band = 0xFFFFFFFFu;
   }
   __syncthreads();  // h is zero
-  // Every block's owned sums are zero before anyone pushes into them: the
-  // cluster barrier's arrive here, its wait after the load.
   cl.barrier_arrive();
   TOPK_PHASE(1);
-  {
-    const uint32_t key = ord_key(xh);
-    if (tid < head) keys[tid] = key;
-    hist_inc(h, key >> 20, tid < head && key > kInvisibleMax);
-  }
+
+  // The slice into shared memory as keys, histogram of the top 12 bits on
+  // the way: 16-byte loads between a scalar head and tail, the key array
+  // shifted so that the 16-byte loads are 16-byte stores too.
+  const float *x = row.logits + b;
+  int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
+  if (head > nn) head = nn;
+  uint32_t *keys = area + ((4 - head) & 3);
+  const int nv = (nn - head) / 4;
+  const float4 *xv = reinterpret_cast<const float4 *>(x + head);
+  uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
   for (int v0 = 0; v0 < nv; v0 += 4 * NT) {
-    if (v0) {
+    float4 f[4];
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int v = v0 + j * NT + tid;
-        f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+    for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
+      const int v = v0 + j * NT + tid;
+      f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -298,11 +288,15 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       hist_inc(h, u.w >> 20, v < nv && u.w > kInvisibleMax);
     }
   }
-  {
+  {  // the scalar head and tail, both loads in flight at once
     const int tail0 = head + 4 * nv;
-    uint32_t key = 0;
-    if (tid < nn - tail0) keys[tail0 + tid] = key = ord_key(x[tail0 + tid]);
-    hist_inc(h, key >> 20, tid < nn - tail0 && key > kInvisibleMax);
+    const bool hd = tid < head, tl = tid < nn - tail0;
+    const float xh = hd ? x[tid] : 0.f, xt = tl ? x[tail0 + tid] : 0.f;
+    const uint32_t kh = ord_key(xh), kt = ord_key(xt);
+    if (hd) keys[tid] = kh;
+    if (tl) keys[tail0 + tid] = kt;
+    hist_inc(h, kh >> 20, hd && kh > kInvisibleMax);
+    hist_inc(h, kt >> 20, tl && kt > kInvisibleMax);
   }
   __syncthreads();  // the block's histogram is whole
   TOPK_PHASE(2);
