@@ -135,6 +135,31 @@ __device__ __forceinline__ float logit_of(unsigned long long c, const float *log
   return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);
 }
 
+// A block's run of list slots [s0, s1) in units of copy: two slots (one
+// 16-byte store; the list is 16-byte aligned) where both are in the run,
+// else one (an odd first slot, an unpaired last one), so that no store
+// reaches into another block's slots.
+struct SlotRun {
+  uint32_t s0, s1, head, pairs, units;
+  // Unit j's first slot into *slot; returns whether it covers two slots.
+  __device__ __forceinline__ bool unit(uint32_t j, uint32_t *slot) const {
+    if (j < head) {
+      *slot = s0;
+      return false;
+    }
+    if (j - head < pairs) {
+      *slot = s0 + head + 2u * (j - head);
+      return true;
+    }
+    *slot = s1 - 1u;
+    return false;
+  }
+};
+__device__ __forceinline__ SlotRun slot_run(uint32_t s0, uint32_t s1) {
+  const uint32_t head = (s0 & 1u) && s0 < s1 ? 1u : 0u, n = s1 - s0 - head;
+  return SlotRun{s0, s1, head, n / 2u, head + n / 2u + (n & 1u)};
+}
+
 // Histogram increment by a whole warp (every lane calls it): one atomic
 // when every active lane has the same bin (ties, dense logits), else one
 // per lane. (The warp-aggregated hist_add of topk_keys.cuh waits on
@@ -443,12 +468,17 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   }
   {
     const uint32_t e0 = eq0 < rem_t ? eq0 : rem_t, e1 = eq0 + beq < rem_t ? eq0 + beq : rem_t;
-    const uint32_t mine = bgt + (e1 - e0), sends = mine * (uint32_t)(cs - 1);
+    const SlotRun rg = slot_run(gt0, gt0 + bgt), re = slot_run(G + e0, G + e1);
+    const uint32_t mine = rg.units + re.units, sends = mine * (uint32_t)(cs - 1);
     for (uint32_t t = tid; t < sends; t += NT) {
       const uint32_t o = t / mine, j = t - o * mine;  // o: the o+1-th block after this one
-      const uint32_t slot = j < bgt ? gt0 + j : G + e0 + (j - bgt);
-      const unsigned dst = (unsigned)((q + 1 + (int)o) % cs);
-      cl.map_shared_rank(list, dst)[slot] = list[slot];
+      uint32_t slot;
+      const bool two = j < rg.units ? rg.unit(j, &slot) : re.unit(j - rg.units, &slot);
+      unsigned long long *dst = cl.map_shared_rank(list, (unsigned)((q + 1 + (int)o) % cs));
+      if (two)
+        reinterpret_cast<ulonglong2 *>(dst)[slot / 2] = reinterpret_cast<const ulonglong2 *>(list)[slot / 2];
+      else
+        dst[slot] = list[slot];
     }
   }
   TOPK_PHASE_SYNC(10);
