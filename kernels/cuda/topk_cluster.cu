@@ -84,6 +84,7 @@ struct Head {
   uint32_t gt_base, eq_base;     // keys > T / == T in the blocks before this one
   uint32_t wgt[32], weq[32];     // keys > T / == T per warp of this block
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
+  uint32_t cursor;                  // slots taken so far in this block's run of keys > T
   uint32_t kor, kand;               // OR / AND of the cluster's keys > T (remote atomics)
   uint32_t bor, band;               // OR / AND of this block's keys > T
 };
@@ -278,6 +279,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   if (tid == 0) {
     s.gt_base = 0;
     s.eq_base = 0;
+    s.cursor = 0;
     s.kor = s.bor = 0;
     s.kand = s.band = 0xFFFFFFFFu;
   }
@@ -331,15 +333,20 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // Radix select: the list takes the G keys > T and the first rem_t keys
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
   // more when a pass's bin is taken whole (T just below the bin).
-  uint32_t T, rem_t, G;
+  // lo_bin: where the select ends in pass 1, the keys > T are the pass-1
+  // bins >= lo_bin (h still holds this block's pass-1 histogram), else kNoBin.
+  constexpr uint32_t kNoBin = 0xFFFFFFFFu;
+  uint32_t T, rem_t, G, lo_bin = kNoBin;
   cluster_find<kNB1, NT>(cl, h, s1, c1, (uint32_t)k, s, scan, 4);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
     G = s.total;
+    lo_bin = 0;
   } else if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin d1 whole: every key >= d1 << 20
     T = (s.digit << 20) - 1u;
     rem_t = 0;
+    lo_bin = s.digit;
     G = (uint32_t)k - s.rem + s.cnt;
   } else {
     const uint32_t d1 = s.digit, r1 = s.rem;
@@ -378,14 +385,26 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   TOPK_PHASE(7);
 
   // Warp w scans the keys [w0, w1) of the slice, 32 at a time (lane l the
-  // l-th: conflict-free), and counts the keys > T and == T by ballots; the
-  // warps' counts in position order give each warp its first slots.
+  // l-th: conflict-free). Where the select ended in pass 1 (rem_t = 0) the
+  // block's count of keys > T is the sum of its bins >= lo_bin, and each
+  // warp takes its slots 128 keys at a time from the block's cursor: any
+  // order inside the block's run, since the rank counts (bench/RESULTS.md,
+  // "Round 7": no counting pass over the keys). Else the warps count their
+  // keys > T and == T by ballots, and their counts in position order give
+  // each warp its first slots (keys == T must keep position order).
   constexpr int NW = NT / 32;
   const int lane = tid & 31, w = tid >> 5;
   const unsigned lt = (1u << lane) - 1u;  // the lanes below this one
   const int wc = (nn + 32 * NW - 1) / (32 * NW) * 32;
   const int w0 = w * wc < nn ? w * wc : nn, w1 = w0 + wc < nn ? w0 + wc : nn;
-  {
+  const bool from_h = lo_bin != kNoBin;
+  uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
+  if (from_h) {
+    uint32_t mine = 0;
+    for (int i = tid; i < kNB1; i += NT) mine += (uint32_t)i >= lo_bin ? h[i] : 0u;
+    Scan<NT>(scan).ExclusiveSum(mine, wgt, bgt);  // (wgt unused on this path)
+    wgt = 0;
+  } else {
     uint32_t ngt = 0, neq = 0;
     for (int i0 = w0; i0 < w1; i0 += 128) {  // four loads in flight before the ballots
       uint32_t kk[4];
@@ -405,17 +424,17 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       s.weq[w] = neq;
     }
   }
-  zero_words(h, kNB1, NT);  // dead since the last cluster_find: the rank's buckets
+  zero_words(h, kNB1, NT);  // dead since the last cluster_find (and the sum above): the rank's buckets
   __syncthreads();
-  uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
-  for (int j = 0; j < NW; j++) {
-    if (j == w) {
-      wgt = bgt;
-      weq = beq;
+  if (!from_h)
+    for (int j = 0; j < NW; j++) {
+      if (j == w) {
+        wgt = bgt;
+        weq = beq;
+      }
+      bgt += s.wgt[j];
+      beq += s.weq[j];
     }
-    bgt += s.wgt[j];
-    beq += s.weq[j];
-  }
   // This block's counts into every later block's bases (their zeroing was
   // ordered before the first cluster barrier).
   if (tid > q && tid < cs) {
@@ -426,8 +445,9 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   cl.sync();
   TOPK_PHASE(9);
   // Every selected key to its slot of this block's list (keys > T: slots
-  // gt_base.., keys == T: G + eq_base.. while below rem_t; both in position
-  // order), then the block's two runs of slots copied to every other block.
+  // gt_base.., in position order or, from_h, as the cursor hands them out;
+  // keys == T: G + eq_base.. while below rem_t, in position order), then the
+  // block's two runs of slots copied to every other block.
   const uint32_t gt0 = s.gt_base, eq0 = s.eq_base;
   {
     uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq, kor = 0, kand = 0xFFFFFFFFu;
@@ -438,22 +458,32 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
         const int i = i00 + 32 * u + lane;
         kk[u] = i < w1 ? keys[i] : 0u;
       }
+      unsigned mg[4], me[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        mg[u] = __ballot_sync(0xffffffffu, kk[u] > T);
+        me[u] = rem_t ? __ballot_sync(0xffffffffu, kk[u] == T) : 0u;  // rem_t: uniform
+      }
+      if (from_h) {  // this iteration's slots from the block's cursor
+        const uint32_t n = __popc(mg[0]) + __popc(mg[1]) + __popc(mg[2]) + __popc(mg[3]);
+        uint32_t at = 0;
+        if (lane == 0 && n) at = atomicAdd(&s.cursor, n);
+        gt_at = gt0 + __shfl_sync(0xffffffffu, at, 0);
+      }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         const int i = i00 + 32 * u + lane;
         const uint32_t key = kk[u];
-        const unsigned mg = __ballot_sync(0xffffffffu, key > T);
-        const unsigned me = __ballot_sync(0xffffffffu, key == T);
         if (key > T) {
-          list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
+          list[gt_at + __popc(mg[u] & lt)] = cand_of(key, b + i);
           kor |= key;
           kand &= key;
         } else if (key == T) {
-          const uint32_t e = eq_at + __popc(me & lt);
+          const uint32_t e = eq_at + __popc(me[u] & lt);
           if (e < rem_t) list[G + e] = cand_of(key, b + i);
         }
-        gt_at += __popc(mg);
-        eq_at += __popc(me);
+        gt_at += __popc(mg[u]);
+        eq_at += __popc(me[u]);
       }
     }
     kor = __reduce_or_sync(0xffffffffu, kor);
