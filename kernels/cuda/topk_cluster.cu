@@ -20,19 +20,23 @@
  * owns bin b) and the sums of its groups of 16 bins to every block; after
  * one cluster barrier every block scans the group sums locally and reads
  * only the k-th key's group of 16 summed bins from its owner, so every
- * block finds the same digit. Then each warp counts its keys > T and == T
- * by ballots over a contiguous run of the slice; their prefix over the
- * warps and the cluster's blocks (in position order, the blocks' totals
- * pushed by remote atomics) gives every selected key a slot in the
- * candidate list: keys > T first, then the first keys == T by position.
- * Each block writes its keys' slots locally and copies them to every
- * other block (all threads, remote stores), and block q ranks the slots
+ * block finds the same digit. A block's count of keys > T is the sum of
+ * its pass-1 bins at or above the digit where the select ends in pass 1
+ * (the usual row: no key == T is taken), else each warp counts its keys
+ * > T and == T by ballots over a contiguous run of the slice. The blocks'
+ * totals, pushed by remote atomics, give each block its run of slots in the
+ * candidate list: keys > T first (inside a block's run in any order: from
+ * a block cursor, 128 keys a warp at a time, or by the warps' counts),
+ * then the first keys == T by position (the warps' counts in position
+ * order). Each block writes its keys' slots locally and copies them to
+ * every other block (all threads, 16-byte remote stores where two slots of
+ * the run are aligned), and block q ranks the slots
  * [q * n / cs, (q + 1) * n / cs): a key == T's output index is its slot, a
  * key > T's the number of keys > T that order before it, counted inside
  * buckets of 12 key bits (keys with their positions are distinct, so
  * counting is the exact order; no sort, no single block doing the row's
  * finish); indices >= k drop. The phase timeline that chose these steps:
- * bench/topk_phases.cu (bench/RESULTS.md, "Round 6").
+ * bench/topk_phases.cu (bench/RESULTS.md, "Round 6" and "Round 7").
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
