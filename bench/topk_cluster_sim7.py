@@ -1,6 +1,6 @@
 # topk_cluster_sim7.py [SEED] [TRIALS] -- host simulation of the slot logic of
 # kernels/cuda/topk_cluster.cu after round 7 (bench/RESULTS.md, "Round 7"), from
-# round 6's topk_cluster_sim6.py (git show e5f1115:bench/topk_cluster_sim6.py; this
+# round 6's topk_cluster_sim6.py (git show e53b146:bench/topk_cluster_sim6.py; this
 # file replaces it): the coarse cluster_find; where the select ends in
 # pass 1 (rem_t = 0) each block's count of keys > T from its pass-1 bins >= lo_bin
 # and its slots handed out 128 keys a warp from a block cursor, the warps in a
