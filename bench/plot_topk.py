@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """plot_topk.py [CSV] [PNG] -- the GPU top-k (fp4idx-bench-cuda --topk
 --csv, one run of each binary merged into one CSV): per case and k, the old
-one-block-per-row kernel, main's top-k (round 4's one-kernel cluster path),
-round 6 (the same path after the phase timeline: group sums, warp ballots,
-local slots copied out), the scorer alone and score + main's and round 6's
-top-k, with the issue 17 targets where given.
+one-block-per-row kernel, main's top-k (the one-kernel cluster path as
+merged), the branch's round (the CSV's round<N>_us column: round 7, the
+count from the pass-1 histogram and the phase timeline's steps), the scorer
+alone and score + main's and the round's top-k, with the issue 17 targets
+where given.
 Defaults: bench/topk_h200.csv -> bench/topk_h200.png."""
 import csv
 import os
@@ -19,12 +20,14 @@ here = os.path.dirname(os.path.abspath(__file__))
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "topk_h200.csv")
 dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "topk_h200.png")
 rows = list(csv.DictReader(open(src)))
+rnd = next(c[: -len("_us")] for c in rows[0] if c.startswith("round") and c.endswith("_us"))
+rname = "round " + rnd[len("round"):]
 goal = {("r4_ctx65536", "512"): 5, ("r4_ctx65536", "2048"): 5, ("r4_ctx400000", "2048"): 12,
         ("s16_r4_ctx9295", "2048"): 8}
 labels = ["%sx%s\nk=%s" % (r["rows"], r["ctx"], r["k"]) for r in rows]
-series = [("old_us", "old top-k (1 block/row)", "C7"), ("main_us", "main top-k (round 4 cluster kernel)", "C0"),
-          ("round6_us", "round 6 top-k", "C4"), ("score_us", "scorer alone", "C2"),
-          ("score_main_us", "score + main top-k", "C1"), ("score_round6_us", "score + round 6", "C5")]
+series = [("old_us", "old top-k (1 block/row)", "C7"), ("main_us", "main top-k (cluster kernel)", "C0"),
+          (rnd + "_us", rname + " top-k", "C4"), ("score_us", "scorer alone", "C2"),
+          ("score_main_us", "score + main top-k", "C1"), ("score_" + rnd + "_us", "score + " + rname, "C5")]
 fig, ax = plt.subplots(figsize=(12, 4.8))
 w = 0.14
 for j, (key, name, col) in enumerate(series):

@@ -20,19 +20,23 @@
  * owns bin b) and the sums of its groups of 16 bins to every block; after
  * one cluster barrier every block scans the group sums locally and reads
  * only the k-th key's group of 16 summed bins from its owner, so every
- * block finds the same digit. Then each warp counts its keys > T and == T
- * by ballots over a contiguous run of the slice; their prefix over the
- * warps and the cluster's blocks (in position order, the blocks' totals
- * pushed by remote atomics) gives every selected key a slot in the
- * candidate list: keys > T first, then the first keys == T by position.
- * Each block writes its keys' slots locally and copies them to every
- * other block (all threads, remote stores), and block q ranks the slots
+ * block finds the same digit. A block's count of keys > T is the sum of
+ * its pass-1 bins at or above the digit where the select ends in pass 1
+ * (the usual row: no key == T is taken), else each warp counts its keys
+ * > T and == T by ballots over a contiguous run of the slice. The blocks'
+ * totals, pushed by remote atomics, give each block its run of slots in the
+ * candidate list: keys > T first (inside a block's run in any order: from
+ * a block cursor, 128 keys a warp at a time, or by the warps' counts),
+ * then the first keys == T by position (the warps' counts in position
+ * order). Each block writes its keys' slots locally and copies them to
+ * every other block (all threads, 16-byte remote stores where two slots of
+ * the run are aligned), and block q ranks the slots
  * [q * n / cs, (q + 1) * n / cs): a key == T's output index is its slot, a
  * key > T's the number of keys > T that order before it, counted inside
  * buckets of 12 key bits (keys with their positions are distinct, so
  * counting is the exact order; no sort, no single block doing the row's
  * finish); indices >= k drop. The phase timeline that chose these steps:
- * bench/topk_phases.cu (bench/RESULTS.md, "Round 6").
+ * bench/topk_phases.cu (bench/RESULTS.md, "Round 6" and "Round 7").
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
@@ -84,6 +88,7 @@ struct Head {
   uint32_t gt_base, eq_base;     // keys > T / == T in the blocks before this one
   uint32_t wgt[32], weq[32];     // keys > T / == T per warp of this block
   uint32_t digit, rem, cnt, total;  // cluster_find's answer
+  uint32_t cursor;                  // slots taken so far in this block's run of keys > T
   uint32_t kor, kand;               // OR / AND of the cluster's keys > T (remote atomics)
   uint32_t bor, band;               // OR / AND of this block's keys > T
 };
@@ -124,6 +129,40 @@ static_assert(smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fi
 __device__ __forceinline__ void zero_words(uint32_t *p, int n, int nt) {
   uint4 *v = reinterpret_cast<uint4 *>(p);
   for (int i = threadIdx.x; i < n / 4; i += nt) v[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// The logit of a candidate, from its key (ord_key inverted: bit for bit for
+// every visible logit but the zeros, -0 and +0 sharing one key), else read
+// back from the row (saves an L2 round trip before each output's store).
+__device__ __forceinline__ float logit_of(unsigned long long c, const float *logits) {
+  const uint32_t key = (uint32_t)(c >> 32);
+  if (key == 0x80000000u) return logits[cand_pos(c)];
+  return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);
+}
+
+// A block's run of list slots [s0, s1) in units of copy: two slots (one
+// 16-byte store; the list is 16-byte aligned) where both are in the run,
+// else one (an odd first slot, an unpaired last one), so that no store
+// reaches into another block's slots.
+struct SlotRun {
+  uint32_t s0, s1, head, pairs, units;
+  // Unit j's first slot into *slot; returns whether it covers two slots.
+  __device__ __forceinline__ bool unit(uint32_t j, uint32_t *slot) const {
+    if (j < head) {
+      *slot = s0;
+      return false;
+    }
+    if (j - head < pairs) {
+      *slot = s0 + head + 2u * (j - head);
+      return true;
+    }
+    *slot = s1 - 1u;
+    return false;
+  }
+};
+__device__ __forceinline__ SlotRun slot_run(uint32_t s0, uint32_t s1) {
+  const uint32_t head = (s0 & 1u) && s0 < s1 ? 1u : 0u, n = s1 - s0 - head;
+  return SlotRun{s0, s1, head, n / 2u, head + n / 2u + (n & 1u)};
 }
 
 // Histogram increment by a whole warp (every lane calls it): one atomic
@@ -235,10 +274,26 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + off_list(cs));
   uint32_t *area = reinterpret_cast<uint32_t *>(smem + off_keys(cs, k));
 
+  // Every block's owned sums are zero before anyone pushes into them: the
+  // cluster barrier's arrive right after the zeroing, its wait after the
+  // load. The logits loads are issued after the arrive: its release
+  // semantics would wait for loads issued before it (bench/RESULTS.md,
+  // "Round 6": the zeroing phase grew from 1,404 to 2,044 cycles).
+  zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h, s1..s3 and c1..c3: contiguous
+  if (tid == 0) {
+    s.gt_base = 0;
+    s.eq_base = 0;
+    s.cursor = 0;
+    s.kor = s.bor = 0;
+    s.kand = s.band = 0xFFFFFFFFu;
+  }
+  __syncthreads();  // h is zero
+  cl.barrier_arrive();
+  TOPK_PHASE(1);
+
   // The slice into shared memory as keys, histogram of the top 12 bits on
   // the way: 16-byte loads between a scalar head and tail, the key array
-  // shifted so that the 16-byte loads are 16-byte stores too. The first
-  // loads are issued before the zeroing, so their latency overlaps it.
+  // shifted so that the 16-byte loads are 16-byte stores too.
   const float *x = row.logits + b;
   int head = (int)(((16u - ((uintptr_t)x & 15u)) & 15u) / 4u);
   if (head > nn) head = nn;
@@ -246,37 +301,12 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const int nv = (nn - head) / 4;
   const float4 *xv = reinterpret_cast<const float4 *>(x + head);
   uint4 *kv = reinterpret_cast<uint4 *>(keys + head);
-  float4 f[4];
-#pragma unroll
-  for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
-    const int v = j * NT + tid;
-    f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  const float xh = tid < head ? x[tid] : 0.f;
-  zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h, s1..s3 and c1..c3: contiguous
-  if (tid == 0) {
-    s.gt_base = 0;
-    s.eq_base = 0;
-    s.kor = s.bor = 0;
-    s.kand = s.band = 0xFFFFFFFFu;
-  }
-  __syncthreads();  // h is zero
-  // Every block's owned sums are zero before anyone pushes into them: the
-  // cluster barrier's arrive here, its wait after the load.
-  cl.barrier_arrive();
-  TOPK_PHASE(1);
-  {
-    const uint32_t key = ord_key(xh);
-    if (tid < head) keys[tid] = key;
-    hist_inc(h, key >> 20, tid < head && key > kInvisibleMax);
-  }
   for (int v0 = 0; v0 < nv; v0 += 4 * NT) {
-    if (v0) {
+    float4 f[4];
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int v = v0 + j * NT + tid;
-        f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+    for (int j = 0; j < 4; j++) {  // all loads first: four in flight per thread
+      const int v = v0 + j * NT + tid;
+      f[j] = v < nv ? __ldg(xv + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -289,11 +319,15 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       hist_inc(h, u.w >> 20, v < nv && u.w > kInvisibleMax);
     }
   }
-  {
+  {  // the scalar head and tail, both loads in flight at once
     const int tail0 = head + 4 * nv;
-    uint32_t key = 0;
-    if (tid < nn - tail0) keys[tail0 + tid] = key = ord_key(x[tail0 + tid]);
-    hist_inc(h, key >> 20, tid < nn - tail0 && key > kInvisibleMax);
+    const bool hd = tid < head, tl = tid < nn - tail0;
+    const float xh = hd ? x[tid] : 0.f, xt = tl ? x[tail0 + tid] : 0.f;
+    const uint32_t kh = ord_key(xh), kt = ord_key(xt);
+    if (hd) keys[tid] = kh;
+    if (tl) keys[tail0 + tid] = kt;
+    hist_inc(h, kh >> 20, hd && kh > kInvisibleMax);
+    hist_inc(h, kt >> 20, tl && kt > kInvisibleMax);
   }
   __syncthreads();  // the block's histogram is whole
   TOPK_PHASE(2);
@@ -303,15 +337,20 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // Radix select: the list takes the G keys > T and the first rem_t keys
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
   // more when a pass's bin is taken whole (T just below the bin).
-  uint32_t T, rem_t, G;
+  // lo_bin: where the select ends in pass 1, the keys > T are the pass-1
+  // bins >= lo_bin (h still holds this block's pass-1 histogram), else kNoBin.
+  constexpr uint32_t kNoBin = 0xFFFFFFFFu;
+  uint32_t T, rem_t, G, lo_bin = kNoBin;
   cluster_find<kNB1, NT>(cl, h, s1, c1, (uint32_t)k, s, scan, 4);
   if (s.total <= (uint32_t)k) {  // every visible key (-inf has key kInvisibleMax)
     T = kInvisibleMax;
     rem_t = 0;
     G = s.total;
+    lo_bin = 0;
   } else if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin d1 whole: every key >= d1 << 20
     T = (s.digit << 20) - 1u;
     rem_t = 0;
+    lo_bin = s.digit;
     G = (uint32_t)k - s.rem + s.cnt;
   } else {
     const uint32_t d1 = s.digit, r1 = s.rem;
@@ -350,36 +389,56 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   TOPK_PHASE(7);
 
   // Warp w scans the keys [w0, w1) of the slice, 32 at a time (lane l the
-  // l-th: conflict-free), and counts the keys > T and == T by ballots; the
-  // warps' counts in position order give each warp its first slots.
+  // l-th: conflict-free). Where the select ended in pass 1 (rem_t = 0) the
+  // block's count of keys > T is the sum of its bins >= lo_bin, and each
+  // warp takes its slots 128 keys at a time from the block's cursor: any
+  // order inside the block's run, since the rank counts (bench/RESULTS.md,
+  // "Round 7": no counting pass over the keys). Else the warps count their
+  // keys > T and == T by ballots, and their counts in position order give
+  // each warp its first slots (keys == T must keep position order).
   constexpr int NW = NT / 32;
   const int lane = tid & 31, w = tid >> 5;
   const unsigned lt = (1u << lane) - 1u;  // the lanes below this one
   const int wc = (nn + 32 * NW - 1) / (32 * NW) * 32;
   const int w0 = w * wc < nn ? w * wc : nn, w1 = w0 + wc < nn ? w0 + wc : nn;
-  {
+  const bool from_h = lo_bin != kNoBin;
+  uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
+  if (from_h) {
+    uint32_t mine = 0;
+    for (int i = tid; i < kNB1; i += NT) mine += (uint32_t)i >= lo_bin ? h[i] : 0u;
+    Scan<NT>(scan).ExclusiveSum(mine, wgt, bgt);  // (wgt unused on this path)
+    wgt = 0;
+  } else {
     uint32_t ngt = 0, neq = 0;
-    for (int i0 = w0; i0 < w1; i0 += 32) {
-      const uint32_t key = i0 + lane < w1 ? keys[i0 + lane] : 0u;  // 0 is below every T
-      ngt += __popc(__ballot_sync(0xffffffffu, key > T));
-      neq += __popc(__ballot_sync(0xffffffffu, key == T));
+    for (int i0 = w0; i0 < w1; i0 += 128) {  // four loads in flight before the ballots
+      uint32_t kk[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int i = i0 + 32 * u + lane;
+        kk[u] = i < w1 ? keys[i] : 0u;  // 0 is below every T
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        ngt += __popc(__ballot_sync(0xffffffffu, kk[u] > T));
+        neq += __popc(__ballot_sync(0xffffffffu, kk[u] == T));
+      }
     }
     if (lane == 0) {
       s.wgt[w] = ngt;
       s.weq[w] = neq;
     }
   }
-  zero_words(h, kNB1, NT);  // dead since the last cluster_find: the rank's buckets
+  zero_words(h, kNB1, NT);  // dead since the last cluster_find (and the sum above): the rank's buckets
   __syncthreads();
-  uint32_t wgt = 0, weq = 0, bgt = 0, beq = 0;  // keys > T / == T: warps before w; the block
-  for (int j = 0; j < NW; j++) {
-    if (j == w) {
-      wgt = bgt;
-      weq = beq;
+  if (!from_h)
+    for (int j = 0; j < NW; j++) {
+      if (j == w) {
+        wgt = bgt;
+        weq = beq;
+      }
+      bgt += s.wgt[j];
+      beq += s.weq[j];
     }
-    bgt += s.wgt[j];
-    beq += s.weq[j];
-  }
   // This block's counts into every later block's bases (their zeroing was
   // ordered before the first cluster barrier).
   if (tid > q && tid < cs) {
@@ -390,26 +449,46 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   cl.sync();
   TOPK_PHASE(9);
   // Every selected key to its slot of this block's list (keys > T: slots
-  // gt_base.., keys == T: G + eq_base.. while below rem_t; both in position
-  // order), then the block's two runs of slots copied to every other block.
+  // gt_base.., in position order or, from_h, as the cursor hands them out;
+  // keys == T: G + eq_base.. while below rem_t, in position order), then the
+  // block's two runs of slots copied to every other block.
   const uint32_t gt0 = s.gt_base, eq0 = s.eq_base;
   {
     uint32_t gt_at = gt0 + wgt, eq_at = eq0 + weq, kor = 0, kand = 0xFFFFFFFFu;
-    for (int i0 = w0; i0 < w1; i0 += 32) {
-      const int i = i0 + lane;
-      const uint32_t key = i < w1 ? keys[i] : 0u;
-      const unsigned mg = __ballot_sync(0xffffffffu, key > T);
-      const unsigned me = __ballot_sync(0xffffffffu, key == T);
-      if (key > T) {
-        list[gt_at + __popc(mg & lt)] = cand_of(key, b + i);
-        kor |= key;
-        kand &= key;
-      } else if (key == T) {
-        const uint32_t e = eq_at + __popc(me & lt);
-        if (e < rem_t) list[G + e] = cand_of(key, b + i);
+    for (int i00 = w0; i00 < w1; i00 += 128) {  // four loads in flight, then in order
+      uint32_t kk[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int i = i00 + 32 * u + lane;
+        kk[u] = i < w1 ? keys[i] : 0u;
       }
-      gt_at += __popc(mg);
-      eq_at += __popc(me);
+      unsigned mg[4], me[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        mg[u] = __ballot_sync(0xffffffffu, kk[u] > T);
+        me[u] = rem_t ? __ballot_sync(0xffffffffu, kk[u] == T) : 0u;  // rem_t: uniform
+      }
+      if (from_h) {  // this iteration's slots from the block's cursor
+        const uint32_t n = __popc(mg[0]) + __popc(mg[1]) + __popc(mg[2]) + __popc(mg[3]);
+        uint32_t at = 0;
+        if (lane == 0 && n) at = atomicAdd(&s.cursor, n);
+        gt_at = gt0 + __shfl_sync(0xffffffffu, at, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int i = i00 + 32 * u + lane;
+        const uint32_t key = kk[u];
+        if (key > T) {
+          list[gt_at + __popc(mg[u] & lt)] = cand_of(key, b + i);
+          kor |= key;
+          kand &= key;
+        } else if (key == T) {
+          const uint32_t e = eq_at + __popc(me[u] & lt);
+          if (e < rem_t) list[G + e] = cand_of(key, b + i);
+        }
+        gt_at += __popc(mg[u]);
+        eq_at += __popc(me[u]);
+      }
     }
     kor = __reduce_or_sync(0xffffffffu, kor);
     kand = __reduce_and_sync(0xffffffffu, kand);
@@ -423,12 +502,17 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   }
   {
     const uint32_t e0 = eq0 < rem_t ? eq0 : rem_t, e1 = eq0 + beq < rem_t ? eq0 + beq : rem_t;
-    const uint32_t mine = bgt + (e1 - e0), sends = mine * (uint32_t)(cs - 1);
+    const SlotRun rg = slot_run(gt0, gt0 + bgt), re = slot_run(G + e0, G + e1);
+    const uint32_t mine = rg.units + re.units, sends = mine * (uint32_t)(cs - 1);
     for (uint32_t t = tid; t < sends; t += NT) {
       const uint32_t o = t / mine, j = t - o * mine;  // o: the o+1-th block after this one
-      const uint32_t slot = j < bgt ? gt0 + j : G + e0 + (j - bgt);
-      const unsigned dst = (unsigned)((q + 1 + (int)o) % cs);
-      cl.map_shared_rank(list, dst)[slot] = list[slot];
+      uint32_t slot;
+      const bool two = j < rg.units ? rg.unit(j, &slot) : re.unit(j - rg.units, &slot);
+      unsigned long long *dst = cl.map_shared_rank(list, (unsigned)((q + 1 + (int)o) % cs));
+      if (two)
+        reinterpret_cast<ulonglong2 *>(dst)[slot / 2] = reinterpret_cast<const ulonglong2 *>(list)[slot / 2];
+      else
+        dst[slot] = list[slot];
     }
   }
   TOPK_PHASE_SYNC(10);
@@ -535,13 +619,13 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     if (rank >= (uint32_t)k) continue;
     const int32_t p = cand_pos(c);
     po[rank] = p;
-    vo[rank] = row.logits[p];
+    vo[rank] = logit_of(c, row.logits);
   }
   TOPK_PHASE_SYNC(17);
   for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += NT) {  // keys == T
-    const int32_t p = cand_pos(list[i]);
-    po[i] = p;
-    vo[i] = row.logits[p];
+    const unsigned long long c = list[i];
+    po[i] = cand_pos(c);
+    vo[i] = logit_of(c, row.logits);
   }
   TOPK_PHASE_SYNC(18);
 #endif

@@ -1,7 +1,13 @@
-# topk_cluster_sim6.py [SEED] [TRIALS] -- host simulation of the steps round 6 changed in
-# kernels/cuda/topk_cluster.cu (bench/RESULTS.md, "Round 6"): the coarse cluster_find,
-# the per-warp ballot slots and the copy of each block's slots, per cluster size
-# and block size, against a sort. Experiment, not the product.
+# topk_cluster_sim7.py [SEED] [TRIALS] -- host simulation of the slot logic of
+# kernels/cuda/topk_cluster.cu after round 7 (bench/RESULTS.md, "Round 7"), from
+# round 6's topk_cluster_sim6.py (git show e53b146:bench/topk_cluster_sim6.py; this
+# file replaces it): the coarse cluster_find; where the select ends in
+# pass 1 (rem_t = 0) each block's count of keys > T from its pass-1 bins >= lo_bin
+# and its slots handed out 128 keys a warp from a block cursor, the warps in a
+# random order (any order the GPU may take); else the per-warp ballot counts; the
+# copy of each block's runs in units of one or two slots (16-byte stores), no
+# unit reaching into another block's run; per cluster size and block size,
+# against a sort. Experiment, not the product.
 import numpy as np, sys
 INV=0x007FFFFF; KX=2048
 def ord_key(f):
@@ -44,8 +50,9 @@ def sim(x,k,cs,NT):
         return b
     h1=np.bincount((keys[vis]>>20).astype(np.int64),minlength=4096)
     d,rem,cnt,total=find(h1,k)
-    if total<=k: T=INV; rem_t=0; G=total
-    elif cnt-rem<=KX: T=((d<<20)-1) if d else INV; rem_t=0; G=k-rem+cnt
+    lo_bin=None
+    if total<=k: T=INV; rem_t=0; G=total; lo_bin=0
+    elif cnt-rem<=KX: T=((d<<20)-1) if d else INV; rem_t=0; G=k-rem+cnt; lo_bin=d
     else:
         d1,r1=d,rem; m=vis&((keys>>20)==d1)
         h2=np.bincount(((keys[m]>>8)&4095).astype(np.int64),minlength=4096)
@@ -70,7 +77,11 @@ def sim(x,k,cs,NT):
                     kk=int(keys[b+i0+l]) if i0+l<w1 else 0
                     g+=kk>T; e+=kk==T
             wg.append(g); we.append(e)
-        blk.append((wg,we,sum(wg),sum(we)))
+        if lo_bin is not None:
+            kb=keys[b:b+nn]; hb_=np.bincount((kb[kb>INV]>>20).astype(np.int64),minlength=4096)
+            bg=int(hb_[lo_bin:].sum()); assert bg==sum(wg)
+            blk.append((None,None,bg,0))
+        else: blk.append((wg,we,sum(wg),sum(we)))
     for q in range(cs):
         for qq in range(q+1,cs): bases_gt[qq]+=blk[q][2]; bases_eq[qq]+=blk[q][3]
     for q in range(cs):
@@ -78,7 +89,19 @@ def sim(x,k,cs,NT):
         wc=(nn+32*NW-1)//(32*NW)*32
         wg,we,bgt,beq=blk[q]; gt0=bases_gt[q]; eq0=bases_eq[q]
         L=lists[q]
-        for wi in range(NW):
+        if lo_bin is not None:
+            # warps' 128-key iterations in a random interleaving, each taking its
+            # slots from the block's cursor
+            its=[(wi,i00) for wi in range(NW) for i00 in range(min(wi*wc,nn),min(min(wi*wc,nn)+wc,nn),128)]
+            rng.shuffle(its); cur=0
+            for wi,i00 in its:
+                w0=min(wi*wc,nn); w1=min(w0+wc,nn)
+                ks=[int(keys[b+i]) if i<w1 else 0 for i in range(i00,i00+128)]
+                n_=sum(1 for kk in ks if kk>T); at=gt0+cur; cur+=n_
+                for j,kk in enumerate(ks):
+                    if kk>T: assert L[at] is None; L[at]=(kk<<32)|(0xFFFFFFFF-(b+i00+j)); at+=1
+            assert cur==bgt
+        for wi in range(NW if lo_bin is None else 0):
             w0=min(wi*wc,nn); w1=min(w0+wc,nn)
             gt_at=gt0+sum(wg[:wi]); eq_at=eq0+sum(we[:wi])
             for i0 in range(w0,w1,32):
@@ -92,20 +115,32 @@ def sim(x,k,cs,NT):
                         e=eq_at+sum(me[:l])
                         if e<rem_t: assert L[G+e] is None; L[G+e]=(kk<<32)|(0xFFFFFFFF-(b+i0+l))
                 gt_at+=sum(mg); eq_at+=sum(me)
-        e0=min(eq0,rem_t); e1=min(eq0+beq,rem_t); mine=bgt+(e1-e0)
+        e0=min(eq0,rem_t); e1=min(eq0+beq,rem_t)
+        def run(s0,s1):
+            head=1 if (s0&1) and s0<s1 else 0; n_=s1-s0-head
+            return s0,s1,head,n_//2,head+n_//2+(n_&1)
+        def unit(r,j):
+            s0,s1,head,pairs,_=r
+            if j<head: return [s0]
+            if j-head<pairs: sl=s0+head+2*(j-head); assert sl%2==0; return [sl,sl+1]
+            return [s1-1]
+        rg=run(gt0,gt0+bgt); re_=run(G+e0,G+e1); mine=rg[4]+re_[4]
         for t in range(mine*(cs-1)):
             o=t//mine; j=t-o*mine
-            slot=gt0+j if j<bgt else G+e0+(j-bgt)
+            sl=unit(rg,j) if j<rg[4] else unit(re_,j-rg[4])
             dst=(q+1+o)%cs
-            assert L[slot] is not None
-            assert lists[dst][slot] is None or lists[dst][slot]==L[slot]
-            lists[dst][slot]=L[slot]
+            for slot in sl:
+                assert gt0<=slot<gt0+bgt or G+e0<=slot<G+e1
+                assert L[slot] is not None
+                assert lists[dst][slot] is None or lists[dst][slot]==L[slot]
+                lists[dst][slot]=L[slot]
     for q in range(cs):
         assert all(v is not None for v in lists[q][:n_list]),(q,)
         assert lists[q][:n_list]==lists[0][:n_list]
     lst=lists[0][:n_list]
     # the list: keys > T in position order, then keys == T in position order
-    gts=sorted([i for i in range(w) if keys[i]>T]); assert [0xFFFFFFFF-(c&0xFFFFFFFF) for c in lst[:G]]==gts
+    gts=sorted([i for i in range(w) if keys[i]>T]); got=[0xFFFFFFFF-(c&0xFFFFFFFF) for c in lst[:G]]
+    assert (sorted(got) if lo_bin is not None else got)==gts
     eqs=sorted([i for i in range(w) if keys[i]==T])[:rem_t]; assert [0xFFFFFFFF-(c&0xFFFFFFFF) for c in lst[G:]]==eqs
     # rank as the kernel: buckets by 12 bits below the shared bits (OR/AND of keys > T)
     kor=0;kand=0xFFFFFFFF
