@@ -312,8 +312,10 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
  * land; a batch's replies wait, since small ones are copied into their
  * frames when encoded). */
 static int fp4idx__score_streamable(const fp4idx__score_launch_t *l) {
-  return l->o && l->n == 1 && l->batch.topk == 0 && l->jobs[0]->req->u.score.nseqs == 1 &&
-         l->jobs[0]->cells * 4u >= FP4IDX_SCORE_STREAM_MIN;
+  /* (not one writing into regions: its outputs are copied there from the
+   * buffer when collected, so they must all be back by then) */
+  return l->o && l->n == 1 && !l->jobs[0]->alone && l->batch.topk == 0 &&
+         l->jobs[0]->req->u.score.nseqs == 1 && l->jobs[0]->cells * 4u >= FP4IDX_SCORE_STREAM_MIN;
 }
 
 /* Waits for a submitted launch and splits its results back into its jobs.
