@@ -83,6 +83,17 @@ static void load_seqs(int fd) {
   }
 }
 
+/* Sequence 9 with n keys, appended in requests of 8,192: a score of it
+ * (64 heads, 8 rows) holds the worker while other requests queue. */
+static void load_big(int fd, int n) {
+  uint16_t *k = malloc((size_t)n * 128 * 2);
+  fill(k, (size_t)n * 128, 5);
+  for (int i = 0; i < n; i += 8192)
+    cr_assert_eq(fp4idx_test_append(fd, 9, FP4IDX_WIRE_BF16, n - i < 8192 ? n - i : 8192,
+                                    k + (size_t)i * 128, NULL, NULL), 0);
+  free(k);
+}
+
 /* The request j of connection c (deterministic). */
 static frame_t conn_request(int c, int j) {
   uint64_t seq = 1 + (uint64_t)((c + j) % NSEQ);
@@ -544,12 +555,7 @@ Test(reqpath, many_score_runs_in_one_batch_all_answered) {
   enum { BIG = 30000, NC = 48, STEPS = 2 };
   int cfd = fp4idx_test_connect(d.sock), fd[NC];
   cr_assert_geq(cfd, 0);
-  uint16_t *k = malloc((size_t)BIG * 128 * 2);
-  fill(k, (size_t)BIG * 128, 5);
-  for (int i = 0; i < BIG; i += 8192)
-    cr_assert_eq(fp4idx_test_append(cfd, 9, FP4IDX_WIRE_BF16, BIG - i < 8192 ? BIG - i : 8192,
-                                    k + (size_t)i * 128, NULL, NULL), 0);
-  free(k);
+  load_big(cfd, BIG);
   for (int c = 0; c < NC; c++) {
     fd[c] = fp4idx_test_connect(d.sock);
     cr_assert_geq(fd[c], 0);
@@ -602,12 +608,7 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   enum { BIG = 30000, NC = 11, BAD = 4 };
   int cfd = fp4idx_test_connect(d.sock), fd[NC];
   cr_assert_geq(cfd, 0);
-  uint16_t *k = malloc((size_t)BIG * 128 * 2);
-  fill(k, (size_t)BIG * 128, 5);
-  for (int i = 0; i < BIG; i += 8192)
-    cr_assert_eq(fp4idx_test_append(cfd, 9, FP4IDX_WIRE_BF16, BIG - i < 8192 ? BIG - i : 8192,
-                                    k + (size_t)i * 128, NULL, NULL), 0);
-  free(k);
+  load_big(cfd, BIG);
   load_seqs(cfd);
   for (int c = 0; c < NC; c++) {
     fd[c] = fp4idx_test_connect(d.sock);
