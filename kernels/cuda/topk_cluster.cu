@@ -607,14 +607,18 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     const unsigned long long c = list[i];
     const uint32_t u = h[((uint32_t)(c >> 32) >> sh) & 4095u];
     const uint32_t b0 = u >> 16, b1 = b0 + (u & 0xFFFFu);
+    // A rank only grows along the walk: a candidate stops as soon as it
+    // reaches k (dropped). The bin taken whole is often one bucket of up to
+    // kExtra keys past k, walked in full by each of them otherwise.
     uint32_t rank = b0, j = b0;
-    for (; j + 8 <= b1; j += 8) {  // eight loads in flight: ties make buckets long
+    for (; j + 8 <= b1 && rank < (uint32_t)k; j += 8) {  // eight loads in flight
       unsigned long long y[8];
 #pragma unroll
       for (int m = 0; m < 8; m++) y[m] = sorted[j + m];
 #pragma unroll
       for (int m = 0; m < 8; m++) rank += y[m] > c;
     }
+    if (rank >= (uint32_t)k) continue;
     for (; j < b1; j++) rank += sorted[j] > c;
     if (rank >= (uint32_t)k) continue;
     const int32_t p = cand_pos(c);
