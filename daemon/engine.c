@@ -135,14 +135,27 @@ void fp4idx__engine_close(fp4idx_engine_t *e) {
   free(e);
 }
 
-/* Finishes the oldest call still on the device (calls run and are waited
+/* The oldest call still on the device, or NULL (calls run and are waited
  * for in submit order). */
-static void fp4idx__engine_finish_oldest(fp4idx_engine_t *e) {
+static fp4idx__engine_slot_t *fp4idx__engine_oldest(fp4idx_engine_t *e) {
   fp4idx__engine_slot_t *old = NULL;
   for (int i = 0; i < FP4IDX__ENGINE_CALLS; i++) {
     fp4idx__engine_slot_t *s = &e->calls[i];
     if (s->id && s->ticket >= 0 && (!old || s->id < old->id)) old = s;
   }
+  return old;
+}
+
+/* The slot of call, or NULL. */
+static fp4idx__engine_slot_t *fp4idx__engine_find(fp4idx_engine_t *e, fp4idx_engine_call_t call) {
+  for (int i = 0; i < FP4IDX__ENGINE_CALLS && call.id; i++)
+    if (e->calls[i].id == call.id) return &e->calls[i];
+  return NULL;
+}
+
+/* Finishes the oldest call still on the device. */
+static void fp4idx__engine_finish_oldest(fp4idx_engine_t *e) {
+  fp4idx__engine_slot_t *old = fp4idx__engine_oldest(e);
   if (!old) return;
   old->rc = e->b->ops->score_wait(e->b, old->ticket);
   old->ticket = -1;
@@ -177,9 +190,7 @@ int fp4idx__engine_score_submit(fp4idx_engine_t *e, const fp4idx_backend_batch_t
 }
 
 int fp4idx__engine_score_wait(fp4idx_engine_t *e, fp4idx_engine_call_t call) {
-  fp4idx__engine_slot_t *s = NULL;
-  for (int i = 0; i < FP4IDX__ENGINE_CALLS && !s; i++)
-    if (e->calls[i].id == call.id && call.id) s = &e->calls[i];
+  fp4idx__engine_slot_t *s = fp4idx__engine_find(e, call);
   if (!s) return FP4IDX_EINVAL;
   while (s->ticket >= 0) fp4idx__engine_finish_oldest(e); /* in submit order */
   int rc = s->rc;
@@ -190,30 +201,18 @@ int fp4idx__engine_score_wait(fp4idx_engine_t *e, fp4idx_engine_call_t call) {
 int fp4idx__engine_score_wait_part(fp4idx_engine_t *e, fp4idx_engine_call_t call,
                                    uint64_t *ready) {
   *ready = UINT64_MAX;
-  fp4idx__engine_slot_t *s = NULL;
-  for (int i = 0; i < FP4IDX__ENGINE_CALLS && !s; i++)
-    if (e->calls[i].id == call.id && call.id) s = &e->calls[i];
+  fp4idx__engine_slot_t *s = fp4idx__engine_find(e, call);
   if (!s) return FP4IDX_EINVAL;
   if (s->ticket < 0 || !e->b->ops->score_wait_part) {
     while (s->ticket >= 0) fp4idx__engine_finish_oldest(e);
     return s->rc;
   }
   /* the older calls first: the device runs them in submit order */
-  for (;;) {
-    fp4idx__engine_slot_t *old = NULL;
-    for (int i = 0; i < FP4IDX__ENGINE_CALLS; i++) {
-      fp4idx__engine_slot_t *o = &e->calls[i];
-      if (o->id && o->ticket >= 0 && (!old || o->id < old->id)) old = o;
-    }
-    if (old == s) break;
-    fp4idx__engine_finish_oldest(e);
-  }
+  while (fp4idx__engine_oldest(e) != s) fp4idx__engine_finish_oldest(e);
   int rc = e->b->ops->score_wait_part(e->b, s->ticket, ready);
-  if (rc) { /* the call failed: its wait returns the error */
-    s->rc = e->b->ops->score_wait(e->b, s->ticket);
+  if (rc) { /* the call failed: finished now (s is the oldest), its wait returns the error */
+    fp4idx__engine_finish_oldest(e);
     if (s->rc == FP4IDX_OK) s->rc = rc;
-    s->ticket = -1;
-    e->on_device--;
     *ready = UINT64_MAX;
   }
   return rc;

@@ -215,9 +215,11 @@ out:
   return rc;
 }
 
-/* The device time of st's last call into *t (ev0..ev3; all complete once
- * fp4idx__stage_wait returned). */
-static int fp4idx__stage_timing(fp4idx__stage_t *st, fp4idx_backend_timing_t *t) {
+/* The device time of st's last call into *t, up to event `end` (ev[3], or
+ * the first part of a download in parts: score_wait_part), which has been
+ * waited for. */
+static int fp4idx__stage_timing(fp4idx__stage_t *st, cudaEvent_t end,
+                                fp4idx_backend_timing_t *t) {
   int rc;
   float up = 0, k = 0, down = 0;
   /* The mapped word can land before the driver has seen the events done:
@@ -225,15 +227,15 @@ static int fp4idx__stage_timing(fp4idx__stage_t *st, fp4idx_backend_timing_t *t)
   cudaError_t e = cudaEventElapsedTime(&up, st->ev[0], st->ev[1]);
   if (e == cudaErrorNotReady) {
     cudaGetLastError();
-    CK(cudaEventSynchronize(st->ev[3]), "score: timing");
+    CK(cudaEventSynchronize(end), "score: timing");
     e = cudaEventElapsedTime(&up, st->ev[0], st->ev[1]);
   }
   CK(e, "score: timing");
   if (st->no_down) {
-    CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[3]), "score: timing");
+    CK(cudaEventElapsedTime(&k, st->ev[1], end), "score: timing");
   } else {
     CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[2]), "score: timing");
-    CK(cudaEventElapsedTime(&down, st->ev[2], st->ev[3]), "score: timing");
+    CK(cudaEventElapsedTime(&down, st->ev[2], end), "score: timing");
   }
   t->timed = 1;
   t->upload_us = up * 1e3;
@@ -668,7 +670,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     goto out;
   }
   if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;
-  if (bt->timing) rc = fp4idx__stage_timing(st, bt->timing);
+  if (bt->timing) rc = fp4idx__stage_timing(st, st->ev[3], bt->timing);
 out:
   free(trows_plan);
   free(o_pages);
@@ -696,7 +698,7 @@ static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
   if (!st->pending) return FP4IDX_EINVAL;
   st->pending = 0;
   int rc = fp4idx__stage_wait(st, "score: wait");
-  if (rc == FP4IDX_OK && st->timing) rc = fp4idx__stage_timing(st, st->timing);
+  if (rc == FP4IDX_OK && st->timing) rc = fp4idx__stage_timing(st, st->ev[3], st->timing);
   return rc;
 }
 
@@ -714,14 +716,8 @@ static int fp4idx__cuda_score_wait_part(fp4idx_backend_t *b, int ticket, uint64_
   }
   const int i = st->parts_seen;
   CK(cudaEventSynchronize(st->part_ev[i]), "score: wait for a part");
-  if (i == 0 && st->timing) {
-    float up = 0, k = 0, down = 0;
-    CK(cudaEventElapsedTime(&up, st->ev[0], st->ev[1]), "score: timing");
-    CK(cudaEventElapsedTime(&k, st->ev[1], st->ev[2]), "score: timing");
-    CK(cudaEventElapsedTime(&down, st->ev[2], st->part_ev[0]), "score: timing");
-    *st->timing = (fp4idx_backend_timing_t){.timed = 1, .upload_us = up * 1e3,
-                                            .kernels_us = k * 1e3, .download_us = down * 1e3};
-  }
+  if (i == 0 && st->timing && (rc = fp4idx__stage_timing(st, st->part_ev[0], st->timing)))
+    goto out;
   st->parts_seen++;
   *ready = st->parts_seen == st->n_parts ? UINT64_MAX : st->part_end[i];
 out:
