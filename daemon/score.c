@@ -394,9 +394,6 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   return rc;
 }
 
-/* Finishes a launch: its results, or on failure each of its jobs alone
- * (one bad launch must not fail its neighbours), or the error; then hands
- * its jobs to done (if set). Frees l. */
 /* The rest of a streaming launch's logits: each part published to the
  * reply writing from the buffer (and the loop told), then the call waited
  * for and the launch's reference dropped. A part that fails marks the
@@ -422,6 +419,9 @@ static void fp4idx__score_stream_rest(fp4idx_daemon_t *d, fp4idx__score_launch_t
   fp4idx__score_out_release(o);
 }
 
+/* Finishes a launch: its results, or on failure each of its jobs alone
+ * (one bad launch must not fail its neighbours), or the error; then hands
+ * its jobs to done (if set). Frees l. */
 static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l,
                                  fp4idx_score_done_fn done, void *arg) {
   int rc = fp4idx__score_collect(d, l, 1);
