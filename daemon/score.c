@@ -165,13 +165,6 @@ static int fp4idx__score_outputs(const fp4idx_score_job_t *j, const fp4idx_score
   return FP4IDX_OK;
 }
 
-/* One backend call for jobs[0..n) (all valid, same heads and topk): one
- * output buffer, [logits] or [pos | val | count] (64-byte aligned parts),
- * each job's rows in order. A job alone with one entry writing into regions
- * has the backend write there itself: into CUDA regions on the device (no
- * host copy at all; CUDA backend), into a host region from the device (a
- * pinned region takes the device-to-host DMA); other outputs into regions
- * are staged in the buffer and written after the call. rc of the call. */
 /* One backend call of a group of jobs, from submit to split-back. */
 typedef struct fp4idx__score_launch_s {
   fp4idx_score_job_t **jobs; /* [n], owned */

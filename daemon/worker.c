@@ -100,7 +100,9 @@ static void *fp4idx__worker_main(void *arg) {
         fp4idx__worker_spin(w);
         continue;
       }
+      w->sleeping = 1;
       pthread_cond_wait(&w->cv, &w->mu);
+      w->sleeping = 0;
     }
     spun = 0;
     bulk = w->bulk_head && (!w->bulk_paused || w->stopping);
@@ -215,9 +217,16 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job) {
   fp4idx_job_t **tail = job->bulk ? &w->bulk_tail : &w->todo_tail;
   if (*tail) (*tail)->next = job; else *head = job;
   *tail = job;
-  __atomic_add_fetch(&w->submitted, 1, __ATOMIC_RELEASE);
-  pthread_cond_signal(&w->cv);
+  int sleeping = w->sleeping;
   pthread_mutex_unlock(&w->mu);
+  /* The count after the unlock, so that a spinning worker that sees it
+   * finds the lock free rather than sleeping on it (which would cost this
+   * unlock a futex wake); the signal only when the worker sleeps (read
+   * under mu: one not asleep then looks at the queue under mu before it
+   * would). On the development box, worker asleep, the futex calls per
+   * score went from ~4 to ~3. */
+  __atomic_add_fetch(&w->submitted, 1, __ATOMIC_RELEASE);
+  if (sleeping) pthread_cond_signal(&w->cv);
 }
 
 void fp4idx__worker_pause_bulk(fp4idx_worker_t *w, int on) {

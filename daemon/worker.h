@@ -76,6 +76,7 @@ typedef struct fp4idx_worker_s {
   int bulk_paused;         /* the bulk lane waits (mu) */
   fp4idx_job_t *done_head, *done_tail;  /* guarded by mu */
   int stopping;            /* guarded by mu */
+  int sleeping;            /* the worker waits on cv (mu) */
   int started;
   uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
   uint64_t batches, batched_jobs; /* batch calls and the jobs in them (worker) */
