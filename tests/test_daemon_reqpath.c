@@ -83,6 +83,23 @@ static void load_seqs(int fd) {
   }
 }
 
+/* A read of all of sequence seq, dequantized (f32 [n,128]): on either
+ * backend the worker spends milliseconds on it, alone (a read is no score,
+ * so no queued score joins its run). */
+static frame_t read_frame(uint64_t id, uint64_t seq) {
+  fp4idx_request_t req;
+  memset(&req, 0, sizeof req);
+  req.id = id;
+  req.op = FP4IDX_OP_READ;
+  req.u.read.seq = seq;
+  req.u.read.dequant = true;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  frame_t f = {sb.data, sb.size};
+  return f;
+}
+
 /* Sequence 9 with n keys, appended in requests of 8,192: a score of it
  * (64 heads, 8 rows) holds the worker while other requests queue. */
 static void load_big(int fd, int n) {
@@ -601,11 +618,11 @@ Test(reqpath, many_score_runs_in_one_batch_all_answered) {
  * and answered as soon as that launch is collected (score.h): every reply
  * is the one the request gets alone, a bad request among them fails alone,
  * and the valid ones went to the device as one launch. The worker is held
- * by a big score so that the others queue into one batch. */
+ * by a read of a long sequence so that the others queue into one batch. */
 Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
-  enum { BIG = 30000, NC = 11, BAD = 4 };
+  enum { BIG = 60000, NC = 11, BAD = 4 };
   int cfd = fp4idx_test_connect(d.sock), fd[NC];
   cr_assert_geq(cfd, 0);
   load_big(cfd, BIG);
@@ -620,13 +637,18 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   for (int c = 0; c < NC; c++)
     f[c] = score_frame(200 + (uint64_t)c, c == BAD ? 777 : 1 + (uint64_t)(c % NSEQ), HEADS, 7,
                        ROWS, NULL, 40 + (uint64_t)c);
-  frame_t big = score_frame(5, 9, 64, 0, 8, NULL, 3); /* holds the worker */
-  cr_assert_eq(fp4idx_test_send_all(cfd, big.data, big.len), 0);
-  free(big.data);
-  /* The worker takes a job with the same-kind jobs queued behind it: a
-   * request that came before it took the big one would join its run, not
-   * the others' (CI, 2 busy cores, 12 of 30 runs without this wait). */
-  usleep(30000);
+  /* The hold: a read of 60,000 keys as f32 (31 MB back), which no score
+   * joins. The pause lets the loop queue it before any score (the loop
+   * takes ready connections in the order they became ready); the scores
+   * then queue behind it while it runs (milliseconds: a device-to-host
+   * copy and the reply on the CUDA backend, the decode on the CPU one).
+   * A score hold would not do: a score queued before the worker took it
+   * joined its run (CI, CPU backend), and on the GPU it is over in tens of
+   * us (the H200 run of 2026-12-01 19:1x UTC failed so). */
+  frame_t hold = read_frame(5, 9);
+  cr_assert_eq(fp4idx_test_send_all(cfd, hold.data, hold.len), 0);
+  free(hold.data);
+  usleep(1000);
   for (int c = 0; c < NC; c++) cr_assert_eq(fp4idx_test_send_all(fd[c], f[c].data, f[c].len), 0);
   unsigned char *body[NC];
   size_t len[NC];
