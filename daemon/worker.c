@@ -240,7 +240,8 @@ void fp4idx__worker_pause_bulk(fp4idx_worker_t *w, int on) {
 void fp4idx__worker_stop(fp4idx_worker_t *w) {
   if (!w->started) return;
   pthread_mutex_lock(&w->mu);
-  w->stopping = 1;
+  /* atomic: the spinning worker reads it without mu (ThreadSanitizer) */
+  __atomic_store_n(&w->stopping, 1, __ATOMIC_RELEASE);
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->thread, NULL);

@@ -75,7 +75,7 @@ typedef struct fp4idx_worker_s {
   int normal_streak;       /* normal jobs run while bulk ones waited (mu) */
   int bulk_paused;         /* the bulk lane waits (mu) */
   fp4idx_job_t *done_head, *done_tail;  /* guarded by mu */
-  int stopping;            /* guarded by mu */
+  int stopping;            /* guarded by mu; set atomically (the spin reads it without) */
   int sleeping;            /* the worker waits on cv (mu) */
   int started;
   uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
