@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/tsan_daemon.sh -- fp4idxd built with ThreadSanitizer (CUDA off) and
+# driven by the daemon and client tests of an existing build, so the loop,
+# the worker, the CPU backend's threads and the metrics thread run every
+# request path those tests take under the race detector. (The tests
+# themselves stay uninstrumented: Criterion cannot set up its arena under
+# TSan.) A report makes the daemon exit 66 when it stops, which fails the
+# test that stopped it; this script also prints every report and fails.
+#
+#   tests/tsan_daemon.sh TEST_BUILD_DIR [TSAN_BUILD_DIR]
+#
+# TEST_BUILD_DIR holds the tests (build 1 of .ci/run); TSAN_BUILD_DIR
+# (default build-tsan) gets the instrumented daemon. Left out, because the
+# detector's ~10x slowdown or its shadow memory breaks what they measure,
+# not because of a race: test_daemon_lifecycle (its graceful stops wait
+# for big scores past the tests' 10 s receive timeout) and
+# test_daemon_budget (it bounds the daemon's RSS).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TESTS=${1:?usage: tests/tsan_daemon.sh TEST_BUILD_DIR [TSAN_BUILD_DIR]}
+DIR=${2:-build-tsan}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+
+mkdir -p "$DIR"
+cmake -S . -B "$DIR" -DFP4IDX_CUDA=OFF -DFP4IDX_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
+  -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
+  > "$DIR/configure.log" 2>&1 || { cat "$DIR/configure.log"; exit 1; }
+cmake --build "$DIR" -j"$JOBS" --target fp4idxd > "$DIR/build.log" 2>&1 ||
+  { tail -40 "$DIR/build.log"; exit 1; }
+
+logs=$(cd "$DIR" && pwd)/tsan-reports
+rm -rf "$logs" && mkdir -p "$logs"
+export FP4IDXD=$(cd "$DIR" && pwd)/daemon/fp4idxd
+export TSAN_OPTIONS="halt_on_error=0 exitcode=66 report_signal_unsafe=0 log_path=$logs/report"
+failed=0
+for t in test_daemon_errors test_daemon_reqpath test_daemon_concurrency test_daemon_golden \
+         test_daemon_fork test_daemon_list test_daemon_exposure test_daemon_nonfinite \
+         test_daemon_metrics test_daemon_log test_daemon_memory test_daemon_tailloss \
+         test_daemon_powercut test_service_daemon test_client_e2e test_client_cli \
+         test_client_oom test_client_regions; do
+  if [[ ! -x "$TESTS/tests/$t" ]]; then
+    echo "tests/tsan_daemon.sh: $TESTS/tests/$t is missing"
+    exit 1
+  fi
+  if (cd "$TESTS/tests" && ./"$t" > "$logs/$t.out" 2>&1); then
+    echo "$t: $(grep -h 'Synthesis' "$logs/$t.out" | sed 's/.*Synthesis: //')"
+  else
+    echo "$t: FAILED (log below)"
+    tail -30 "$logs/$t.out"
+    failed=1
+  fi
+done
+if ls "$logs"/report.* > /dev/null 2>&1; then
+  echo "tests/tsan_daemon.sh: ThreadSanitizer reports:"
+  cat "$logs"/report.*
+  failed=1
+fi
+[[ $failed == 0 ]] && echo "tests/tsan_daemon.sh: no race reported"
+exit $failed
