@@ -10,7 +10,8 @@
 #   tests/tsan_daemon.sh TEST_BUILD_DIR [TSAN_BUILD_DIR]
 #
 # TEST_BUILD_DIR holds the tests (build 1 of .ci/run); TSAN_BUILD_DIR
-# (default build-tsan) gets the instrumented daemon. Left out, because the
+# (default build-tsan) gets the instrumented daemon. The Python client's
+# pytest suite runs against it as well. Left out, because the
 # detector's ~10x slowdown or its shadow memory breaks what they measure,
 # not because of a race: test_daemon_lifecycle (its graceful stops wait
 # for big scores past the tests' 10 s receive timeout) and
@@ -57,6 +58,16 @@ run_tests default test_daemon_errors test_daemon_reqpath test_daemon_concurrency
   test_daemon_nonfinite test_daemon_metrics test_daemon_log test_daemon_memory \
   test_daemon_tailloss test_daemon_powercut test_service_daemon test_client_e2e \
   test_client_cli test_client_oom test_client_regions
+# the Python client's suite too (its daemons are this one)
+if (FP4IDX_CLI="$TESTS/client/fp4idx-cli" FP4IDX_GOLDEN_DIR="$PWD/tests/golden" \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$PWD/client/python" \
+    python3 -m pytest client/python/tests -q -p no:cacheprovider > "$logs/default.pytest.out" 2>&1); then
+  echo "default pytest: $(tail -n 1 "$logs/default.pytest.out")"
+else
+  echo "default pytest: FAILED (log below)"
+  tail -30 "$logs/default.pytest.out"
+  failed=1
+fi
 # ... and with busy polling on, as on a GPU host, so that the spinning loop
 # and worker (busypoll.h, worker.c) run too; the tests' own --busy-poll-us
 # comes later and wins. A subset: the big scores of the others pass the
