@@ -38,6 +38,14 @@ typedef struct frame_s {
   size_t len;
 } frame_t;
 
+/* req encoded as one frame (header included); free(f.data). */
+static frame_t frame_of(const fp4idx_request_t *req) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_request(&sb, req), 0);
+  return (frame_t){sb.data, sb.size};
+}
+
 static frame_t score_frame(uint64_t id, uint64_t seq, uint32_t heads, uint32_t topk,
                            uint32_t rows, const int32_t *lens, uint64_t seed) {
   uint16_t *q = malloc((size_t)rows * heads * 128 * 2), *w = malloc((size_t)rows * heads * 2);
@@ -46,13 +54,10 @@ static frame_t score_frame(uint64_t id, uint64_t seq, uint32_t heads, uint32_t t
   fp4idx_request_t req;
   fp4idx_score_seq_t s;
   cr_assert_eq(fp4idx_test_score_request(&req, &s, id, seq, heads, topk, rows, q, w, lens), 0);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  frame_t f = frame_of(&req);
   free(q);
   free(w);
-  frame_t f = {sb.data, sb.size};
-  return f; /* sbuffer data is malloc'd: free(f.data) */
+  return f;
 }
 
 static frame_t append_frame(uint64_t id, uint64_t seq, uint64_t n, uint64_t seed) {
@@ -65,11 +70,8 @@ static frame_t append_frame(uint64_t id, uint64_t seq, uint64_t n, uint64_t seed
   req.u.append.seq = seq;
   uint64_t shp[2] = {n, 128};
   fp4idx_tensor_init(&req.u.append.keys, FP4IDX_WIRE_BF16, 2, shp, k);
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  frame_t f = frame_of(&req);
   free(k);
-  frame_t f = {sb.data, sb.size};
   return f;
 }
 
@@ -93,11 +95,7 @@ static frame_t read_frame(uint64_t id, uint64_t seq) {
   req.op = FP4IDX_OP_READ;
   req.u.read.seq = seq;
   req.u.read.dequant = true;
-  msgpack_sbuffer sb;
-  msgpack_sbuffer_init(&sb);
-  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
-  frame_t f = {sb.data, sb.size};
-  return f;
+  return frame_of(&req);
 }
 
 /* Sequence 9 with n keys, appended in requests of 8,192: a score of it
