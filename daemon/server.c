@@ -357,20 +357,32 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
 
 /* ---- dispatch: parsed requests to the worker ---------------------------- */
 
+/* The first request at or after r that still waits for the worker. The
+ * list also holds entries that never go to it -- the closing error reply of
+ * a refused frame is queued done -- so the walk skips every entry that is
+ * dispatched or done. */
+static fp4idx_req_t *fp4idx__server_next_undispatched(fp4idx_req_t *r) {
+  while (r && (r->dispatched || r->done)) r = r->next;
+  return r;
+}
+
 static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
   r->conn = c;
   r->next = NULL;
   if (c->tail) c->tail->next = r; else c->head = r;
   c->tail = r;
   c->pending++;
-  if (!r->dispatched && !c->undispatched) c->undispatched = r;
+  if (!c->undispatched) c->undispatched = fp4idx__server_next_undispatched(r);
 }
 
-/* Hands parsed requests to the worker, in order, while the budget allows. */
+/* Hands parsed requests to the worker, in order, while the budget allows.
+ * c->undispatched is always the first entry of the list that is neither
+ * dispatched nor done (fp4idx__server_next_undispatched), so only a parsed
+ * request with its job functions set ever reaches the worker. */
 static void fp4idx__server_pump(fp4idx_conn_t *c) {
   while (c->undispatched && !c->closing && fp4idx__budget_may_dispatch(c)) {
     fp4idx_req_t *r = c->undispatched;
-    c->undispatched = r->next;
+    c->undispatched = fp4idx__server_next_undispatched(r->next);
     r->dispatched = 1;
     /* The bulk lane for a connection that pipelines (more requests wait
      * behind this one) or leaves replies unread; all its requests in flight
