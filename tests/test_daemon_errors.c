@@ -131,6 +131,38 @@ Test(daemon_errors, oversized_length_gets_e2big_then_close, .init = setup, .fini
   still_fine(g_fd);
 }
 
+/* Requests not yet run and a refused header in one write: the requests are
+ * answered in order, then the E2BIG reply, then the close; the closing reply
+ * never goes to the worker (it once did, and the daemon crashed). */
+Test(daemon_errors, pipelined_requests_then_a_length_lie, .init = setup, .fini = teardown) {
+  /* {"id": 1, "op": "info"} and {"id": 2, "op": "info"}, then 0xFFFFFFFF */
+  static const unsigned char info1[] = {0, 0, 0, 13, 0x82, 0xa2, 'i', 'd', 1,
+                                        0xa2, 'o', 'p', 0xa4, 'i', 'n', 'f', 'o'};
+  for (int round = 0; round < 20; round++) {
+    unsigned char buf[2 * sizeof info1 + 4];
+    memcpy(buf, info1, sizeof info1);
+    memcpy(buf + sizeof info1, info1, sizeof info1);
+    buf[sizeof info1 + 8] = 2;
+    memset(buf + 2 * sizeof info1, 0xff, 4);
+    int fd = fp4idx_test_connect(g_d.sock);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(fp4idx_test_send_all(fd, buf, sizeof buf), 0);
+    for (uint64_t id = 1; id <= 2; id++) {
+      fp4idx_response_t resp;
+      unsigned char *body = NULL;
+      cr_assert_eq(fp4idx_test_recv_response(fd, FP4IDX_OP_INFO, &resp, &body), 0);
+      cr_assert_eq(resp.id, id);
+      cr_assert_eq(resp.status, FP4IDX_OK);
+      fp4idx_response_clear(&resp);
+      free(body);
+    }
+    expect_error(fd, 0, FP4IDX_E2BIG);
+    cr_assert_eq(fp4idx_test_peer_closed(fd, 5000), 1, "connection closed after E2BIG");
+    close(fd);
+    still_fine(g_fd);
+  }
+}
+
 Test(daemon_errors, max_frame_option_is_enforced) {
   start_with((const char *[]){"--max-frame", "4K", NULL});
   uint16_t *keys = make_keys(100, 1); /* 25.6 KB > 4 KiB */
