@@ -39,24 +39,27 @@ struct fp4idx_aof_s {
   int stop;
   int dirty;
   char *mark_path;    /* logmark.h: how far the log reached on disk */
+  int mark_fd;        /* the mark, open for rewrites (-1: reopened on the next) */
   int64_t marked;     /* the length the mark holds */
-  double mark_time;   /* when it was written (CLOCK_MONOTONIC s) */
 };
 
-static double aof_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+/* (Re)opens the mark by its path, so that a mark file replaced or removed
+ * while the log is open is written again from then on. */
+static void aof_mark_reopen(fp4idx_aof_t *a) {
+  int fd = fp4idx__logmark_open(a->mark_path);
+  if (fd < 0) return; /* the old one, if any, stays in use */
+  if (a->mark_fd >= 0) close(a->mark_fd);
+  a->mark_fd = fd;
 }
 
-/* Records that `bytes` of the log are on disk (the caller synced them). The
- * mark is advisory -- it can only make a later start refuse a shorter log --
- * so a failure to write it is not an error of the append. */
+/* Records that `bytes` of the log are on disk (the caller synced them): one
+ * pwrite and fdatasync of the open mark. The mark is advisory -- it can only
+ * make a later start refuse a shorter log -- so a failure to write it is not
+ * an error of the append. */
 static void aof_mark(fp4idx_aof_t *a, uint64_t gen, int64_t bytes) {
-  if (fp4idx__logmark_write(a->mark_path, gen, (uint64_t)bytes, NULL, 0) == FP4IDX_OK) {
+  if (a->mark_fd < 0) aof_mark_reopen(a);
+  if (a->mark_fd >= 0 && fp4idx__logmark_put(a->mark_fd, gen, (uint64_t)bytes) == FP4IDX_OK)
     a->marked = bytes;
-    a->mark_time = aof_now();
-  }
 }
 
 
@@ -266,16 +269,25 @@ static void *flusher_main(void *arg) {
   fp4idx_aof_t *a = arg;
   pthread_mutex_lock(&a->mu);
   while (!a->stop) {
+    /* A wake every second whether records arrive or not: after the last
+     * record of a burst the next wake syncs and marks it, so the mark
+     * trails the acknowledged writes by about a second at most, idle or
+     * not. (CLOCK_MONOTONIC: a clock step does not stretch the second.) */
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_sec += 1;
     pthread_cond_timedwait(&a->cv, &a->mu, &ts);
-    if (__atomic_exchange_n(&a->dirty, 0, __ATOMIC_RELAXED)) {
+    /* acquire pairs with the writer's release of dirty (after its size):
+     * the size read below includes the record that set dirty. */
+    if (__atomic_exchange_n(&a->dirty, 0, __ATOMIC_ACQ_REL)) {
       /* fdatasync under the lock only guards against the fd being swapped by
        * rewrite; the writer does not take the lock for plain writes. Every
        * record counted in size before the sync is on disk after it. */
       int64_t size = __atomic_load_n(&a->size, __ATOMIC_ACQUIRE);
-      if (fdatasync(a->fd) == 0 && size > a->marked) aof_mark(a, a->gen, size);
+      if (fdatasync(a->fd) != 0)
+        __atomic_store_n(&a->dirty, 1, __ATOMIC_RELAXED); /* again next second */
+      else if (size > a->marked)
+        aof_mark(a, a->gen, size);
     }
   }
   pthread_mutex_unlock(&a->mu);
@@ -299,6 +311,7 @@ int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
   a->gen = gen;
   a->policy = policy;
   a->fd = -1;
+  a->mark_fd = -1;
   size_t mlen = strlen(path) + 8;
   if (!(a->mark_path = malloc(mlen)) || fp4idx__logmark_path(path, a->mark_path, mlen)) {
     free(a->mark_path);
@@ -319,7 +332,11 @@ int fp4idx__aof_open(fp4idx_aof_t **out, const char *path, uint64_t gen,
    * claiming more (a loss accepted with --allow-data-loss) is replaced. */
   aof_mark(a, gen, a->size);
   pthread_mutex_init(&a->mu, NULL);
-  pthread_cond_init(&a->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (policy == FP4IDX_FSYNC_EVERYSEC) {
     if (pthread_create(&a->flusher, NULL, flusher_main, a) != 0) {
       errno = EAGAIN;
@@ -336,6 +353,7 @@ ioerr_sync:
 ioerr:
   (void)fp4idx__fail(err, errlen, FP4IDX_EIO, "append log %s: %s", path, strerror(errno));
   if (a->fd >= 0) close(a->fd);
+  if (a->mark_fd >= 0) close(a->mark_fd);
   free(a->mark_path);
   free(a->path);
   free(a);
@@ -384,10 +402,11 @@ static int put_record(fp4idx_aof_t *a, uint32_t op, uint64_t seq, uint64_t pos,
     if (fdatasync(a->fd)) goto fail;
   }
   __atomic_store_n(&a->size, a->size + (int64_t)(REC_HEAD + plen + 4), __ATOMIC_RELEASE);
-  if (a->policy == FP4IDX_FSYNC_EVERYSEC) __atomic_store_n(&a->dirty, 1, __ATOMIC_RELAXED);
-  /* always: the record is on disk; a checkpoint once a second at most. */
-  if (a->policy == FP4IDX_FSYNC_ALWAYS && aof_now() - a->mark_time >= 1.0)
-    aof_mark(a, a->gen, a->size);
+  if (a->policy == FP4IDX_FSYNC_EVERYSEC) __atomic_store_n(&a->dirty, 1, __ATOMIC_RELEASE);
+  /* always: the record is on disk, and the mark moves to cover it before the
+   * reply (a second fdatasync, of the 40-byte mark), so no acknowledged
+   * record can go missing later without the next start refusing. */
+  if (a->policy == FP4IDX_FSYNC_ALWAYS) aof_mark(a, a->gen, a->size);
   return FP4IDX_OK;
 
 fail:
@@ -437,6 +456,7 @@ int fp4idx__aof_rewrite(fp4idx_aof_t *a, uint64_t new_gen) {
   a->size = FP4IDX_AOF_HEADER_BYTES;
   __atomic_store_n(&a->dirty, 0, __ATOMIC_RELAXED);
   /* Under the lock: the flusher never marks the old generation after this. */
+  aof_mark_reopen(a);
   aof_mark(a, new_gen, a->size);
   pthread_mutex_unlock(&a->mu);
   close(old);
@@ -457,6 +477,7 @@ void fp4idx__aof_close(fp4idx_aof_t *a) {
   }
   if (fdatasync(a->fd) == 0) aof_mark(a, a->gen, a->size);
   close(a->fd);
+  if (a->mark_fd >= 0) close(a->mark_fd);
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
   free(a->mark_path);

@@ -33,12 +33,21 @@
  * (the kernel decides).
  *
  * Checkpoints (logmark.h, "<log>.mark"): after an fdatasync covered the log
- * up to some length -- the everysec thread's, every record's under always
- * (a mark once a second at most), at open, rewrite, sync and close -- that
- * length and the generation are written to the mark, so a start can tell a
- * log that lost acknowledged records (cut, even at a record boundary, or
- * deleted) from one that never had them. Under `no` the mark moves only at
- * open, rewrite, sync and close.
+ * up to some length, that length and the generation are written to the mark
+ * (pwrite + fdatasync), so a start can tell a log that lost acknowledged
+ * records (cut, even at a record boundary, or deleted) from one that never
+ * had them. The mark never claims more than a sync covered, so a power cut
+ * can leave it behind the log but never ahead of it. How far it reaches:
+ *   always    with every record, before the reply: it covers every
+ *             acknowledged write (the price: a second fdatasync, of the
+ *             40-byte mark, per record -- measured 250-375 us per 8-key
+ *             append without it, 505-550 us with it, on an ext4 virtual
+ *             disk);
+ *   everysec  by the flusher, once a second, records or not: it trails the
+ *             acknowledged writes by about a second while they arrive and
+ *             catches up within a second once they stop (idle included);
+ *   no        only at open, rewrite (save), sync and close: the log is never
+ *             synced, so records since the last of those are not covered.
  *
  * Threading: one thread writes (the daemon's worker); the everysec thread
  * only calls fdatasync and writes the mark.

@@ -20,9 +20,26 @@ int fp4idx__logmark_path(const char *log_path, char *buf, size_t cap) {
   return n < 0 || (size_t)n >= cap ? FP4IDX_E2BIG : FP4IDX_OK;
 }
 
-int fp4idx__logmark_write(const char *mark_path, uint64_t gen, uint64_t bytes, char *err,
-                         size_t errlen) {
-  if (!mark_path) return FP4IDX_EINVAL;
+int fp4idx__logmark_open(const char *mark_path) {
+  if (!mark_path) {
+    errno = EINVAL;
+    return -1;
+  }
+  int created = access(mark_path, F_OK) != 0;
+  int fd = open(mark_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return -1;
+  /* A new file's name is durable only once its folder is synced. */
+  if (created && fp4idx__fsync_parent(mark_path) != FP4IDX_OK) {
+    int e = errno ? errno : EIO;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+int fp4idx__logmark_put(int fd, uint64_t gen, uint64_t bytes) {
+  if (fd < 0) return FP4IDX_EINVAL;
   unsigned char m[FP4IDX_LOGMARK_BYTES];
   memset(m, 0, sizeof m);
   memcpy(m, MARK_MAGIC, 8);
@@ -31,22 +48,25 @@ int fp4idx__logmark_write(const char *mark_path, uint64_t gen, uint64_t bytes, c
   fp4idx__put64(m + 16, gen);
   fp4idx__put64(m + 24, bytes);
   fp4idx__put32(m + 36, fp4idx__crc32c(0, m, 36));
-  int created = access(mark_path, F_OK) != 0;
-  int fd = open(mark_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
-  if (fd < 0) goto ioerr;
-  if (pwrite(fd, m, sizeof m, 0) != (ssize_t)sizeof m || fdatasync(fd)) {
-    int e = errno;
-    close(fd);
-    errno = e;
-    goto ioerr;
+  ssize_t w = pwrite(fd, m, sizeof m, 0);
+  if (w != (ssize_t)sizeof m) {
+    if (w >= 0) errno = EIO; /* short: nothing set errno */
+    return FP4IDX_EIO;
   }
-  close(fd);
-  /* A new file's name is durable only once its folder is synced. */
-  if (created && fp4idx__fsync_parent(mark_path) != FP4IDX_OK) goto ioerr;
-  return FP4IDX_OK;
-ioerr:
+  return fdatasync(fd) ? FP4IDX_EIO : FP4IDX_OK;
+}
+
+int fp4idx__logmark_write(const char *mark_path, uint64_t gen, uint64_t bytes, char *err,
+                         size_t errlen) {
+  if (!mark_path) return FP4IDX_EINVAL;
+  errno = 0;
+  int fd = fp4idx__logmark_open(mark_path);
+  int rc = fd < 0 ? FP4IDX_EIO : fp4idx__logmark_put(fd, gen, bytes);
+  int e = errno;
+  if (fd >= 0) close(fd);
+  if (rc == FP4IDX_OK) return FP4IDX_OK;
   return fp4idx__fail(err, errlen, FP4IDX_EIO, "log mark %s: %s", mark_path,
-                      strerror(errno ? errno : EIO));
+                      strerror(e ? e : EIO));
 }
 
 int fp4idx__logmark_read(const char *mark_path, uint64_t *gen, uint64_t *bytes, char *err,

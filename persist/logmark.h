@@ -10,9 +10,11 @@
  *    0 "FP4IDXMK"   8 u32 version (1)   12 u32 bytes (40)
  *   16 u64 log generation               24 u64 log bytes reached
  *   32 u32 zero                         36 u32 CRC-32C of bytes 0..35
- * Rewritten in place (one pwrite of 40 bytes, then fdatasync): a torn
- * write fails the CRC and the mark is then ignored with a warning (it can
- * only under-report, never refuse a good log).
+ * Rewritten in place (one pwrite of 40 bytes, then fdatasync) through an fd
+ * kept open (fp4idx__logmark_open, fp4idx__logmark_put): the append log
+ * rewrites it as often as every record (aof.h says when, per fsync policy).
+ * A torn write fails the CRC and the mark is then ignored with a warning (it
+ * can only under-report, never refuse a good log).
  */
 #ifndef FP4IDX_LOGMARK_H
 #define FP4IDX_LOGMARK_H
@@ -28,9 +30,18 @@ enum { FP4IDX_LOGMARK_BYTES = 40, FP4IDX_LOGMARK_NONE = 1 };
  * Returns FP4IDX_OK or FP4IDX_E2BIG (does not fit in cap). */
 int fp4idx__logmark_path(const char *log_path, char *buf, size_t cap);
 
+/* Opens the mark for rewriting with fp4idx__logmark_put, creating the file
+ * when missing (and then syncing its folder). Returns an fd open for writing,
+ * or -1 with errno set. */
+int fp4idx__logmark_open(const char *mark_path);
+
 /* Records that the log of generation gen had reached `bytes` on disk (the
- * caller synced the log first). Creates the file when missing (and syncs
- * its folder); then pwrite + fdatasync. Returns FP4IDX_OK, FP4IDX_EINVAL or
+ * caller synced the log first) in the mark open at fd: one pwrite of the 40
+ * bytes, then fdatasync. Returns FP4IDX_OK, FP4IDX_EINVAL or FP4IDX_EIO
+ * (errno set). */
+int fp4idx__logmark_put(int fd, uint64_t gen, uint64_t bytes);
+
+/* Open, put and close in one call. Returns FP4IDX_OK, FP4IDX_EINVAL or
  * FP4IDX_EIO (message in err). */
 int fp4idx__logmark_write(const char *mark_path, uint64_t gen, uint64_t bytes, char *err,
                          size_t errlen);

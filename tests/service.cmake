@@ -52,9 +52,9 @@ if(TARGET fp4idx_daemon_harness)
     LIBS fp4idx_daemon_harness fp4idx_format Threads::Threads LABELS daemon)
   target_compile_definitions(test_service_daemon PRIVATE
     FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
-  # Tail loss: a short or missing log is refused (daemon/logmark.h).
+  # Tail loss: a short or missing log is refused (persist/logmark.h).
   fp4idx_add_test(test_daemon_tailloss SOURCES test_daemon_tailloss.c
-    LIBS fp4idx_daemon_harness LABELS daemon)
+    LIBS fp4idx_daemon_harness fp4idx_persist LABELS daemon)
   set_tests_properties(test_daemon_tailloss PROPERTIES TIMEOUT 300)
 endif()
 

@@ -1,10 +1,13 @@
 /* test_aof.c -- the append log: exact replay, torn tails tolerated at every
- * cut, corruption in the middle reported, generations, compaction, and the
- * fsync policies. */
+ * cut, corruption in the middle reported, generations, compaction, the
+ * fsync policies, and how each moves the log's mark. */
 #include "persist_util.h"
+
+#include <time.h>
 
 #include "aof.h"
 #include "fp4idx_status.h"
+#include "logmark.h"
 
 /* What replay handed over, flattened for comparison. */
 typedef struct rec_copy_s {
@@ -468,5 +471,118 @@ Test(aof, fork_record_carries_the_source) {
   fp4idx_aof_replay_t res;
   cr_assert_eq(fp4idx__aof_replay(path, 1, src_apply, &src, &res, NULL, 0), FP4IDX_OK);
   cr_assert_eq(src, 1ull << 63 | 5);
+  tmpdir_rm(dir);
+}
+
+/* ---- the mark (logmark.h) under each policy ------------------------------- */
+
+/* The length the mark beside path holds; -1 when there is no valid mark. */
+static int64_t mark_of(const char *path, uint64_t *gen) {
+  char mark[200];
+  uint64_t g = 0, bytes = 0;
+  cr_assert_eq(fp4idx__logmark_path(path, mark, sizeof mark), FP4IDX_OK);
+  if (fp4idx__logmark_read(mark, &g, &bytes, NULL, 0) != FP4IDX_OK) return -1;
+  if (gen) *gen = g;
+  return (int64_t)bytes;
+}
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+Test(aof, mark_covers_every_record_under_always) {
+  char dir[64], path[128];
+  unsigned char k[4 * 68];
+  fill_random(k, sizeof k, 9);
+  with_log(dir, sizeof dir, path, sizeof path);
+  fp4idx_aof_t *a = NULL;
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, 0, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, NULL), FP4IDX_AOF_HEADER_BYTES);
+  /* A burst far faster than a second: each record is marked as it returns. */
+  for (int i = 0; i < 20; i++) {
+    cr_assert_eq(fp4idx__aof_append(a, 1, 4 * i, 4, k), FP4IDX_OK);
+    cr_assert_eq(mark_of(path, NULL), fp4idx__aof_size(a), "after record %d", i);
+  }
+  cr_assert_eq(fp4idx__aof_truncate(a, 1, 3), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, NULL), fp4idx__aof_size(a));
+  /* Compaction: generation 2, marked at its header; then its records. */
+  uint64_t gen = 0;
+  cr_assert_eq(fp4idx__aof_rewrite(a, 2), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, &gen), FP4IDX_AOF_HEADER_BYTES);
+  cr_assert_eq(gen, 2);
+  cr_assert_eq(fp4idx__aof_drop(a, 1), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, &gen), fp4idx__aof_size(a));
+  cr_assert_eq(gen, 2);
+  fp4idx__aof_close(a);
+  tmpdir_rm(dir);
+}
+
+Test(aof, mark_catches_up_within_a_second_when_idle_under_everysec) {
+  char dir[64], path[128];
+  unsigned char k[4 * 68];
+  fill_random(k, sizeof k, 10);
+  with_log(dir, sizeof dir, path, sizeof path);
+  fp4idx_aof_t *a = NULL;
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_EVERYSEC, 0, NULL, 0), FP4IDX_OK);
+  for (int i = 0; i < 20; i++) cr_assert_eq(fp4idx__aof_append(a, 1, 4 * i, 4, k), FP4IDX_OK);
+  /* Nothing more is written: the flusher's next wake syncs and marks the
+   * whole burst. Polled (a condition), 5 s at most. */
+  double t0 = mono_s(), waited = -1;
+  while (mono_s() - t0 < 5.0) {
+    if (mark_of(path, NULL) == fp4idx__aof_size(a)) {
+      waited = mono_s() - t0;
+      break;
+    }
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  cr_log_info("everysec: the mark caught up %.3f s after the burst", waited);
+  cr_assert_geq(waited, 0, "the mark holds %lld, the log %lld", (long long)mark_of(path, NULL),
+                (long long)fp4idx__aof_size(a));
+  cr_assert_lt(waited, 2.5);
+  fp4idx__aof_close(a);
+  tmpdir_rm(dir);
+}
+
+/* `no` never syncs the log, and the mark claims only synced lengths: it
+ * moves at open, sync, rewrite and close, not with the records. */
+Test(aof, mark_moves_only_on_sync_under_no) {
+  char dir[64], path[128];
+  unsigned char k[4 * 68];
+  fill_random(k, sizeof k, 11);
+  with_log(dir, sizeof dir, path, sizeof path);
+  fp4idx_aof_t *a = NULL;
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_NO, 0, NULL, 0), FP4IDX_OK);
+  for (int i = 0; i < 5; i++) cr_assert_eq(fp4idx__aof_append(a, 1, 4 * i, 4, k), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, NULL), FP4IDX_AOF_HEADER_BYTES);
+  cr_assert_eq(fp4idx__aof_sync(a), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, NULL), fp4idx__aof_size(a));
+  cr_assert_eq(fp4idx__aof_append(a, 1, 20, 4, k), FP4IDX_OK);
+  int64_t end = fp4idx__aof_size(a);
+  cr_assert_lt(mark_of(path, NULL), end);
+  fp4idx__aof_close(a);
+  cr_assert_eq(mark_of(path, NULL), end);
+  tmpdir_rm(dir);
+}
+
+/* A mark file removed while the log is open is written again by the next
+ * save (rewrite), which reopens it by its name. */
+Test(aof, a_removed_mark_is_recreated_by_the_next_rewrite) {
+  char dir[64], path[128], mark[200];
+  unsigned char k[4 * 68];
+  fill_random(k, sizeof k, 12);
+  with_log(dir, sizeof dir, path, sizeof path);
+  cr_assert_eq(fp4idx__logmark_path(path, mark, sizeof mark), FP4IDX_OK);
+  fp4idx_aof_t *a = NULL;
+  cr_assert_eq(fp4idx__aof_open(&a, path, 1, FP4IDX_FSYNC_ALWAYS, 0, NULL, 0), FP4IDX_OK);
+  cr_assert_eq(unlink(mark), 0);
+  cr_assert_eq(fp4idx__aof_append(a, 1, 0, 4, k), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, NULL), -1);
+  cr_assert_eq(fp4idx__aof_rewrite(a, 2), FP4IDX_OK);
+  cr_assert_eq(fp4idx__aof_append(a, 1, 4, 4, k), FP4IDX_OK);
+  cr_assert_eq(mark_of(path, NULL), fp4idx__aof_size(a));
+  fp4idx__aof_close(a);
   tmpdir_rm(dir);
 }
