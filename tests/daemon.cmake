@@ -82,3 +82,8 @@ target_compile_definitions(test_daemon_powercut PRIVATE
   FP4IDX_POWERCUT_SO="$<TARGET_FILE:fp4idx_powercut>")
 add_dependencies(test_daemon_powercut fp4idx_powercut)
 set_tests_properties(test_daemon_powercut PROPERTIES TIMEOUT 600)
+
+# The connection fuzzer (tests/fuzz/fuzz_conn.c): plain libc, its own
+# msgpack; tests/fuzz/conn_run.sh runs it against the sanitizer build's
+# daemon (.ci/run, after build 2). Built with every build, not a ctest.
+add_executable(fuzz_conn ${CMAKE_CURRENT_LIST_DIR}/fuzz/fuzz_conn.c)
