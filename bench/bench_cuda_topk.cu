@@ -1,27 +1,26 @@
 /* bench_cuda_topk.cu -- `fp4idx-bench-cuda --topk`: the GPU top-k
- * (kernels/cuda/topk.cu) beside the old one-block-per-row kernel
- * (bench_topk_old.cu), alone on logits already written and after the
+ * (kernels/cuda/topk.cu), alone on logits already written and after the
  * scorer, for k = 512 and 2048.
  *
  * Inputs: exact dyadic keys (k/8) stored through the CUDA backend, q and w
  * dyadic, R = 4 verify rows per sequence seeing the context minus 0..3 keys;
  * the logits the real scorer writes (bf16 values, so ties occur).
- * Method (the one of bench_cuda_s7.cu): 20 launches captured in one CUDA
+ * Method (the one of bench_cuda_scorer.cu): 20 launches captured in one CUDA
  * graph, one warm-up replay, 10 replays timed with CUDA events, time per
  * call = elapsed / 200, the median of 3 such runs. Each top-k launch
  * includes its workspace memset and every kernel.
  * --only CASE: the cases whose name contains CASE.
  * --path auto|chunked|cluster: the planner's choice (default) or a forced
  * path (fp4idx_cuda_topk_plan_path), to time both paths of one binary.
- * --bucket-cap N: the experiment knob of the chunked path's counting-rank
- * finish: the plan's bucket_cap replaced by N (0: every row takes the
- * one-block finish_kernel, as before round 3; at most the planner's own).
+ * --bucket-cap N: the chunked path's counting-rank finish with the plan's
+ * bucket_cap replaced by N (0: every row takes the one-block finish_kernel;
+ * at most the planner's own).
  * --cluster-max N: the cluster path with clusters of at most N blocks
  * (fp4idx__cuda_topk_cluster_plan), to time cluster sizes against each other.
  * --phases: instead of the timing, the cluster kernel's phase timeline
  * (topk_phases.cu) on the same logits.
- * --check: the new kernel's pairs and counts compared bit for bit with a
- * host sort (logit descending, position ascending), and the old kernel's.
+ * --check: the pairs and counts compared bit for bit with a host sort
+ * (logit descending, position ascending).
  */
 #include <algorithm>
 #include <math.h>
@@ -162,8 +161,8 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
   printf("device: %s, %d SMs; top-k method: graph of %d calls, %d replays, median of %d\n",
          prop.name, prop.multiProcessorCount, kCalls, kReplays, kRuns);
   FILE *cf = csv ? fopen(csv, "w") : nullptr;
-  if (cf) fprintf(cf, "case,rows,ctx,k,old_us,new_us,score_us,score_old_us,score_new_us,check\n");
-  struct Out { const TkCase *c; int k; double old_t, new_t, sc, sc_old, sc_new, goal; const char *chk; };
+  if (cf) fprintf(cf, "case,rows,ctx,k,topk_us,score_us,score_topk_us,check\n");
+  struct Out { const TkCase *c; int k; double t, sc, sc_tk, goal; const char *chk; };
   std::vector<Out> table;
 
   for (const TkCase &c : kTkCases) {
@@ -206,13 +205,11 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     TCK(cudaMemcpy(descs.data(), prm.seqs, sizeof(fp4idx_cuda_seq_t) * S, cudaMemcpyDeviceToHost));
     const int nr = S * R;
     std::vector<fp4idx_cuda_topk_row_t> rows(nr);
-    std::vector<fp4idx_bench_old_row_t> orows(nr);
     std::vector<int64_t> row_off(nr);
     for (int s = 0; s < S; s++)
       for (int r = 0; r < R; r++) {
         rows[s * R + r].logits = descs[s].out + (size_t)r * n;
         rows[s * R + r].width = n;
-        orows[s * R + r] = fp4idx_bench_old_row_t{descs[s].out + (size_t)r * n, n};
         row_off[s * R + r] = (int64_t)(s * R + r) * n;
       }
     FCK(fp4idx_cuda_score_launch(&prm, st));  // the logits the top-k reads
@@ -232,78 +229,64 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       if (bucket_cap >= 0 && !tp.cluster && !tp.large_k && bucket_cap <= tp.bucket_cap)
         tp.bucket_cap = bucket_cap;  // fewer rows take the rank finish; rank_blocks still covers
       fp4idx_cuda_topk_row_t *drows;
-      fp4idx_bench_old_row_t *dorows;
       void *ws;
       int32_t *dpos, *dcnt;
       float *dval;
       TCK(cudaMalloc((void **)&drows, sizeof(fp4idx_cuda_topk_row_t) * nr));
-      TCK(cudaMalloc((void **)&dorows, sizeof(fp4idx_bench_old_row_t) * nr));
       TCK(cudaMalloc(&ws, tp.ws_bytes));
       TCK(cudaMalloc((void **)&dpos, (size_t)nr * k * 4));
       TCK(cudaMalloc((void **)&dval, (size_t)nr * k * 4));
       TCK(cudaMalloc((void **)&dcnt, (size_t)nr * 4));
       TCK(cudaMemcpy(drows, rows.data(), sizeof(fp4idx_cuda_topk_row_t) * nr, cudaMemcpyHostToDevice));
-      TCK(cudaMemcpy(dorows, orows.data(), sizeof(fp4idx_bench_old_row_t) * nr, cudaMemcpyHostToDevice));
-      auto new_tk = [&] { return fp4idx_cuda_topk_launch(&tp, drows, ws, dpos, dval, dcnt, st); };
-      auto old_tk = [&] { return fp4idx_bench_topk_old_launch(dorows, nr, k, dpos, dval, dcnt, st); };
+      auto topk = [&] { return fp4idx_cuda_topk_launch(&tp, drows, ws, dpos, dval, dcnt, st); };
       const char *chk = "-";
       if (check) {
         std::vector<int32_t> pos((size_t)nr * k), cnt(nr);
         std::vector<float> val((size_t)nr * k);
-        size_t bad[2];
-        for (int which = 0; which < 2; which++) {
-          TCK(cudaMemset(dpos, 0x55, (size_t)nr * k * 4));
-          FCK(which ? old_tk() : new_tk());
-          TCK(cudaStreamSynchronize(st));
-          TCK(cudaMemcpy(pos.data(), dpos, pos.size() * 4, cudaMemcpyDeviceToHost));
-          TCK(cudaMemcpy(val.data(), dval, val.size() * 4, cudaMemcpyDeviceToHost));
-          TCK(cudaMemcpy(cnt.data(), dcnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
-          bad[which] = check_rows(logits_h, row_off, n, k, pos, val, cnt);
-        }
-        chk = bad[0] || bad[1] ? "MISMATCH" : "bit-exact";
-        printf("check %-16s k=%-5d new: %zu wrong, old: %zu wrong of %d rows x %d -> %s\n", c.name,
-               k, bad[0], bad[1], nr, k, chk);
+        TCK(cudaMemset(dpos, 0x55, (size_t)nr * k * 4));
+        FCK(topk());
+        TCK(cudaStreamSynchronize(st));
+        TCK(cudaMemcpy(pos.data(), dpos, pos.size() * 4, cudaMemcpyDeviceToHost));
+        TCK(cudaMemcpy(val.data(), dval, val.size() * 4, cudaMemcpyDeviceToHost));
+        TCK(cudaMemcpy(cnt.data(), dcnt, cnt.size() * 4, cudaMemcpyDeviceToHost));
+        const size_t bad = check_rows(logits_h, row_off, n, k, pos, val, cnt);
+        chk = bad ? "MISMATCH" : "bit-exact";
+        printf("check %-16s k=%-5d %zu wrong of %d rows x %d -> %s\n", c.name, k, bad, nr, k, chk);
       }
       if (phases) {
         FCK(fp4idx_bench_topk_phases(rows.data(), nr, k, drows, dpos, dval, dcnt, st, c.name));
-        TCK(cudaFree(drows)); TCK(cudaFree(dorows)); TCK(cudaFree(ws));
+        TCK(cudaFree(drows)); TCK(cudaFree(ws));
         TCK(cudaFree(dpos)); TCK(cudaFree(dval)); TCK(cudaFree(dcnt));
         continue;
       }
-      const double t_old = time_graph(st, old_tk);
-      const double t_new = time_graph(st, new_tk);
-      const double t_so = time_graph(st, [&] {
+      const double t = time_graph(st, topk);
+      const double t_st = time_graph(st, [&] {
         int rc = fp4idx_cuda_score_launch(&prm, st);
-        return rc ? rc : old_tk();
-      });
-      const double t_sn = time_graph(st, [&] {
-        int rc = fp4idx_cuda_score_launch(&prm, st);
-        return rc ? rc : new_tk();
+        return rc ? rc : topk();
       });
       const double goal = k == 512 ? c.goal_512 : c.goal_2048;
-      table.push_back(Out{&c, k, t_old, t_new, sc, t_so, t_sn, goal, chk});
-      printf("%-16s k=%-5d cluster %2d top-k old %8.2f us  new %7.2f us (x%.1f)  score %7.2f  score+old %8.2f"
-             "  score+new %8.2f (x%.2f score)\n",
-             c.name, k, tp.cluster, t_old, t_new, t_old / t_new, sc, t_so, t_sn, t_sn / sc);
+      table.push_back(Out{&c, k, t, sc, t_st, goal, chk});
+      printf("%-16s k=%-5d cluster %2d top-k %7.2f us  score %7.2f  score+top-k %8.2f (x%.2f score)\n",
+             c.name, k, tp.cluster, t, sc, t_st, t_st / sc);
       fflush(stdout);
       if (cf)
-        fprintf(cf, "%s,%d,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s\n", c.name, nr, (long long)n, k, t_old,
-                t_new, sc, t_so, t_sn, chk);
-      TCK(cudaFree(drows)); TCK(cudaFree(dorows)); TCK(cudaFree(ws));
+        fprintf(cf, "%s,%d,%lld,%d,%.3f,%.3f,%.3f,%s\n", c.name, nr, (long long)n, k, t, sc, t_st,
+                chk);
+      TCK(cudaFree(drows)); TCK(cudaFree(ws));
       TCK(cudaFree(dpos)); TCK(cudaFree(dval)); TCK(cudaFree(dcnt));
     }
     fp4idx_backend_destroy(b);
   }
   if (cf) fclose(cf);
-  printf("\n| case | rows x keys | k | old top-k us | new top-k us | speedup | goal us | score us |"
-         " score+old us | score+new us | score+new / score | check |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("\n| case | rows x keys | k | top-k us | goal us | score us | score+top-k us |"
+         " score+top-k / score | check |\n");
+  printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const Out &o : table) {
     char goal[32] = "-";
     if (o.goal > 0) snprintf(goal, sizeof goal, "%.0f", o.goal);
-    printf("| %s | %d x %lld | %d | %.2f | %.2f | %.1fx | %s | %.2f | %.2f | %.2f | %.2f | %s |\n",
-           o.c->name, o.c->seqs * o.c->rows, (long long)o.c->ctx, o.k, o.old_t, o.new_t,
-           o.old_t / o.new_t, goal, o.sc, o.sc_old, o.sc_new, o.sc_new / o.sc, o.chk);
+    printf("| %s | %d x %lld | %d | %.2f | %s | %.2f | %.2f | %.2f | %s |\n", o.c->name,
+           o.c->seqs * o.c->rows, (long long)o.c->ctx, o.k, o.t, goal, o.sc, o.sc_tk, o.sc_tk / o.sc,
+           o.chk);
   }
   return 0;
 }

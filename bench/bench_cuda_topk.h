@@ -1,6 +1,6 @@
 /* bench_cuda_topk.h -- the top-k benchmark of fp4idx-bench-cuda
- * (bench_cuda_topk.cu) and the previous top-k kernel it times as the
- * baseline (bench_topk_old.cu). Benchmark code only, not the product. */
+ * (bench_cuda_topk.cu) and the phase timeline it can print instead
+ * (topk_phases.cu). Benchmark code only, not the product. */
 #ifndef FP4IDX_BENCH_CUDA_TOPK_H
 #define FP4IDX_BENCH_CUDA_TOPK_H
 
@@ -13,18 +13,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-enum { FP4IDX_BENCH_TOPK_OLD_MAX = 4096 }; /* the old kernel's largest k */
-
-typedef struct fp4idx_bench_old_row_s {
-  const float *logits; /* [width] device */
-  int64_t width;
-} fp4idx_bench_old_row_t;
-
-/* The old one-block-per-row top-k: same outputs as fp4idx_cuda_topk_launch
- * for k <= FP4IDX_BENCH_TOPK_OLD_MAX (FP4IDX_EINVAL above). rows: device. */
-int fp4idx_bench_topk_old_launch(const fp4idx_bench_old_row_t *rows, int32_t n_rows, int32_t k,
-                                 int32_t *pos, float *val, int32_t *count, cudaStream_t stream);
 
 /* The phase timeline of the cluster top-k (topk_phases.cu, an
  * instrumented copy of kernels/cuda/topk_cluster.cu): plans rows (host) for

@@ -2,8 +2,8 @@
 """plot_cuda.py [CSV] [PNG] -- time per call against context for the CUDA
 scorer (fp4idx-bench-cuda --csv; one line per value of the scorer column,
 e.g. a baseline build's CSV and the new one's concatenated), with the
-SGLang Triton figures and the physical floor of the s7 method
-(bench/RESULTS.md). Defaults: bench/cuda_h200.csv -> bench/cuda_h200.png."""
+SGLang Triton figures and the physical floor of the method in
+bench/RESULTS.md. Defaults: bench/cuda_h200.csv -> bench/cuda_h200.png."""
 import csv
 import os
 import sys

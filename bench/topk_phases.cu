@@ -63,7 +63,7 @@ const PhaseName kPhases[] = {
     {10, 9, "list: local slots + copy to blocks"},
     {11, 10, "cluster barrier (list whole)"},
     {12, 11, "pad_row"},
-    {13, 12, "(round 4-5: OR/AND of list + zero h)"},
+    {13, 12, "(unused mark: OR/AND of list + zero h)"},
     {14, 13, "bucket histogram"},
     {15, 14, "bucket scan"},
     {16, 15, "bucket scatter"},

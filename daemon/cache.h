@@ -1,4 +1,5 @@
-/* cache.h -- the page pool's bookkeeping and the sequence table (DESIGN s4).
+/* cache.h -- the page pool's bookkeeping and the sequence table (the
+ * sequences of protocol/PROTOCOL.md, "Semantics").
  *
  * Pure C, no backend: the cache decides which slots a sequence's keys live
  * in; the backend holds the bytes. A free list (a stack, so a dropped page is

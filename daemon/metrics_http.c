@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h" /* fp4idx__prom_write */
 #include "fp4idx_client.h"
+#include "prom.h"
 #include "fp4idx_status.h"
 #include "log.h"
 
@@ -36,8 +36,12 @@ int fp4idx__metrics_parse_listen(const char *s, struct sockaddr_storage *addr,
     host[colon - s] = '\0';
     port_s = colon + 1;
   }
-  uint64_t port;
-  if (fp4idx__parse_u64(port_s, &port) || port < 1 || port > 65535) return -1;
+  unsigned port = 0;
+  if (!*port_s) return -1;
+  for (const char *d = port_s; *d; d++) {
+    if (*d < '0' || *d > '9' || (port = port * 10 + (unsigned)(*d - '0')) > 65535) return -1;
+  }
+  if (port < 1) return -1;
   memset(addr, 0, sizeof *addr);
   struct sockaddr_in *a4 = (struct sockaddr_in *)addr;
   struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)addr;

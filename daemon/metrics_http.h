@@ -4,7 +4,7 @@
  * GET /metrics answers the Prometheus text format (0.0.4) that
  * `fp4idx-cli stats --prometheus` prints, built the same way: a client of
  * the daemon's own socket asks for "stats" and "info" (protocol/PROTOCOL.md)
- * and client/cli/prom.c writes the text. HTTP is libmicrohttpd's (its own
+ * and client/prom/prom.c writes the text. HTTP is libmicrohttpd's (its own
  * thread), so the event loop and the worker never see the scraper.
  */
 #ifndef FP4IDX_DAEMON_METRICS_HTTP_H

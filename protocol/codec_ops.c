@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "codec_internal.h"
-#include "fp4idx_wire_key.h" /* the sizes below are the key format's */
 
 #define NF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -150,8 +150,8 @@ int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
     size_t heads = s->rows && s->q.ndim == 3 ? (size_t)s->q.shape[1] : 1;
     return fp4idx__fail(msg, cap, FP4IDX_ENONFINITE,
                         "seq %llu: q[%zu,%zu,%zu] is %s; q and w must be finite",
-                        (unsigned long long)s->seq, bad / (heads * 128), bad / 128 % heads,
-                        bad % 128,
+                        (unsigned long long)s->seq, bad / (heads * FP4IDX_PROTO_HEAD_DIM),
+                        bad / FP4IDX_PROTO_HEAD_DIM % heads, bad % FP4IDX_PROTO_HEAD_DIM,
                         (fp4idx_load_bf16(s->q.data, bad) & 0x7fu) ? "NaN" : "inf");
   }
   bad = fp4idx__first_nonfinite_bf16(s->w.data, nw);
@@ -230,12 +230,13 @@ int fp4idx_append_keys_check(const fp4idx_append_req_t *a, char *msg, size_t cap
   if (a == NULL) return FP4IDX_EINVAL;
   if (a->keys.dtype != FP4IDX_WIRE_U8) return 0; /* bf16/f32: the quantizer checks */
   const unsigned char *k = a->keys.data;
+  const unsigned scales = FP4IDX_PROTO_SLOT_BYTES - FP4IDX_PROTO_SCALE_BYTES; /* their offset */
   for (uint64_t i = 0; i < a->keys.shape[0]; i++)
-    for (int j = 0; j < 4; j++) {
-      unsigned s = k[i * 68 + 64 + (uint64_t)j];
+    for (unsigned j = 0; j < FP4IDX_PROTO_SCALE_BYTES; j++) {
+      unsigned s = k[i * FP4IDX_PROTO_SLOT_BYTES + scales + j];
       if (s == 0 || s == 255)
         return fp4idx__fail(msg, cap, FP4IDX_ENONFINITE,
-                            "keys[%llu]: scale byte %d is %u; packed keys need scale "
+                            "keys[%llu]: scale byte %u is %u; packed keys need scale "
                             "bytes 1..254 (255 is NaN in UE8M0)",
                             (unsigned long long)i, j, s);
     }

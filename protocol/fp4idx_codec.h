@@ -64,6 +64,7 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_HEADS 128u                /* "heads" is 1..128 */
 #define FP4IDX_PROTO_HEAD_DIM 128u                 /* elements per key / q row */
 #define FP4IDX_PROTO_SLOT_BYTES 68u                /* packed FP4 key */
+#define FP4IDX_PROTO_SCALE_BYTES 4u                /* its last bytes: UE8M0 scales */
 #define FP4IDX_PROTO_MAX_NDIM 4u                   /* dims of a tensor */
 #define FP4IDX_PROTO_MAX_SCORE_SEQS 1024u          /* entries of score "seqs" */
 #define FP4IDX_PROTO_MAX_TOPK (1u << 20)           /* "topk" upper bound */

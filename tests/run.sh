@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tests/run.sh -- the test command: installs what the build needs when it is
 # missing (Debian packages, the Python test modules), configures, builds,
-# runs ctest, and prints Criterion's synthesis line of every test program
-# and pytest's summary line of the Python client suite (test_python).
+# runs ctest, and prints for every Criterion test program how many of its
+# tests ran, passed, failed and were skipped (and why: "no GPU" for a GPU
+# program on a machine without one), and pytest's summary line of the
+# Python client suite (test_python).
 #
 #   tests/run.sh [extra cmake -D options...]
 #
@@ -51,28 +53,57 @@ cmake -S . -B "$BUILD_DIR" -DFP4IDX_CUDA="$FP4IDX_CUDA" "$@"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
 # ---- test ------------------------------------------------------------------------
+# The GPU programs' names (ctest label gpu), listed before the run: `ctest -N`
+# rewrites the log that the summaries below read.
+gpu_tests=" $( (cd "$BUILD_DIR" && ctest -N -L gpu 2>/dev/null) |
+               awk '/Test +#[0-9]+:/ {printf "%s ", $3}')"
 status=0
 # shellcheck disable=SC2086
 (cd "$BUILD_DIR" && ctest --output-on-failure ${CTEST_ARGS:-}) || status=$?
 
-# Criterion's synthesis per test program, from ctest's full log.
+# Criterion's synthesis per test program, from ctest's full log, as "N of
+# M run": M is the program's test count (`--list`), and the M - N tests its
+# synthesis does not count were skipped (Criterion's synthesis counts only
+# the tests that ran). A GPU program (ctest label gpu) skips its tests with
+# cr_skip_test when no CUDA device answers (tests/common/test_gpu.h).
 log="$BUILD_DIR/Testing/Temporary/LastTest.log"
 if [[ -f "$log" ]]; then
+  have_gpu=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    have_gpu=1
+  fi
   echo
   echo "== Criterion synthesis =="
-  sed 's/\x1b\[[0-9;]*m//g' "$log" | awk '
-    /^[0-9]+\/[0-9]+ Testing: / { name = $3 }
+  T=0 R=0 P=0 F=0 C=0 S=0
+  while IFS='|' read -r name cmd tested passing failing crashing; do
+    total=$("$cmd" --list 2>/dev/null |
+            awk '/^[^ ].*: [0-9]+ tests?$/ { s += $(NF - 1) } END { print s + 0 }')
+    (( total >= tested )) || total=$tested
+    skipped=$((total - tested))
+    why=
+    if (( skipped > 0 )); then
+      why=" skipped"
+      [[ $have_gpu == 0 && "$gpu_tests" == *" $name "* ]] && why=" skipped (no GPU)"
+    fi
+    printf "%-28s %d of %d run, %d passed, %d failed, %d crashed, %d%s\n" "$name" \
+      "$tested" "$total" "$passing" "$failing" "$crashing" "$skipped" "${why:- skipped}"
+    T=$((T + total)) R=$((R + tested)) P=$((P + passing)) F=$((F + failing))
+    C=$((C + crashing)) S=$((S + skipped))
+  done < <(sed 's/\x1b\[[0-9;]*m//g' "$log" | awk '
+    /^[0-9]+\/[0-9]+ Testing: / { name = $3; cmd = "" }
+    /^Command: / && cmd == "" { cmd = $2; gsub(/"/, "", cmd) }
     /Synthesis: Tested:/ {
-      sub(/.*Synthesis: /, "");
-      printf "%-28s %s\n", name, $0
+      sub(/.*Synthesis: /, "")
       for (i = 1; i <= NF; i++) {
-        if ($i == "Tested:") t += $(i + 1)
-        if ($i == "Passing:") p += $(i + 1)
-        if ($i == "Failing:") f += $(i + 1)
-        if ($i == "Crashing:") c += $(i + 1)
+        if ($i == "Tested:") t = $(i + 1)
+        if ($i == "Passing:") p = $(i + 1)
+        if ($i == "Failing:") f = $(i + 1)
+        if ($i == "Crashing:") c = $(i + 1)
       }
-    }
-    END { printf "%-28s Tested: %d | Passing: %d | Failing: %d | Crashing: %d\n", "TOTAL", t, p, f, c }'
+      printf "%s|%s|%d|%d|%d|%d\n", name, cmd, t, p, f, c
+    }')
+  printf "%-28s %d of %d run, %d passed, %d failed, %d crashed, %d skipped\n" "TOTAL" \
+    "$R" "$T" "$P" "$F" "$C" "$S"
 fi
 
 # pytest's summary line of the Python client suite (test_python).

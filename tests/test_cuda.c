@@ -599,7 +599,7 @@ static void big_pool_case(int32_t P, uint64_t seed, int heads, int rows, int64_t
   fp4idx_test_rng_seed(&rng, seed);
   fp4idx_test_case_t tc;
   cr_assert_eq(fp4idx_test_case_dyadic(&tc, &rng, heads, rows, n, P, np, NULL, 1), 0);
-  /* CPU page p -> a GPU page: around 2^32 (page at32, which straddles it,
+  /* CPU page p -> a GPU page: near 2^32 (page at32, which straddles it,
    * among them), above 2^36, or low, by p % 3. */
   int32_t *gpages = malloc(sizeof *gpages * (size_t)np);
   int64_t *gslots = malloc(sizeof *gslots * (size_t)(n ? n : 1));

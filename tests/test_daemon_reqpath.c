@@ -641,8 +641,8 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
    * then queue behind it while it runs (milliseconds: a device-to-host
    * copy and the reply on the CUDA backend, the decode on the CPU one).
    * A score hold would not do: a score queued before the worker took it
-   * joined its run (CI, CPU backend), and on the GPU it is over in tens of
-   * us (the H200 run of 2026-12-01 19:1x UTC failed so). */
+   * joined its run (CPU backend), and on the GPU it is over in tens of us,
+   * before the scores arrive. */
   frame_t hold = read_frame(5, 9);
   cr_assert_eq(fp4idx_test_send_all(cfd, hold.data, hold.len), 0);
   free(hold.data);

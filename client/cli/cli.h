@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "fp4idx_client.h"
+#include "prom.h"
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -191,16 +192,7 @@ int fp4idx__term_cols(int fd);
 size_t fp4idx__progress_line(char *buf, size_t cap, int cols, uint64_t done,
                              uint64_t total, double elapsed_s);
 
-/* ---- Prometheus ---------------------------------------------------------- */
-
-/* Writes the stats (and the info labels, info may be NULL) in the
- * Prometheus text exposition format 0.0.4: counters
- * fp4idx_requests_total{op}, fp4idx_request_errors_total{op}, histogram
- * fp4idx_request_latency_seconds{op} (cumulative _bucket{le}, _sum,
- * _count), gauges for the pool, sequences, keys, connections, uptime, and
- * fp4idx_info{...} 1. Returns 0 or -1 (write error). */
-int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
-                       const fp4idx_client_info_t *info);
+/* ---- Prometheus: fp4idx__prom_write (prom.h) ------------------------------ */
 
 /* ---- commands (commands.c) ------------------------------------------------ */
 
@@ -230,18 +222,18 @@ int fp4idx__cli_next_opt(fp4idx_cli_t *cli, int argc, char **argv, const char *s
 int fp4idx__cli_parse_num(fp4idx_cli_t *cli, const char *opt, const char *s,
                           uint64_t *v);
 
-int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_stats(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_append(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_score(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_truncate(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_drop(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_fork(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_read(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_list(fp4idx_cli_t *cli, int argc, char **argv);
 /* service_cmds.c: save, export, import (what persistence adds). */
-int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv);
-int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_save(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_export(fp4idx_cli_t *cli, int argc, char **argv);
+int fp4idx__cli_import(fp4idx_cli_t *cli, int argc, char **argv);
 
 #endif /* FP4IDX_CLI_H */

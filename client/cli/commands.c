@@ -114,7 +114,7 @@ static int parse_text_json(fp4idx_cli_t *cli, const char *s, int *json) {
   return 0;
 }
 
-int fp4idx__cmd_info(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'},
                                      {"format", required_argument, 0, 'f'},
                                      {0}};
@@ -204,7 +204,7 @@ static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
   if (s->nstages > 0) print_counters(f, "stage", s->stages, s->nstages, 0);
 }
 
-int fp4idx__cmd_stats(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_stats(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'},
                                      {"prometheus", no_argument, 0, 'p'},
                                      {"out", required_argument, 0, 'o'},
@@ -337,7 +337,7 @@ static const char append_help[] =
     "finish, then stops and says how many keys were stored and the\n"
     "sequence's length (exit 130; a second Ctrl-C ends it at once).";
 
-int fp4idx__cmd_append(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_append(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {
       {"help", no_argument, 0, 'h'},         {"dtype", required_argument, 0, 'd'},
       {"rounding", required_argument, 0, 'r'}, {"random", required_argument, 0, 'R'},
@@ -539,7 +539,7 @@ static const char score_help[] =
     "                  with --topk: positions [R,K] i32, then logits [R,K] f32\n"
     "  --out FILE      write there instead of stdout";
 
-int fp4idx__cmd_score(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_score(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {
       {"help", no_argument, 0, 'h'},       {"q", required_argument, 0, 'q'},
       {"w", required_argument, 0, 'w'},    {"heads", required_argument, 0, 'H'},
@@ -676,7 +676,7 @@ out:
 
 /* ---- truncate / drop ------------------------------------------------------- */
 
-int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
@@ -706,7 +706,7 @@ int fp4idx__cmd_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   return st;
 }
 
-int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_fork(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
@@ -738,7 +738,7 @@ int fp4idx__cmd_fork(fp4idx_cli_t *cli, int argc, char **argv) {
   return st;
 }
 
-int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_drop(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
@@ -764,7 +764,7 @@ int fp4idx__cmd_drop(fp4idx_cli_t *cli, int argc, char **argv) {
 
 /* ---- read ------------------------------------------------------------------ */
 
-int fp4idx__cmd_read(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_read(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {
       {"help", no_argument, 0, 'h'},        {"from", required_argument, 0, 'F'},
       {"count", required_argument, 0, 'n'}, {"dequant", no_argument, 0, 'd'},
@@ -837,7 +837,7 @@ static int seq_info_cmp(const void *a, const void *b) {
   return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-int fp4idx__cmd_list(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_list(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'},
                                      {"count", required_argument, 0, 'n'},
                                      {"cursor", required_argument, 0, 'c'},

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "fp4idx_format.h"
 
 static uint64_t splitmix64(uint64_t *x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -33,12 +34,12 @@ void fp4idx__gen_keys(int dtype, uint64_t seed, uint64_t first, size_t n,
     splitmix64(&st);
     if (dtype == FP4IDX_KEYS_FP4) {
       uint8_t *slot = (uint8_t *)keys + k * FP4IDX_CLIENT_SLOT_BYTES;
-      for (int i = 0; i < 64; i += 8) {
+      for (int i = 0; i < FP4IDX_PAYLOAD_BYTES; i += 8) {
         uint64_t r = splitmix64(&st);
         memcpy(slot + i, &r, 8);
       }
-      for (int j = 0; j < 4; j++)
-        slot[64 + j] = (uint8_t)(120 + splitmix64(&st) % 15);
+      for (int j = 0; j < FP4IDX_SCALE_BYTES; j++)
+        slot[FP4IDX_PAYLOAD_BYTES + j] = (uint8_t)(120 + splitmix64(&st) % 15);
       continue;
     }
     for (int i = 0; i < FP4IDX_CLIENT_HEAD_DIM; i += 2) {

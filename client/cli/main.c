@@ -25,18 +25,18 @@ static const struct {
   fp4idx_cli_cmd_fn fn;
   const char *what;
 } commands[] = {
-    {"info", fp4idx__cmd_info, "daemon version, backend, device and pool"},
-    {"stats", fp4idx__cmd_stats, "counters (--prometheus for node_exporter)"},
-    {"append", fp4idx__cmd_append, "append keys to a sequence"},
-    {"score", fp4idx__cmd_score, "score verify rows (full logits or top-k)"},
-    {"truncate", fp4idx__cmd_truncate, "keep the first N keys of a sequence"},
-    {"drop", fp4idx__cmd_drop, "drop a sequence"},
-    {"fork", fp4idx__cmd_fork, "start a sequence as another's prefix (shared)"},
-    {"read", fp4idx__cmd_read, "read keys back (packed or dequantized)"},
-    {"list", fp4idx__cmd_list, "list the sequences with their keys and pages"},
-    {"save", fp4idx__cmd_save, "make the daemon write its snapshot now"},
-    {"export", fp4idx__cmd_export, "write a sequence in SGLang's page layout"},
-    {"import", fp4idx__cmd_import, "append an exported (or SGLang) sequence"},
+    {"info", fp4idx__cli_info, "daemon version, backend, device and pool"},
+    {"stats", fp4idx__cli_stats, "counters (--prometheus for node_exporter)"},
+    {"append", fp4idx__cli_append, "append keys to a sequence"},
+    {"score", fp4idx__cli_score, "score verify rows (full logits or top-k)"},
+    {"truncate", fp4idx__cli_truncate, "keep the first N keys of a sequence"},
+    {"drop", fp4idx__cli_drop, "drop a sequence"},
+    {"fork", fp4idx__cli_fork, "start a sequence as another's prefix (shared)"},
+    {"read", fp4idx__cli_read, "read keys back (packed or dequantized)"},
+    {"list", fp4idx__cli_list, "list the sequences with their keys and pages"},
+    {"save", fp4idx__cli_save, "make the daemon write its snapshot now"},
+    {"export", fp4idx__cli_export, "write a sequence in SGLang's page layout"},
+    {"import", fp4idx__cli_import, "append an exported (or SGLang) sequence"},
 };
 
 static void usage(FILE *f) {

@@ -14,7 +14,7 @@
 
 /* ---- save -------------------------------------------------------------------- */
 
-int fp4idx__cmd_save(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_save(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'}, {0}};
   int ch;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
@@ -50,7 +50,7 @@ static const char export_help[] =
     "  --page-size P   page size of the file (default: the daemon's)\n"
     "  --raw           no header";
 
-int fp4idx__cmd_export(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_export(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'},
                                      {"raw", no_argument, 0, 'r'},
                                      {"page-size", required_argument, 0, 'p'},
@@ -138,7 +138,7 @@ static const char import_help[] =
     "  --chunk K       keys per request (default 65536); each request is\n"
     "                  all-or-nothing, the whole import is not";
 
-int fp4idx__cmd_import(fp4idx_cli_t *cli, int argc, char **argv) {
+int fp4idx__cli_import(fp4idx_cli_t *cli, int argc, char **argv) {
   static const struct option lo[] = {{"help", no_argument, 0, 'h'},
                                      {"raw", no_argument, 0, 'r'},
                                      {"count", required_argument, 0, 'n'},

@@ -229,7 +229,7 @@ FP4IDX__INLINE void fp4idx__decode_tile(const fp4idx__ctx_t *c, int64_t t0, int 
       smin = sb < smin ? sb : smin;
       smax = sb > smax ? sb : smax;
       float scale = fp4idx_ue8m0_to_f32(sb);
-      for (int e = blk * 32; e < blk * 32 + 32; e += 2) {
+      for (int e = blk * FP4IDX_BLOCK; e < (blk + 1) * FP4IDX_BLOCK; e += 2) {
         uint32_t byte = pay[e >> 1];
         kt[e * FP4IDX__TK + j] = c->lut[byte & 15u] * scale;
         kt[(e + 1) * FP4IDX__TK + j] = c->lut[byte >> 4] * scale;

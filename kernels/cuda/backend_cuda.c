@@ -182,8 +182,8 @@ out:
 
 /* Waits for the call fp4idx__stage_end closed. A spin on the mapped word
  * sees the end as soon as it lands: 0.7-0.9 us sooner per round trip than
- * cudaEventSynchronize on the H200 (fp4idx-probe-cuda-api, 2026-12-01:
- * 16.82 -> 15.94 us for upload + kernel + download). Only a call that
+ * cudaEventSynchronize on the H200 (fp4idx-probe-cuda-api: upload +
+ * kernel + download). Only a call that
  * wrote its word may skip the event: a
  * faulted stream writes nothing, so after FP4IDX__CUDA_FLAG_SPIN_US the
  * event's wait gives the error (and waits for a long call). */
@@ -537,8 +537,8 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   float *o_dlogits = bt->logits;
   /* Full logits only: the scorer stores whole rows; the top-k's scattered
    * 4-byte result stores across PCIe cost more than the copy they save
-   * (H200, 12:37 UTC run: 400k top-2048 kernels 82 -> 112 us, download
-   * 11 -> 1 us; 16k full logits kernels + download 21.9 -> 18.3 us). */
+   * (H200: a 400k top-2048 takes ~30 us longer in its kernels to save ~10
+   * us of download; 16k full logits save ~3.6 us). */
   if (!dev_out && !stage && !bt->topk && total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
     o_dlogits = fp4idx__mapped(bt->logits);
     dev_out = o_dlogits != NULL;

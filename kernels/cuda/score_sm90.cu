@@ -47,7 +47,7 @@
  * ring (kStages x 4352 B) + barriers, weights, row pointers, lengths, a
  * v/hp table. Only compiled into the sm_90a image; plans for
  * FP4IDX_CUDA_SCORER_WGMMA (chosen once per device on CC 9.0) run it.
- * Measured, with what did not pay: bench/RESULTS.md.
+ * Measured: bench/RESULTS.md.
  */
 #include <cuda_bf16.h>
 #include <stdio.h>
@@ -70,8 +70,7 @@ constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
 // setmaxnreg moves registers within the block's own pool only: what the
 // producer releases must cover what the consumers take (512 threads x 128
 // at entry under __launch_bounds__(512, 1)), or setmaxnreg.inc waits
-// forever -- seen with 2 consumers at 240 and a producer at 32 (issue 9
-// round 3, bench/RESULTS.md).
+// forever (2 consumers at 240 and a producer at 32 do not balance).
 constexpr int kConsumerRegs = 160, kProducerRegs = 32;
 static_assert(kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs == kThreads * 128,
               "register hand-over must balance");

@@ -13,9 +13,8 @@
  * first pass (usually) or the second when the k-th key's bin holds at most
  * kExtra keys more than needed: the whole bin joins the candidates then.
  * Distributed shared memory (DSMEM) is used sparingly, because it is slow
- * when many blocks read one block (bench/RESULTS.md, "Round 4": 2.4 us per
- * round of all-blocks-read-all-histograms with 16-block clusters, 118 us
- * for three passes): each block builds its own histogram, pushes its
+ * when many blocks read one block (every block reading every histogram of
+ * a 16-block cluster costs ~2.4 us a pass): each block builds its own histogram, pushes its
  * non-zero bins with remote atomics to the bin's owner (block b * cs / NB
  * owns bin b) and the sums of its groups of 16 bins to every block; after
  * one cluster barrier every block scans the group sums locally and reads
@@ -35,8 +34,8 @@
  * key > T's the number of keys > T that order before it, counted inside
  * buckets of 12 key bits (keys with their positions are distinct, so
  * counting is the exact order; no sort, no single block doing the row's
- * finish); indices >= k drop. The phase timeline that chose these steps:
- * bench/topk_phases.cu (bench/RESULTS.md, "Round 6" and "Round 7").
+ * finish); indices >= k drop. The phase timeline of a launch:
+ * `fp4idx-bench-cuda --topk --phases` (bench/topk_phases.cu).
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
@@ -190,8 +189,8 @@ __device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
 // that group's 16 summed bins from their owner to find the digit d: s.digit
 // = d, s.rem = rem minus the count above d, s.cnt = the count of bin d,
 // s.total = the count of the pass. Every block computes the same answer.
-// (Round 4 read the whole summed histogram from the owners: 16 KB of remote
-// loads a block, the largest phase of the select; bench/RESULTS.md, "Round 6".)
+// (Reading the whole summed histogram from the owners would be 16 KB of
+// remote loads a block, more than the rest of the select.)
 template <int NB, int NT>
 __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t *own,
                              uint32_t *coarse, uint32_t rem, Head &s,
@@ -277,8 +276,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // Every block's owned sums are zero before anyone pushes into them: the
   // cluster barrier's arrive right after the zeroing, its wait after the
   // load. The logits loads are issued after the arrive: its release
-  // semantics would wait for loads issued before it (bench/RESULTS.md,
-  // "Round 6": the zeroing phase grew from 1,404 to 2,044 cycles).
+  // semantics would wait for loads issued before it.
   zero_words(h, kNB1 + (int)owned_words(cs), NT);  // h, s1..s3 and c1..c3: contiguous
   if (tid == 0) {
     s.gt_base = 0;
@@ -392,8 +390,8 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // l-th: conflict-free). Where the select ended in pass 1 (rem_t = 0) the
   // block's count of keys > T is the sum of its bins >= lo_bin, and each
   // warp takes its slots 128 keys at a time from the block's cursor: any
-  // order inside the block's run, since the rank counts (bench/RESULTS.md,
-  // "Round 7": no counting pass over the keys). Else the warps count their
+  // order inside the block's run, since the rank counts (no counting pass
+  // over the keys). Else the warps count their
   // keys > T and == T by ballots, and their counts in position order give
   // each warp its first slots (keys == T must keep position order).
   constexpr int NW = NT / 32;
@@ -681,8 +679,8 @@ int fits(int cs) {
 
 // The block size of a launch: 1024 threads where every block has an SM to
 // itself, holds at least kWideSlice keys and the device runs such
-// clusters, else 512 (bench/RESULTS.md, "Round 6": the wider block wins the
-// load of 25,000 keys a block and loses the barriers and scans of 4,096).
+// clusters, else 512 (the wider block wins the load of 25,000 keys a block
+// and loses on the barriers and scans of 4,096).
 constexpr int64_t kWideSlice = 16384;
 int threads_of(const Caps &c, int32_t n_rows, int cs, int64_t slice) {
   return c.wide && (int64_t)n_rows * cs <= (int64_t)c.sms && slice >= kWideSlice ? kTWide : kT;

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "cli.h"
+#include "prom.h"
 
 /* Writes a label value with \\, \" and \n escaped. */
 static void label(FILE *f, const char *s) {

@@ -1,7 +1,9 @@
 /* fp4idx_wire_key.h -- the one mapping between the wire's names
- * (fp4idx_codec.h: tensor dtypes, "rounding") and the key format's
- * (kernels/fp4idx_format.h: key encodings, rounding modes), and the checks
- * that the protocol's sizes are the key format's. Not installed. */
+ * (protocol/fp4idx_codec.h: tensor dtypes, "rounding") and the key
+ * format's (fp4idx_format.h: key encodings, rounding modes), and the checks
+ * that the protocol's sizes are the key format's. It sits with the format,
+ * above the protocol (which knows no key format), for the daemon and the
+ * client library. Not installed. */
 #ifndef FP4IDX_WIRE_KEY_H
 #define FP4IDX_WIRE_KEY_H
 
@@ -10,6 +12,8 @@
 
 _Static_assert(FP4IDX_PROTO_SLOT_BYTES == FP4IDX_SLOT_BYTES,
                "u8 keys on the wire are packed slots (fp4idx_format.h)");
+_Static_assert(FP4IDX_PROTO_SCALE_BYTES == FP4IDX_SCALE_BYTES,
+               "a packed slot ends in the key format's scale bytes");
 _Static_assert(FP4IDX_PROTO_HEAD_DIM == FP4IDX_HEAD_DIM,
                "a key on the wire has the key format's head dim");
 _Static_assert(FP4IDX_WIRE_ROUND_RNE == (int)FP4IDX_ROUND_RNE &&

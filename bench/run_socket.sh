@@ -1,10 +1,10 @@
 #!/bin/bash
-# run_socket_h200.sh -- the request-path measurements of issue 10 on one GPU,
-# for bench/RESULTS_SOCKET.md: fp4idxd --backend cuda measured through its
+# run_socket.sh -- the request-path measurements on one GPU, for
+# bench/RESULTS.md ("Through the socket"): fp4idxd --backend cuda measured through its
 # socket by fp4idx-bench-socket, the new build and the previous commit in the
 # same run.
 #
-#   bench/run_socket_h200.sh NEW_DIR [PREV_DIR]
+#   bench/run_socket.sh NEW_DIR [PREV_DIR]
 #
 # NEW_DIR holds this branch's fp4idxd and fp4idx-bench-socket (PREV_DIR the
 # previous commit's fp4idxd, and its fp4idx-bench-socket if present); the
@@ -23,7 +23,7 @@
 # 1/8/32/64 clients, 32,768 keys each, top-512, 50 calls per client x3
 # runs, vs one in-process CUDA launch of all N (--local cuda).
 set -u
-NEW=${1:?usage: run_socket_h200.sh NEW_DIR [PREV_DIR]}
+NEW=${1:?usage: run_socket.sh NEW_DIR [PREV_DIR]}
 PREV=${2:-}
 OUT=${OUT:-/tmp/socket_h200}
 mkdir -p "$OUT"
@@ -72,7 +72,7 @@ sum() { # CSV SECTION CTX TOPK CLIENTS FIELD
 }
 {
   echo
-  echo "== issue 10 cases ($(cat "$OUT/gpu.txt")), p50 us"
+  echo "== the request-path cases ($(cat "$OUT/gpu.txt")), p50 us"
   printf "%-52s %12s %12s %10s\n" "case" "previous" "new" "goal"
   for side in prev new; do eval "L_$side=\$OUT/\$side.log S_$side=\$OUT/\$side.summary.csv"; done
   row() { printf "%-52s %12s %12s %10s\n" "$1" "${2:--}" "${3:--}" "$4"; }
