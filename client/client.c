@@ -241,6 +241,21 @@ fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c,
   return FP4IDX_OK;
 }
 
+fp4idx_status_t fp4idx_client_sharing(fp4idx_client_t *c, fp4idx_client_sharing_t *out) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (out == NULL) return bad_arg(c, "out is NULL");
+  fp4idx_request_t req = {.op = FP4IDX_OP_INFO};
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  const fp4idx_info_t *in = &x.resp.u.info;
+  memset(out, 0, sizeof *out);
+  copy_str(out->mode, sizeof out->mode, in->gpu_sharing);
+  out->other_processes = in->gpu_other_processes;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 /* ---- keys ---------------------------------------------------------------- */
 
 /* The wire dtype and shape [n,128] or [n,68] of an append's keys. */
@@ -881,6 +896,8 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   s->queue_depth = in->queue_depth;
   s->device_mem_total = in->device_mem_total;
   s->device_mem_free = in->device_mem_free;
+  copy_str(s->gpu_sharing, sizeof s->gpu_sharing, in->gpu_sharing);
+  s->gpu_other_processes = in->gpu_other_processes;
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
   s->nstages = (uint32_t)in->nstages;

@@ -177,6 +177,21 @@ fp4idx_status_t fp4idx_client_hello(fp4idx_client_t *c, fp4idx_client_info_t *ou
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (out NULL); connection errors. */
 fp4idx_status_t fp4idx_client_info(fp4idx_client_t *c, fp4idx_client_info_t *out);
 
+/* How the daemon shares its GPU (info's gpu_sharing fields; a struct of its
+ * own so that fp4idx_client_info_t keeps its size for programs built
+ * against it). */
+typedef struct fp4idx_client_sharing_s {
+  char mode[16];                /* "mps" | "time_slice" | "exclusive" |
+                                   "unknown" | "none" (CPU backend); "" from
+                                   a daemon that does not report it */
+  uint64_t other_processes;     /* other processes with a context on the GPU */
+} fp4idx_client_sharing_t;
+
+/* The GPU sharing mode, from one info request.
+ * Takes: c connected; out (required).
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (out NULL); connection errors. */
+fp4idx_status_t fp4idx_client_sharing(fp4idx_client_t *c, fp4idx_client_sharing_t *out);
+
 /* ---- keys ----------------------------------------------------------------- */
 
 /* Appends n keys to sequence seq (created if unknown), all or nothing.
@@ -514,6 +529,8 @@ typedef struct fp4idx_client_stats_s {
   uint64_t device_mem_free;        /* of which free */
   uint64_t pages_shared;           /* pages two sequences or more see (forks;
                                       0 from a daemon without fork) */
+  char gpu_sharing[16];            /* as fp4idx_client_sharing_t.mode */
+  uint64_t gpu_other_processes;    /* as fp4idx_client_sharing_t.other_processes */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

@@ -77,6 +77,52 @@ static void fp4idx__daemon_signal_cb(uv_signal_t *h, int signum) {
   fp4idx__daemon_stop(d);
 }
 
+/* ---- GPU sharing (sharing.h) --------------------------------------------- */
+
+#define FP4IDX_SHARING_FRESH_MS 1000u
+#define FP4IDX_SHARING_PERIOD_MS 10000u
+#define FP4IDX_SHARING_MAX_PROCS 64u
+
+/* Reads the mode now; logs a change, and the time-slice warning once. */
+static void fp4idx__daemon_sharing_read(fp4idx_daemon_t *d) {
+  fp4idx_gpu_proc_t procs[FP4IDX_SHARING_MAX_PROCS];
+  int n = d->desc.gpu ? fp4idx__gpu_procs(d->desc.pci_bus, procs, FP4IDX_SHARING_MAX_PROCS)
+                      : -1;
+  fp4idx_sharing_in_t in = {.gpu = d->desc.gpu,
+                            .mps = d->desc.mps,
+                            .procs_known = n >= 0,
+                            .procs = procs,
+                            .nprocs = n > 0 ? (size_t)n : 0,
+                            .self = (uint32_t)getpid(),
+                            .device = d->desc.device,
+                            .device_index = d->desc.device_index};
+  fp4idx_sharing_t prev = d->sharing.now;
+  int had = d->sharing.valid;
+  fp4idx__sharing_decide(&in, &d->sharing.now);
+  d->sharing.valid = 1;
+  d->sharing.at_ms = uv_now(&d->loop);
+  const fp4idx_sharing_t *s = &d->sharing.now;
+  if (s->mode == FP4IDX_SHARING_TIME_SLICE && !d->sharing.warned) {
+    fp4idx__log_warn("%s", s->warning);
+    d->sharing.warned = 1;
+  }
+  if (d->desc.gpu && (!had || prev.mode != s->mode || prev.other_processes != s->other_processes))
+    fp4idx__log_info("GPU sharing: %s, %llu other process(es) on the device%s",
+                     fp4idx__sharing_name(s->mode), (unsigned long long)s->other_processes,
+                     s->mode == FP4IDX_SHARING_UNKNOWN ? " (NVML, libnvidia-ml.so.1, not usable)"
+                                                       : "");
+}
+
+static void fp4idx__daemon_sharing_tick(uv_timer_t *t) {
+  fp4idx__daemon_sharing_read(t->data);
+}
+
+const fp4idx_sharing_t *fp4idx__daemon_sharing(fp4idx_daemon_t *d) {
+  if (!d->sharing.valid || uv_now(&d->loop) - d->sharing.at_ms >= FP4IDX_SHARING_FRESH_MS)
+    fp4idx__daemon_sharing_read(d);
+  return &d->sharing.now;
+}
+
 /* ---- life cycle --------------------------------------------------------- */
 
 int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
@@ -101,6 +147,15 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
     goto err;
   }
   d->cache_ok = 1;
+  fp4idx__daemon_sharing_read(d);
+  /* A co-tenant that starts later is seen within a period (unref'd: the
+   * timer never keeps a stopping loop alive). */
+  if (d->desc.gpu && uv_timer_init(&d->loop, &d->sharing_timer) == 0) {
+    d->sharing_timer.data = d;
+    uv_timer_start(&d->sharing_timer, fp4idx__daemon_sharing_tick, FP4IDX_SHARING_PERIOD_MS,
+                   FP4IDX_SHARING_PERIOD_MS);
+    uv_unref((uv_handle_t *)&d->sharing_timer);
+  }
   fp4idx__cache_set_copy(&d->cache, fp4idx__engine_copy_page, d->engine);
   fp4idx__cache_set_pages_hook(&d->cache, fp4idx__daemon_pages_changed, d);
   rc = fp4idx__stages_init(&d->stages);

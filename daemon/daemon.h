@@ -26,6 +26,7 @@
 #include "config.h"
 #include "engine.h"
 #include "server.h"
+#include "sharing.h"
 #include "stages.h"
 #include "stats.h"
 #include "worker.h"
@@ -86,6 +87,15 @@ struct fp4idx_daemon_s {
   struct {
     uint64_t pages_free, sequences, keys, pages_shared;
   } pub;
+  /* How the GPU is shared (sharing.h), as last read: at start, every
+   * FP4IDX_SHARING_PERIOD_MS by a timer, and by info and stats when older
+   * than FP4IDX_SHARING_FRESH_MS. Loop thread only. */
+  struct {
+    fp4idx_sharing_t now;
+    uint64_t at_ms;            /* uv_now of the reading */
+    int valid, warned;         /* warned: the time-slice warning was logged */
+  } sharing;
+  uv_timer_t sharing_timer;
   fp4idx_daemon_hooks_t hooks;
   uv_signal_t sig_int, sig_term;
   int started;                  /* startup hook ran */
@@ -119,6 +129,11 @@ void fp4idx__daemon_stop(fp4idx_daemon_t *d);
 /* Queues work on the worker thread, in order with the requests (e.g. a
  * periodic snapshot; the job may touch d->cache and the engine). */
 void fp4idx__daemon_submit(fp4idx_daemon_t *d, fp4idx_job_t *job);
+
+/* The GPU sharing mode, read again first when older than
+ * FP4IDX_SHARING_FRESH_MS (an NVML query, tens of microseconds). Loop
+ * thread. */
+const fp4idx_sharing_t *fp4idx__daemon_sharing(fp4idx_daemon_t *d);
 
 /* Frees everything. */
 void fp4idx__daemon_fini(fp4idx_daemon_t *d);

@@ -44,6 +44,12 @@ typedef struct fp4idx_backend_info_s {
    * (fp4idx_backend_batch_t.outputs_on_device), e.g. a client's CUDA
    * region: results never cross to the host. */
   int device_outputs;
+  /* GPU backends: 1 when the device's contexts are shared through MPS (the
+   * process is an MPS client), 0 when not, -1 when the driver does not say;
+   * 0 on the CPU. pci_bus: the device's PCI bus id ("0000:19:00.0"; "" on
+   * the CPU), for NVML (daemon/sharing.h). */
+  int mps;
+  char pci_bus[32];
 } fp4idx_backend_info_t;
 
 /* One sequence of a score batch: R verify rows against the first keys of a

@@ -68,6 +68,13 @@ static int get_fixstr(const fp4idx__fields_t *f, const char *name, char *out,
                             cap);
 }
 
+/* A string response field added after version 1 shipped: "" when absent. */
+static int get_opt_fixstr(const fp4idx__fields_t *f, const char *name, char *out,
+                          size_t outcap, char *msg, size_t cap) {
+  out[0] = '\0';
+  return fp4idx__fv(f, name) ? get_fixstr(f, name, out, outcap, msg, cap) : 0;
+}
+
 /* The entries of response field `name` (an array of maps, or a map when
  * is_map) at `a`: checks presence, type and at most `max` entries (0: only
  * the frame's own bound), then allocates that many zeroed entries of `size`
@@ -186,14 +193,17 @@ int fp4idx__info_resp_decode(const fp4idx__fields_t *f,
       (rc = get_uint(f, "pages_free", &in->pages_free, msg, cap)) ||
       (rc = get_uint(f, "sequences", &in->sequences, msg, cap)) ||
       (rc = get_uint(f, "max_frame", &in->max_frame, msg, cap)) ||
-      (rc = get_opt_uint(f, "pages_shared", &in->pages_shared, msg, cap)))
+      (rc = get_opt_uint(f, "pages_shared", &in->pages_shared, msg, cap)) ||
+      (rc = get_opt_fixstr(f, "gpu_sharing", in->gpu_sharing, sizeof(in->gpu_sharing), msg,
+                           cap)) ||
+      (rc = get_opt_uint(f, "gpu_other_processes", &in->gpu_other_processes, msg, cap)))
     return rc;
   return 0;
 }
 
 int fp4idx__info_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   const fp4idx_info_t *in = &r->u.info;
-  int rc = fp4idx__pack_resp_head(pk, r, 10);
+  int rc = fp4idx__pack_resp_head(pk, r, 12);
   rc |= fp4idx__pack_kv_uint(pk, "version", in->version);
   rc |= kv_fixstr(pk, "server", in->server, sizeof(in->server));
   rc |= kv_fixstr(pk, "backend", in->backend, sizeof(in->backend));
@@ -204,6 +214,8 @@ int fp4idx__info_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   rc |= fp4idx__pack_kv_uint(pk, "sequences", in->sequences);
   rc |= fp4idx__pack_kv_uint(pk, "max_frame", in->max_frame);
   rc |= fp4idx__pack_kv_uint(pk, "pages_shared", in->pages_shared);
+  rc |= kv_fixstr(pk, "gpu_sharing", in->gpu_sharing, sizeof(in->gpu_sharing));
+  rc |= fp4idx__pack_kv_uint(pk, "gpu_other_processes", in->gpu_other_processes);
   return packed(rc);
 }
 
@@ -873,7 +885,10 @@ int fp4idx__stats_resp_decode(const fp4idx__fields_t *f,
                        cap)) ||
       (rc = get_uint(f, "pages_total", &st->pages_total, msg, cap)) ||
       (rc = get_uint(f, "pages_free", &st->pages_free, msg, cap)) ||
-      (rc = get_opt_uint(f, "pages_shared", &st->pages_shared, msg, cap)))
+      (rc = get_opt_uint(f, "pages_shared", &st->pages_shared, msg, cap)) ||
+      (rc = get_opt_fixstr(f, "gpu_sharing", st->gpu_sharing, sizeof(st->gpu_sharing), msg,
+                           cap)) ||
+      (rc = get_opt_uint(f, "gpu_other_processes", &st->gpu_other_processes, msg, cap)))
     return rc;
   /* Counters and gauges: optional (absent from older daemons), 0 then. */
   static const char *const opt_names[] = {"keys_appended",  "rows_scored",
@@ -951,7 +966,7 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
     if (st->ops[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return FP4IDX_EINVAL;
   for (size_t i = 0; i < st->nstages; i++)
     if (st->stages[i].nbuckets > FP4IDX_PROTO_MAX_BUCKETS) return FP4IDX_EINVAL;
-  int rc = fp4idx__pack_resp_head(pk, r, 18 + (st->nstages > 0));
+  int rc = fp4idx__pack_resp_head(pk, r, 20 + (st->nstages > 0));
   rc |= fp4idx__pack_cstr(pk, "uptime_s") |
         msgpack_pack_double(pk, st->uptime_s);
   rc |= fp4idx__pack_kv_uint(pk, "connections", st->connections);
@@ -969,6 +984,8 @@ int fp4idx__stats_resp_pack(msgpack_packer *pk, const fp4idx_response_t *r) {
   rc |= fp4idx__pack_kv_uint(pk, "queue_depth", st->queue_depth);
   rc |= fp4idx__pack_kv_uint(pk, "device_mem_total", st->device_mem_total);
   rc |= fp4idx__pack_kv_uint(pk, "device_mem_free", st->device_mem_free);
+  rc |= kv_fixstr(pk, "gpu_sharing", st->gpu_sharing, sizeof(st->gpu_sharing));
+  rc |= fp4idx__pack_kv_uint(pk, "gpu_other_processes", st->gpu_other_processes);
   uint32_t nerr = 0;
   for (uint32_t k = 1; k < FP4IDX_PROTO_MAX_STATUSES; k++)
     nerr += st->status_errors[k] != 0;

@@ -117,7 +117,8 @@ extern "C" {
     ("version", "server"), hello, hello)                                      \
   X(INFO, info, FP4IDX_OPF_LOOP, (),                                                        \
     ("version", "server", "backend", "device", "page_size", "pages_total",    \
-     "pages_free", "sequences", "max_frame", "pages_shared"),                 \
+     "pages_free", "sequences", "max_frame", "pages_shared", "gpu_sharing",   \
+     "gpu_other_processes"),                                                  \
     none, info)                                                               \
   X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
     ("first", "length"), append, append)                                      \
@@ -133,7 +134,7 @@ extern "C" {
      "pages_total", "pages_free", "requests", "pages_shared", "keys_appended", \
      "rows_scored", "request_bytes", "response_bytes", "queue_depth",         \
      "device_mem_total", "device_mem_free", "errors_by_status", \
-     "stages"),              \
+     "stages", "gpu_sharing", "gpu_other_processes"),              \
     none, stats)                                                              \
   X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
   X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)     \
@@ -550,6 +551,11 @@ typedef struct fp4idx_info_s {
   uint64_t page_size, pages_total, pages_free, sequences, max_frame;
   uint64_t pages_shared; /* pages two sequences or more see (0 from a
                             daemon that predates fork) */
+  /* How the daemon shares its GPU: "mps", "time_slice", "exclusive",
+   * "unknown" or "none" (CPU backend); "" from a daemon that predates it.
+   * gpu_other_processes: other processes holding a context on the GPU. */
+  char gpu_sharing[FP4IDX_PROTO_SHORT_CAP];
+  uint64_t gpu_other_processes;
 } fp4idx_info_t;
 
 /* "append" -> {"first", "length"}: position of the first new key and the
@@ -622,6 +628,8 @@ typedef struct fp4idx_stats_s {
    * holding the stage name, errors 0); absent on the wire when 0 */
   fp4idx_op_stats_t *stages;
   size_t nstages;
+  char gpu_sharing[FP4IDX_PROTO_SHORT_CAP]; /* as in info */
+  uint64_t gpu_other_processes;             /* as in info */
 } fp4idx_stats_t;
 
 /* One entry of "list" "seqs". */

@@ -23,6 +23,9 @@ if(TARGET fp4idx_cuda)
 endif()
 fp4idx_add_test(test_daemon_config SOURCES test_daemon_config.c
   LIBS fp4idxd_core LABELS unit)
+# GPU sharing mode (MPS, time slices) from the driver's and NVML's view.
+fp4idx_add_test(test_daemon_sharing SOURCES test_daemon_sharing.c
+  LIBS fp4idxd_core LABELS unit daemon)
 fp4idx_add_test(test_daemon_worker SOURCES test_daemon_worker.c
   LIBS fp4idxd_core LABELS unit)
 

@@ -115,6 +115,13 @@ Test(metrics, counters_in_stats_and_at_the_scrape_endpoint) {
   cr_expect_eq(s->queue_depth, 0, "nothing waits while we wait for the reply");
   cr_expect_gt(s->device_mem_total, 0);
   cr_expect_leq(s->device_mem_free, s->device_mem_total);
+  /* the CPU backend shares no GPU */
+  cr_expect_str_eq(s->gpu_sharing, "none");
+  cr_expect_eq(s->gpu_other_processes, 0);
+  fp4idx_client_sharing_t sh;
+  cr_assert_eq(fp4idx_client_sharing(c, &sh), 0);
+  cr_expect_str_eq(sh.mode, "none");
+  cr_expect_eq(sh.other_processes, 0);
   uint64_t req_bytes = s->request_bytes;
   fp4idx_client_free(s);
 
@@ -134,6 +141,9 @@ Test(metrics, counters_in_stats_and_at_the_scrape_endpoint) {
   cr_expect_gt(metric(body, "fp4idx_device_memory_used_bytes"), 0);
   cr_expect_eq(metric(body, "fp4idx_keys"), 500);
   cr_expect(strstr(body, "fp4idx_info{server=\"fp4idxd ") != NULL);
+  cr_expect_eq(metric(body, "fp4idx_gpu_sharing{mode=\"none\"}"), 1);
+  cr_expect_eq(metric(body, "fp4idx_gpu_sharing{mode=\"time_slice\"}"), 0);
+  cr_expect_eq(metric(body, "fp4idx_gpu_other_processes"), 0);
 
   http(port, "GET", "/", body, sizeof body);
   cr_expect(strstr(body, " 404 ") != NULL, "%.200s", body);

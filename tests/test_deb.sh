@@ -58,6 +58,7 @@ has() { # has PACKAGE.deb FILE...
 has "$deb" ./usr/bin/fp4idxd ./usr/bin/fp4idx-cli \
   ./usr/lib/systemd/system/fp4idxd.service ./usr/lib/systemd/system/fp4idxd.socket \
   ./usr/lib/systemd/system/fp4idxd@.service ./usr/lib/systemd/system/fp4idxd@.socket \
+  ./usr/lib/systemd/system/fp4idx-mps@.service \
   ./usr/lib/systemd/system/fp4idx-metrics.service ./usr/lib/systemd/system/fp4idx-metrics.timer \
   ./usr/lib/sysusers.d/fp4idx.conf ./usr/lib/tmpfiles.d/fp4idx.conf \
   ./etc/default/fp4idxd ./usr/share/man/man8/fp4idxd.8.gz ./usr/share/man/man1/fp4idx-cli.1.gz \
@@ -70,6 +71,12 @@ has "$dev" ./usr/lib/$ma/libfp4idx-client.so ./usr/lib/$ma/libfp4idx-client.a \
 # Nothing twice, and no library in the daemon's package.
 dup=$(for d in "$deb" "$lib" "$dev"; do dpkg-deb -c "$d" | awk '$1 !~ /^d/ {print $6}'; done | sort | uniq -d)
 [ -z "$dup" ] && ok "no file in two packages" || bad "files in two packages: $dup"
+# MPS set up by the package: the per-GPU unit, wanted by fp4idxd@N, and
+# its folders in tmpfiles.d.
+dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/lib/systemd/system/fp4idxd@.service \
+  | grep -q '^Wants=fp4idx-mps@%i.service$' && dpkg-deb --fsys-tarfile "$deb" \
+  | tar -xO ./usr/lib/tmpfiles.d/fp4idx.conf | grep -q '^d /run/fp4idx-mps ' \
+  && ok "fp4idxd@N wants fp4idx-mps@N; tmpfiles makes the MPS folders" || bad "MPS set-up in the package"
 dpkg-deb -c "$deb" | grep -q 'libfp4idx-client' && bad "fp4idxd carries the library" || ok "fp4idxd carries no library"
 dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/man/man8/fp4idxd.8.gz | gzip -dc | grep -q '^\.TH' \
   && ok "man page gzipped" || bad "fp4idxd.8.gz is not a gzipped man page"

@@ -1083,6 +1083,8 @@ Test(codec, info_without_pages_shared) {
                0, "%s", msg);
   cr_assert_eq(out.u.info.pages_free, 4u);
   cr_assert_eq(out.u.info.pages_shared, 0u);
+  cr_assert_str_eq(out.u.info.gpu_sharing, "", "absent from an older daemon");
+  cr_assert_eq(out.u.info.gpu_other_processes, 0u);
   fp4idx_response_clear(&out);
   msgpack_sbuffer_destroy(&sb);
 }

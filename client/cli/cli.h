@@ -159,9 +159,9 @@ int fp4idx__write_result(FILE *f, fp4idx_format_t fmt,
 const char *fp4idx__fmt_f32(char *buf, float v);
 
 /* The integer fields of stats, by name, in the order the text and JSON
- * forms print them (connections .. device_mem_free). Fills out[] (room for
+ * forms print them (connections .. gpu_other_processes). Fills out[] (room for
  * FP4IDX_CLI_STATS_COUNTS) and returns how many. */
-#define FP4IDX_CLI_STATS_COUNTS 13
+#define FP4IDX_CLI_STATS_COUNTS 14
 typedef struct fp4idx_cli_count_s {
   const char *name;
   uint64_t value;
@@ -177,7 +177,8 @@ int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int jso
  * stats' scalars and "ops":[{"op","requests","errors","latency_sum_us",
  * "latency_buckets":[{"le_us","count"}]}] (per-bucket counts, the last
  * bound +inf written as null). Returns 0 or -1 (write error). */
-int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in);
+int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
+                            const fp4idx_client_sharing_t *sh);
 int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s);
 
 /* Width of the terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. */

@@ -125,7 +125,9 @@ int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv) {
            "Prints the daemon's version, backend, device and pool.\n"
            "  --format json  one object: server, protocol, backend, device,\n"
            "                 page_size, pages_total, pages_free, sequences,\n"
-           "                 max_frame");
+           "                 max_frame, gpu_sharing, gpu_other_processes\n"
+           "gpu_sharing: mps, time_slice (other processes take turns with it:\n"
+           "milliseconds of wait; run MPS), exclusive, unknown (no NVML) or none (CPU).");
       return 0;
     }
     if (ch == 'f') {
@@ -141,22 +143,25 @@ int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv) {
   int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   fp4idx_client_info_t in;
+  fp4idx_client_sharing_t sh;
   st = fp4idx_client_info(c, &in);
+  if (st == 0) st = fp4idx_client_sharing(c, &sh);
   if (st) {
     client_fail(cli, c, st);
     goto out;
   }
   if (json) {
-    fp4idx__write_info_json(stdout, &in);
+    fp4idx__write_info_json(stdout, &in, &sh);
     goto out;
   }
   printf("server: %s\nprotocol: %u\nbackend: %s\ndevice: %s\n"
          "page_size: %llu\npages_total: %llu\npages_free: %llu\n"
-         "sequences: %llu\nmax_frame: %llu\n",
+         "sequences: %llu\nmax_frame: %llu\ngpu_sharing: %s\ngpu_other_processes: %llu\n",
          in.server, in.version, in.backend, in.device,
          (unsigned long long)in.page_size, (unsigned long long)in.pages_total,
          (unsigned long long)in.pages_free, (unsigned long long)in.sequences,
-         (unsigned long long)in.max_frame);
+         (unsigned long long)in.max_frame, sh.mode[0] ? sh.mode : "not reported",
+         (unsigned long long)sh.other_processes);
 out:
   fp4idx_client_close(c);
   return st;
@@ -192,8 +197,8 @@ static void print_counters(FILE *f, const char *what, const fp4idx_client_op_sta
 }
 
 static void print_stats(FILE *f, const fp4idx_client_stats_t *s) {
-  fprintf(f, "uptime_s: %.3f\nbackend: %s\ndevice: %s\n", s->uptime_s, s->backend,
-          s->device);
+  fprintf(f, "uptime_s: %.3f\nbackend: %s\ndevice: %s\ngpu_sharing: %s\n", s->uptime_s,
+          s->backend, s->device, s->gpu_sharing[0] ? s->gpu_sharing : "not reported");
   fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS];
   size_t n = fp4idx__stats_counts(s, c);
   for (size_t i = 0; i < n; i++)

@@ -136,7 +136,8 @@ size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *
       {"rows_scored", s->rows_scored},       {"request_bytes", s->request_bytes},
       {"response_bytes", s->response_bytes}, {"queue_depth", s->queue_depth},
       {"device_mem_total", s->device_mem_total},
-      {"device_mem_free", s->device_mem_free}};
+      {"device_mem_free", s->device_mem_free},
+      {"gpu_other_processes", s->gpu_other_processes}};
   memcpy(out, c, sizeof c);
   return FP4IDX_CLI_STATS_COUNTS;
 }
@@ -152,7 +153,8 @@ int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int jso
   return n;
 }
 
-int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in) {
+int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
+                            const fp4idx_client_sharing_t *sh) {
   fputs("{\"server\":", f);
   json_str(f, in->server);
   fprintf(f, ",\"protocol\":%u,\"backend\":", in->version);
@@ -161,10 +163,12 @@ int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in) {
   json_str(f, in->device);
   fprintf(f,
           ",\"page_size\":%llu,\"pages_total\":%llu,\"pages_free\":%llu,"
-          "\"sequences\":%llu,\"max_frame\":%llu}\n",
+          "\"sequences\":%llu,\"max_frame\":%llu,\"gpu_sharing\":",
           (unsigned long long)in->page_size, (unsigned long long)in->pages_total,
           (unsigned long long)in->pages_free, (unsigned long long)in->sequences,
           (unsigned long long)in->max_frame);
+  json_str(f, sh->mode);
+  fprintf(f, ",\"gpu_other_processes\":%llu}\n", (unsigned long long)sh->other_processes);
   return ferror(f) ? -1 : 0;
 }
 
@@ -175,6 +179,8 @@ int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s) {
   json_str(f, s->backend);
   fputs(",\"device\":", f);
   json_str(f, s->device);
+  fputs(",\"gpu_sharing\":", f);
+  json_str(f, s->gpu_sharing);
   fp4idx_cli_count_t c[FP4IDX_CLI_STATS_COUNTS];
   size_t n = fp4idx__stats_counts(s, c);
   for (size_t i = 0; i < n; i++)

@@ -6,6 +6,7 @@
  * expects, ending with le="+Inf" == _count. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "prom.h"
 
@@ -105,6 +106,21 @@ int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
     gauge(f, "fp4idx_pool_page_size_keys", "Keys per page.",
           (double)info->page_size);
 
+  /* One series per mode, 1 for the current one (an enum gauge): a rule
+   * matches fp4idx_gpu_sharing{mode="time_slice"} == 1. Nothing from a
+   * daemon that does not report it. */
+  if (s->gpu_sharing[0]) {
+    static const char *const modes[] = {"mps", "time_slice", "exclusive", "unknown", "none"};
+    fputs("# HELP fp4idx_gpu_sharing How the GPU is shared with other processes (1: this "
+          "mode); time_slice costs milliseconds per request, run MPS.\n"
+          "# TYPE fp4idx_gpu_sharing gauge\n", f);
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+      fprintf(f, "fp4idx_gpu_sharing{mode=\"%s\"} %d\n", modes[i],
+              strcmp(modes[i], s->gpu_sharing) == 0);
+    gauge(f, "fp4idx_gpu_other_processes",
+          "Other processes holding a compute context on the daemon's GPU.",
+          (double)s->gpu_other_processes);
+  }
   gauge(f, "fp4idx_queue_depth", "Requests received and waiting for the worker.",
         (double)s->queue_depth);
   gauge(f, "fp4idx_device_memory_free_bytes",

@@ -23,6 +23,12 @@
  * page list is resident (seq_pages_update, cuda_seqpages.c) are scored from
  * the device copy of their list instead of uploading it.
  *
+ * The stream has the device's greatest priority, so that on a GPU shared
+ * with a serving engine (under MPS, kernels of both side by side) our
+ * blocks are scheduled before a co-tenant's waiting ones;
+ * FP4IDX_STREAM_PRIORITY=default in the environment gives it the default
+ * priority instead (for measuring the difference: bench/cotenant.sh).
+ *
  * Every CUDA return code is checked; a failure logs "fp4idx cuda: <what>:
  * <error>" to stderr and returns FP4IDX_EDEVICE (FP4IDX_ENOMEM when device
  * memory runs out).
@@ -92,6 +98,9 @@ typedef struct fp4idx__cuda_s {
   int sms;
   fp4idx_cuda_scorer_t scorer; /* chosen once, from the device's capability */
   char name[128];
+  char bus[32];           /* PCI bus id */
+  int mps;                /* 1 MPS client, 0 not, -1 the driver does not say */
+  int priority;           /* of the stream */
   cudaStream_t stream;
   uint8_t *pool;          /* device */
   int32_t log2p;
@@ -296,6 +305,8 @@ static int fp4idx__cuda_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *inf
   /* one launch fills the GPU: e.g. 64 requests of 4 x 32 rows at 32,768 keys */
   info->batch_work = (uint64_t)1 << 28;
   info->device_outputs = 1;
+  info->mps = c->mps;
+  snprintf(info->pci_bus, sizeof info->pci_bus, "%s", c->bus);
 out:
   return rc;
 }
@@ -845,9 +856,31 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   char bus[32];
   CK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device), "PCI bus id");
   snprintf(c->name, sizeof c->name, "%.90s (%.31s)", prop.name, bus);
+  snprintf(c->bus, sizeof c->bus, "%s", bus);
   c->sms = prop.multiProcessorCount;
+  {
+    /* MPS client or not (daemon/sharing.h); a driver without the attribute
+     * leaves it to NVML's process list. */
+    int mps = 0;
+    if (cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device) == cudaSuccess)
+      c->mps = mps != 0;
+    else {
+      cudaGetLastError();
+      c->mps = -1;
+    }
+  }
   if ((rc = fp4idx_cuda_scorer_for_device(device, &c->scorer))) goto out;
-  CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "create stream");
+  /* The greatest priority the device has (numerically least): a co-tenant's
+   * default-priority work on the same GPU (under MPS, another client) does
+   * not get the SMs first when both have blocks waiting. */
+  {
+    int least = 0, greatest = 0;
+    CK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priority range");
+    const char *pe = getenv("FP4IDX_STREAM_PRIORITY");
+    c->priority = pe && strcmp(pe, "default") == 0 ? least : greatest;
+  }
+  CK(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, c->priority),
+     "create stream");
   CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 4; j++)

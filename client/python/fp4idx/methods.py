@@ -17,7 +17,9 @@ class Methods:
 
     def info(self):
         """-> dict: version, server, backend, device, page_size, pages_total,
-        pages_free, sequences, max_frame, pages_shared (forks)."""
+        pages_free, sequences, max_frame, pages_shared (forks), gpu_sharing
+        ("mps", "time_slice", "exclusive", "unknown", "none") and
+        gpu_other_processes."""
         return self._run(ops.info())
 
     def stats(self):

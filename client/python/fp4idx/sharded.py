@@ -197,7 +197,7 @@ def _merge_info(rs):
             out[k] = sum(r.get(k, 0) for r in rs)
     if "max_frame" in out:
         out["max_frame"] = min(r["max_frame"] for r in rs)
-    for k in ("backend", "device", "server", "page_size", "version"):
+    for k in ("backend", "device", "server", "page_size", "version", "gpu_sharing"):
         vals = [r.get(k) for r in rs]
         if any(v != vals[0] for v in vals):
             out[k] = vals
