@@ -89,6 +89,10 @@ int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra) 
   args[n++] = "8M";
   for (int i = 0; extra && extra[i] && n < 46; i++) args[n++] = extra[i];
   args[n] = NULL;
+  return fp4idx_test_daemon_start_args(d, args);
+}
+
+int fp4idx_test_daemon_start_args(fp4idx_test_daemon_t *d, const char *const *args) {
   memset(d, 0, sizeof *d);
   if (fp4idx_test_daemon_prepare(d) || fp4idx_test_daemon_spawn(d, d->sock, args)) return -1;
   for (int waited = 0; waited < 10000; waited += 10) {

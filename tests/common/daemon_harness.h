@@ -33,6 +33,13 @@ typedef struct fp4idx_test_daemon_s {
  * or -1 when the daemon did not come up (its log is printed to stderr). */
 int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra);
 
+/* Spawns the daemon with --socket DIR/d.sock and exactly the NULL-terminated
+ * args (may be NULL; no --backend, --log-level or --cache-bytes added) and
+ * waits until the socket accepts a connection (10 s at most), as
+ * fp4idx_test_daemon_start does. For a daemon binary ($FP4IDXD) that takes
+ * other options, e.g. bench/fp4idxd-nowork. Returns 0 or -1. */
+int fp4idx_test_daemon_start_args(fp4idx_test_daemon_t *d, const char *const *args);
+
 /* Starts fp4idxd --backend cuda --cache-bytes cache_bytes --log-level debug
  * (zero *d first) and waits up to 30 s for its socket. Returns 0 when it
  * answers, 1 when it exited first (no usable GPU: *exit_code tells its exit
