@@ -122,11 +122,17 @@ static int32_t fp4idx__nowork_topk_row(const fp4idx_backend_seq_t *s, int32_t r,
   const int64_t len = s->lens[r];
   const uint8_t *m = s->mask ? s->mask + (size_t)r * (size_t)s->width : NULL;
   int32_t n = 0;
-  for (int64_t l = 0; l < len && n < k; l++)
-    if (!m || m[l]) {
-      pos[n] = (int32_t)l;
-      val[n++] = 0.0f;
-    }
+  if (!m) {
+    n = len < k ? (int32_t)len : k;
+    for (int32_t i = 0; i < n; i++) pos[i] = i;
+    memset(val, 0, (size_t)n * sizeof *val);
+  } else {
+    for (int64_t l = 0; l < len && n < k; l++)
+      if (m[l]) {
+        pos[n] = (int32_t)l;
+        val[n++] = 0.0f;
+      }
+  }
   for (int32_t i = n; i < k; i++) {
     pos[i] = -1;
     val[i] = -INFINITY;

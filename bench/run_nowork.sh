@@ -13,18 +13,24 @@
 # warm-up; (c) 4x32 rows at 16,384 and 400,000 keys, top-2048, 200 calls;
 # (d) 1/8/32 clients, 32,768 keys each, top-512, 200 calls per client.
 # No in-process comparison (--local none: there is no compute to compare).
+# The whole bench runs $RUNS times (default 3, a fresh daemon each), and
+# the table gives, per figure, the median over those invocations and, for
+# the round trip p50, its range: on a shared machine whole invocations move.
 #
-# Output in $OUT (default /tmp/nowork): bench.log (the bench's tables, stage
-# breakdowns included), summary.csv (every case, fp4idx-bench-socket
-# --summary), nowork.csv (the table's cases: round trip p50/p99, the
-# daemon's own time, requests/s, stage means), machine.txt (CPU, load
-# before and after), stages.png when matplotlib is there
-# (bench/plot_socket.py --summary); the table is printed last.
+# Output in $OUT (default /tmp/nowork): bench.N.log (invocation N's tables,
+# stage breakdowns included), summary.N.csv (its fp4idx-bench-socket
+# --summary), nowork.csv (the table's cases over all invocations: round
+# trip p50 median/min/max, p99, the daemon's own time, requests/s, stage
+# means), machine.txt (CPU, commit, load before and after), stages.png when
+# matplotlib is there (bench/plot_socket.py --summary of invocation 1); the
+# table is printed last.
 # EXTRA: more options for the bench, after these (later ones win), e.g. a
-# quick run: EXTRA="-n 200 -w 20 -b 20 --conc-calls 20 -r 1".
+# quick run: RUNS=1 EXTRA="-n 200 -w 20 -b 20 --conc-calls 20 -r 1".
 set -u
 BUILD=${1:?usage: run_nowork.sh BUILD_DIR}
 OUT=${OUT:-/tmp/nowork}
+RUNS=${RUNS:-3}
+HERE=$(cd "$(dirname "$0")" && pwd)
 DAEMON=$BUILD/bench/fp4idxd-nowork
 BENCH=$BUILD/bench/fp4idx-bench-socket
 for f in "$DAEMON" "$BENCH"; do
@@ -39,48 +45,65 @@ ARGS+=("${EXTRA_A[@]}")
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "commit: $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) CPUs"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/machine.txt"
-"$BENCH" "${ARGS[@]}" --summary "$OUT/summary.csv" > "$OUT/bench.log" 2>&1
-rc=$?
+for i in $(seq 1 "$RUNS"); do
+  "$BENCH" "${ARGS[@]}" --summary "$OUT/summary.$i.csv" > "$OUT/bench.$i.log" 2>&1
+  rc=$?
+  cat "$OUT/bench.$i.log"
+  [ $rc -eq 0 ] || { echo "run_nowork.sh: fp4idx-bench-socket failed (rc=$rc)" >&2; exit $rc; }
+done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.txt"
-cat "$OUT/bench.log"
-[ $rc -eq 0 ] || { echo "run_nowork.sh: fp4idx-bench-socket failed (rc=$rc)" >&2; exit $rc; }
 
-# The table's cases from the summary: one row each.
-awk -F, '
-  NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-  function name() {
-    if ($1 == "info") return "info"
-    if ($1 == "score_logits") return "score 64 keys full logits"
-    if ($1 == "score_topk16") return "score 64 keys top-16"
-    if ($1 == "single") return sprintf("score %d keys top-%d", $2, $3)
-    if ($1 == "concurrent") return sprintf("%d clients %d keys top-%d", $4, $2, $3)
-    return ""
-  }
-  BEGIN {
-    split("read queue decode execute upload kernels download encode wake write", st, " ")
-    printf "case,p50_us,p99_us,daemon_us,requests_per_s"
-    for (i = 1; i <= 10; i++) printf ",%s_us", st[i]
-    printf "\n"
-  }
-  name() != "" {
-    printf "%s,%s,%s,%s,%s", name(), $col["p50_us"], $col["p99_us"], $col["daemon_us"],
-      $col["requests_per_s"]
-    for (i = 1; i <= 10; i++) printf ",%s", $col[st[i] "_us"]
-    printf "\n"
-  }' "$OUT/summary.csv" > "$OUT/nowork.csv"
+# The table's cases, one row each, medians over the invocations.
+python3 - "$OUT" "$RUNS" <<'EOF'
+import csv, math, statistics, sys
+out, runs = sys.argv[1], int(sys.argv[2])
+STAGES = ["read", "queue", "decode", "execute", "upload", "kernels", "download", "encode",
+          "wake", "write"]
+def name(r):
+    s = r["section"]
+    if s == "info": return "info"
+    if s == "score_logits": return "score 64 keys full logits"
+    if s == "score_topk16": return "score 64 keys top-16"
+    if s == "single": return f"score {r['ctx']} keys top-{r['topk']}"
+    if s == "concurrent": return f"{r['clients']} clients {r['ctx']} keys top-{r['topk']}"
+    return None
+cases = {}
+for i in range(1, runs + 1):
+    with open(f"{out}/summary.{i}.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            n = name(r)
+            if n: cases.setdefault(n, []).append(r)
+def med(rows, key):
+    v = [float(r[key]) for r in rows if r.get(key) not in (None, "", "nan")]
+    v = [x for x in v if not math.isnan(x)]
+    return statistics.median(v) if v else float("nan")
+cols = ["case", "p50_us", "p50_min_us", "p50_max_us", "p99_us", "daemon_us", "requests_per_s"]
+cols += [s + "_us" for s in STAGES]
+with open(f"{out}/nowork.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(cols)
+    for n, rows in cases.items():
+        p50 = [float(r["p50_us"]) for r in rows]
+        row = [n, med(rows, "p50_us"), min(p50), max(p50), med(rows, "p99_us"),
+               med(rows, "daemon_us"), med(rows, "requests_per_s")]
+        row += [med(rows, s + "_us") for s in STAGES]
+        w.writerow([row[0]] + ["nan" if isinstance(x, float) and math.isnan(x)
+                               else f"{x:.1f}" for x in row[1:]])
+EOF
 
 if python3 -c 'import matplotlib' 2>/dev/null; then
-  python3 "$(dirname "$0")/plot_socket.py" --summary -o "$OUT/stages.png" "$OUT/summary.csv" \
+  python3 "$HERE/plot_socket.py" --summary -o "$OUT/stages.png" "$OUT/summary.1.csv" \
     > /dev/null 2>&1 || echo "(plot failed)"
 fi
 
 echo
-echo "== the daemon's own cost, no-work backend ($(sed -n 's/^cpu: //p' "$OUT/machine.txt"))"
+echo "== the daemon's own cost, no-work backend, $RUNS invocations of -r 3"
 cat "$OUT/machine.txt"
 column -s, -t < "$OUT/nowork.csv"
-echo "(us; p50/p99: client round trip; daemon: frame complete to reply encoded;"
-echo " stages: means per request; requests/s: all clients over the wall time)"
+echo "(us; p50 (median, min, max over the invocations) / p99: client round trip;"
+echo " daemon: frame complete to reply encoded; stages: means per request;"
+echo " requests/s: all clients over the wall time)"
