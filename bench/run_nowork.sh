@@ -20,8 +20,9 @@
 # Output in $OUT (default /tmp/nowork): bench.N.log (invocation N's tables,
 # stage breakdowns included), summary.N.csv (its fp4idx-bench-socket
 # --summary), nowork.csv (the table's cases over all invocations: round
-# trip p50 median/min/max, p99, the daemon's own time, requests/s, stage
-# means), machine.txt (CPU, commit, load before and after), stages.png when
+# trip p50 median/min/max, p99, the daemon's time (frame complete to reply
+# encoded), its own time (every stage but kernels, first byte read to reply
+# written), requests/s, stage means), machine.txt (CPU, commit, load before and after), stages.png when
 # matplotlib is there (bench/plot_socket.py --summary of invocation 1); the
 # table is printed last.
 # EXTRA: more options for the bench, after these (later ones win), e.g. a
@@ -81,7 +82,13 @@ def med(rows, key):
     v = [float(r[key]) for r in rows if r.get(key) not in (None, "", "nan")]
     v = [x for x in v if not math.isnan(x)]
     return statistics.median(v) if v else float("nan")
-cols = ["case", "p50_us", "p50_min_us", "p50_max_us", "p99_us", "daemon_us", "requests_per_s"]
+def own(r):  # the daemon's own time: every stage but the backend's call
+    v = [float(r[s + "_us"]) for s in STAGES if s != "kernels"]
+    return sum(v)
+for rows in cases.values():
+    for r in rows: r["own_us"] = own(r)
+cols = ["case", "p50_us", "p50_min_us", "p50_max_us", "p99_us", "daemon_us", "own_us",
+        "requests_per_s"]
 cols += [s + "_us" for s in STAGES]
 with open(f"{out}/nowork.csv", "w", newline="") as f:
     w = csv.writer(f)
@@ -89,7 +96,7 @@ with open(f"{out}/nowork.csv", "w", newline="") as f:
     for n, rows in cases.items():
         p50 = [float(r["p50_us"]) for r in rows]
         row = [n, med(rows, "p50_us"), min(p50), max(p50), med(rows, "p99_us"),
-               med(rows, "daemon_us"), med(rows, "requests_per_s")]
+               med(rows, "daemon_us"), med(rows, "own_us"), med(rows, "requests_per_s")]
         row += [med(rows, s + "_us") for s in STAGES]
         w.writerow([row[0]] + ["nan" if isinstance(x, float) and math.isnan(x)
                                else f"{x:.1f}" for x in row[1:]])
@@ -105,5 +112,7 @@ echo "== the daemon's own cost, no-work backend, $RUNS invocations of -r 3"
 cat "$OUT/machine.txt"
 column -s, -t < "$OUT/nowork.csv"
 echo "(us; p50 (median, min, max over the invocations) / p99: client round trip;"
-echo " daemon: frame complete to reply encoded; stages: means per request;"
+echo " daemon: frame complete to reply encoded; own: the stage means summed, all but"
+echo " kernels (the no-work backend's own call), first byte read to reply written;"
+echo " stages: means per request;"
 echo " requests/s: all clients over the wall time)"
