@@ -61,6 +61,15 @@ static void append_bf16(uint64_t seq, uint64_t n, uint64_t want_first) {
   free(k);
 }
 
+/* An aligned copy of a reply tensor's bytes (the views point into the
+ * msgpack body, unaligned); free() it. */
+static void *tensor_copy(const fp4idx_tensor_t *t) {
+  void *p = malloc(t->nbytes ? t->nbytes : 1);
+  cr_assert_not_null(p);
+  if (t->nbytes) memcpy(p, t->data, t->nbytes);
+  return p;
+}
+
 /* q, w for ROWS x HEADS (values do not matter to the no-work backend). */
 static uint16_t g_q[ROWS * HEADS * 128], g_w[ROWS * HEADS];
 
@@ -148,8 +157,9 @@ Test(daemon_nowork, appends_count_and_reads_answer_zeros, .init = setup, .fini =
   cr_assert_eq(t->shape[0], 7u);
   cr_assert_eq(t->shape[1], 128u);
   cr_assert_eq(t->nbytes, 7u * 128 * 4);
-  const float *f = t->data;
+  float *f = tensor_copy(t);
   for (int i = 0; i < 7 * 128; i++) cr_assert_eq(f[i], 0.0f, "element %d", i);
+  free(f);
   fp4idx_response_clear(&rs);
   free(body);
   free(out);
@@ -189,7 +199,7 @@ Test(daemon_nowork, full_logits_have_the_width_and_visibility, .init = setup,
   cr_assert_eq(r->logits.ndim, 2u);
   cr_assert_eq(r->logits.shape[0], (uint64_t)ROWS);
   cr_assert_eq(r->logits.shape[1], 130u, "W = max(lens)");
-  const float *lg = r->logits.data;
+  float *lg = tensor_copy(&r->logits);
   for (int row = 0; row < ROWS; row++)
     for (int l = 0; l < 130; l++) {
       float v = lg[row * 130 + l];
@@ -198,6 +208,7 @@ Test(daemon_nowork, full_logits_have_the_width_and_visibility, .init = setup,
       else
         cr_assert(isinf(v) && v < 0, "row %d pos %d: %g, want -inf", row, l, v);
     }
+  free(lg);
   fp4idx_response_clear(&rs);
   free(body);
 
@@ -210,13 +221,14 @@ Test(daemon_nowork, full_logits_have_the_width_and_visibility, .init = setup,
   cr_assert_eq(rs.status, 0, "%s", rs.error);
   r = &rs.u.score.results[0];
   cr_assert_eq(r->logits.shape[1], 100u);
-  lg = r->logits.data;
+  lg = tensor_copy(&r->logits);
   for (int row = 0; row < ROWS; row++)
     for (int l = 0; l < 100; l++) {
       int visible = l < lens2[row] && mask[row * 100 + l];
       float v = lg[row * 100 + l];
       cr_assert(visible ? v == 0.0f : (isinf(v) && v < 0), "row %d pos %d: %g", row, l, v);
     }
+  free(lg);
   fp4idx_response_clear(&rs);
   free(body);
 }
@@ -243,8 +255,8 @@ Test(daemon_nowork, topk_returns_the_first_visible_positions, .init = setup,
   cr_assert_eq(r->logits.shape[1], (uint64_t)K);
   cr_assert_eq(r->counts.ndim, 1u);
   cr_assert_eq(r->counts.shape[0], (uint64_t)ROWS);
-  const int32_t *pos = r->positions.data, *cnt = r->counts.data;
-  const float *val = r->logits.data;
+  int32_t *pos = tensor_copy(&r->positions), *cnt = tensor_copy(&r->counts);
+  float *val = tensor_copy(&r->logits);
   const int32_t want[ROWS] = {16, 5, 0};
   for (int row = 0; row < ROWS; row++) {
     cr_assert_eq(cnt[row], want[row], "row %d count %d", row, cnt[row]);
@@ -258,6 +270,9 @@ Test(daemon_nowork, topk_returns_the_first_visible_positions, .init = setup,
       }
     }
   }
+  free(pos);
+  free(cnt);
+  free(val);
   fp4idx_response_clear(&rs);
   free(body);
 
@@ -268,13 +283,15 @@ Test(daemon_nowork, topk_returns_the_first_visible_positions, .init = setup,
   score_one(21, 2, K, lens2, mask, 200, &rs, &body);
   cr_assert_eq(rs.status, 0, "%s", rs.error);
   r = &rs.u.score.results[0];
-  pos = r->positions.data;
-  cnt = r->counts.data;
+  pos = tensor_copy(&r->positions);
+  cnt = tensor_copy(&r->counts);
   const int32_t want2[ROWS] = {16, 7, 1}; /* 0,3,..,18 below 20; 0 below 1 */
   for (int row = 0; row < ROWS; row++) {
     cr_assert_eq(cnt[row], want2[row], "row %d count %d", row, cnt[row]);
     for (int32_t i = 0; i < want2[row]; i++) cr_assert_eq(pos[row * K + i], 3 * i);
   }
+  free(pos);
+  free(cnt);
   fp4idx_response_clear(&rs);
   free(body);
 }
@@ -362,8 +379,9 @@ Test(daemon_nowork, pipelined_scores_from_many_connections, .init = setup,
       if (j % 2) {
         uint64_t k = 8 * (uint64_t)j;
         cr_assert_eq(r->positions.shape[1], k);
-        const int32_t *cnt = r->counts.data;
+        int32_t *cnt = tensor_copy(&r->counts);
         for (int row = 0; row < ROWS; row++) cr_assert_eq((uint64_t)cnt[row], k < n ? k : n);
+        free(cnt);
       } else {
         cr_assert_eq(r->logits.shape[1], n);
       }
