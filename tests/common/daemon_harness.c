@@ -310,6 +310,7 @@ int fp4idx_test_recv_response(int fd, fp4idx_op_t op, fp4idx_response_t *resp,
 int fp4idx_test_call(int fd, const fp4idx_request_t *req, fp4idx_response_t *resp,
                      unsigned char **body) {
   *body = NULL;
+  memset(resp, 0, sizeof *resp); /* a failed send leaves nothing to clear */
   int rc = fp4idx_test_send_request(fd, req);
   if (rc) return rc;
   return fp4idx_test_recv_response(fd, req->op, resp, body);
