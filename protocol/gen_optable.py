@@ -521,6 +521,14 @@ def gen_client_header():
          " * included by fp4idx_client.h. */",
          "#ifndef FP4IDX_CLIENT_OPS_H", "#define FP4IDX_CLIENT_OPS_H", ""]
     for op in client_ops():
+        if "client_doc" in op:
+            doc = op["client_doc"].split("\n")
+            L.append("/* " + doc[0])
+            L += [" * " + line if line else " *" for line in doc[1:-1]]
+            L.append(" * " + doc[-1] + " */" if len(doc) > 1 else " */")
+            L.append(client_proto(op) + ";")
+            L.append("")
+            continue
         L.append("/* \"%s\" (PROTOCOL.md): one round trip." % op["name"])
         for f in op["request"]:
             L.append(" * Takes %s: %s." % (cname(f), f["doc"]))
@@ -620,8 +628,32 @@ def md_with_reference(text):
 
 # ---- docs: the Python client's table ----------------------------------------
 
+def header_constants():
+    """The integer macros of fp4idx_codec.h (FP4IDX_PROTO_MAX_HEADS -> 128)."""
+    import re
+    consts = {}
+    with open(os.path.join(HERE, "fp4idx_codec.h")) as f:
+        for line in f:
+            m = re.match(r"#define (FP4IDX_\w+) ([^/]+?)\s*(/\*.*)?$", line)
+            if not m:
+                continue
+            expr = re.sub(r"(\d+)u\b", r"\1", m.group(2)).replace("(uint64_t)", "")
+            if re.fullmatch(r"[\d\s()<+*-]+", expr):
+                consts[m.group(1)] = eval(expr)  # digits and operators only
+    return consts
+
+
+def number(v):
+    if isinstance(v, int):
+        return v
+    return header_constants()[v]
+
+
 def py_field(f):
-    d = {k: f[k] for k in ("name", "kind", "required", "min", "max") if k in f}
+    d = {k: f[k] for k in ("name", "kind", "required") if k in f}
+    for k in ("min", "max"):
+        if k in f:
+            d[k] = number(f[k])
     if "values" in f:
         d["values"] = [w for w, _ in f["values"]]
     return d
@@ -645,8 +677,8 @@ def py_path():
 
 def gen_py():
     return ('"""The op table of protocol/optable.py as data, ' + BANNER + '.\n'
-            'ops.call() checks a request against it and sends it; the wire\n'
-            'limits it names (FP4IDX_PROTO_*) are the daemon\'s to check."""\n\n'
+            'ops.call() checks a request against it (names, kinds, ranges)\n'
+            'before it sends it."""\n\n'
             "OPS = " + pprint.pformat(py_table(), width=96, sort_dicts=False) + "\n")
 
 

@@ -39,7 +39,8 @@ published: a decoder takes them as 0 / "" when absent.
 column, `req` the required column. An op's `doc` opens its section,
 `request_more` follows the request table, `response_more` the response
 table, `notes` closes it. `client` names the C client wrapper generated for
-an op whose fields are all uint (fp4idx_client_<client>), `py` the Python
+an op whose fields are all uint (fp4idx_client_<client>; `client_doc` its
+comment, else one from the field docs), `py` the Python
 result ("value": the one response field, "none": None, default the dict).
 """
 
@@ -211,14 +212,20 @@ is refused with E2BIG."""),
 tokens); pages that no longer hold a key return to the pool. Truncating to
 the current length changes nothing; truncating to 0 keeps the (empty)
 sequence.""",
-       client="truncate"),
+       client="truncate",
+       client_doc="""Drops keys past position `length` of seq (rejected speculative tokens).
+Takes: length <= current key count; out_length (may be NULL) receives it.
+Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); FP4IDX_ERANGE (length
+  above the key count); connection errors."""),
 
     OP("drop", ["MUTATES"], "",
        [F("seq", "uint", required=True, doc=SEQ_KNOWN)],
        [],
        request_more="""Removes the sequence and returns to the pool every page that no other
 sequence sees (see `fork`).""",
-       client="drop", py="none"),
+       client="drop", py="none",
+       client_doc="""Drops sequence seq and frees its pages.
+Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); connection errors."""),
 
     OP("fork", ["MUTATES"],
        """Makes a new sequence that starts as the first keys of another, without
@@ -246,7 +253,18 @@ forked sequence equal, bit for bit, those of the same keys appended to a
 sequence of its own. With persistence, a fork is logged like a `truncate`
 and the snapshot keeps the sharing: after a restart or a crash the
 sequences hold the same keys and share the same number of pages.""",
-       client="fork"),
+       client="fork",
+       client_doc="""Makes the new sequence dst the first `length` keys of src without copying
+them: the daemon shares src's pages, and appends, truncates and drops of
+either sequence later never show in the other (prompt prefixes, parallel
+sampling, beam search; PROTOCOL.md "fork"). Takes no free page; the first
+append into a shared, partly filled last page takes one (EFULL then).
+Takes: length <= src's key count; dst not yet known; out_length (may be
+  NULL) receives dst's length.
+Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown src); FP4IDX_EEXIST (dst
+  exists, dst == src included); FP4IDX_ERANGE (length above src's key
+  count); FP4IDX_ENOMEM (daemon out of host memory); connection errors.
+  On any error nothing changed."""),
 
     OP("read", [], "Reads stored keys back.",
        [F("seq", "uint", required=True, doc=SEQ_KNOWN),

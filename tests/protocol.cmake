@@ -67,3 +67,10 @@ if(FP4IDX_LIBFUZZER)
                    ${CMAKE_CURRENT_BINARY_DIR}/fuzz_corpus
                    ${_fuzz_dir}/corpus ${_fuzz_dir}/regressions)
 endif()
+
+# The committed outputs of the op table (protocol/optable.py): PROTOCOL.md's
+# op reference and the Python client's table must be what the generator
+# makes of it now (protocol/gen_optable.py docs --write rewrites both).
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+add_test(NAME test_optable_docs
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/protocol/gen_optable.py docs --check)
