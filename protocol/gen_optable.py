@@ -538,13 +538,37 @@ def gen_client_header():
         L.append(" * message in fp4idx_client_last_error) or a connection error. */")
         L.append(client_proto(op) + ";")
         L.append("")
+    L += ["/* The calls above as data, for generic callers (fp4idx-cli runs each as a",
+          " * command): an op's wire name and its request and response field names,",
+          " * in the order of the call's arguments. */",
+          "typedef struct fp4idx_client_op_s {",
+          "  const char *name;",
+          "  const char *const *request;",
+          "  size_t nrequest;",
+          "  const char *const *response;",
+          "  size_t nresponse;",
+          "} fp4idx_client_op_t;",
+          "",
+          "/* Returns the integer-only ops (the calls above) and sets *n to their count",
+          " * (n may be NULL). */",
+          "const fp4idx_client_op_t *fp4idx_client_ops(size_t *n);",
+          "",
+          "/* Calls the op of fp4idx_client_ops() named `name` with in[0..nin) as its",
+          " * request fields, in order, and writes its response fields to",
+          " * out[0..nout), in order (out may be NULL when nout is 0).",
+          " * Returns what the op's own call returns, or FP4IDX_EINVAL (c or name NULL,",
+          " * no such op, nin or nout not the op's field counts). */",
+          "fp4idx_status_t fp4idx_client_call_ints(fp4idx_client_t *c, const char *name,",
+          "                                        const uint64_t *in, size_t nin,",
+          "                                        uint64_t *out, size_t nout);",
+          ""]
     L.append("#endif /* FP4IDX_CLIENT_OPS_H */")
     return "\n".join(L) + "\n"
 
 
 def gen_client_c():
     L = ["/* client_ops_gen.c -- the typed calls of fp4idx_client_ops.h, " + BANNER + ". */",
-         "#include \"client_internal.h\"", "#include \"fp4idx_codec.h\"", ""]
+         "#include <string.h>", "", "#include \"client_internal.h\"", "#include \"fp4idx_codec.h\"", ""]
     for op in client_ops():
         mem = member(op["name"])
         L.append(client_proto(op) + " {")
@@ -560,6 +584,38 @@ def gen_client_c():
         L.append("  return FP4IDX_OK;")
         L.append("}")
         L.append("")
+    ops = client_ops()
+    for op in ops:
+        for side in ("request", "response"):
+            if op[side]:
+                L.append("static const char *const %s_%s[] = {%s};" % (
+                    op["name"], side, ", ".join(c_str(f["name"]) for f in op[side])))
+    L.append("")
+    L.append("static const fp4idx_client_op_t client_ops[] = {")
+    for op in ops:
+        parts = [c_str(op["name"])]
+        for side in ("request", "response"):
+            if op[side]:
+                parts += ["%s_%s" % (op["name"], side), str(len(op[side]))]
+            else:
+                parts += ["NULL", "0"]
+        L.append("    {%s}," % ", ".join(parts))
+    L += ["};", "",
+          "const fp4idx_client_op_t *fp4idx_client_ops(size_t *n) {",
+          "  if (n) *n = sizeof client_ops / sizeof client_ops[0];",
+          "  return client_ops;", "}", "",
+          "fp4idx_status_t fp4idx_client_call_ints(fp4idx_client_t *c, const char *name,",
+          "                                        const uint64_t *in, size_t nin,",
+          "                                        uint64_t *out, size_t nout) {",
+          "  if (c == NULL || name == NULL) return FP4IDX_EINVAL;"]
+    for i, op in enumerate(ops):
+        nin, nout = len(op["request"]), len(op["response"])
+        L.append("  if (strcmp(name, %s) == 0) {" % c_str(op["name"]))
+        L.append("    if (nin != %d || nout != %d || (nin && !in) || (nout && !out)) return FP4IDX_EINVAL;" % (nin, nout))
+        args = ["c"] + ["in[%d]" % k for k in range(nin)] + ["&out[%d]" % k for k in range(nout)]
+        L.append("    return fp4idx_client_%s(%s);" % (op["client"], ", ".join(args)))
+        L.append("  }")
+    L += ["  (void)in, (void)nin, (void)out, (void)nout;", "  return FP4IDX_EINVAL;", "}", ""]
     return "\n".join(L)
 
 
