@@ -460,4 +460,11 @@ memory is untouched). ENOREGION when this connection holds no such
 region.""",
        [F("region", "uint", required=True, doc="a region of this connection")],
        [], py="none"),
+
+    OP("length", [],
+       """How many keys a sequence holds, without reading them: whether a prompt
+prefix is cached before appending after it or forking from it.""",
+       [F("seq", "uint", required=True, doc=SEQ_KNOWN)],
+       [F("length", "uint", doc="the keys the sequence holds (positions `0 .. length-1`)")],
+       client="length", py="value"),
 ]

@@ -99,4 +99,8 @@ OPS = {'hello': {'flags': ['LOOP'],
  'unregister': {'flags': [],
                 'request': [{'name': 'region', 'kind': 'uint', 'required': True}],
                 'response': [],
-                'result': 'none'}}
+                'result': 'none'},
+ 'length': {'flags': [],
+            'request': [{'name': 'seq', 'kind': 'uint', 'required': True}],
+            'response': ['length'],
+            'result': 'value'}}
