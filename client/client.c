@@ -342,7 +342,7 @@ fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
                               FP4IDX_ROUNDING_RNE, first, length);
 }
 
-/* A round trip whose reply has no fields (drop, save, unregister). */
+/* A round trip whose reply has no fields (unregister). */
 static fp4idx_status_t roundtrip_empty(fp4idx_client_t *c,
                                        fp4idx_request_t *req) {
   exchange_t x;
@@ -361,13 +361,6 @@ fp4idx_status_t fp4idx__client_call(fp4idx_client_t *c, fp4idx_request_t *req,
   resp->owned_ = NULL; /* integer fields only: nothing points into x */
   exchange_done(&x);
   return FP4IDX_OK;
-}
-
-/* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
-fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};
-  return roundtrip_empty(c, &req);
 }
 
 fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,

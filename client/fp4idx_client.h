@@ -222,17 +222,11 @@ fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
                                          const uint8_t *slots, size_t n,
                                          uint64_t *first, uint64_t *length);
 
-/* The calls of the ops whose fields are all integers (truncate, fork,
- * drop, ...), generated from the op table protocol/optable.py: each takes
+/* The calls of the ops whose fields are all integers (truncate, drop,
+ * fork, save, length), generated from the op table protocol/optable.py: each takes
  * the request's fields in order and a pointer per response field
  * (out_<field>, may be NULL). */
 #include "fp4idx_client_ops.h"
-
-/* Asks the daemon to write its snapshot now (and start a fresh append log).
- * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EDISABLED (daemon
- *   runs without --data-dir; ETYPE from daemons before that code);
- *   FP4IDX_EIO (disk); connection errors. */
-fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
 
 /* One sequence as fp4idx_client_list reports it. */
 typedef struct fp4idx_client_seq_info_s {

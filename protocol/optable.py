@@ -375,7 +375,11 @@ fp4idxd with --data-dir"; daemons before this code answered ETYPE); a
 disk failure is EIO (the previous snapshot and the log stay valid).""",
        notes="""With persistence, `append`, `truncate`, `drop` and `fork` are written to the
 append log before their reply; when that write fails the request fails with EIO
-and changes nothing.""", py="none"),
+and changes nothing.""", py="none", client="save",
+       client_doc="""Asks the daemon to write its snapshot now (and start a fresh append log).
+Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EDISABLED (daemon
+  runs without --data-dir; ETYPE from daemons before that code);
+  FP4IDX_EIO (disk); connection errors."""),
 
     OP("list", [],
        """One step of a scan over the sequences, in the manner of Redis `SCAN`: a
