@@ -178,6 +178,15 @@ int fp4idx__check_min(const char *name, uint64_t v, uint64_t min, char *msg, siz
 /* A string of at most max bytes, else E2BIG. */
 int fp4idx__check_strlen(const char *name, size_t len, size_t max, char *msg, size_t cap);
 
+/* The entries of response field `name` (an array of maps, or a map when
+ * is_map) at `a`: checks presence, type and at most `max` entries (0: only
+ * the frame's own bound), then allocates that many zeroed entries of `size`
+ * bytes into *out, owned through *owned (*out NULL and *n 0 when empty).
+ * Returns 0, EPROTO, E2BIG or ENOMEM with the detail in msg. */
+int fp4idx__decode_entries(const msgpack_object *a, const char *name, bool is_map,
+                           uint32_t max, size_t size, void **owned, void **out,
+                           size_t *n, char *msg, size_t cap);
+
 /* A packer's verdict on a struct the decoder would refuse: E2BIG stays (a
  * cap), anything else is a bad struct (EINVAL). */
 int fp4idx__pack_refused(int rc);

@@ -4,6 +4,7 @@
  * lengths, tensor shapes, fixed strings. Each check formats the message
  * that names the field and returns the status PROTOCOL.md gives it. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codec_internal.h"
@@ -60,4 +61,29 @@ int fp4idx__packed(int rc) { return rc != 0 ? FP4IDX_ENOMEM : 0; }
 
 int fp4idx__pack_kv_fixstr(msgpack_packer *pk, const char *k, const char *v, size_t cap) {
   return fp4idx__pack_cstr(pk, k) | fp4idx__pack_strn(pk, v, fp4idx__bounded_len(v, cap));
+}
+
+/* Arrays (and maps) of entries in responses: codec_internal.h. */
+int fp4idx__decode_entries(const msgpack_object *a, const char *name,
+                          bool is_map, uint32_t max, size_t size,
+                          void **owned, void **out, size_t *n,
+                          char *msg, size_t cap) {
+  *out = NULL;
+  *n = 0;
+  if (a == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: missing field", name);
+  if (a->type != (is_map ? MSGPACK_OBJECT_MAP : MSGPACK_OBJECT_ARRAY))
+    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: expected %s", name,
+                        is_map ? "a map" : "an array of maps");
+  uint32_t count = is_map ? a->via.map.size : a->via.array.size;
+  if (max > 0 && count > max)
+    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %u entries, at most %u",
+                        name, count, max);
+  if (count == 0) return 0;
+  /* the scan of the frame bounded count by the bytes it has */
+  if ((*out = calloc(count, size)) == NULL)
+    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
+  *owned = *out;
+  *n = count;
+  return 0;
 }

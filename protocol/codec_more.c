@@ -3,12 +3,12 @@
  * maps of counters) or depends on another field, with their codec written
  * by hand. Per op and direction, four functions (codec_gen.h): decode,
  * check (what a packer refuses), count (map entries written) and pack.
- * Everything else of these ops (heads, topk, cursor, kind, size, the stats
- * scalars) is generated into codec_gen.c.
+ * Everything else of these ops (heads, topk, kind, size, the stats scalars)
+ * is generated into codec_gen.c, as are arrays of maps with integer fields
+ * (kind `entries`: list's seqs).
  *
  *   score request   seqs (entries with q, w, lens, mask, out)
  *   score response  results (logits, or positions + logits + counts)
- *   list response   seqs (seq, keys, pages, pages_shared)
  *   stats response  errors_by_status, requests, stages
  *   register        handle and device, present exactly for kind "cuda" */
 #include <stdarg.h>
@@ -23,41 +23,6 @@
 static int expect_shape(const fp4idx_tensor_t *t, const char *where,
                         const char *want, bool ok, char *msg, size_t cap) {
   return fp4idx__expect_shape(t, where, want, ok, msg, cap);
-}
-
-static int get_opt_uint(const fp4idx__fields_t *f, const char *name,
-                        uint64_t *out, char *msg, size_t cap) {
-  const msgpack_object *v = fp4idx__fv(f, name);
-  *out = 0;
-  return v ? fp4idx__get_uint(v, "", name, out, msg, cap) : 0;
-}
-
-/* The entries of response field `name` (an array of maps, or a map when
- * is_map) at `a`: checks presence, type and at most `max` entries (0: only
- * the frame's own bound), then allocates that many zeroed entries of `size`
- * bytes, owned by resp (*out NULL and *n 0 when empty). */
-static int decode_entries(const msgpack_object *a, const char *name,
-                          bool is_map, uint32_t max, size_t size,
-                          void **owned, void **out, size_t *n,
-                          char *msg, size_t cap) {
-  *out = NULL;
-  *n = 0;
-  if (a == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: missing field", name);
-  if (a->type != (is_map ? MSGPACK_OBJECT_MAP : MSGPACK_OBJECT_ARRAY))
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "%s: expected %s", name,
-                        is_map ? "a map" : "an array of maps");
-  uint32_t count = is_map ? a->via.map.size : a->via.array.size;
-  if (max > 0 && count > max)
-    return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "%s: %u entries, at most %u",
-                        name, count, max);
-  if (count == 0) return 0;
-  /* the scan of the frame bounded count by the bytes it has */
-  if ((*out = calloc(count, size)) == NULL)
-    return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "out of memory");
-  *owned = *out;
-  *n = count;
-  return 0;
 }
 
 /* ---- score request: seqs ------------------------------------------------------ */
@@ -357,7 +322,7 @@ int fp4idx__score_resp_more_decode(const fp4idx__fields_t *f, fp4idx_score_resp_
   const msgpack_object *a = fp4idx__fv(f, "results");
   int rc;
   void *p;
-  if ((rc = decode_entries(a, "results", false, FP4IDX_PROTO_MAX_SCORE_SEQS,
+  if ((rc = fp4idx__decode_entries(a, "results", false, FP4IDX_PROTO_MAX_SCORE_SEQS,
                            sizeof(sc->results[0]), owned, &p, &sc->nresults,
                            msg, cap)) != 0)
     return rc;
@@ -566,60 +531,6 @@ int fp4idx__stats_resp_more_pack(msgpack_packer *pk, const fp4idx_stats_t *st) {
   rc |= fp4idx__pack_cstr(pk, "requests") | pack_counters(pk, st->ops, st->nops);
   if (st->nstages > 0)
     rc |= fp4idx__pack_cstr(pk, "stages") | pack_counters(pk, st->stages, st->nstages);
-  return rc;
-}
-
-/* ---- list response: seqs ---------------------------------------------------------- */
-
-int fp4idx__list_resp_more_decode(const fp4idx__fields_t *f, fp4idx_list_resp_t *l,
-                                  void **owned, char *msg, size_t cap) {
-  const msgpack_object *a = fp4idx__fv(f, "seqs");
-  void *p;
-  int rc;
-  if ((rc = decode_entries(a, "seqs", false, 0, sizeof(l->seqs[0]), owned, &p,
-                           &l->nseqs, msg, cap)) != 0)
-    return rc;
-  l->seqs = p;
-  for (size_t i = 0; i < l->nseqs; i++) {
-    char path[32];
-    fp4idx__field_t ef[] = {{"seq", NULL}, {"keys", NULL}, {"pages", NULL},
-                            {"pages_shared", NULL}};
-    fp4idx__fields_t es = {ef, NF(ef)};
-    fp4idx_list_entry_t *e = &l->seqs[i];
-    fp4idx__path_index(path, sizeof(path), "seqs", i);
-    if ((rc = fp4idx__map_fields(&a->via.array.ptr[i], path, ef, NF(ef), false,
-                                 msg, cap)) ||
-        (rc = fp4idx__get_uint(fp4idx__fv(&es, "seq"), path, "seq", &e->seq,
-                               msg, cap)) ||
-        (rc = fp4idx__get_uint(fp4idx__fv(&es, "keys"), path, "keys", &e->keys,
-                               msg, cap)) ||
-        (rc = fp4idx__get_uint(fp4idx__fv(&es, "pages"), path, "pages",
-                               &e->pages, msg, cap)) ||
-        (rc = get_opt_uint(&es, "pages_shared", &e->pages_shared, msg, cap)))
-      return rc;
-  }
-  return 0;
-}
-
-int fp4idx__list_resp_more_check(const fp4idx_list_resp_t *l) {
-  return l->seqs == NULL && l->nseqs > 0 ? FP4IDX_EINVAL : 0;
-}
-
-size_t fp4idx__list_resp_more_count(const fp4idx_list_resp_t *l) {
-  (void)l;
-  return 1;
-}
-
-int fp4idx__list_resp_more_pack(msgpack_packer *pk, const fp4idx_list_resp_t *l) {
-  int rc = fp4idx__pack_cstr(pk, "seqs");
-  rc |= msgpack_pack_array(pk, l->nseqs);
-  for (size_t i = 0; i < l->nseqs && rc == 0; i++) {
-    rc |= msgpack_pack_map(pk, 4);
-    rc |= fp4idx__pack_kv_uint(pk, "seq", l->seqs[i].seq);
-    rc |= fp4idx__pack_kv_uint(pk, "keys", l->seqs[i].keys);
-    rc |= fp4idx__pack_kv_uint(pk, "pages", l->seqs[i].pages);
-    rc |= fp4idx__pack_kv_uint(pk, "pages_shared", l->seqs[i].pages_shared);
-  }
   return rc;
 }
 

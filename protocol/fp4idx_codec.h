@@ -349,20 +349,14 @@ typedef struct fp4idx_op_stats_s {
   double sum_us;
 } fp4idx_op_stats_t;
 
-/* One entry of "list" "seqs". */
-typedef struct fp4idx_list_entry_s {
-  uint64_t seq;
-  uint64_t keys;  /* keys held */
-  uint64_t pages; /* pages they take */
-  uint64_t pages_shared; /* of which another sequence sees too (fork) */
-} fp4idx_list_entry_t;
-
 /* The request and response struct of every op with fields,
  * fp4idx_<op>_req_t and fp4idx_<op>_resp_t (fp4idx_info_t, fp4idx_stats_t),
  * generated from protocol/optable.py (fp4idx_op_types.h, in the build tree:
  * the wire fields in a comment above each struct, optional ones marked `?`,
- * and what a member holds beside it). They use the types above: tensors,
- * string views, score entries and results, list entries, op counters. */
+ * and what a member holds beside it), with the entries of arrays of maps
+ * with integer fields (fp4idx_list_entry_t of "list" "seqs"). They use the
+ * types above: tensors, string views, score entries and results, op
+ * counters. */
 #include "fp4idx_op_types.h"
 
 /* A request. Ops without request fields (info, stats, save) have no member. */

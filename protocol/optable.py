@@ -17,6 +17,9 @@ F(name, kind, ...). Kinds:
   enum    a str naming one of `values` (wire name -> C constant), as int
   tensor  fp4idx_tensor_t, checked against `shapes` (dtype, dims) where
           a dim is an integer macro, "n" (any) or "n>=1"
+  entries a response array of maps whose `fields` are uint: the struct
+          `entry` (generated) and the members <name> (array) and n<name>
+          (count); at most one per response (it owns the allocation)
   more    the escape hatch for nested fields (arrays of maps, maps of
           counters, a bin that depends on another field): its C members
           (`decl`) and its codec are hand-written in protocol/codec_more.c,
@@ -394,17 +397,16 @@ daemon holding a million sequences answers in bounded pieces.""",
               "above 10000: E2BIG",
           cdoc="1..FP4IDX_PROTO_MAX_LIST_COUNT; 0: absent (default)")],
        [F("cursor", "uint", doc="the cursor of the next step; 0 when the scan is complete"),
-        F("seqs", "more", type="array of maps",
-          decl=["fp4idx_list_entry_t *seqs;", "size_t nseqs;"],
+        F("seqs", "entries", entry="fp4idx_list_entry_t",
+          fields=[F("seq", "uint", doc="the sequence id"),
+                  F("keys", "uint", doc="keys it holds", cdoc="keys held"),
+                  F("pages", "uint", doc="pages they take (ceil(keys / page_size))",
+                    cdoc="pages they take"),
+                  F("pages_shared", "uint", since=2,
+                    doc="of these, the pages another sequence sees too (`fork`); absent (0) "
+                        "from a daemon without `fork`",
+                    cdoc="of which another sequence sees too (fork)")],
           doc="the sequences of this step, in no particular order, possibly none")],
-       response_more="""Each entry of `seqs`:
-
-| key | type | meaning |
-|---|---|---|
-| `seq` | uint | the sequence id |
-| `keys` | uint | keys it holds |
-| `pages` | uint | pages they take (ceil(keys / page_size)) |
-| `pages_shared` | uint | of these, the pages another sequence sees too (`fork`); absent (0) from a daemon without `fork` |""",
        notes="""Guarantees, as for `SCAN`: a full scan (from cursor 0 until the response's
 cursor is 0) returns every sequence that exists during the whole scan at
 least once; a sequence appended or dropped while the scan runs may or may
