@@ -18,8 +18,6 @@
 #   7 busy MPS, co-tenant prio 1 CUDA_MPS_CLIENT_PRIORITY=1 (below normal)
 #   8 busy MPS, 80% + prio 1
 #   9 busy MPS, torch matmul     (only where python3 imports torch with CUDA)
-#  10 busy MPS, our stream at default priority (FP4IDX_STREAM_PRIORITY=default,
-#     fp4idxd restarted), co-tenant with all SMs: against case 4
 # Each case records `fp4idx-cli info` while it runs (gpu_sharing: exclusive,
 # time_slice, mps; gpu_other_processes); the daemon's logs are kept, and the
 # time-slice warning and the metrics' gpu gauges are checked.
@@ -200,10 +198,6 @@ if nvidia-cuda-mps-control -d; then
   if timeout 60 python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
     busy_case mps_torch "busy, MPS, torch matmul co-tenant all SMs" "$N_FAST" torch
   fi
-  stop_daemon
-  start_daemon mps_prio0 FP4IDX_STREAM_PRIORITY=default
-  busy_case mps_busy_prio0 "busy, MPS, co-tenant all SMs, our stream default priority" \
-    "$N_FAST" gemm
   stop_daemon
   stop_mps
 else

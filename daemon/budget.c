@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "budget.h"
 
+#include <stdio.h>
+
 #include "log.h"
 #include "stats.h"
 
@@ -35,18 +37,33 @@ static int fp4idx__budget_top_holder(const fp4idx_conn_t *c) {
          (c->held_out > 0 || fp4idx__budget_held(c) >= fp4idx__budget_fair_share(c->srv));
 }
 
+/* The connections whose admitted-later reply fits now try again (not c:
+ * the caller's own connection resumes itself after its release). */
+static void fp4idx__budget_retry_deferred(fp4idx_conn_t *c) {
+  fp4idx_server_t *srv = c->srv;
+  for (fp4idx_conn_t *k = srv->conns, *next; k && srv->n_deferred; k = next) {
+    next = k->next;
+    if (k != c && k->defer_bytes && fp4idx__budget_fits(srv, k->defer_bytes))
+      fp4idx__server_resume(k);
+  }
+}
+
 void fp4idx__budget_hold(fp4idx_conn_t *c, int64_t in, int64_t out) {
   fp4idx_server_t *srv = c->srv;
   c->held_in = (size_t)((int64_t)c->held_in + in);
   c->held_out = (size_t)((int64_t)c->held_out + out);
-  srv->held = (uint64_t)((int64_t)srv->held + in + out);
+  /* The loop thread is the only writer; the worker reads both in
+   * fp4idx__budget_admit. */
+  uint64_t held = (uint64_t)((int64_t)srv->held + in + out);
+  __atomic_store_n(&srv->held, held, __ATOMIC_RELEASE);
+  __atomic_store_n(&srv->held_out, (uint64_t)((int64_t)srv->held_out + out), __ATOMIC_RELEASE);
   uint64_t budget = fp4idx__budget_of(srv);
-  if (!srv->over_budget && srv->held >= budget) {
+  if (!srv->over_budget && held >= budget) {
     srv->over_budget = 1;
     if (srv->pressure) srv->pressure(srv, 1);
     fp4idx__log_debug("buffer budget reached: %llu bytes held by %llu connections",
-                      (unsigned long long)srv->held, (unsigned long long)srv->n_conns);
-  } else if (srv->over_budget && srv->held < budget - budget / 8) {
+                      (unsigned long long)held, (unsigned long long)srv->n_conns);
+  } else if (srv->over_budget && held < budget - budget / 8) {
     srv->over_budget = 0;
     srv->grant = NULL;
     if (srv->pressure) srv->pressure(srv, 0);
@@ -57,7 +74,52 @@ void fp4idx__budget_hold(fp4idx_conn_t *c, int64_t in, int64_t out) {
       next = k->next;
       if (k != c) fp4idx__server_resume(k);
     }
+    return;
   }
+  if ((in < 0 || out < 0) && srv->n_deferred) fp4idx__budget_retry_deferred(c);
+}
+
+/* Whether a reply of `bytes` fits beside held and reserved (see budget.h:
+ * with no reply held or reserved anywhere, anything within the budget). */
+static int fp4idx__budget_room(uint64_t budget, uint64_t held, uint64_t held_out,
+                               uint64_t reserved, uint64_t bytes) {
+  return held + reserved + bytes <= budget || held_out + reserved == 0;
+}
+
+int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes) {
+  if (bytes < FP4IDX_BUDGET_SMALL_REPLY) return 1;
+  return fp4idx__budget_room(fp4idx__budget_of(srv), srv->held, srv->held_out,
+                             __atomic_load_n(&srv->reserved, __ATOMIC_ACQUIRE), bytes);
+}
+
+fp4idx_budget_admit_t fp4idx__budget_admit(fp4idx_server_t *srv, uint64_t bytes,
+                                           uint64_t *reserved, char *msg, size_t msgcap) {
+  *reserved = 0;
+  if (bytes < FP4IDX_BUDGET_SMALL_REPLY) return FP4IDX_BUDGET_ADMITTED;
+  uint64_t budget = fp4idx__budget_of(srv);
+  if (bytes > budget) {
+    snprintf(msg, msgcap,
+             "the reply would be %llu bytes, above the daemon's buffer budget of %llu bytes "
+             "(--buffer-budget): ask for less at a time (read: from/count ranges; score: "
+             "fewer rows or sequences, top-k, or out references into a region)",
+             (unsigned long long)bytes, (unsigned long long)budget);
+    return FP4IDX_BUDGET_NEVER;
+  }
+  uint64_t r = __atomic_load_n(&srv->reserved, __ATOMIC_ACQUIRE);
+  do {
+    uint64_t held = __atomic_load_n(&srv->held, __ATOMIC_ACQUIRE);
+    uint64_t out = __atomic_load_n(&srv->held_out, __ATOMIC_ACQUIRE);
+    if (!fp4idx__budget_room(budget, held, out, r, bytes)) return FP4IDX_BUDGET_LATER;
+  } while (!__atomic_compare_exchange_n(&srv->reserved, &r, r + bytes, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE));
+  *reserved = bytes;
+  return FP4IDX_BUDGET_ADMITTED;
+}
+
+void fp4idx__budget_unreserve(fp4idx_conn_t *c, uint64_t bytes) {
+  if (!bytes) return;
+  __atomic_sub_fetch(&c->srv->reserved, bytes, __ATOMIC_ACQ_REL);
+  if (c->srv->n_deferred) fp4idx__budget_retry_deferred(c);
 }
 
 int fp4idx__budget_may_read(fp4idx_conn_t *c) {
@@ -80,6 +142,8 @@ int fp4idx__budget_may_read(fp4idx_conn_t *c) {
 
 int fp4idx__budget_may_dispatch(const fp4idx_conn_t *c) {
   if (c->inflight >= FP4IDX_SERVER_MAX_INFLIGHT) return 0;
+  /* A request whose reply was not admitted waits until it fits. */
+  if (c->defer_bytes && !fp4idx__budget_fits(c->srv, c->defer_bytes)) return 0;
   /* With nothing else running or unread, running the request is the only
    * way to release its body: never hold it back then. */
   if (!c->inflight && !c->held_out) return 1;

@@ -18,9 +18,18 @@
  *     still read the rest of a partial frame, so frames always complete;
  *   - a connection whose unwritten replies reach min(cap, fair share) and
  *     whose peer has read nothing for --buffer-timeout is closed, with a WARN.
- * Bound: what is held stays under budget + the reply of one normal-lane
- * request per connection (its first with replies unread) + one granted
- * frame.
+ *   - a reply of FP4IDX_BUDGET_SMALL_REPLY bytes or more is admitted before
+ *     it is built (fp4idx__budget_admit, from the command layer, with the
+ *     reply's upper bound): its bound is reserved while it is built and
+ *     counted as held once it is done. A bound above the budget is refused
+ *     (E2BIG, the message says how to ask for less); one that does not fit
+ *     beside what is held and reserved now waits (the request goes back to
+ *     its connection and is tried again as bytes are released). When no
+ *     reply is held or reserved anywhere, a reply within the budget is
+ *     admitted whatever bodies are held, so they can always drain.
+ * Bound: what is held stays under budget + one granted frame + a small
+ * reply (< FP4IDX_BUDGET_SMALL_REPLY) per connection; only while the budget
+ * is filled by request bodies alone may one admitted reply go beyond it.
  */
 #ifndef FP4IDX_DAEMON_BUDGET_H
 #define FP4IDX_DAEMON_BUDGET_H
@@ -32,6 +41,17 @@
 
 #define FP4IDX_BUDGET_MIN ((uint64_t)16 << 20)
 #define FP4IDX_BUDGET_TIMEOUT_DEFAULT_S 30
+/* Replies below this many bytes are built without admission: the most a
+ * connection holds of them is bounded by its request cap, and admitting
+ * them would cost every small request a round of atomics. */
+#define FP4IDX_BUDGET_SMALL_REPLY ((uint64_t)16 << 10)
+
+/* fp4idx__budget_admit's answers. */
+typedef enum {
+  FP4IDX_BUDGET_ADMITTED = 0, /* build it; the bound is reserved */
+  FP4IDX_BUDGET_LATER = 1,    /* does not fit now: try again once bytes are released */
+  FP4IDX_BUDGET_NEVER = 2     /* above the whole budget: refuse it (E2BIG) */
+} fp4idx_budget_admit_t;
 
 /* The default budget for a host with ram_bytes of memory: ram / 64, clamped
  * to 64 MiB .. 2 GiB (64 MiB when ram_bytes is 0, i.e. unknown). */
@@ -52,6 +72,24 @@ int fp4idx__budget_may_read(fp4idx_conn_t *c);
 
 /* 1 when c's next parsed request may go to the worker now. */
 int fp4idx__budget_may_dispatch(const fp4idx_conn_t *c);
+
+/* Any thread (the worker, before building a reply): admits a reply of at
+ * most `bytes` bytes. FP4IDX_BUDGET_ADMITTED: bytes is now reserved (when
+ * at least FP4IDX_BUDGET_SMALL_REPLY; *reserved says how much, 0 for a
+ * small reply) and must be given back with fp4idx__budget_unreserve once
+ * the reply is held (or was not built). FP4IDX_BUDGET_LATER: nothing
+ * reserved; the request waits (server.c). FP4IDX_BUDGET_NEVER: nothing
+ * reserved; msg[0..msgcap) says why and what to ask for instead. */
+fp4idx_budget_admit_t fp4idx__budget_admit(fp4idx_server_t *srv, uint64_t bytes,
+                                           uint64_t *reserved, char *msg, size_t msgcap);
+
+/* Loop thread: gives back `bytes` reserved by fp4idx__budget_admit and lets
+ * the connections whose reply waits try again (c: the caller's own, which
+ * resumes itself). */
+void fp4idx__budget_unreserve(fp4idx_conn_t *c, uint64_t bytes);
+
+/* Loop thread: 1 when a reply of `bytes` would be admitted now. */
+int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes);
 
 /* c is gone or finished its frame: frees the grant for another connection. */
 void fp4idx__budget_release_grant(fp4idx_conn_t *c);

@@ -575,6 +575,8 @@ typedef struct fp4idx__cmd_run_s {
   fp4idx_backend_timing_t timing;
   fp4idx_score_job_t score;      /* a score of the batch */
   fp4idx__cmd_t c;               /* any other op: its handler's context */
+  int admitted;                  /* the budget's word was asked */
+  int deferred;                  /* not admitted yet: not run, finished */
 } fp4idx__cmd_run_t;
 
 /* Any op but score, alone, through the command table. */
@@ -744,6 +746,73 @@ static uint64_t fp4idx__cmd_score_work(fp4idx_daemon_t *d, const fp4idx_request_
   return w;
 }
 
+/* An upper bound of the reply frame of a decoded read or score, from the
+ * cache as it is now (0 for every other op, and for a request that will
+ * fail: its reply is an error). Results written into regions cost nothing;
+ * each tensor's msgpack header is within the per-result allowance. */
+#define FP4IDX_CMD_REPLY_HEADROOM 256u
+static uint64_t fp4idx__cmd_reply_bound(fp4idx_daemon_t *d, const fp4idx_request_t *req) {
+  uint64_t bytes = 0;
+  if (req->op == FP4IDX_OP_READ) {
+    const fp4idx_read_req_t *r = &req->u.read;
+    const fp4idx_cache_seq_t *s = fp4idx__cache_find(&d->cache, r->seq);
+    uint64_t n = s ? (uint64_t)s->n_keys : 0;
+    if (!s || r->from > n) return 0;
+    uint64_t count = r->has_count && r->count < n - r->from ? r->count : n - r->from;
+    uint64_t each = r->dequant ? FP4IDX_HEAD_DIM * sizeof(float) : FP4IDX_SLOT_BYTES;
+    if (count > FP4IDX_CMD_MAX_RESULT / each) return 0; /* E2BIG from the handler */
+    bytes = count * each;
+  } else if (req->op == FP4IDX_OP_SCORE) {
+    const fp4idx_score_req_t *sr = &req->u.score;
+    uint64_t k = sr->topk;
+    for (size_t i = 0; i < sr->nseqs; i++) {
+      const fp4idx_score_seq_t *q = &sr->seqs[i];
+      const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, q->seq);
+      if (!cs || fp4idx_tensor_present(&q->out_logits)) continue;
+      /* full logits are [rows, W] with W <= the sequence's keys */
+      uint64_t each = k ? k * 8u + 4u : (uint64_t)cs->n_keys * 4u;
+      if (each && q->rows > FP4IDX_CMD_MAX_RESULT / each) return 0; /* E2BIG from score.c */
+      bytes += (uint64_t)q->rows * each + FP4IDX_CMD_REPLY_HEADROOM;
+      if (bytes > FP4IDX_CMD_MAX_RESULT) return 0;
+    }
+  } else {
+    return 0;
+  }
+  return bytes + FP4IDX_CMD_REPLY_HEADROOM;
+}
+
+/* A request the budget does not admit yet: finished without running (the
+ * caller runs it again; its body stays with the caller). */
+static void fp4idx__cmd_defer(fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
+  r->deferred = 1;
+  memset(job->reply, 0, sizeof *job->reply);
+  job->reply->deferred = 1;
+  fp4idx_request_clear(&r->req);
+  if (job->fd >= 0) close(job->fd); /* a read or a score uses no fd */
+  job->fd = -1;
+  if (job->finished) job->finished(job->arg);
+}
+
+/* Asks the budget whether request r's reply may be built now (once per
+ * request). 1: run it (r->rc is E2BIG when the budget refuses it: it is
+ * answered with that); 0: it was deferred and finished. */
+static int fp4idx__cmd_admit(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
+  if (r->admitted || r->rc != FP4IDX_OK || !job->admit) return 1;
+  r->admitted = 1;
+  uint64_t bytes = fp4idx__cmd_reply_bound(d, &r->req);
+  if (!bytes) return 1;
+  switch (job->admit(job->admit_arg, bytes, r->msg, sizeof r->msg)) {
+  case FP4IDX_CMD_ADMIT_OK:
+    return 1;
+  case FP4IDX_CMD_ADMIT_NEVER:
+    r->rc = FP4IDX_E2BIG;
+    return 1;
+  default:
+    fp4idx__cmd_defer(job, r);
+    return 0;
+  }
+}
+
 /* A batch between fp4idx__cmd_batch_begin and fp4idx__cmd_batch_end. */
 struct fp4idx_cmd_batch_s {
   fp4idx_cmd_job_t *jobs;
@@ -800,10 +869,17 @@ fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t
   }
   for (int i = 0; i < n;) {
     fp4idx__cmd_run_t *r = &runs[i];
+    if (r->deferred || !fp4idx__cmd_admit(d, &jobs[i], r)) {
+      i++;
+      continue;
+    }
     if (r->rc == FP4IDX_OK && r->req.op == FP4IDX_OP_SCORE) {
       int m = 0, first = i;
       uint64_t work = 0;
-      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE) {
+      /* a run ends before a score the budget defers or refuses (the main
+       * loop then skips or answers it) */
+      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE &&
+             fp4idx__cmd_admit(d, &jobs[i], &runs[i]) && runs[i].rc == FP4IDX_OK) {
         uint64_t w = fp4idx__cmd_score_work(d, &runs[i].req);
         if (m > 0 && work + w > d->desc.batch_work) break;
         work += w;

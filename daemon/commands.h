@@ -38,7 +38,15 @@ typedef struct fp4idx_cmd_reply_s {
   size_t npayloads;
   void *out;
   size_t total_len;
+  int deferred;  /* not run: the budget did not admit its reply yet (frame NULL) */
 } fp4idx_cmd_reply_t;
+
+/* The answers of a job's admit callback (fp4idx_cmd_job_t). */
+typedef enum {
+  FP4IDX_CMD_ADMIT_OK = 0, /* build the reply */
+  FP4IDX_CMD_ADMIT_LATER,  /* not now: the request is not run (reply->deferred) */
+  FP4IDX_CMD_ADMIT_NEVER   /* never: the request fails with E2BIG and the message */
+} fp4idx_cmd_admit_t;
 
 struct fp4idx_regions_s;
 
@@ -63,13 +71,22 @@ typedef struct fp4idx_cmd_job_s {
   /* optional: called as soon as *reply is final (before later jobs run) */
   void (*finished)(void *arg);
   void *arg;
+  /* optional: asked, just before a read or a score runs, whether a reply of
+   * at most `bytes` bytes may be built now (the server's buffer budget);
+   * on FP4IDX_CMD_ADMIT_NEVER it writes the reason into msg[0..msgcap).
+   * NULL: every reply is built. */
+  fp4idx_cmd_admit_t (*admit)(void *admit_arg, uint64_t bytes, char *msg, size_t msgcap);
+  void *admit_arg;
 } fp4idx_cmd_job_t;
 
 /* Executes jobs[0..n) (queue order, as the worker took them) with the
  * result of running them one by one: each maximal run of neighbouring
  * score requests goes to daemon/score.c as one batch (one backend launch
  * per head count and top-k; a score writing into regions launches alone),
- * every other request runs alone in its place.
+ * every other request runs alone in its place. A read or score whose
+ * admit callback answers LATER is not run: it is finished at once with
+ * reply->deferred set (no stats, no reply), and its caller runs it again
+ * later; jobs of one connection must then not follow it in the batch.
  * Each job is recorded in stats and stages (see fp4idx_cmd_job_t). */
 void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
 

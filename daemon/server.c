@@ -98,6 +98,14 @@ static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
   fp4idx__server_req_free(r);
 }
 
+/* The connection's next request (the next to dispatch: it runs one at a
+ * time) may only run once its reply fits; forgets that wait. */
+static void fp4idx__server_defer_clear(fp4idx_conn_t *c) {
+  if (!c->defer_bytes) return;
+  c->defer_bytes = 0;
+  c->srv->n_deferred--;
+}
+
 static void fp4idx__server_close_cb(uv_handle_t *h) {
   fp4idx_conn_t *c = h->data;
   c->closed = 1;
@@ -125,6 +133,7 @@ static void fp4idx__server_close_cb(uv_handle_t *h) {
 static void fp4idx__server_conn_close(fp4idx_conn_t *c) {
   if (c->closing) return;
   c->closing = 1;
+  fp4idx__server_defer_clear(c);
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
   c->reading = 0;
   /* The partial frame goes now (close_cb may wait for the worker). */
@@ -327,8 +336,51 @@ void fp4idx__server_flush_streams(fp4idx_server_t *srv) {
       fp4idx__server_flush(c);
 }
 
+/* Unlinks req from closed connection c and drops it (with what it holds);
+ * the connection goes once its list is empty. */
+static void fp4idx__server_req_orphan(fp4idx_conn_t *c, fp4idx_req_t *req) {
+  fp4idx_req_t **pp = &c->head, *prev = NULL;
+  while (*pp && *pp != req) prev = *pp, pp = &(*pp)->next;
+  if (*pp) {
+    *pp = req->next;
+    if (c->tail == req) c->tail = prev;
+  }
+  fp4idx__server_req_drop(c, req);
+  if (!c->head) fp4idx__server_conn_free(c);
+}
+
+/* A request the budget did not admit came back unrun: it is again the
+ * connection's first undispatched request (everything before it is done,
+ * as one request of a connection is in flight at a time), and is
+ * dispatched once its reply fits (fp4idx__budget_may_dispatch). */
+_Static_assert(FP4IDX_SERVER_MAX_INFLIGHT == 1,
+               "a deferred request goes back to the head of its connection's queue");
+static void fp4idx__server_req_deferred(fp4idx_req_t *req) {
+  fp4idx_conn_t *c = req->conn;
+  req->deferred = 0;
+  req->dispatched = 0;
+  c->inflight--;
+  c->srv->deferred++;
+  if (c->closed) {
+    fp4idx__server_req_orphan(c, req); /* its body is still held: drop gives it back */
+    return;
+  }
+  if (c->closing) return; /* close_cb drops it (never dispatched now) */
+  c->undispatched = req;
+  fp4idx__server_defer_clear(c);
+  c->defer_bytes = req->defer_bytes ? req->defer_bytes : 1;
+  c->srv->n_deferred++;
+  fp4idx__log_debug("connection %llu: a reply of %llu bytes waits for the buffer budget",
+                    (unsigned long long)c->id, (unsigned long long)c->defer_bytes);
+  fp4idx__server_resume(c);
+}
+
 void fp4idx__server_req_done(fp4idx_req_t *req) {
   fp4idx_conn_t *c = req->conn;
+  if (req->deferred) {
+    fp4idx__server_req_deferred(req);
+    return;
+  }
   req->done = 1;
   if (req->t_done_us > 0 && c->srv->stages)
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE,
@@ -338,17 +390,15 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
    * written out. */
   if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
   fp4idx__budget_hold(c, -(int64_t)req->body_len, (int64_t)req->wire_len);
+  /* The reply is held now: its reservation goes (after the hold, so that an
+   * admission meanwhile sees it counted at least once). */
+  uint64_t reserved = req->reserved;
+  req->reserved = 0;
+  fp4idx__budget_unreserve(c, reserved);
   if (c->closed) {
     /* The connection is gone: unlink and drop the response. */
-    fp4idx_req_t **pp = &c->head, *prev = NULL;
-    while (*pp && *pp != req) prev = *pp, pp = &(*pp)->next;
-    if (*pp) {
-      *pp = req->next;
-      if (c->tail == req) c->tail = prev;
-    }
     req->body_len = 0; /* already released above */
-    fp4idx__server_req_drop(c, req);
-    if (!c->head) fp4idx__server_conn_free(c);
+    fp4idx__server_req_orphan(c, req);
     return;
   }
   if (c->closing) return; /* close_cb frees it */
@@ -384,6 +434,7 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     fp4idx_req_t *r = c->undispatched;
     c->undispatched = fp4idx__server_next_undispatched(r->next);
     r->dispatched = 1;
+    fp4idx__server_defer_clear(c);
     /* The bulk lane for a connection that pipelines (more requests wait
      * behind this one) or leaves replies unread; all its requests in flight
      * share one lane, so they run in its order (worker.h). */
@@ -491,6 +542,11 @@ static void fp4idx__server_out_free(void *arg, void *p) {
 
 /* Hands a reply to its request (the server writes it). */
 static void fp4idx__server_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *reply) {
+  if (reply->deferred) { /* not run: its body stays for the next try */
+    req->deferred = 1;
+    req->t_done_us = 0;
+    return;
+  }
   req->resp = reply->frame;
   req->resp_len = reply->frame_len;
   req->payloads = reply->payloads;
@@ -524,6 +580,22 @@ static void fp4idx__server_req_finished(void *arg) {
   fp4idx__server_done_t *f = arg;
   fp4idx__server_req_reply(f->req, f->reply);
   if (f->worker) fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
+}
+
+/* The command layer's admit callback (worker thread): the buffer budget's
+ * word on the reply of the request at arg. */
+static fp4idx_cmd_admit_t fp4idx__server_req_admit(void *arg, uint64_t bytes, char *msg,
+                                                   size_t msgcap) {
+  fp4idx_req_t *req = arg;
+  switch (fp4idx__budget_admit(req->conn->srv, bytes, &req->reserved, msg, msgcap)) {
+  case FP4IDX_BUDGET_ADMITTED:
+    return FP4IDX_CMD_ADMIT_OK;
+  case FP4IDX_BUDGET_LATER:
+    req->defer_bytes = bytes;
+    return FP4IDX_CMD_ADMIT_LATER;
+  default:
+    return FP4IDX_CMD_ADMIT_NEVER;
+  }
 }
 
 /* A batch of requests from fp4idx__server_prepare to its end: the command
@@ -571,7 +643,8 @@ static fp4idx__server_batch_t *fp4idx__server_prepare(fp4idx_job_t **jobs, int n
                                   .regions = req->conn->regions, .fd = req->fd,
                                   .t0_us = req->t0_us, .tq_us = tq, .times = &b->times[i],
                                   .reply = &b->replies[i],
-                                  .finished = fp4idx__server_req_finished, .arg = &b->done[i]};
+                                  .finished = fp4idx__server_req_finished, .arg = &b->done[i],
+                                  .admit = fp4idx__server_req_admit, .admit_arg = req};
     req->fd = -1; /* closed by the command layer */
   }
   return b;

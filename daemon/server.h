@@ -68,6 +68,9 @@ typedef struct fp4idx_req_s {
   void *out;                /* memory the payloads point into, freed by out_free */
   void (*out_free)(void *arg, void *p);
   void *out_free_arg;
+  uint64_t reserved;        /* admitted reply bytes reserved (budget.c) */
+  uint64_t defer_bytes;     /* its reply's bound, when it was not admitted */
+  int deferred;             /* not admitted: goes back to its connection */
   int dispatched;           /* handed to srv->submit */
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
@@ -118,6 +121,7 @@ struct fp4idx_conn_s {
   size_t held_in;              /* partial frame + bodies not yet run */
   size_t held_out;             /* replies done and not yet written out */
   size_t fr_held;              /* the partial frame's share of held_in */
+  uint64_t defer_bytes;        /* its next request's reply waits for this much */
   double progress_us;          /* last write completed (or first reply queued) */
   int reading;                 /* uv_read_start active */
   int eof;                     /* peer finished sending (or bad frame) */
@@ -152,6 +156,10 @@ struct fp4idx_server_s {
   uint64_t budget;             /* bytes; 0 = FP4IDX_BUDGET_MIN */
   double buffer_timeout_us;    /* close a full, unread connection after this */
   uint64_t held;               /* bytes held over all connections */
+  uint64_t held_out;           /* the replies' share of held */
+  uint64_t reserved;           /* admitted replies being built (any thread) */
+  uint64_t n_deferred;         /* connections whose next reply waits to fit */
+  uint64_t deferred;           /* replies made to wait, since the start */
   int over_budget;             /* held reached budget (until below 7/8) */
   fp4idx_conn_t *grant;        /* may finish its frame while over budget */
   uv_timer_t reaper;           /* closes connections past the timeout */

@@ -203,8 +203,8 @@ same region references (`{"region", "offset", "dtype", "shape"}`, no
 sequence, a NaN or ±inf in its `q` or `w`, a `lens` value out of range, a
 mask of the wrong width) the response is an error and no results are
 returned. Since keys, q and w are all finite, every logit is finite or
--inf (hidden), so top-k always ranks every visible position. A result larger than 1 GiB
-is refused with E2BIG."""),
+-inf (hidden), so top-k always ranks every visible position. A result larger than 1 GiB,
+or than the daemon's buffer budget, is refused with E2BIG ("Large responses")."""),
 
     OP("truncate", ["MUTATES"], "",
        [F("seq", "uint", required=True, doc=SEQ_KNOWN),
@@ -288,7 +288,8 @@ Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown src); FP4IDX_EEXIST (dst
           doc="`u8 [count,68]` (packed, exactly as stored) or `f32 [count,128]` "
               "(dequantized: each element = E2M1 value x its block's scale, exact); "
               "count may be 0")],
-       notes="A result larger than 1 GiB is refused with E2BIG."),
+       notes="""A result larger than 1 GiB, or than the daemon's buffer budget, is refused
+with E2BIG ("Large responses")."""),
 
     OP("stats", ["LOOP"], "", [],
        [F("uptime_s", "num", doc="seconds since the daemon started"),

@@ -43,7 +43,7 @@ fp4idx_add_test(test_daemon_log SOURCES test_daemon_log.c
 target_compile_definitions(test_daemon_log PRIVATE FP4IDXD_PATH="$<TARGET_FILE:fp4idxd>")
 add_dependencies(test_daemon_log fp4idxd)
 
-foreach(t golden errors concurrency lifecycle memory list fork exposure budget nonfinite reqpath)
+foreach(t golden errors concurrency lifecycle memory list fork exposure budget closes nonfinite reqpath)
   fp4idx_add_test(test_daemon_${t} SOURCES test_daemon_${t}.c
     LIBS fp4idx_daemon_harness fp4idx_test_util fp4idx_format Threads::Threads
     LABELS daemon)

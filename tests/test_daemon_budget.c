@@ -1,15 +1,20 @@
 /* test_daemon_budget.c -- the buffer budget (daemon/budget.h) against the
  * real daemon: clients that pipeline requests and never read their replies
- * make it hold no more than --buffer-budget (plus one reply each), while
+ * make it hold no more than --buffer-budget (plus one small reply each), while
  * another client is answered; a connection that holds its share without
  * reading is closed after --buffer-timeout, one that reads slowly is not; a
- * frame larger than the budget still completes while the budget is full.
+ * frame larger than the budget still completes while the budget is full;
+ * large replies count before they are built: 8 connections pipelining
+ * 16 MiB replies and 1,000 leaving 2 MiB replies unread stay within the
+ * budget plus a fixed margin, and a reply above the whole budget is
+ * refused with a message that says how to ask for less.
  * Speed is the benchmark's (bench/bench_slow_readers.c), not asserted here. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,12 +51,14 @@ static void store_keys(int fd, uint64_t seq, uint64_t n) {
   free(keys);
 }
 
-/* `count` pipelined read requests of the whole of `seq`, as one buffer. */
-static unsigned char *read_requests(uint64_t seq, int count, size_t *len) {
+/* `count` pipelined read requests of the whole of `seq` (dequant: f32
+ * [n,128], 512 bytes a key; else packed, 68), as one buffer. */
+static unsigned char *read_requests_as(uint64_t seq, int count, int dequant, size_t *len) {
   fp4idx_request_t req;
   memset(&req, 0, sizeof req);
   req.op = FP4IDX_OP_READ;
   req.u.read.seq = seq;
+  req.u.read.dequant = dequant;
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
   for (int i = 0; i < count; i++) {
@@ -63,6 +70,10 @@ static unsigned char *read_requests(uint64_t seq, int count, size_t *len) {
   *len = sb.size;
   msgpack_sbuffer_destroy(&sb);
   return buf;
+}
+
+static unsigned char *read_requests(uint64_t seq, int count, size_t *len) {
+  return read_requests_as(seq, count, 0, len);
 }
 
 /* Opens n connections that each send `reqs` and never read. */
@@ -244,6 +255,234 @@ Test(daemon_budget, a_frame_larger_than_the_budget_completes_while_it_is_full) {
   for (int i = 0; i < 64; i++) close(bad[i]);
   free(bad);
   free(reqs);
+  close(ctl);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+/* How many of fds[0..n) have bytes to read now (a reply was produced). */
+static int count_readable(const int *fds, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    struct pollfd p = {.fd = fds[i], .events = POLLIN};
+    if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN)) k++;
+  }
+  return k;
+}
+
+/* The daemon's RSS growth over `before` at its highest in `samples` looks
+ * 50 ms apart, the control client answered at each. */
+static long peak_growth_mib(fp4idx_test_daemon_t *d, int ctl, long before, int samples) {
+  long peak = before;
+  fp4idx_info_t info;
+  for (int t = 0; t < samples; t++) {
+    cr_assert_eq(fp4idx_test_info(ctl, &info), 0, "the well-behaved client is answered");
+    long now = fp4idx_test_proc_kib(d->pid, "VmRSS");
+    if (now > peak) peak = now;
+    sleep_ms(50);
+  }
+  return (peak - before) / 1024;
+}
+
+#define BIG_CONNS 8
+#define BIG_READS 3
+#define BIG_KEYS 32768 /* a dequantized read of it: a 16 MiB reply */
+/* budget 32 MiB plus a fixed margin (Criterion's and the daemon's own
+ * churn, the kernel-side socket buffers are not RSS). Without the global
+ * budget every connection held one 16 MiB reply: 128 MiB and more. */
+#if defined(__SANITIZE_ADDRESS__)
+#define BIG_RSS_BOUND_MIB 96
+#else
+#define BIG_RSS_BOUND_MIB 72
+#endif
+
+/* One client reading its pipelined replies, checked against ref. */
+typedef struct {
+  int fd;
+  const fp4idx_tensor_t *ref;
+  int good;        /* replies right, in order */
+  char why[400];   /* the first wrong one */
+} big_reader_t;
+
+static void *big_reader(void *arg) {
+  big_reader_t *r = arg;
+  for (int k = 0; k < BIG_READS; k++) {
+    fp4idx_response_t resp;
+    unsigned char *body = NULL;
+    int rc = fp4idx_test_recv_response(r->fd, FP4IDX_OP_READ, &resp, &body);
+    if (rc) {
+      snprintf(r->why, sizeof r->why, "reply %d: receive failed (%d)", k, rc);
+      return NULL;
+    }
+    int ok = resp.status == 0 && resp.id == (uint64_t)k + 1 &&
+             resp.u.read.keys.nbytes == r->ref->nbytes &&
+             memcmp(resp.u.read.keys.data, r->ref->data, r->ref->nbytes) == 0;
+    if (!ok) snprintf(r->why, sizeof r->why, "reply %d: status %d id %llu: %s", k, resp.status,
+                      (unsigned long long)resp.id, resp.error);
+    fp4idx_response_clear(&resp);
+    free(body);
+    if (!ok) return NULL;
+    r->good++;
+  }
+  return NULL;
+}
+
+Test(daemon_budget, pipelined_large_replies_stay_within_the_budget) {
+  small_asan_quarantine();
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--buffer-budget", "32M",
+                                                              "--buffer-timeout", "600",
+                                                              "--log-level", "info", NULL}),
+               0);
+  int ctl = fp4idx_test_connect(d.sock);
+  cr_assert_geq(ctl, 0);
+  store_keys(ctl, 1, BIG_KEYS);
+  /* The reference: the same read, alone. */
+  size_t len;
+  unsigned char *one = read_requests_as(1, 1, 1, &len);
+  cr_assert_eq(fp4idx_test_send_all(ctl, one, len), 0);
+  fp4idx_response_t ref;
+  unsigned char *ref_body = NULL;
+  cr_assert_eq(fp4idx_test_recv_response(ctl, FP4IDX_OP_READ, &ref, &ref_body), 0);
+  cr_assert_eq(ref.status, 0, "%s", ref.error);
+  cr_assert_eq(ref.u.read.keys.nbytes, (uint64_t)BIG_KEYS * 512);
+  free(one);
+  long before = fp4idx_test_proc_kib(d.pid, "VmRSS");
+
+  unsigned char *reqs = read_requests_as(1, BIG_READS, 1, &len);
+  int *big = open_bad(&d, BIG_CONNS, reqs, len);
+  /* Replies were built (some connections have bytes waiting) before the
+   * daemon's memory is looked at. */
+  for (int t = 0; t < 400 && count_readable(big, BIG_CONNS) < 1; t++) sleep_ms(25);
+  cr_assert_geq(count_readable(big, BIG_CONNS), 1, "a reply was produced");
+  long grew = peak_growth_mib(&d, ctl, before, 30);
+  cr_log_info("VmRSS grew by %ld MiB: %d connections x %d pipelined 16 MiB replies unread, "
+              "budget 32 MiB", grew, BIG_CONNS, BIG_READS);
+  cr_assert_lt(grew, BIG_RSS_BOUND_MIB,
+               "VmRSS grew by %ld MiB with %d x %d unread 16 MiB replies, budget 32 MiB", grew,
+               BIG_CONNS, BIG_READS);
+  /* Every reply arrives, in order and whole, once the clients read (each
+   * on its own thread, as clients do: the budget is shared, so a reply
+   * waits for the others' to be read). */
+  pthread_t th[BIG_CONNS];
+  big_reader_t rd[BIG_CONNS];
+  for (int i = 0; i < BIG_CONNS; i++) {
+    rd[i] = (big_reader_t){.fd = big[i], .ref = &ref.u.read.keys};
+    cr_assert_eq(pthread_create(&th[i], NULL, big_reader, &rd[i]), 0);
+  }
+  for (int i = 0; i < BIG_CONNS; i++) {
+    pthread_join(th[i], NULL);
+    cr_assert_eq(rd[i].good, BIG_READS, "connection %d: %d of %d replies right (%s)", i,
+                 rd[i].good, BIG_READS, rd[i].why);
+  }
+  for (int i = 0; i < BIG_CONNS; i++) close(big[i]);
+  free(big);
+  free(reqs);
+  fp4idx_response_clear(&ref);
+  free(ref_body);
+  close(ctl);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+Test(daemon_budget, a_reply_larger_than_the_budget_is_refused_with_a_way_out) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--buffer-budget", "16M",
+                                                              "--log-level", "info", NULL}),
+               0);
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
+  store_keys(fd, 1, BIG_KEYS); /* dequantized: 16 MiB, over a 16 MiB budget with the frame */
+  size_t len;
+  unsigned char *all = read_requests_as(1, 1, 1, &len);
+  cr_assert_eq(fp4idx_test_send_all(fd, all, len), 0);
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  cr_assert_eq(fp4idx_test_recv_response(fd, FP4IDX_OP_READ, &resp, &body), 0);
+  cr_assert_eq(resp.status, FP4IDX_E2BIG);
+  cr_assert_not_null(strstr(resp.error, "buffer budget"), "%s", resp.error);
+  cr_assert_not_null(strstr(resp.error, "count"), "the message names the way out: %s",
+                     resp.error);
+  fp4idx_response_clear(&resp);
+  free(body);
+  free(all);
+  /* In ranges it works, and the connection was not harmed. */
+  fp4idx_request_t req;
+  memset(&req, 0, sizeof req);
+  req.op = FP4IDX_OP_READ;
+  req.id = 7;
+  req.u.read.seq = 1;
+  req.u.read.dequant = 1;
+  req.u.read.from = BIG_KEYS / 2;
+  req.u.read.count = BIG_KEYS / 2;
+  req.u.read.has_count = 1;
+  cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
+  cr_assert_eq(resp.status, 0, "%s", resp.error);
+  cr_assert_eq(resp.u.read.keys.nbytes, (uint64_t)BIG_KEYS / 2 * 512);
+  fp4idx_response_clear(&resp);
+  free(body);
+  /* The packed read of it all is 2.2 MiB: within the budget. */
+  unsigned char *keys = malloc((size_t)BIG_KEYS * 68);
+  uint64_t got = 0;
+  cr_assert_eq(fp4idx_test_read(fd, 1, 0, BIG_KEYS, keys, &got), 0);
+  cr_assert_eq(got, (uint64_t)BIG_KEYS);
+  free(keys);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+#define MANY_CONNS 1000
+#define MANY_KEYS 4096 /* a dequantized read of it: a 2 MiB reply */
+#define NEARLY_ALL_KEYS 60000 /* 29.3 MiB dequantized */
+
+Test(daemon_budget, a_thousand_unread_2_mib_replies_stay_within_the_budget) {
+  raise_nofile(MANY_CONNS + 64);
+  small_asan_quarantine();
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--buffer-budget", "32M",
+                                                              "--buffer-timeout", "600",
+                                                              "--log-level", "info", NULL}),
+               0);
+  int ctl = fp4idx_test_connect(d.sock);
+  cr_assert_geq(ctl, 0);
+  store_keys(ctl, 1, MANY_KEYS);
+  store_keys(ctl, 2, NEARLY_ALL_KEYS);
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(ctl, &info), 0);
+  long before = fp4idx_test_proc_kib(d.pid, "VmRSS");
+  size_t len;
+  unsigned char *reqs = read_requests_as(1, 1, 1, &len);
+  int *bad = open_bad(&d, MANY_CONNS, reqs, len);
+  for (int t = 0; t < 400 && count_readable(bad, MANY_CONNS) < 8; t++) sleep_ms(25);
+  cr_assert_geq(count_readable(bad, MANY_CONNS), 8, "replies were produced");
+  long grew = peak_growth_mib(&d, ctl, before, 30);
+  cr_log_info("VmRSS grew by %ld MiB with %d connections each leaving a 2 MiB reply unread "
+              "(budget 32 MiB)", grew, MANY_CONNS);
+  cr_assert_lt(grew, BIG_RSS_BOUND_MIB, "VmRSS grew by %ld MiB, budget 32 MiB", grew);
+  for (int i = 0; i < MANY_CONNS; i++) close(bad[i]);
+  free(bad);
+  free(reqs);
+  /* What they held goes back to the budget: a reply of 29 MiB, which fits
+   * a 32 MiB budget only when (nearly) nothing else is held or reserved, is
+   * built at once. */
+  fp4idx_request_t req;
+  memset(&req, 0, sizeof req);
+  req.op = FP4IDX_OP_READ;
+  req.id = 9;
+  req.u.read.seq = 2;
+  req.u.read.dequant = 1;
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  cr_assert_eq(fp4idx_test_call(ctl, &req, &resp, &body), 0);
+  cr_assert_eq(resp.status, 0, "%s", resp.error);
+  cr_assert_eq(resp.u.read.keys.nbytes, (uint64_t)NEARLY_ALL_KEYS * 512);
+  fp4idx_response_clear(&resp);
+  free(body);
+  /* and the memory does not grow past what it was with them open (the
+   * allocator keeps part of the freed connection buffers, so RSS does not
+   * fall all the way back) */
+  long after = fp4idx_test_proc_kib(d.pid, "VmRSS");
+  cr_log_info("VmRSS %ld MiB above the start once they closed", (after - before) / 1024);
+  cr_assert_leq((after - before) / 1024, grew + 8, "VmRSS grew to %ld MiB above the start",
+                (after - before) / 1024);
   close(ctl);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }

@@ -56,7 +56,7 @@ run_tests() { # LABEL TEST...
 run_tests default test_daemon_errors test_daemon_reqpath test_daemon_concurrency \
   test_daemon_golden test_daemon_fork test_daemon_list test_daemon_exposure \
   test_daemon_nonfinite test_daemon_metrics test_daemon_log test_daemon_memory \
-  test_daemon_tailloss test_daemon_powercut test_service_daemon test_client_e2e \
+  test_daemon_tailloss test_daemon_closes test_daemon_powercut test_service_daemon test_client_e2e \
   test_client_cli test_client_oom test_client_regions
 # the Python client's suite too (its daemons are this one)
 if (FP4IDX_CLI="$TESTS/client/fp4idx-cli" FP4IDX_GOLDEN_DIR="$PWD/tests/golden" \

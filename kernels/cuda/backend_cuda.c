@@ -25,9 +25,9 @@
  *
  * The stream has the device's greatest priority, so that on a GPU shared
  * with a serving engine (under MPS, kernels of both side by side) our
- * blocks are scheduled before a co-tenant's waiting ones;
- * FP4IDX_STREAM_PRIORITY=default in the environment gives it the default
- * priority instead (for measuring the difference: bench/cotenant.sh).
+ * blocks are scheduled before a co-tenant's waiting ones (beside a GEMM
+ * load under MPS a 400,000-key top-2048 takes a quarter of the time it
+ * takes at the default priority: bench/RESULTS.md, "Sharing the GPU").
  *
  * Every CUDA return code is checked; a failure logs "fp4idx cuda: <what>:
  * <error>" to stderr and returns FP4IDX_EDEVICE (FP4IDX_ENOMEM when device
@@ -876,8 +876,8 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   {
     int least = 0, greatest = 0;
     CK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priority range");
-    const char *pe = getenv("FP4IDX_STREAM_PRIORITY");
-    c->priority = pe && strcmp(pe, "default") == 0 ? least : greatest;
+    (void)least;
+    c->priority = greatest;
   }
   CK(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, c->priority),
      "create stream");

@@ -264,9 +264,10 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const int cs = (int)cl.num_blocks(), q = (int)cl.block_rank();
   const int r = (int)(blockIdx.x / (unsigned)cs);
   TOPK_PHASE(0);
-  const fp4idx_cuda_topk_row_t row = rows[r];
-  const int64_t b = (int64_t)q * slice;
-  const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
+  // Launched with programmatic dependent launch: the next kernel of the
+  // stream may start its own prologue at once (it waits for this grid
+  // before it reads anything).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   uint32_t *h = reinterpret_cast<uint32_t *>(smem);
   uint32_t *s1 = h + kNB1, *s2 = s1 + kNB1 / cs, *s3 = s2 + kNB2 / cs;
   uint32_t *c1 = s3 + kNB3 / cs, *c2 = c1 + kNB1 / 16, *c3 = c2 + kNB2 / 16;
@@ -287,6 +288,14 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   }
   __syncthreads();  // h is zero
   cl.barrier_arrive();
+  // Until here nothing touched global memory, so the launch, the block
+  // start and the zeroing ran under the previous kernel of the stream (the
+  // scorer): the SMs it leaves are ours at once, not a co-tenant's. From
+  // here on that kernel has completed and its writes are visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const fp4idx_cuda_topk_row_t row = rows[r];
+  const int64_t b = (int64_t)q * slice;
+  const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
   TOPK_PHASE(1);
 
   // The slice into shared memory as keys, histogram of the top 12 bits on
@@ -634,21 +643,28 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
 }
 
 // A launch of cluster_kernel: `grid` blocks of nt threads in clusters of
-// cs, `smem` bytes of dynamic shared memory each. *at receives the cluster
-// attribute the config points at (it must outlive the config).
+// cs, `smem` bytes of dynamic shared memory each, with programmatic
+// dependent launch (the kernel waits with griddepcontrol.wait before its
+// first global access). at[0..2) receive the attributes the config points
+// at (they must outlive the config). Beside a co-tenant under MPS the
+// dependent launch is what keeps the SMs the scorer leaves: score + top-k
+// of 4 x 400,000 keys, k = 2048, took 486 us without it and 168 us with it
+// beside a bf16 GEMM load (bench/RESULTS.md, "Sharing the GPU").
 cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid, size_t smem,
                                  int nt, cudaStream_t stream) {
-  at->id = cudaLaunchAttributeClusterDimension;
-  at->val.clusterDim.x = (unsigned)cs;
-  at->val.clusterDim.y = 1;
-  at->val.clusterDim.z = 1;
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = (unsigned)cs;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3((unsigned)nt);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = at;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
   return cfg;
 }
 
@@ -670,9 +686,10 @@ int fits(int cs) {
       cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeNonPortableClusterSizeAllowed,
                            1) != cudaSuccess)
     return 0;
-  cudaLaunchAttribute at;
-  const cudaLaunchConfig_t cfg =
-      launch_config(&at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), NT, 0);
+  cudaLaunchAttribute at[2];
+  cudaLaunchConfig_t cfg =
+      launch_config(at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), NT, 0);
+  cfg.numAttrs = 1; /* the occupancy query takes the cluster shape only */
   int n = 0;
   return cudaOccupancyMaxActiveClusters(&n, cluster_kernel<NT>, &cfg) == cudaSuccess && n > 0;
 }
@@ -754,9 +771,9 @@ extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p
   const Caps *caps = caps_of();
   if (!caps || p->cluster > caps->max_cs) return FP4IDX_ENODEV;
   const int nt = threads_of(*caps, p->n_rows, p->cluster, p->slice);
-  cudaLaunchAttribute at;
+  cudaLaunchAttribute at[2];
   const cudaLaunchConfig_t cfg = launch_config(
-      &at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, nt, stream);
+      at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, nt, stream);
   return fp4idx__cuda_check(
       nt == kTWide ? cudaLaunchKernelEx(&cfg, cluster_kernel<kTWide>, rows, (int64_t)p->slice,
                                         p->k, pos, val, count)
