@@ -437,7 +437,7 @@ typedef struct fp4idx__command_s {
   unsigned flags;
 } fp4idx__command_t;
 
-#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs, REQ, RESP) \
+#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs) \
   [FP4IDX_OP_##ID] = {FP4IDX_OP_##ID, fp4idx__cmd_##name, (flags)},
 static const fp4idx__command_t fp4idx__commands[FP4IDX_OP__COUNT] = {
     FP4IDX_OP_MAP(FP4IDX__CMD_ROW)};

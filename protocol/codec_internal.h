@@ -201,7 +201,7 @@ int fp4idx__pack_kv_fixstr(msgpack_packer *pk, const char *k, const char *v, siz
 /* ---- the op table (ops.c), generated from FP4IDX_OP_MAP -------------------- */
 
 /* Per-op codec functions (codec_gen.c, generated from protocol/optable.py),
- * named by the REQ and RESP columns.
+ * fp4idx__<name>_req_decode, _req_pack, _resp_decode and _resp_pack.
  * decode: the map's fields (top-level names of the op's row, plus "id", "op"
  * / "id", "status", "error") into the op's union member; returns 0 or a
  * status with the detail in msg. pack: the whole map of a request or success
@@ -218,19 +218,7 @@ typedef int (*fp4idx__resp_decode_fn)(const fp4idx__fields_t *f,
 typedef int (*fp4idx__resp_pack_fn)(msgpack_packer *pk,
                                     const fp4idx_response_t *resp);
 
-#define FP4IDX__CODEC_PROTOS(ID, name, flags, rq, rs, REQ, RESP)              \
-  int fp4idx__##REQ##_req_decode(const fp4idx__fields_t *f,                  \
-                                 fp4idx_request_t *req, char *msg,           \
-                                 size_t cap);                                \
-  int fp4idx__##REQ##_req_pack(msgpack_packer *pk,                           \
-                               const fp4idx_request_t *req);                 \
-  int fp4idx__##RESP##_resp_decode(const fp4idx__fields_t *f,                \
-                                   fp4idx_response_t *resp, char *msg,       \
-                                   size_t cap);                              \
-  int fp4idx__##RESP##_resp_pack(msgpack_packer *pk,                         \
-                                 const fp4idx_response_t *resp);
-FP4IDX_OP_MAP(FP4IDX__CODEC_PROTOS)
-#undef FP4IDX__CODEC_PROTOS
+/* The four functions of every op: codec_gen.h (included at the end). */
 
 /* One row of the op table. Field names are NULL-terminated; requests start
  * with "id", "op", responses with "id", "status", "error". */
@@ -257,7 +245,8 @@ int fp4idx__map_named(const msgpack_object *map, const char *const *names,
                       bool strict, fp4idx__field_t *f, fp4idx__fields_t *fs,
                       char *msg, size_t cap);
 
-/* The hooks of the `more` fields (codec_more.c) and fp4idx__op_plain. */
+/* The per-op codec functions, the hooks of the `more` fields (codec_more.c)
+ * and fp4idx__op_plain. */
 #include "codec_gen.h"
 
 #endif /* FP4IDX_CODEC_INTERNAL_H */

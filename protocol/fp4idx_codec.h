@@ -102,14 +102,13 @@ extern "C" {
  * "Requests and responses", generated from the op table protocol/optable.py
  * (fp4idx_op_map.h, in the build tree) as
  *
- *   X(ID, name, flags, request fields, response fields, REQ, RESP)
+ *   X(ID, name, flags, request fields, response fields)
  *
  * Everything per-op comes from it: the enum (FP4IDX_OP_<ID>), the names, the
  * field tables the codec matches maps against (fields are looked up by
- * name), the codec dispatch (protocol/ops.c) and the daemon's command table
- * (daemon/commands.c). REQ and RESP name the generated codec functions
- * (fp4idx__<REQ>_req_decode, ...), the op's name; the daemon's handler is
- * fp4idx__cmd_<name>. Adding an op: its row in protocol/optable.py (fields
+ * name), the codec dispatch (protocol/ops.c: the generated functions
+ * fp4idx__<name>_req_decode, _req_pack, _resp_decode, _resp_pack) and the
+ * daemon's command table (daemon/commands.c: the handler fp4idx__cmd_<name>). Adding an op: its row in protocol/optable.py (fields
  * with their types, docs), its handler, its test; `protocol/gen_optable.py
  * docs --write` regenerates PROTOCOL.md's op reference. */
 #include "fp4idx_op_map.h"
@@ -119,7 +118,7 @@ extern "C" {
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
-#define FP4IDX__OP_ENUM(ID, name, flags, rq, rs, REQ, RESP) FP4IDX_OP_##ID,
+#define FP4IDX__OP_ENUM(ID, name, flags, rq, rs) FP4IDX_OP_##ID,
   FP4IDX_OP_MAP(FP4IDX__OP_ENUM)
 #undef FP4IDX__OP_ENUM
   FP4IDX_OP__COUNT

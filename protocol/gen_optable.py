@@ -128,16 +128,15 @@ def gen_header():
          "#ifndef FP4IDX_OP_MAP_H", "#define FP4IDX_OP_MAP_H", ""]
     L += ["/* The op list: one row per operation of PROTOCOL.md \"Requests and",
           " * responses\", in wire-name order of the spec.",
-          " *   X(ID, name, flags, request fields, response fields, REQ, RESP)",
-          " * REQ and RESP name the op's codec functions (fp4idx__<REQ>_req_decode, ...,",
-          " * generated into codec_gen.c); the daemon's handler is fp4idx__cmd_<name>. */",
+          " *   X(ID, name, flags, request fields, response fields)",
+          " * The op's codec functions are fp4idx__<name>_req_decode, ... (codec_gen.c),",
+          " * the daemon's handler fp4idx__cmd_<name>. */",
           "#define FP4IDX_OP_MAP(X) \\"]
     for op in OPS:
         flags = " | ".join(FLAG_NAMES[f] for f in op["flags"]) or "0"
         rq = "(" + ", ".join('"%s"' % f["name"] for f in op["request"]) + ")"
         rs = "(" + ", ".join('"%s"' % f["name"] for f in op["response"]) + ")"
-        L.append("  X(%s, %s, %s, %s, %s, %s, %s) \\" % (op["name"].upper(), op["name"], flags, rq,
-                                                        rs, op["name"], op["name"]))
+        L.append("  X(%s, %s, %s, %s, %s) \\" % (op["name"].upper(), op["name"], flags, rq, rs))
     L += ["", "#endif /* FP4IDX_OP_MAP_H */"]
     M = L
     L = ["/* fp4idx_op_types.h -- the request and response struct of every op, " + BANNER + ".",
@@ -531,6 +530,19 @@ def gen_internal():
     L = ["/* codec_gen.h -- the codec's per-op functions, " + BANNER + ".",
          " * Included by codec_internal.h. */",
          "#ifndef FP4IDX_CODEC_GEN_H", "#define FP4IDX_CODEC_GEN_H", "",
+         "/* The codec of every op (codec_gen.c), found through the op table (ops.c):",
+         " * decode reads the matched fields into the op's union member (0 or a status",
+         " * with the detail in msg); pack writes the whole map (0, FP4IDX_EINVAL for a",
+         " * struct that breaks PROTOCOL.md, E2BIG over a cap, ENOMEM). */"]
+    for op in OPS:
+        n = op["name"]
+        L += ["int fp4idx__%s_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req, char *msg,"
+              % n, "                         size_t cap);",
+              "int fp4idx__%s_req_pack(msgpack_packer *pk, const fp4idx_request_t *req);" % n,
+              "int fp4idx__%s_resp_decode(const fp4idx__fields_t *f, fp4idx_response_t *resp, char *msg,"
+              % n, "                          size_t cap);",
+              "int fp4idx__%s_resp_pack(msgpack_packer *pk, const fp4idx_response_t *resp);" % n]
+    L += ["",
          "/* The hand-written codec of the `more` fields of an op (codec_more.c), per",
          " * direction: decode reads them from the matched fields f into the op's struct",
          " * (an allocation goes to *owned, freed with the request or response); check",
