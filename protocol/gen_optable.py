@@ -786,6 +786,8 @@ def py_field(f):
             d[k] = number(f[k])
     if "values" in f:
         d["values"] = [w for w, _ in f["values"]]
+    if "shapes" in f:
+        d["dtypes"] = sorted({dt.lower() for dt, _ in f["shapes"]})
     return d
 
 
@@ -796,6 +798,7 @@ def py_table():
             "flags": list(op["flags"]),
             "request": [py_field(f) for f in op["request"]],
             "response": [f["name"] for f in op["response"]],
+            "tensors": [f["name"] for f in op["response"] if f["kind"] == "tensor"],
             "result": op.get("py", "dict"),
         }
     return ops

@@ -11,7 +11,7 @@ class Methods:
         c.call("truncate", seq=7, length=3) -> {"length": 3}. A field named
         like a Python keyword takes a trailing "_" (from_=...). Fields are
         checked against the table before anything is sent (InvalidArgument)."""
-        return self._run(ops.call(op, fields))
+        return self._run(ops.call(op, fields, self._table()))
 
     def __getattr__(self, name):
         """An op of the table that has no method of its own, as one:

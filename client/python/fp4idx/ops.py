@@ -211,7 +211,7 @@ def score_wired(wired, devs, heads, topk):
 
 # ---- any op of the table, by name ----------------------------------------------
 
-def _check_field(op, spec, v):
+def _check_field(op, spec, v, table):
     """One request field against its row of the op table -> its wire value."""
     name, kind = spec["name"], spec["kind"]
     what = f"{op} {name}"
@@ -237,25 +237,36 @@ def _check_field(op, spec, v):
             raise arrays._invalid(f"{what} must be one of {spec['values']}, got {v!r}")
         return v
     if kind == "tensor" and not isinstance(v, dict):
-        return arrays.keys_tensor(v) if name == "keys" else v
+        return arrays.tensor(v, spec["dtypes"], table, what)
     return v  # "more" fields and tensor maps go as given; the daemon checks them
 
 
 def _parse_for(op, result):
+    """The reply of op -> its result: None, the one field's value, or the
+    dict of its fields; tensor fields as numpy arrays."""
+    tensors = OPS[op]["tensors"]
+
+    def fields(r):
+        r = _plain(r)
+        for name in tensors:
+            if isinstance(r.get(name), dict) and "data" in r[name]:
+                r[name] = arrays.array(r[name])
+        return r
     if result == "none":
         return lambda r: None
     if result == "value":
-        return lambda r: _plain(r)[OPS[op]["response"][0]]
-    return _plain
+        return lambda r: fields(r)[OPS[op]["response"][0]]
+    return fields
 
 
-def call(op, fields):
+def call(op, fields, table=None):
     """Any op of protocol/optable.py by its wire name, with its fields as a
     dict (a trailing "_" of a name is dropped: from_ -> "from") -> a
     Request whose result is the reply's fields as a dict (None for ops
-    without response fields). Unknown ops and fields, missing required
-    fields and values of the wrong kind or out of range raise InvalidArgument
-    before anything is sent."""
+    without response fields). Arrays go as tensors of a dtype the field
+    takes, or as region references when they lie in a region of `table`.
+    Unknown ops and fields, missing required fields and values of the wrong
+    kind or out of range raise InvalidArgument before anything is sent."""
     row = OPS.get(op)
     if row is None:
         raise arrays._invalid(f"unknown op {op!r} (ops: {', '.join(OPS)})")
@@ -270,6 +281,6 @@ def call(op, fields):
             if s.get("required"):
                 raise arrays._invalid(f"{op}: missing field {s['name']!r}")
             continue
-        f[s["name"]] = _check_field(op, s, given[s["name"]])
+        f[s["name"]] = _check_field(op, s, given[s["name"]], table)
     result = row["result"] if row["response"] else "none"
     return Request(op, f, _parse_for(op, result), f.get("seq"))

@@ -51,3 +51,18 @@ def test_call_runs_ops_like_their_methods(make_daemon):
             assert p.execute() == [{"first": 0, "length": 100}, {"length": 1}]
     with pytest.raises(AttributeError):
         fp4idx.Client(d.socket).no_such_op
+
+
+def test_tensors_go_and_come_back_as_arrays(make_daemon):
+    d = make_daemon(cache_bytes="16M")
+    packed = np.zeros((5, 68), np.uint8)
+    packed[:, 64:] = 127  # scale bytes 1..254
+    with fp4idx.Client(d.socket, timeout=30) as c:
+        assert c.call("append", seq=1, keys=packed) == {"first": 0, "length": 5}
+        assert c.call("append", seq=1, keys=np.ones((2, 128))) == {"first": 5, "length": 7}
+        r = c.call("read", seq=1, count=5)
+        assert isinstance(r["keys"], np.ndarray)
+        assert np.array_equal(r["keys"], packed)
+        assert np.array_equal(c.call("read", seq=1, from_=5)["keys"], c.read(1, 5))
+        with pytest.raises(fp4idx.InvalidArgument, match="none of"):
+            c.call("append", seq=1, keys=np.zeros((1, 128), np.int64))
