@@ -92,7 +92,10 @@ def c_str(s):
 def member_decls(f):
     k = f["kind"]
     n = cname(f)
-    doc = f.get("cdoc")
+    # the member's comment: cdoc, else a short doc as it is
+    doc = f.get("cdoc") or (f.get("doc") if len(f.get("doc", "")) <= 64 else None)
+    if doc:
+        doc = doc.replace("*/", "* /")
     out = []
     if k == "more":
         return ["  " + d for d in f["decl"]]

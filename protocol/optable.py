@@ -120,6 +120,7 @@ stays open; the client may retry with another version or disconnect)."""),
                   ("F32", ["n>=1", "FP4IDX_PROTO_HEAD_DIM"]),
                   ("U8", ["n>=1", "FP4IDX_PROTO_SLOT_BYTES"])],
           want="bf16 [n,128], f32 [n,128] or u8 [n,68] with n >= 1",
+          cdoc="bf16 or f32 [n,128], or u8 [n,68]; n >= 1 (checked)",
           doc="`bf16 [n,128]` or `f32 [n,128]` (quantized by the daemon), or `u8 [n,68]` "
               "(already packed FP4 keys, stored as is, each of the 4 scale bytes in "
               "1..254); n >= 1; may be a region reference (bulk ingest: the keys never "
@@ -236,10 +237,12 @@ copying them: prompt prefixes shared by many requests, parallel sampling,
 beam search, speculative branches.""",
        [F("src", "uint", required=True, doc=SEQ_KNOWN),
         F("dst", "uint", required=True,
-          doc="the new sequence's id; must not exist (EEXIST otherwise, also when `dst` = `src`)"),
+          doc="the new sequence's id; must not exist (EEXIST otherwise, also when `dst` = `src`)",
+          cdoc="the new sequence"),
         F("length", "uint", required=True,
           doc="how many keys of `src` the new sequence starts with, 0 up to `src`'s length "
-              "(ERANGE otherwise)")],
+              "(ERANGE otherwise)",
+          cdoc="the keys of src it starts with")],
        [F("length", "uint", doc="the new sequence's length")],
        notes="""`dst` holds positions `0 .. length-1` of `src`, byte for byte, and is from
 then on a sequence like any other: `append`, `score`, `truncate`, `read`,
@@ -285,6 +288,7 @@ Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown src); FP4IDX_EEXIST (dst
           shapes=[("U8", ["n", "FP4IDX_PROTO_SLOT_BYTES"]),
                   ("F32", ["n", "FP4IDX_PROTO_HEAD_DIM"])],
           want="u8 [n,68] or f32 [n,128]",
+          cdoc="u8 [n,68] packed or f32 [n,128] dequantized; n may be 0",
           doc="`u8 [count,68]` (packed, exactly as stored) or `f32 [count,128]` "
               "(dequantized: each element = E2M1 value x its block's scale, exact); "
               "count may be 0")],
