@@ -306,6 +306,9 @@ int fp4idx_test_recv_response(int fd, fp4idx_op_t op, fp4idx_response_t *resp,
 int fp4idx_test_call(int fd, const fp4idx_request_t *req, fp4idx_response_t *resp,
                      unsigned char **body) {
   *body = NULL;
+  /* zeroed before the send, so that clearing *resp is safe after a failed
+   * send too (a daemon killed mid-request: the power-cut test) */
+  memset(resp, 0, sizeof *resp);
   int rc = fp4idx_test_send_request(fd, req);
   if (rc) return rc;
   return fp4idx_test_recv_response(fd, req->op, resp, body);

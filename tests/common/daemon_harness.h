@@ -92,8 +92,9 @@ int fp4idx_test_peer_closed(int fd, int timeout_ms);
 /* Encodes req (req->id as given), sends it, receives and decodes the answer
  * as a response to req->op. *body keeps the response bytes alive (tensors in
  * *resp are views into it): free it after fp4idx_response_clear(resp).
- * Returns 0 when a response was decoded (check resp->status), or a negative
- * fp4idx code for transport/codec failures. */
+ * *resp is zeroed first, so fp4idx_response_clear(resp) is safe after any
+ * return. Returns 0 when a response was decoded (check resp->status), or a
+ * negative fp4idx code for transport/codec failures. */
 int fp4idx_test_call(int fd, const fp4idx_request_t *req, fp4idx_response_t *resp,
                      unsigned char **body);
 
