@@ -342,21 +342,7 @@ fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
                               FP4IDX_ROUNDING_RNE, first, length);
 }
 
-fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
-                                       uint64_t length, uint64_t *new_length) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  fp4idx_request_t req = {.op = FP4IDX_OP_TRUNCATE};
-  req.u.truncate.seq = seq;
-  req.u.truncate.length = length;
-  exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
-  if (st != FP4IDX_OK) return st;
-  if (new_length) *new_length = x.resp.u.truncate.length;
-  exchange_done(&x);
-  return FP4IDX_OK;
-}
-
-/* A round trip whose reply has no fields (drop, save, unregister). */
+/* A round trip whose reply has no fields (unregister). */
 static fp4idx_status_t roundtrip_empty(fp4idx_client_t *c,
                                        fp4idx_request_t *req) {
   exchange_t x;
@@ -366,33 +352,15 @@ static fp4idx_status_t roundtrip_empty(fp4idx_client_t *c,
   return FP4IDX_OK;
 }
 
-fp4idx_status_t fp4idx_client_fork(fp4idx_client_t *c, uint64_t src, uint64_t dst,
-                                   uint64_t length, uint64_t *new_length) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  fp4idx_request_t req = {.op = FP4IDX_OP_FORK};
-  req.u.fork.src = src;
-  req.u.fork.dst = dst;
-  req.u.fork.length = length;
+fp4idx_status_t fp4idx__client_call(fp4idx_client_t *c, fp4idx_request_t *req,
+                                    fp4idx_response_t *resp) {
   exchange_t x;
-  fp4idx_status_t st = roundtrip(c, &req, &x);
+  fp4idx_status_t st = roundtrip(c, req, &x);
   if (st != FP4IDX_OK) return st;
-  if (new_length) *new_length = x.resp.u.fork.length;
+  *resp = x.resp;
+  resp->owned_ = NULL; /* integer fields only: nothing points into x */
   exchange_done(&x);
   return FP4IDX_OK;
-}
-
-fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  fp4idx_request_t req = {.op = FP4IDX_OP_DROP};
-  req.u.drop.seq = seq;
-  return roundtrip_empty(c, &req);
-}
-
-/* "save": the daemon writes its snapshot (with --data-dir; ETYPE without). */
-fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c) {
-  if (c == NULL) return FP4IDX_EINVAL;
-  fp4idx_request_t req = {.op = FP4IDX_OP_SAVE};
-  return roundtrip_empty(c, &req);
 }
 
 fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 
 #include "fp4idx_client.h"
+#include "fp4idx_codec.h"
 
 /* Request tensors this long or longer are sent from the caller's memory
  * (writev) instead of being copied into the frame (client.c). */
@@ -78,5 +79,14 @@ fp4idx_status_t fp4idx__client_recv_score(fp4idx_client_t *c, uint64_t id, uint6
                                           uint32_t rows, uint32_t topk, float *logits,
                                           size_t logits_cap, int32_t *positions,
                                           int32_t *counts, uint32_t *width, int64_t deadline);
+
+/* One round trip of req (its id assigned here) for an op whose response
+ * fields are all integers: *resp gets the decoded response (nothing in it
+ * points into the receive buffer, which is freed). The typed calls
+ * generated from the op table (client_ops_gen.c) go through it.
+ * Returns FP4IDX_OK, the daemon's status (the connection stays usable) or
+ * a connection error, with the message recorded on c. */
+fp4idx_status_t fp4idx__client_call(fp4idx_client_t *c, fp4idx_request_t *req,
+                                    fp4idx_response_t *resp);
 
 #endif

@@ -222,36 +222,11 @@ fp4idx_status_t fp4idx_client_append_fp4(fp4idx_client_t *c, uint64_t seq,
                                          const uint8_t *slots, size_t n,
                                          uint64_t *first, uint64_t *length);
 
-/* Drops keys past position `length` of seq (rejected speculative tokens).
- * Takes: length <= current key count; new_length (may be NULL) receives it.
- * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); FP4IDX_ERANGE (length
- *   above the key count); connection errors. */
-fp4idx_status_t fp4idx_client_truncate(fp4idx_client_t *c, uint64_t seq,
-                                       uint64_t length, uint64_t *new_length);
-
-/* Makes the new sequence dst the first `length` keys of src without copying
- * them: the daemon shares src's pages, and appends, truncates and drops of
- * either sequence later never show in the other (prompt prefixes, parallel
- * sampling, beam search; PROTOCOL.md "fork"). Takes no free page; the first
- * append into a shared, partly filled last page takes one (EFULL then).
- * Takes: length <= src's key count; dst not yet known; new_length (may be
- *   NULL) receives dst's length.
- * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown src); FP4IDX_EEXIST (dst
- *   exists, dst == src included); FP4IDX_ERANGE (length above src's key
- *   count); FP4IDX_ENOMEM (daemon out of host memory); connection errors.
- *   On any error nothing changed. */
-fp4idx_status_t fp4idx_client_fork(fp4idx_client_t *c, uint64_t src, uint64_t dst,
-                                   uint64_t length, uint64_t *new_length);
-
-/* Drops sequence seq and frees its pages.
- * Returns: FP4IDX_OK; FP4IDX_ENOSEQ (unknown seq); connection errors. */
-fp4idx_status_t fp4idx_client_drop(fp4idx_client_t *c, uint64_t seq);
-
-/* Asks the daemon to write its snapshot now (and start a fresh append log).
- * Returns: FP4IDX_OK once the snapshot is on disk; FP4IDX_EDISABLED (daemon
- *   runs without --data-dir; ETYPE from daemons before that code);
- *   FP4IDX_EIO (disk); connection errors. */
-fp4idx_status_t fp4idx_client_save(fp4idx_client_t *c);
+/* The calls of the ops whose fields are all integers (truncate, drop,
+ * fork, save, length), generated from the op table protocol/optable.py: each takes
+ * the request's fields in order and a pointer per response field
+ * (out_<field>, may be NULL). */
+#include "fp4idx_client_ops.h"
 
 /* One sequence as fp4idx_client_list reports it. */
 typedef struct fp4idx_client_seq_info_s {

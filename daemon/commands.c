@@ -417,6 +417,15 @@ static int fp4idx__cmd_unregister(fp4idx__cmd_t *c) {
   return fp4idx__regions_remove(c->regions, c->req->u.unregister.region, c->msg, FP4IDX_CMD_MSG);
 }
 
+/* "length": the keys a sequence holds; reads the cache only. */
+static int fp4idx__cmd_length(fp4idx__cmd_t *c) {
+  uint64_t seq = c->req->u.length.seq;
+  const fp4idx_cache_seq_t *s = fp4idx__cache_find(&c->d->cache, seq);
+  if (!s) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOSEQ, "unknown sequence %" PRIu64, seq);
+  c->resp->u.length.length = (uint64_t)s->n_keys;
+  return FP4IDX_OK;
+}
+
 /* ---- the command table ---------------------------------------------------- */
 
 typedef int (*fp4idx__cmd_fn)(fp4idx__cmd_t *c);
@@ -428,7 +437,7 @@ typedef struct fp4idx__command_s {
   unsigned flags;
 } fp4idx__command_t;
 
-#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs, REQ, RESP) \
+#define FP4IDX__CMD_ROW(ID, name, flags, rq, rs) \
   [FP4IDX_OP_##ID] = {FP4IDX_OP_##ID, fp4idx__cmd_##name, (flags)},
 static const fp4idx__command_t fp4idx__commands[FP4IDX_OP__COUNT] = {
     FP4IDX_OP_MAP(FP4IDX__CMD_ROW)};

@@ -13,9 +13,10 @@ set -euo pipefail
 # systemd-tmpfiles for the service tests (they skip without it). lintian:
 # the Debian packages' check (tests/test_lintian.sh). clang + libclang-rt-dev
 # (libFuzzer's runtime, only recommended by clang): the codec fuzzer that
-# .ci/run runs (tests/fuzz/run.sh).
-build_pkgs=(cmake gcc make pkg-config libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev systemd
-            libmicrohttpd-dev lintian clang libclang-rt-dev)
+# .ci/run runs (tests/fuzz/run.sh). python3: the build runs
+# protocol/gen_optable.py (the op table turned into C).
+build_pkgs=(cmake gcc make pkg-config python3 libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev
+            systemd libmicrohttpd-dev lintian clang libclang-rt-dev)
 runtime_pkgs=(libuv1 libmsgpackc2 libmicrohttpd12)
 pkgs=("${build_pkgs[@]}")
 [ "${1:-}" = "--runtime" ] && pkgs=("${runtime_pkgs[@]}")

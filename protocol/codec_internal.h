@@ -154,9 +154,54 @@ int fp4idx__pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v);
 int fp4idx__pack_kv_tensor(msgpack_packer *pk, const char *k,
                            const fp4idx_tensor_t *t);
 
+/* ---- field kinds (codec_kinds.c) --------------------------------------------- */
+
+/* The length of s up to its NUL or cap (strnlen is POSIX, not C11). */
+size_t fp4idx__bounded_len(const char *s, size_t cap);
+
+/* 0 when ok, else ESHAPE "where: got <t's dtype and shape>, expected want". */
+int fp4idx__expect_shape(const fp4idx_tensor_t *t, const char *where, const char *want,
+                         bool ok, char *msg, size_t cap);
+
+/* An optional count that is 1..max when given: 0 is EPROTO ("leave it out
+ * for `absent`"), above max E2BIG. */
+int fp4idx__check_count(const char *name, uint64_t n, uint64_t max, const char *absent,
+                        char *msg, size_t cap);
+
+/* v in lo..hi, else ESHAPE ("heads: 0, expected 1..128"). */
+int fp4idx__check_range_shape(const char *name, uint64_t v, uint64_t lo, uint64_t hi,
+                              char *msg, size_t cap);
+
+/* v >= min, else EPROTO. */
+int fp4idx__check_min(const char *name, uint64_t v, uint64_t min, char *msg, size_t cap);
+
+/* A string of at most max bytes, else E2BIG. */
+int fp4idx__check_strlen(const char *name, size_t len, size_t max, char *msg, size_t cap);
+
+/* The entries of response field `name` (an array of maps, or a map when
+ * is_map) at `a`: checks presence, type and at most `max` entries (0: only
+ * the frame's own bound), then allocates that many zeroed entries of `size`
+ * bytes into *out, owned through *owned (*out NULL and *n 0 when empty).
+ * Returns 0, EPROTO, E2BIG or ENOMEM with the detail in msg. */
+int fp4idx__decode_entries(const msgpack_object *a, const char *name, bool is_map,
+                           uint32_t max, size_t size, void **owned, void **out,
+                           size_t *n, char *msg, size_t cap);
+
+/* A packer's verdict on a struct the decoder would refuse: E2BIG stays (a
+ * cap), anything else is a bad struct (EINVAL). */
+int fp4idx__pack_refused(int rc);
+
+/* msgpack's -1 (the buffer did not grow) as a status: ENOMEM, else 0. */
+int fp4idx__packed(int rc);
+
+/* Key k and the string of the fixed array v[cap], up to its NUL (or the
+ * array end when a caller forgot the NUL). Returns msgpack's 0 or -1. */
+int fp4idx__pack_kv_fixstr(msgpack_packer *pk, const char *k, const char *v, size_t cap);
+
 /* ---- the op table (ops.c), generated from FP4IDX_OP_MAP -------------------- */
 
-/* Per-op codec functions (codec_ops.c), named by the REQ and RESP columns.
+/* Per-op codec functions (codec_gen.c, generated from protocol/optable.py),
+ * fp4idx__<name>_req_decode, _req_pack, _resp_decode and _resp_pack.
  * decode: the map's fields (top-level names of the op's row, plus "id", "op"
  * / "id", "status", "error") into the op's union member; returns 0 or a
  * status with the detail in msg. pack: the whole map of a request or success
@@ -173,19 +218,7 @@ typedef int (*fp4idx__resp_decode_fn)(const fp4idx__fields_t *f,
 typedef int (*fp4idx__resp_pack_fn)(msgpack_packer *pk,
                                     const fp4idx_response_t *resp);
 
-#define FP4IDX__CODEC_PROTOS(ID, name, flags, rq, rs, REQ, RESP)              \
-  int fp4idx__##REQ##_req_decode(const fp4idx__fields_t *f,                  \
-                                 fp4idx_request_t *req, char *msg,           \
-                                 size_t cap);                                \
-  int fp4idx__##REQ##_req_pack(msgpack_packer *pk,                           \
-                               const fp4idx_request_t *req);                 \
-  int fp4idx__##RESP##_resp_decode(const fp4idx__fields_t *f,                \
-                                   fp4idx_response_t *resp, char *msg,       \
-                                   size_t cap);                              \
-  int fp4idx__##RESP##_resp_pack(msgpack_packer *pk,                         \
-                                 const fp4idx_response_t *resp);
-FP4IDX_OP_MAP(FP4IDX__CODEC_PROTOS)
-#undef FP4IDX__CODEC_PROTOS
+/* The four functions of every op: codec_gen.h (included at the end). */
 
 /* One row of the op table. Field names are NULL-terminated; requests start
  * with "id", "op", responses with "id", "status", "error". */
@@ -211,5 +244,9 @@ const fp4idx__op_desc_t *fp4idx__op_desc(fp4idx_op_t op);
 int fp4idx__map_named(const msgpack_object *map, const char *const *names,
                       bool strict, fp4idx__field_t *f, fp4idx__fields_t *fs,
                       char *msg, size_t cap);
+
+/* The per-op codec functions, the hooks of the `more` fields (codec_more.c)
+ * and fp4idx__op_plain. */
+#include "codec_gen.h"
 
 #endif /* FP4IDX_CODEC_INTERNAL_H */

@@ -1,6 +1,7 @@
 /* codec_request.c -- requests: the strict decoder (daemon side), the encoder
  * (client side) and the per-sequence score check that needs the key count.
- * The op's own fields are codec_ops.c's, found through the op table (ops.c).
+ * The op's own fields are the generated codec's (codec_gen.c, from the op
+ * table protocol/optable.py), found through the op table (ops.c).
  *
  * Decoding order, which fixes which error a bad request gets: msgpack bytes
  * (EPROTO/E2BIG), top-level map, "id" (read leniently first so that every

@@ -1,6 +1,6 @@
 /* codec_response.c -- responses: the encoders (daemon side) and the strict
- * decoder (client side); the op's own fields are codec_ops.c's, found
- * through the op table (ops.c). Response decoding ignores unknown keys so
+ * decoder (client side); the op's own fields are the generated codec's
+ * (codec_gen.c, from protocol/optable.py), found through the op table (ops.c). Response decoding ignores unknown keys so
  * that a newer daemon may add fields; everything the client reads is
  * checked. */
 #include <stdio.h>

@@ -98,56 +98,27 @@ extern "C" {
                                  after each mutation): the daemon's loop
                                  thread may answer it itself */
 
-/* The op list: one row per operation of PROTOCOL.md "Requests and
- * responses", in wire-name order of the spec. Everything per-op is generated
- * from it: the enum (FP4IDX_OP_<ID>), the names, the field tables the codec
- * matches maps against (fields are looked up by name), the codec dispatch
- * (protocol/ops.c) and the daemon's command table (daemon/commands.c).
+/* The op list, FP4IDX_OP_MAP: one row per operation of PROTOCOL.md
+ * "Requests and responses", generated from the op table protocol/optable.py
+ * (fp4idx_op_map.h, in the build tree) as
  *
- *   X(ID, name, flags, request fields, response fields, REQ, RESP)
+ *   X(ID, name, flags, request fields, response fields)
  *
- * REQ names the request codec: fp4idx__REQ_req_decode / _req_pack (REQ
- * `none`: no fields); RESP the response codec: fp4idx__RESP_resp_decode /
- * _resp_pack (protocol/codec_ops.c). The daemon's handler is
- * fp4idx__cmd_<name> (daemon/commands.c). Adding an op: a row here, its
- * request/response structs below (and their union members), its codec
- * functions, its handler and its client call. */
-#define FP4IDX_OP_MAP(X)                                                      \
-  X(HELLO, hello, FP4IDX_OPF_LOOP, ("version", "client"),                     \
-    ("version", "server"), hello, hello)                                      \
-  X(INFO, info, FP4IDX_OPF_LOOP, (),                                                        \
-    ("version", "server", "backend", "device", "page_size", "pages_total",    \
-     "pages_free", "sequences", "max_frame", "pages_shared", "gpu_sharing",   \
-     "gpu_other_processes"),                                                  \
-    none, info)                                                               \
-  X(APPEND, append, FP4IDX_OPF_MUTATES, ("seq", "keys", "rounding"),          \
-    ("first", "length"), append, append)                                      \
-  X(SCORE, score, 0, ("heads", "topk", "seqs"), ("results"), score, score)    \
-  X(TRUNCATE, truncate, FP4IDX_OPF_MUTATES, ("seq", "length"), ("length"),    \
-    truncate, truncate)                                                       \
-  X(DROP, drop, FP4IDX_OPF_MUTATES, ("seq"), (), drop, none)                  \
-  X(FORK, fork, FP4IDX_OPF_MUTATES, ("src", "dst", "length"), ("length"),     \
-    fork, fork)                                                               \
-  X(READ, read, 0, ("seq", "from", "count", "dequant"), ("keys"), read, read) \
-  X(STATS, stats, FP4IDX_OPF_LOOP, (),                                                      \
-    ("uptime_s", "connections", "sequences", "keys", "backend", "device",     \
-     "pages_total", "pages_free", "requests", "pages_shared", "keys_appended", \
-     "rows_scored", "request_bytes", "response_bytes", "queue_depth",         \
-     "device_mem_total", "device_mem_free", "errors_by_status", \
-     "stages", "gpu_sharing", "gpu_other_processes"),              \
-    none, stats)                                                              \
-  X(SAVE, save, FP4IDX_OPF_PERSIST, (), (), none, none)                      \
-  X(LIST, list, 0, ("cursor", "count"), ("cursor", "seqs"), list, list)     \
-  X(REGISTER, register, 0, ("kind", "size", "handle", "device"),             \
-    ("region", "size"), register, register)                                  \
-  X(UNREGISTER, unregister, 0, ("region"), (), unregister, none)
+ * Everything per-op comes from it: the enum (FP4IDX_OP_<ID>), the names, the
+ * field tables the codec matches maps against (fields are looked up by
+ * name), the codec dispatch (protocol/ops.c: the generated functions
+ * fp4idx__<name>_req_decode, _req_pack, _resp_decode, _resp_pack) and the
+ * daemon's command table (daemon/commands.c: the handler fp4idx__cmd_<name>). Adding an op: its row in protocol/optable.py (fields
+ * with their types, docs), its handler, its test; `protocol/gen_optable.py
+ * docs --write` regenerates PROTOCOL.md's op reference. */
+#include "fp4idx_op_map.h"
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
 #define FP4IDX_OP_MAX_FIELDS 24u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */
-#define FP4IDX__OP_ENUM(ID, name, flags, rq, rs, REQ, RESP) FP4IDX_OP_##ID,
+#define FP4IDX__OP_ENUM(ID, name, flags, rq, rs) FP4IDX_OP_##ID,
   FP4IDX_OP_MAP(FP4IDX__OP_ENUM)
 #undef FP4IDX__OP_ENUM
   FP4IDX_OP__COUNT
@@ -329,21 +300,6 @@ typedef struct fp4idx_strview_s {
   size_t len;
 } fp4idx_strview_t;
 
-/* "hello" {"version": uint, "client": str?}. The codec accepts any version;
- * the daemon answers EVERSION when it is not FP4IDX_PROTOCOL_VERSION. */
-typedef struct fp4idx_hello_req_s {
-  uint64_t version;
-  fp4idx_strview_t client; /* optional, <= FP4IDX_PROTO_MAX_STRING bytes */
-} fp4idx_hello_req_t;
-
-/* "append" {"seq", "keys", "rounding"?}. keys is checked: bf16 or f32
- * [n,128], or u8 [n,68], n >= 1. rounding is ignored for u8 keys. */
-typedef struct fp4idx_append_req_s {
-  uint64_t seq;
-  fp4idx_tensor_t keys;
-  int rounding; /* FP4IDX_WIRE_ROUND_*, default RNE */
-} fp4idx_append_req_t;
-
 /* One entry of "score" "seqs". Checked by the decoder: q bf16 [R,H,128] with
  * R >= 1, w bf16 [R,H], lens (optional) i32 [R], mask (optional) u8 [R,W'].
  * NOT checked by the decoder (needs the sequence): lens values in
@@ -365,84 +321,49 @@ typedef struct fp4idx_score_seq_s {
   fp4idx_tensor_t out_counts;
 } fp4idx_score_seq_t;
 
-/* "score" {"heads", "topk"?, "seqs"}. */
-typedef struct fp4idx_score_req_s {
-  uint32_t heads;             /* H, 1..128 */
-  uint32_t topk;              /* k >= 1, or 0 when absent (full logits) */
-  fp4idx_score_seq_t *seqs;   /* nseqs entries, 1..MAX_SCORE_SEQS */
-  size_t nseqs;
-} fp4idx_score_req_t;
-
-/* "truncate" {"seq", "length"}. */
-typedef struct fp4idx_truncate_req_s {
-  uint64_t seq;
-  uint64_t length;
-} fp4idx_truncate_req_t;
-
-/* "drop" {"seq"}. */
-typedef struct fp4idx_drop_req_s {
-  uint64_t seq;
-} fp4idx_drop_req_t;
-
-/* "fork" {"src", "dst", "length"}: dst (new) starts as src's first length
- * keys, sharing their pages. */
-typedef struct fp4idx_fork_req_s {
-  uint64_t src;
-  uint64_t dst;
-  uint64_t length;
-} fp4idx_fork_req_t;
-
-/* "read" {"seq", "from"?, "count"?, "dequant"?}. */
-typedef struct fp4idx_read_req_s {
-  uint64_t seq;
-  uint64_t from;   /* default 0 */
-  uint64_t count;  /* valid when has_count */
-  bool has_count;  /* false: to the end of the sequence */
-  bool dequant;    /* default false: packed u8 [n,68]; true: f32 [n,128] */
-} fp4idx_read_req_t;
-
-/* "list" {"cursor"?, "count"?}: one step of a scan over the sequences. */
-typedef struct fp4idx_list_req_s {
-  uint64_t cursor; /* 0 (the default) starts a scan */
-  uint32_t count;  /* 1..FP4IDX_PROTO_MAX_LIST_COUNT; 0: absent (default) */
-} fp4idx_list_req_t;
-
 /* Kinds of "register" ("kind"). */
 #define FP4IDX_REGION_HOST 1 /* "host": a sealed memfd passed with SCM_RIGHTS */
 #define FP4IDX_REGION_CUDA 2 /* "cuda": a cudaIpcMemHandle_t */
 
-/* "register" {"kind", "size", "handle"?, "device"?}. host: no handle or
- * device (the fd travels as SCM_RIGHTS ancillary data of the same sendmsg);
- * cuda: handle (bin, FP4IDX_PROTO_CUDA_HANDLE bytes) and device required.
- * size >= 1. */
-typedef struct fp4idx_register_req_s {
-  int kind;           /* FP4IDX_REGION_* */
-  uint64_t size;      /* bytes the client says the region has */
-  const void *handle; /* cuda: view of the handle bytes; NULL for host */
-  size_t handle_len;
-  uint64_t device;    /* cuda: the daemon-side device ordinal */
-} fp4idx_register_req_t;
+/* One entry of "score" "results", in request order. Without topk: logits f32
+ * [R,W]. With topk: positions i32 [R,k], logits f32 [R,k], counts i32 [R]. */
+typedef struct fp4idx_score_result_s {
+  uint64_t seq;
+  bool topk;                  /* true: positions and counts are present */
+  fp4idx_tensor_t logits;
+  fp4idx_tensor_t positions;
+  fp4idx_tensor_t counts;
+} fp4idx_score_result_t;
 
-/* "unregister" {"region"}. */
-typedef struct fp4idx_unregister_req_s {
-  uint64_t region;
-} fp4idx_unregister_req_t;
+/* Per-op counters of "stats" "requests". Buckets: le_us[i] is the upper
+ * bound (microseconds, inclusive) of bucket i, the last one +inf; hist[i] is
+ * the plain (non-cumulative) count of requests in bucket i. */
+typedef struct fp4idx_op_stats_s {
+  char op[FP4IDX_PROTO_NAME_CAP];
+  uint64_t count;
+  uint64_t errors;
+  uint32_t nbuckets;                        /* <= MAX_BUCKETS */
+  double le_us[FP4IDX_PROTO_MAX_BUCKETS];
+  uint64_t hist[FP4IDX_PROTO_MAX_BUCKETS];
+  double sum_us;
+} fp4idx_op_stats_t;
 
-/* A request. "info", "stats" and "save" have no fields. */
+/* The request and response struct of every op with fields,
+ * fp4idx_<op>_req_t and fp4idx_<op>_resp_t (fp4idx_info_t, fp4idx_stats_t),
+ * generated from protocol/optable.py (fp4idx_op_types.h, in the build tree:
+ * the wire fields in a comment above each struct, optional ones marked `?`,
+ * and what a member holds beside it), with the entries of arrays of maps
+ * with integer fields (fp4idx_list_entry_t of "list" "seqs"). They use the
+ * types above: tensors, string views, score entries and results, op
+ * counters. */
+#include "fp4idx_op_types.h"
+
+/* A request. Ops without request fields (info, stats, save) have no member. */
 typedef struct fp4idx_request_s {
   uint64_t id;    /* echoed by the response; 0 when it could not be read */
   fp4idx_op_t op; /* NONE when decode failed before the op was known */
   union {
-    fp4idx_hello_req_t hello;
-    fp4idx_append_req_t append;
-    fp4idx_score_req_t score;
-    fp4idx_truncate_req_t truncate;
-    fp4idx_drop_req_t drop;
-    fp4idx_fork_req_t fork;
-    fp4idx_read_req_t read;
-    fp4idx_list_req_t list;
-    fp4idx_register_req_t register_;
-    fp4idx_unregister_req_t unregister;
+    FP4IDX__REQ_UNION /* fp4idx_<op>_req_t <op>; ("register_" for register) */
   } u;
   void *owned_; /* private: what the decoder allocated (score seqs) */
 } fp4idx_request_t;
@@ -536,143 +457,15 @@ int fp4idx_encode_request_split(msgpack_sbuffer *sb, const fp4idx_request_t *req
 
 /* ---- responses ------------------------------------------------------------ */
 
-/* "hello" -> {"version", "server"}. */
-typedef struct fp4idx_hello_resp_s {
-  uint64_t version;
-  char server[FP4IDX_PROTO_NAME_CAP]; /* "fp4idxd 0.1.0" */
-} fp4idx_hello_resp_t;
-
-/* "info" -> {...}. */
-typedef struct fp4idx_info_s {
-  uint64_t version;
-  char server[FP4IDX_PROTO_NAME_CAP];
-  char backend[FP4IDX_PROTO_SHORT_CAP]; /* "cpu" | "cuda" */
-  char device[FP4IDX_PROTO_DEVICE_CAP];
-  uint64_t page_size, pages_total, pages_free, sequences, max_frame;
-  uint64_t pages_shared; /* pages two sequences or more see (0 from a
-                            daemon that predates fork) */
-  /* How the daemon shares its GPU: "mps", "time_slice", "exclusive",
-   * "unknown" or "none" (CPU backend); "" from a daemon that predates it.
-   * gpu_other_processes: other processes holding a context on the GPU. */
-  char gpu_sharing[FP4IDX_PROTO_SHORT_CAP];
-  uint64_t gpu_other_processes;
-} fp4idx_info_t;
-
-/* "append" -> {"first", "length"}: position of the first new key and the
- * sequence length after the append. */
-typedef struct fp4idx_append_resp_s {
-  uint64_t first;
-  uint64_t length;
-} fp4idx_append_resp_t;
-
-/* One entry of "score" "results", in request order. Without topk: logits f32
- * [R,W]. With topk: positions i32 [R,k], logits f32 [R,k], counts i32 [R]. */
-typedef struct fp4idx_score_result_s {
-  uint64_t seq;
-  bool topk;                  /* true: positions and counts are present */
-  fp4idx_tensor_t logits;
-  fp4idx_tensor_t positions;
-  fp4idx_tensor_t counts;
-} fp4idx_score_result_t;
-
-typedef struct fp4idx_score_resp_s {
-  fp4idx_score_result_t *results;
-  size_t nresults;
-} fp4idx_score_resp_t;
-
-/* "truncate" -> {"length"}. */
-typedef struct fp4idx_truncate_resp_s {
-  uint64_t length;
-} fp4idx_truncate_resp_t;
-
-/* "fork" -> {"length"}: the new sequence's length. */
-typedef struct fp4idx_fork_resp_s {
-  uint64_t length;
-} fp4idx_fork_resp_t;
-
-/* "read" -> {"keys": u8 [n,68] | f32 [n,128]} (n may be 0). */
-typedef struct fp4idx_read_resp_s {
-  fp4idx_tensor_t keys;
-} fp4idx_read_resp_t;
-
-/* Per-op counters of "stats" "requests". Buckets: le_us[i] is the upper
- * bound (microseconds, inclusive) of bucket i, the last one +inf; hist[i] is
- * the plain (non-cumulative) count of requests in bucket i. */
-typedef struct fp4idx_op_stats_s {
-  char op[FP4IDX_PROTO_NAME_CAP];
-  uint64_t count;
-  uint64_t errors;
-  uint32_t nbuckets;                        /* <= MAX_BUCKETS */
-  double le_us[FP4IDX_PROTO_MAX_BUCKETS];
-  uint64_t hist[FP4IDX_PROTO_MAX_BUCKETS];
-  double sum_us;
-} fp4idx_op_stats_t;
-
-/* "stats" -> {...}. */
-typedef struct fp4idx_stats_s {
-  double uptime_s;
-  uint64_t connections, sequences, keys, pages_total, pages_free;
-  uint64_t pages_shared; /* as in info */
-  char backend[FP4IDX_PROTO_SHORT_CAP];
-  char device[FP4IDX_PROTO_DEVICE_CAP];
-  fp4idx_op_stats_t *ops; /* nops entries (map "requests", wire order) */
-  size_t nops;
-  /* Counters since start and gauges now. Optional on the wire (absent from
-   * daemons before them): 0 when absent. */
-  uint64_t keys_appended, rows_scored, request_bytes, response_bytes;
-  uint64_t queue_depth, device_mem_total, device_mem_free;
-  /* "errors_by_status": status name -> count, held by -code (index 0
-   * unused); names this build does not know are skipped when decoding. */
-  uint64_t status_errors[FP4IDX_PROTO_MAX_STATUSES];
-  /* nstages entries (map "stages": time per stage of the request path, op
-   * holding the stage name, errors 0); absent on the wire when 0 */
-  fp4idx_op_stats_t *stages;
-  size_t nstages;
-  char gpu_sharing[FP4IDX_PROTO_SHORT_CAP]; /* as in info */
-  uint64_t gpu_other_processes;             /* as in info */
-} fp4idx_stats_t;
-
-/* One entry of "list" "seqs". */
-typedef struct fp4idx_list_entry_s {
-  uint64_t seq;
-  uint64_t keys;  /* keys held */
-  uint64_t pages; /* pages they take */
-  uint64_t pages_shared; /* of which another sequence sees too (fork) */
-} fp4idx_list_entry_t;
-
-/* "list" -> {"cursor", "seqs"}: the cursor of the next step (0: the scan is
- * complete) and the sequences of this step (any order, possibly none). */
-typedef struct fp4idx_list_resp_s {
-  uint64_t cursor;
-  fp4idx_list_entry_t *seqs;
-  size_t nseqs;
-} fp4idx_list_resp_t;
-
-/* "register" -> {"region", "size"}: the new region's id (>= 1, unique per
- * connection, never reused by it) and its size in bytes. */
-typedef struct fp4idx_register_resp_s {
-  uint64_t region;
-  uint64_t size;
-} fp4idx_register_resp_t;
-
 /* A response. When status < 0 only id, status and error are meaningful.
- * "drop" and "save" have no fields. */
+ * Ops without response fields (drop, save, unregister) have no member. */
 typedef struct fp4idx_response_s {
   uint64_t id;
   int status;                          /* 0 or a negative fp4idx code */
   char error[FP4IDX_PROTO_ERROR_CAP];  /* "" on success */
   fp4idx_op_t op;                      /* which union member; not on wire */
   union {
-    fp4idx_hello_resp_t hello;
-    fp4idx_info_t info;
-    fp4idx_append_resp_t append;
-    fp4idx_score_resp_t score;
-    fp4idx_truncate_resp_t truncate;
-    fp4idx_fork_resp_t fork;
-    fp4idx_read_resp_t read;
-    fp4idx_stats_t stats;
-    fp4idx_list_resp_t list;
-    fp4idx_register_resp_t register_;
+    FP4IDX__RESP_UNION /* fp4idx_<op>_resp_t <op>; */
   } u;
   void *owned_; /* private: what the decoder allocated */
 } fp4idx_response_t;

@@ -3,16 +3,16 @@
 #include "codec_internal.h"
 
 #define FP4IDX__UNPAREN(...) __VA_ARGS__
-#define FP4IDX__OP_ROW(ID, nm, fl, rq, rs, REQ, RESP)                        \
+#define FP4IDX__OP_ROW(ID, nm, fl, rq, rs)                                   \
   [FP4IDX_OP_##ID] = {                                                       \
       .name = #nm,                                                           \
       .flags = (fl),                                                         \
       .req_fields = {"id", "op", FP4IDX__UNPAREN rq},                        \
       .resp_fields = {"id", "status", "error", FP4IDX__UNPAREN rs},          \
-      .req_decode = fp4idx__##REQ##_req_decode,                              \
-      .req_pack = fp4idx__##REQ##_req_pack,                                  \
-      .resp_decode = fp4idx__##RESP##_resp_decode,                           \
-      .resp_pack = fp4idx__##RESP##_resp_pack,                               \
+      .req_decode = fp4idx__##nm##_req_decode,                               \
+      .req_pack = fp4idx__##nm##_req_pack,                                   \
+      .resp_decode = fp4idx__##nm##_resp_decode,                             \
+      .resp_pack = fp4idx__##nm##_resp_pack,                                 \
   },
 
 const fp4idx__op_desc_t fp4idx__ops[FP4IDX_OP__COUNT] = {

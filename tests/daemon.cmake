@@ -53,6 +53,11 @@ foreach(t golden errors concurrency lifecycle memory list fork exposure budget c
   # socket timeouts (10 s) make a stuck daemon fail a test, not hang it.
   set_tests_properties(test_daemon_${t} PROPERTIES TIMEOUT 300)
 endforeach()
+# "length", through the codec and the C client's generated call.
+fp4idx_add_test(test_daemon_length
+  SOURCES test_daemon_length.c ${CMAKE_CURRENT_SOURCE_DIR}/test_protocol_util.c
+  LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util LABELS daemon client)
+set_tests_properties(test_daemon_length PROPERTIES TIMEOUT 300)
 if(TARGET fp4idx_cuda)
   target_compile_definitions(test_daemon_lifecycle PRIVATE FP4IDX_TEST_HAVE_CUDA)
   target_compile_definitions(test_daemon_golden PRIVATE FP4IDX_TEST_HAVE_CUDA)

@@ -53,7 +53,8 @@ if(FP4IDX_LIBFUZZER)
   endif()
   set(_fuzz_san -fsanitize=address,undefined -fno-sanitize-recover=undefined)
   add_library(fp4idx_protocol_fuzz STATIC ${FP4IDX_PROTOCOL_SOURCES})
-  target_include_directories(fp4idx_protocol_fuzz PUBLIC ${PROJECT_SOURCE_DIR}/protocol)
+  target_include_directories(fp4idx_protocol_fuzz PUBLIC ${PROJECT_SOURCE_DIR}/protocol ${FP4IDX_GEN_DIR})
+  add_dependencies(fp4idx_protocol_fuzz fp4idx_optable)
   target_link_libraries(fp4idx_protocol_fuzz PUBLIC PkgConfig::MSGPACK)
   target_compile_options(fp4idx_protocol_fuzz PRIVATE -fsanitize=fuzzer-no-link ${_fuzz_san})
   add_executable(fuzz_codec ${_fuzz_dir}/fuzz_codec.c)
@@ -66,3 +67,10 @@ if(FP4IDX_LIBFUZZER)
                    ${CMAKE_CURRENT_BINARY_DIR}/fuzz_corpus
                    ${_fuzz_dir}/corpus ${_fuzz_dir}/regressions)
 endif()
+
+# The committed outputs of the op table (protocol/optable.py): PROTOCOL.md's
+# op reference and the Python client's table must be what the generator
+# makes of it now (protocol/gen_optable.py docs --write rewrites both).
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+add_test(NAME test_optable_docs
+  COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/protocol/gen_optable.py docs --check)

@@ -433,6 +433,42 @@ Test(e2e, truncate_drop_and_errors) {
   golden_free(&g);
 }
 
+/* The integer-only ops as data (fp4idx_client_ops, generated from the op
+ * table) and called by name: the same answers as their typed calls. */
+Test(e2e, integer_ops_by_name) {
+  size_t n = 0;
+  const fp4idx_client_op_t *ops = fp4idx_client_ops(&n);
+  const fp4idx_client_op_t *tr = NULL;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(ops[i].name, "truncate") == 0) tr = &ops[i];
+  cr_assert_not_null(tr, "truncate is an integer-only op");
+  cr_assert_eq(tr->nrequest, 2u);
+  cr_assert_str_eq(tr->request[0], "seq");
+  cr_assert_str_eq(tr->request[1], "length");
+  cr_assert_eq(tr->nresponse, 1u);
+  cr_assert_str_eq(tr->response[0], "length");
+
+  golden_t g;
+  golden_load(&g, "dyadic_h32", 32);
+  fp4idx_client_t *c = open_client();
+  golden_append(c, 5, &g);
+  uint64_t out[1] = {0};
+  CHECK(c, fp4idx_client_call_ints(c, "truncate", (uint64_t[]){5, 300}, 2, out, 1));
+  cr_expect_eq(out[0], 300);
+  cr_expect_eq(fp4idx_client_call_ints(c, "truncate", (uint64_t[]){999, 0}, 2, out, 1),
+               FP4IDX_ENOSEQ);
+  cr_expect(strstr(fp4idx_client_last_error(c), "999") != NULL, "%s",
+            fp4idx_client_last_error(c));
+  cr_expect_eq(fp4idx_client_call_ints(c, "truncate", (uint64_t[]){5}, 1, out, 1),
+               FP4IDX_EINVAL, "a field count other than the op's");
+  cr_expect_eq(fp4idx_client_call_ints(c, "score", NULL, 0, NULL, 0), FP4IDX_EINVAL,
+               "score has tensors: not an integer op");
+  CHECK(c, fp4idx_client_call_ints(c, "drop", (uint64_t[]){5}, 1, NULL, 0));
+  cr_expect_eq(fp4idx_client_drop(c, 5), FP4IDX_ENOSEQ, "the drop by name dropped it");
+  fp4idx_client_close(c);
+  golden_free(&g);
+}
+
 Test(e2e, stats_counts_requests) {
   fp4idx_client_t *c = open_client();
   uint16_t k[3 * 128] = {0};

@@ -237,4 +237,16 @@ int fp4idx__cli_save(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cli_export(fp4idx_cli_t *cli, int argc, char **argv);
 int fp4idx__cli_import(fp4idx_cli_t *cli, int argc, char **argv);
 
+/* table_cmds.c: the ops of the protocol's op table whose fields are all
+ * integers, as commands. */
+/* Returns the op named `name` of fp4idx_client_ops(), or NULL. */
+const fp4idx_client_op_t *fp4idx__cli_table_op(const char *name);
+/* The operands of op ("SEQ LENGTH": its request fields, upper-cased) into
+ * buf[cap] (cut to fit); returns buf. */
+const char *fp4idx__cli_table_operands(const fp4idx_client_op_t *op, char *buf, size_t cap);
+/* Runs op with argv[1..argc) as its request fields; prints the response
+ * fields. Returns 0 or a status with cli->err set, as a command. */
+int fp4idx__cli_table_call(fp4idx_cli_t *cli, const fp4idx_client_op_t *op, int argc,
+                           char **argv);
+
 #endif /* FP4IDX_CLI_H */

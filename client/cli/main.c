@@ -53,6 +53,19 @@ static void usage(FILE *f) {
           "  -V, --version       print the version\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
+  /* the ops of the op table without a command of their own */
+  size_t nops = 0;
+  const fp4idx_client_op_t *ops = fp4idx_client_ops(&nops);
+  int any = 0;
+  for (size_t k = 0; k < nops; k++) {
+    int own = 0;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+      own |= strcmp(commands[i].name, ops[k].name) == 0;
+    if (own) continue;
+    char args[128];
+    if (!any++) fprintf(f, "\nprotocol ops (operands: the request's fields; PROTOCOL.md):\n");
+    fprintf(f, "  %s %s\n", ops[k].name, fp4idx__cli_table_operands(&ops[k], args, sizeof args));
+  }
   fprintf(f,
           "\nExit status: 0 success, 1 failure, 2 bad command line, 130 Ctrl-C;\n"
           "errors are one line on stderr: 'fp4idx-cli: COMMAND: MESSAGE (CODE)'.\n");
@@ -126,6 +139,11 @@ int main(int argc, char **argv) {
       optind = 0;
       return commands[i].fn(&cli, 2, help_argv) == 0 ? 0 : report(name, &cli.err);
     }
+    const fp4idx_client_op_t *op = fp4idx__cli_table_op(name);
+    if (op) {
+      char *help_argv[] = {(char *)op->name, (char *)"--help", NULL};
+      return fp4idx__cli_table_call(&cli, op, 2, help_argv);
+    }
     fp4idx__cli_usage(&cli.err, "unknown command '%s' (try help)", name);
     return report("help", &cli.err);
   }
@@ -138,6 +156,14 @@ int main(int argc, char **argv) {
     if (st == 0) return 0;
     if (cli.err.msg[0] == '\0')
       fp4idx__cli_fail(&cli.err, st, "%s", fp4idx_strerror(st));
+    return report(name, &cli.err);
+  }
+  /* An op of the op table without a command of its own. */
+  const fp4idx_client_op_t *op = fp4idx__cli_table_op(name);
+  if (op) {
+    int st = fp4idx__cli_table_call(&cli, op, argc - optind, argv + optind);
+    if (st == 0) return 0;
+    if (cli.err.msg[0] == '\0') fp4idx__cli_fail(&cli.err, st, "%s", fp4idx_strerror(st));
     return report(name, &cli.err);
   }
   fp4idx__cli_usage(&cli.err, "unknown command '%s' (try --help)", name);

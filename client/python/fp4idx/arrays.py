@@ -208,6 +208,28 @@ def keys_tensor(keys, table=None):
     return wire(dtype, a)
 
 
+def tensor(x, dtypes, table=None, what="tensor"):
+    """Any array -> wire tensor in one of the wire `dtypes` an op's field
+    takes (the op table's), or a region reference when it lies in a region
+    of `table`. float64 and other floats go as f32 when f32 is allowed;
+    another dtype is EINVAL naming `what`."""
+    kd = _keys_dtype(x)
+    if kd in dtypes:
+        ref = region_ref(x, table, kd)
+        if ref is not None:
+            return ref
+    a = as_numpy(x)
+    if a.dtype == np.uint16 or _is_bf16(a):
+        dt, a = "bf16", a.view(np.uint16)
+    else:
+        dt = regions.wire_dtype(a.dtype)
+        if dt not in dtypes and a.dtype.kind == "f" and "f32" in dtypes:
+            dt, a = "f32", a.astype(np.float32)
+    if dt not in dtypes:
+        raise _invalid(f"{what}: dtype {a.dtype} is none of {', '.join(dtypes)}")
+    return wire(dt, a)
+
+
 def entry(seq, q, w, lens=None, mask=None, table=None):
     """One score entry (PROTOCOL.md, `score`): q [R,H,128], w [R,H] -> map.
     Inputs in a region of `table` go as references."""

@@ -5,6 +5,21 @@ from .errors import Error
 
 
 class Methods:
+    def call(self, op, **fields):
+        """Any op of the op table (protocol/optable.py) by its wire name ->
+        the reply's fields as a dict, or None for an op without any:
+        c.call("truncate", seq=7, length=3) -> {"length": 3}. A field named
+        like a Python keyword takes a trailing "_" (from_=...). Fields are
+        checked against the table before anything is sent (InvalidArgument)."""
+        return self._run(ops.call(op, fields, self._table()))
+
+    def __getattr__(self, name):
+        """An op of the table that has no method of its own, as one:
+        c.length(seq=7) is c.call("length", seq=7)."""
+        if not name.startswith("_") and name in ops.OPS:
+            return lambda **fields: self.call(name, **fields)
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+
     def _table(self):
         """The regions of the connection requests go to (regions.Table), or
         None where there is none (ShardedClient): arrays in them are sent

@@ -1,11 +1,14 @@
 """The operations of protocol/PROTOCOL.md as data: each builder returns a
 Request (the op name, its fields, and how to turn the reply into the
 method's result). Client, Pipeline, AsyncClient and ShardedClient all run
-these same Requests, so a new operation is one builder here plus one line
-in methods.py.
+these same Requests. call() builds the Request of any op of the op table
+(optable.py, generated from protocol/optable.py) from its fields, so a new
+operation needs nothing here; a builder is for the ops whose result a
+method shapes (arrays, tuples).
 """
 from . import arrays
 from .errors import BY_NAME
+from .optable import OPS
 
 
 class Request:
@@ -204,3 +207,80 @@ def score_wired(wired, devs, heads, topk):
     def parse(r):
         return [_result(res, topk, dev, out) for res, (dev, out) in zip(r["results"], devs)]
     return Request("score", f, parse, many=(devs, heads, topk))
+
+
+# ---- any op of the table, by name ----------------------------------------------
+
+def _check_field(op, spec, v, table):
+    """One request field against its row of the op table -> its wire value."""
+    name, kind = spec["name"], spec["kind"]
+    what = f"{op} {name}"
+    if kind in ("uint", "u32"):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise arrays._invalid(f"{what} must be an int, got {type(v).__name__}")
+        v = _uint(what, v)
+        lo, hi = spec.get("min", 0), spec.get("max")
+        if v < lo or (hi is not None and v > hi):
+            raise arrays._invalid(f"{what} must be in {lo}..{hi if hi is not None else '2^64-1'}, got {v}")
+        return v
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise arrays._invalid(f"{what} must be a bool, got {type(v).__name__}")
+        return v
+    if kind == "str":
+        v = str(v)
+        if "max" in spec and len(v.encode()) > spec["max"]:
+            raise arrays._invalid(f"{what} is longer than {spec['max']} bytes")
+        return v
+    if kind == "enum":
+        if v not in spec["values"]:
+            raise arrays._invalid(f"{what} must be one of {spec['values']}, got {v!r}")
+        return v
+    if kind == "tensor" and not isinstance(v, dict):
+        return arrays.tensor(v, spec["dtypes"], table, what)
+    return v  # "more" fields and tensor maps go as given; the daemon checks them
+
+
+def _parse_for(op, result):
+    """The reply of op -> its result: None, the one field's value, or the
+    dict of its fields; tensor fields as numpy arrays."""
+    tensors = OPS[op]["tensors"]
+
+    def fields(r):
+        r = _plain(r)
+        for name in tensors:
+            if isinstance(r.get(name), dict) and "data" in r[name]:
+                r[name] = arrays.array(r[name])
+        return r
+    if result == "none":
+        return lambda r: None
+    if result == "value":
+        return lambda r: fields(r)[OPS[op]["response"][0]]
+    return fields
+
+
+def call(op, fields, table=None):
+    """Any op of protocol/optable.py by its wire name, with its fields as a
+    dict (a trailing "_" of a name is dropped: from_ -> "from") -> a
+    Request whose result is the reply's fields as a dict (None for ops
+    without response fields). Arrays go as tensors of a dtype the field
+    takes, or as region references when they lie in a region of `table`.
+    Unknown ops and fields, missing required fields and values of the wrong
+    kind or out of range raise InvalidArgument before anything is sent."""
+    row = OPS.get(op)
+    if row is None:
+        raise arrays._invalid(f"unknown op {op!r} (ops: {', '.join(OPS)})")
+    given = {(k[:-1] if k.endswith("_") else k): v for k, v in fields.items()}
+    specs = {s["name"]: s for s in row["request"]}
+    unknown = sorted(set(given) - set(specs))
+    if unknown:
+        raise arrays._invalid(f"{op}: unknown fields {unknown} (fields: {sorted(specs)})")
+    f = {}
+    for s in row["request"]:
+        if s["name"] not in given or given[s["name"]] is None:
+            if s.get("required"):
+                raise arrays._invalid(f"{op}: missing field {s['name']!r}")
+            continue
+        f[s["name"]] = _check_field(op, s, given[s["name"]], table)
+    result = row["result"] if row["response"] else "none"
+    return Request(op, f, _parse_for(op, result), f.get("seq"))
