@@ -18,7 +18,7 @@
 
 #include "crc32c.h"
 
-#define MAGIC "FP4IDXSN"
+#define SNAPSHOT_MAGIC "FP4IDXSN"
 /* Pages are moved in batches of about this many bytes: large enough that a
  * device copy runs at full speed, small enough to stay cheap in host RAM. */
 #define CHUNK_BYTES (32u << 20)
@@ -237,7 +237,7 @@ typedef struct header_s {
 
 static void header_encode(unsigned char *h, const header_t *hd) {
   memset(h, 0, FP4IDX_SNAPSHOT_HEADER_BYTES);
-  memcpy(h, MAGIC, 8);
+  memcpy(h, SNAPSHOT_MAGIC, 8);
   fp4idx__put32(h + 8, hd->info.version);
   fp4idx__put32(h + 12, FP4IDX_SNAPSHOT_HEADER_BYTES);
   fp4idx__put32(h + 16, (uint32_t)hd->info.page_size);
@@ -258,7 +258,7 @@ static void header_encode(unsigned char *h, const header_t *hd) {
 static int header_decode(const unsigned char *h, uint64_t file_bytes,
                          const char *path, header_t *hd, char *err,
                          size_t errlen) {
-  if (memcmp(h, MAGIC, 8) != 0) {
+  if (memcmp(h, SNAPSHOT_MAGIC, 8) != 0) {
     return fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx snapshot (bad magic)", path);
   }
   if (fp4idx__get32(h + 124) != fp4idx__crc32c(0, h, 124)) {
