@@ -82,8 +82,9 @@ struct fp4idx_daemon_s {
   fp4idx_daemon_stats_t stats;
   fp4idx_stages_t stages;       /* time per stage of the request path */
   /* The cache's counts as of the last request the worker finished, for
-   * requests answered on the loop (info, stats): written by the worker
-   * after each request, read anywhere (__atomic). */
+   * requests answered on the loop (info, stats) and for the metrics
+   * endpoint's thread: written by the worker after each request, read
+   * anywhere (__atomic). */
   struct {
     uint64_t pages_free, sequences, keys, pages_shared;
   } pub;
