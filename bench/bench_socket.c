@@ -2,16 +2,18 @@
  * socket, the way a client sees it (libfp4idx-client over a Unix socket).
  *
  * Spawns a real fp4idxd (--backend cpu by default, --backend cuda for the
- * GPU; temporary socket) or connects to a running one with -s, then
+ * GPU, --backend nowork with -d fp4idxd-nowork for the daemon's own cost;
+ * temporary socket) or connects to a running one with -s, then
  * measures (--sections, default abcd):
  *   (a) round-trip latency of small requests: score of 1 sequence of 64 keys,
  *       R=4 rows, H=32 heads (full logits, and top-k 16), and info;
- *       warm-up, then N calls each, p50/p90/p99/max in us;
+ *       warm-up, then N calls each, p50/p90/p99/max in us, and the
+ *       daemon's stage breakdown of each case (means per request);
  *   (b) append throughput in keys/s, 8192-key requests of bf16, f32 and
  *       packed fp4 keys, K keys in all per run (one fresh sequence per run);
  *   (c) one client, R=4 x H=32 rows, every context of --ctx (default
  *       16384,100000,400000) x every k of --topk (0 = full logits; default
- *       0,16,512,2048): p50 round trip, the daemon's own time and its stage
+ *       0,16,512,2048): p50 and p99 round trip, the daemon's own time and its stage
  *       breakdown (stats "stages": read, queue, decode, execute, upload,
  *       kernels, download, encode, wake, write; means per request), and the
  *       same score computed in this process (--local cpu|cuda|none);
@@ -27,8 +29,10 @@
  *       append rate of bf16 keys from a host region.
  * Every measurement runs -r times (default 3) and the table shows the median
  * of the per-run figures. --csv writes every raw sample, --hist a log-binned
- * latency histogram of (a), --summary one row per case of (c) and (d) with
- * the stage means (bench/plot_socket.py draws them).
+ * latency histogram of (a), --summary one row per case of (a), (c) and (d)
+ * with the stage means (section score_logits / score_topk16 / info for (a),
+ * single for (c), concurrent for (d); bench/plot_socket.py draws (c) and
+ * (d)).
  *
  * The in-process compute of (c) and (d) runs while the daemon is idle; with
  * --local cuda it creates its own CUDA backend on the same GPU (the daemon
@@ -329,6 +333,20 @@ static void snap_means(const snap_t *before, const snap_t *after, const snap_t *
   *daemon = dn ? (after->score_sum - before->score_sum) / (double)dn : NAN;
 }
 
+/* --summary: one row per case (sections a, c, d). */
+static FILE *g_summary;
+
+static void summary_row(const char *section, long ctx, long k, long clients, double p50,
+                        double p90, double p99, double daemon, const double *st,
+                        double compute, double outside, double agg, double local_agg) {
+  if (!g_summary) return;
+  fprintf(g_summary, "%s,%ld,%ld,%ld,%.2f,%.2f,%.2f", section, ctx, k, clients, p50, p90,
+          daemon);
+  for (int i = 0; i < NSTAGE; i++) fprintf(g_summary, ",%.2f", st ? st[i] : NAN);
+  fprintf(g_summary, ",%.2f,%.2f,%.1f,%.1f,%.2f\n", compute, outside, agg, local_agg, p99);
+  fflush(g_summary);
+}
+
 /* ---- (a) latency ----------------------------------------------------------- */
 
 enum { LAT_SCORE, LAT_TOPK, LAT_INFO, LAT_N };
@@ -360,14 +378,15 @@ static int hbin(double us) {
 }
 
 static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][6],
-                         uint64_t hist[LAT_N][HBINS]) {
+                         double stages[LAT_N][NSTAGE], uint64_t hist[LAT_N][HBINS]) {
   const uint64_t seq = 1;
   uint16_t *keys = malloc((size_t)SMALL_KEYS * 128 * 2);
   uint16_t q[ROWS * HEADS * 128], w[ROWS * HEADS];
   float logits[ROWS * SMALL_KEYS];
   int32_t pos[ROWS * TOPK], counts[ROWS];
   double *s = malloc((size_t)o->iters * sizeof *s);
-  double per[LAT_N][6][16];
+  double per[LAT_N][6][16], stm[LAT_N][NSTAGE][16];
+  const int local = strcmp(o->local, "none") != 0;
   fp4idx_backend_t *b = NULL;
   int32_t *pages = NULL;
   uint64_t dn;
@@ -379,7 +398,7 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
   fill_bf16(w, sizeof w / 2);
   fp4idx_client_drop(c, seq); /* a leftover from an earlier run on -s */
   CHECK(fp4idx_client_append_bf16(c, seq, keys, SMALL_KEYS, FP4IDX_ROUNDING_RNE, NULL, NULL));
-  if (local_backend(keys, SMALL_KEYS, &b, &pages)) goto fail;
+  if (local && local_backend(keys, SMALL_KEYS, &b, &pages)) goto fail;
   int32_t lens[ROWS];
   for (int r = 0; r < ROWS; r++) lens[r] = SMALL_KEYS;
   fp4idx_backend_seq_t ss = {.pages = pages, .n_keys = SMALL_KEYS, .rows = ROWS,
@@ -394,12 +413,17 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
       const char *op = k == LAT_INFO ? "info" : "score";
       for (int i = 0; i < o->warmup; i++)
         CHECK(lat_call(c, k, seq, q, w, logits, pos, counts));
-      if (op_stats(c, op, &dn, &dsum)) goto fail;
+      snap_t cost, s0, s1;
+      if (op_stats(c, op, &dn, &dsum) || stats_cost(c, &cost) || take_snap(c, &s0)) goto fail;
       for (int i = 0; i < o->iters; i++) {
         double t0 = now_us();
         CHECK(lat_call(c, k, seq, q, w, logits, pos, counts));
         s[i] = now_us() - t0;
       }
+      if (take_snap(c, &s1)) goto fail;
+      double mean[NSTAGE], unused;
+      snap_means(&s0, &s1, &cost, o->iters, mean, &unused);
+      for (int st = 0; st < NSTAGE; st++) stm[k][st][rep] = mean[st];
       csv_samples(lat_name[k], rep, s, (size_t)o->iters);
       for (int i = 0; i < o->iters; i++) hist[k][hbin(s[i])]++;
       qsort(s, (size_t)o->iters, sizeof *s, cmp_double);
@@ -410,7 +434,7 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
       per[k][4][rep] = op_mean_since(c, op, &dn, &dsum);
       /* The same score in this process's CPU backend: what compute costs. */
       per[k][5][rep] = NAN;
-      if (k != LAT_INFO) {
+      if (local && k != LAT_INFO) {
         for (int i = 0; i < o->warmup; i++) CHECK(b->ops->score(b, &lb[k]));
         for (int i = 0; i < o->iters; i++) {
           double t0 = now_us();
@@ -422,8 +446,13 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
       }
     }
   }
-  for (int k = 0; k < LAT_N; k++)
+  for (int k = 0; k < LAT_N; k++) {
     for (int j = 0; j < 6; j++) res[k][j] = median3(per[k][j], o->reps);
+    for (int st = 0; st < NSTAGE; st++) stages[k][st] = median3(stm[k][st], o->reps);
+    summary_row(lat_name[k], k == LAT_INFO ? 0 : SMALL_KEYS, k == LAT_TOPK ? TOPK : 0, 1,
+                res[k][0], res[k][1], res[k][2], res[k][4], stages[k], res[k][5], NAN, NAN,
+                NAN);
+  }
   CHECK(fp4idx_client_drop(c, seq));
   rc = 0;
 fail:
@@ -494,19 +523,6 @@ fail:
 
 /* ---- (c) one client: contexts x top-k ------------------------------------- */
 
-static FILE *g_summary;
-
-static void summary_row(const char *section, long ctx, long k, long clients, double p50,
-                        double p90, double daemon, const double *st, double compute,
-                        double outside, double agg, double local_agg) {
-  if (!g_summary) return;
-  fprintf(g_summary, "%s,%ld,%ld,%ld,%.2f,%.2f,%.2f", section, ctx, k, clients, p50, p90,
-          daemon);
-  for (int i = 0; i < NSTAGE; i++) fprintf(g_summary, ",%.2f", st ? st[i] : NAN);
-  fprintf(g_summary, ",%.2f,%.2f,%.1f,%.1f\n", compute, outside, agg, local_agg);
-  fflush(g_summary);
-}
-
 /* Appends n bf16 keys to seq in CHUNK-key requests. */
 static int load_seq(fp4idx_client_t *c, uint64_t seq, const uint16_t *keys, long n) {
   fp4idx_client_drop(c, seq);
@@ -547,8 +563,8 @@ static int bench_matrix(fp4idx_client_t *c, const opts_t *o) {
   fill_bf16(q, sizeof q / 2);
   fill_bf16(w, sizeof w / 2);
   printf("\n(c) one client, score R=%d x H=%d (p50 us; stage means per request)\n", ROWS, HEADS);
-  printf("    %-8s %-6s %9s %9s %9s %9s |", "context", "top-k", "socket", "daemon", "outside",
-         "compute");
+  printf("    %-8s %-6s %9s %9s %9s %9s %9s |", "context", "top-k", "socket", "p99",
+         "daemon", "outside", "compute");
   for (int i = 0; i < NSTAGE; i++) printf(" %8.8s", stage_name[i]);
   printf("\n");
   for (int ci = 0; ci < o->nctx; ci++) {
@@ -564,7 +580,7 @@ static int bench_matrix(fp4idx_client_t *c, const opts_t *o) {
                                .q = q, .w = w, .lens = lens};
     for (int ki = 0; ki < o->ntopk; ki++) {
       const long k = o->topk[ki];
-      double per[5][16], stm[NSTAGE][16];
+      double per[6][16], stm[NSTAGE][16];
       char name[64];
       snprintf(name, sizeof name, "ctx%ld_top%ld", n, k);
       for (int rep = 0; rep < o->reps; rep++) {
@@ -595,6 +611,7 @@ static int bench_matrix(fp4idx_client_t *c, const opts_t *o) {
         qsort(s, (size_t)o->big_iters, sizeof *s, cmp_double);
         per[0][rep] = pct(s, (size_t)o->big_iters, 50);
         per[1][rep] = pct(s, (size_t)o->big_iters, 90);
+        per[5][rep] = pct(s, (size_t)o->big_iters, 99);
         per[2][rep] = daemon;
         for (int st = 0; st < NSTAGE; st++) stm[st][rep] = mean[st];
         per[3][rep] = NAN;
@@ -612,20 +629,20 @@ static int bench_matrix(fp4idx_client_t *c, const opts_t *o) {
           per[3][rep] = pct(lt, (size_t)o->big_iters, 50);
         }
       }
-      double r[5], sm[NSTAGE];
-      for (int j = 0; j < 5; j++) r[j] = median3(per[j], o->reps);
+      double r[6], sm[NSTAGE];
+      for (int j = 0; j < 6; j++) r[j] = median3(per[j], o->reps);
       for (int st = 0; st < NSTAGE; st++) sm[st] = median3(stm[st], o->reps);
-      printf("    %-8ld %-6s %9.0f %9.0f %9.0f %9.0f |", n,
-             k ? (snprintf(name, 8, "%ld", k), name) : "full", r[0], r[2], r[4], r[3]);
+      printf("    %-8ld %-6s %9.0f %9.0f %9.0f %9.0f %9.0f |", n,
+             k ? (snprintf(name, 8, "%ld", k), name) : "full", r[0], r[5], r[2], r[4], r[3]);
       for (int st = 0; st < NSTAGE; st++) printf(" %8.1f", sm[st]);
       printf("\n");
       fflush(stdout);
-      summary_row("single", n, k, 1, r[0], r[1], r[2], sm, r[3], r[4], NAN, NAN);
+      summary_row("single", n, k, 1, r[0], r[1], r[5], r[2], sm, r[3], r[4], NAN, NAN);
     }
     fp4idx_backend_destroy(b);
     free(pages);
   }
-  printf("    (socket: client round trip; daemon: its own time per score, frame\n"
+  printf("    (socket: client round trip, p50 and p99; daemon: its own time per score, frame\n"
          "     complete to response encoded; outside: round trip minus the daemon's\n"
          "     time, per call (a second pass, each call between two stats);\n"
          "     compute: --local %s in this process, no socket; stages: means of\n"
@@ -709,7 +726,7 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
   printf("\n");
   for (int ni = 0; ni < o->nclients; ni++) {
     const long N = o->clients[ni];
-    double per[5][16], stm[NSTAGE][16];
+    double per[6][16], stm[NSTAGE][16];
     for (int rep = 0; rep < o->reps; rep++) {
       pthread_barrier_t bar;
       pthread_barrier_init(&bar, NULL, (unsigned)N + 1);
@@ -742,6 +759,7 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
       per[2][rep] = pct(all, m, 90);
       per[3][rep] = daemon;
       per[4][rep] = NAN;
+      per[5][rep] = pct(all, m, 99);
       for (int st = 0; st < NSTAGE; st++) stm[st][rep] = mean[st];
     }
     /* One in-process launch of all N sequences (the device's batched rate). */
@@ -779,15 +797,15 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
       free(pages), free(q), free(w), free(lens), free(lp), free(lc), free(lv), free(ss);
       if (!ok) goto fail;
     }
-    double r[4], sm[NSTAGE];
-    for (int j = 0; j < 4; j++) r[j] = median3(per[j], o->reps);
+    double r[6], sm[NSTAGE];
+    for (int j = 0; j < 6; j++) r[j] = median3(per[j], o->reps);
     for (int st = 0; st < NSTAGE; st++) sm[st] = median3(stm[st], o->reps);
     printf("    %-8ld %12.0f %10.0f %10.0f %14.0f %16.0f %6.0f%% |", N, r[0], r[1], r[2], r[3],
            local_rate, 100.0 * r[0] / local_rate);
     for (int st = 0; st < NSTAGE; st++) printf(" %8.1f", sm[st]);
     printf("\n");
     fflush(stdout);
-    summary_row("concurrent", n, k, N, r[1], r[2], r[3], sm, NAN, NAN, r[0], local_rate);
+    summary_row("concurrent", n, k, N, r[1], r[2], r[5], r[3], sm, NAN, NAN, r[0], local_rate);
   }
   printf("    (requests/s: all clients together over the wall time; in-process /s:\n"
          "     N sequences / the p50 time of one --local %s launch of all N, no socket;\n"
@@ -824,9 +842,11 @@ static void usage(FILE *f) {
           "usage: fp4idx-bench-socket [options]\n"
           "  -s PATH          use the daemon on PATH (default: spawn one)\n"
           "  -d PATH          fp4idxd binary to spawn (default $FP4IDXD, else the build's)\n"
-          "  --backend B      backend of the spawned daemon: cpu (default) or cuda\n"
+          "  --backend B      backend of the spawned daemon: cpu (default), cuda, or\n"
+          "                   nowork (with -d fp4idxd-nowork: the daemon's own cost)\n"
           "  --cache-bytes S  --cache-bytes of the spawned daemon (default 1G)\n"
           "  --local L        in-process comparison backend: cpu (default), cuda, none\n"
+          "                   (none: no compute column in (a), no ratio in (d))\n"
           "  --sections S     which of a, b, c, d, e to run (default abcde)\n"
           "  -n N             (a) latency calls per case and run (default 5000)\n"
           "  -w N             (a) warm-up calls per case and run (default 500)\n"
@@ -841,7 +861,8 @@ static void usage(FILE *f) {
           "  -r N             runs of everything, median reported (default 3, max 15)\n"
           "  --csv FILE       raw samples: case,run,index,us\n"
           "  --hist FILE      latency histogram of (a): lo_us,hi_us,counts per case\n"
-          "  --summary FILE   one row per case of (c) and (d), stage means included\n"
+          "  --summary FILE   one row per case of (a), (c) and (d), stage means and\n"
+          "                   p99 included\n"
           "  --region-ctx N   (e) context of the region cases (default 100000)\n"
           "  --region-cuda    (e) also into CUDA regions (the daemon must run CUDA)\n"
           "  --client-busy-poll US  every client polls its socket US us before\n"
@@ -920,7 +941,7 @@ int main(int argc, char **argv) {
   fp4idx_client_t *c = NULL;
   int rc = 1;
   static uint64_t hist[LAT_N][HBINS];
-  double lat[LAT_N][6], app[3], mbs[3];
+  double lat[LAT_N][6], lat_st[LAT_N][NSTAGE], app[3], mbs[3];
   fp4idx_client_info_t info;
 
   if (o.csv) {
@@ -937,7 +958,7 @@ int main(int argc, char **argv) {
     }
     fprintf(g_summary, "section,ctx,topk,clients,p50_us,p90_us,daemon_us");
     for (int i = 0; i < NSTAGE; i++) fprintf(g_summary, ",%s_us", stage_name[i]);
-    fprintf(g_summary, ",compute_us,outside_us,requests_per_s,inprocess_per_s\n");
+    fprintf(g_summary, ",compute_us,outside_us,requests_per_s,inprocess_per_s,p99_us\n");
   }
   if (!o.sock) {
     if (daemon_spawn(o.daemon, o.backend, o.cache)) {
@@ -959,7 +980,7 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   if (strchr(o.sections, 'a')) {
-    if (bench_latency(c, &o, lat, hist)) goto fail;
+    if (bench_latency(c, &o, lat, lat_st, hist)) goto fail;
     printf("\n(a) round trip, 64 keys, R=%d H=%d   p50 us   p90 us   p99 us   max us"
            "  daemon us  compute us\n",
            ROWS, HEADS);
@@ -972,6 +993,14 @@ int main(int argc, char **argv) {
     printf("    (%d calls after %d warm-up per run; daemon: mean time inside the daemon,\n"
            "     frame read to response encoded; compute: this process's CPU backend, p50)\n",
            o.iters, o.warmup);
+    printf("    stages, us per request (means):    ");
+    for (int i = 0; i < NSTAGE; i++) printf(" %8.8s", stage_name[i]);
+    printf("\n");
+    for (int k = 0; k < LAT_N; k++) {
+      printf("    %-33s  ", lat_name[k]);
+      for (int i = 0; i < NSTAGE; i++) printf(" %8.1f", lat_st[k][i]);
+      printf("\n");
+    }
     fflush(stdout);
   }
   if (strchr(o.sections, 'b')) {

@@ -88,8 +88,12 @@ static int fp4idx__budget_room(uint64_t budget, uint64_t held, uint64_t held_out
 
 int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes) {
   if (bytes < FP4IDX_BUDGET_SMALL_REPLY) return 1;
+  /* Waiting replies already sent back to the worker count as reserved: they
+   * are admitted there (or wait again) only later, and one release must not
+   * send every waiting connection at the same room. */
   return fp4idx__budget_room(fp4idx__budget_of(srv), srv->held, srv->held_out,
-                             __atomic_load_n(&srv->reserved, __ATOMIC_ACQUIRE), bytes);
+                             __atomic_load_n(&srv->reserved, __ATOMIC_ACQUIRE) + srv->admitting,
+                             bytes);
 }
 
 fp4idx_budget_admit_t fp4idx__budget_admit(fp4idx_server_t *srv, uint64_t bytes,

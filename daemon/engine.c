@@ -28,6 +28,15 @@ struct fp4idx_engine_s {
   int on_device;   /* calls with ticket >= 0 */
 };
 
+/* fp4idx__engine_set_backend's choice (NULL: --backend decides). */
+static fp4idx_engine_backend_create_fn fp4idx__engine_own_create;
+static const char *fp4idx__engine_own_name;
+
+void fp4idx__engine_set_backend(fp4idx_engine_backend_create_fn create, const char *name) {
+  fp4idx__engine_own_create = create;
+  fp4idx__engine_own_name = name ? name : "own";
+}
+
 #ifndef FP4IDX_HAVE_CUDA_BACKEND
 /* Built without the CUDA backend: a cuda request has no device. */
 static int fp4idx__engine_cuda_create(fp4idx_backend_t **out, int device) {
@@ -73,12 +82,17 @@ int fp4idx__engine_open(fp4idx_engine_t **out, const fp4idx_config_t *cfg,
   if (!e) return FP4IDX_ENOMEM;
   int rc;
   int cuda = 0;
-  if (cfg->backend == FP4IDX_BACKEND_CPU) {
+  const char *what = "cpu";
+  if (fp4idx__engine_own_create) {
+    what = fp4idx__engine_own_name;
+    rc = fp4idx__engine_own_create(&e->b, cfg);
+  } else if (cfg->backend == FP4IDX_BACKEND_CPU) {
     rc = fp4idx_backend_cpu_create(&e->b, cfg->threads);
   } else {
     rc = fp4idx__engine_cuda_create(&e->b, cfg->device);
     if (rc == FP4IDX_OK) {
       cuda = 1;
+      what = "cuda";
     } else if (cfg->backend == FP4IDX_BACKEND_CUDA) {
       fp4idx__log_error("CUDA backend unavailable (device %d): %s", cfg->device,
                         fp4idx_strerror(rc));
@@ -89,8 +103,7 @@ int fp4idx__engine_open(fp4idx_engine_t **out, const fp4idx_config_t *cfg,
     }
   }
   if (rc) {
-    fp4idx__log_error("cannot create the %s backend: %s", cuda ? "cuda" : "cpu",
-                      fp4idx_strerror(rc));
+    fp4idx__log_error("cannot create the %s backend: %s", what, fp4idx_strerror(rc));
     goto err;
   }
   rc = fp4idx__engine_describe(e, desc);

@@ -39,6 +39,16 @@ typedef struct fp4idx_engine_desc_s {
 int fp4idx__engine_open(fp4idx_engine_t **out, const fp4idx_config_t *cfg,
                         fp4idx_engine_desc_t *desc, int64_t *n_pages);
 
+/* A backend of the program's own, created in place of --backend's choice:
+ * how a program other than fp4idxd links the daemon's core with another
+ * backend (bench/fp4idxd_nowork.c, the benchmark-only no-work backend).
+ * `create` makes the backend for cfg (FP4IDX_OK or an fp4idx status);
+ * `name` is what the start-up logs call it. Set before the daemon starts
+ * (fp4idx__daemon_init); create == NULL: --backend decides (the default). */
+typedef int (*fp4idx_engine_backend_create_fn)(fp4idx_backend_t **out,
+                                               const fp4idx_config_t *cfg);
+void fp4idx__engine_set_backend(fp4idx_engine_backend_create_fn create, const char *name);
+
 void fp4idx__engine_close(fp4idx_engine_t *e);
 
 /* Refreshes desc (memory figures). */

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "budget.h"
 #include "commands.h"
 #include "daemon.h"
+#include "direct_write.h"
 #include "fp4idx_status.h"
 #include "score.h"
 #include "log.h"
@@ -133,6 +135,7 @@ static void fp4idx__server_close_cb(uv_handle_t *h) {
 static void fp4idx__server_conn_close(fp4idx_conn_t *c) {
   if (c->closing) return;
   c->closing = 1;
+  fp4idx__direct_disarm(c); /* no send of the worker's on the fd from here */
   fp4idx__server_defer_clear(c);
   if (c->reading) uv_read_stop((uv_stream_t *)&c->pipe);
   c->reading = 0;
@@ -220,7 +223,7 @@ static void fp4idx__server_part_cb(uv_write_t *wr, int status) {
  * reply whose payload is still coming back from the device (score.h), up
  * to the first byte not there yet. -1: that copy failed (the reply can
  * never be finished). */
-static int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r) {
+int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r) {
   if (!r->out) return (int64_t)r->wire_len;
   const uint8_t *base = NULL;
   int failed = 0;
@@ -244,8 +247,8 @@ static int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r) {
 /* uv bufs for wire bytes [from, to) of r (the frame's bytes with the
  * payloads spliced in at their offsets) into bufs, which has room for
  * 2 * npayloads + 1; returns how many. */
-static size_t fp4idx__server_wire_bufs(const fp4idx_req_t *r, size_t from, size_t to,
-                                       uv_buf_t *bufs) {
+size_t fp4idx__server_wire_bufs(const fp4idx_req_t *r, size_t from, size_t to,
+                                uv_buf_t *bufs) {
   size_t k = 0, w = 0, at = 0;
   for (size_t i = 0; i <= r->npayloads; i++) {
     /* frame bytes [at, end), then payload i (if any) */
@@ -375,14 +378,39 @@ static void fp4idx__server_req_deferred(fp4idx_req_t *req) {
   fp4idx__server_resume(c);
 }
 
+/* A reply the worker sent whole (direct_write.h) is written: it leaves the
+ * list as fp4idx__server_written would take it (it was never counted in
+ * out_bytes). */
+static void fp4idx__server_direct_written(fp4idx_req_t *r) {
+  fp4idx_conn_t *c = r->conn;
+  c->head = r->next;
+  if (!c->head) c->tail = NULL;
+  c->pending--;
+  c->progress_us = fp4idx__stats_now_us();
+  if (c->srv->stages) {
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
+    fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, r->direct_us);
+  }
+  fp4idx__budget_hold(c, 0, -(int64_t)r->wire_len);
+  fp4idx__server_req_free(r);
+  fp4idx__server_resume(c);
+}
+
 void fp4idx__server_req_done(fp4idx_req_t *req) {
   fp4idx_conn_t *c = req->conn;
+  int direct = __atomic_load_n(&c->direct, __ATOMIC_ACQUIRE) != FP4IDX_DIRECT_IDLE
+                   ? fp4idx__direct_disarm(c)
+                   : FP4IDX_DIRECT_IDLE;
+  if (direct != FP4IDX_DIRECT_DONE) req->direct_sent = 0, req->direct_failed = 0;
+  c->srv->admitting -= req->admitting;
+  req->admitting = 0;
   if (req->deferred) {
     fp4idx__server_req_deferred(req);
     return;
   }
   req->done = 1;
-  if (req->t_done_us > 0 && c->srv->stages)
+  const int sent_whole = req->direct_sent == req->wire_len && c->head == req;
+  if (req->t_done_us > 0 && c->srv->stages && !sent_whole)
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE,
                        fp4idx__stats_now_us() - req->t_done_us);
   c->inflight--;
@@ -402,6 +430,15 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
     return;
   }
   if (c->closing) return; /* close_cb frees it */
+  if (req->direct_failed) { /* the worker's send found the peer gone */
+    fp4idx__server_drop(c);
+    return;
+  }
+  if (sent_whole) {
+    fp4idx__server_direct_written(req);
+    return;
+  }
+  req->sent = req->direct_sent; /* the loop writes the rest */
   fp4idx__server_resume(c);
 }
 
@@ -429,11 +466,32 @@ static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
  * c->undispatched is always the first entry of the list that is neither
  * dispatched nor done (fp4idx__server_next_undispatched), so only a parsed
  * request with its job functions set ever reaches the worker. */
+/* Whether c's peer has closed its socket (POLLHUP: both directions; a
+ * client that only shut down its sending side still reads its replies).
+ * A connection not read from (paused by the budget) sees no EOF, so this
+ * is asked before work is done for it after a wait. */
+static int fp4idx__server_peer_gone(fp4idx_conn_t *c) {
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0) return 0;
+  struct pollfd p = {.fd = fd, .events = 0};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
 static void fp4idx__server_pump(fp4idx_conn_t *c) {
+  if (c->defer_bytes && c->undispatched && !c->closing && fp4idx__server_peer_gone(c)) {
+    fp4idx__log_debug("connection %llu: the peer is gone while its reply waited for the "
+                      "buffer budget; closing", (unsigned long long)c->id);
+    fp4idx__server_drop(c);
+    return;
+  }
   while (c->undispatched && !c->closing && fp4idx__budget_may_dispatch(c)) {
     fp4idx_req_t *r = c->undispatched;
     c->undispatched = fp4idx__server_next_undispatched(r->next);
     r->dispatched = 1;
+    if (c->defer_bytes) { /* a waiting reply tries again: its room is taken until it is back */
+      r->admitting = c->defer_bytes;
+      c->srv->admitting += r->admitting;
+    }
     fp4idx__server_defer_clear(c);
     /* The bulk lane for a connection that pipelines (more requests wait
      * behind this one) or leaves replies unread; all its requests in flight
@@ -454,6 +512,7 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     r->job.bulk = c->bulk;
     c->inflight++;
     fp4idx__stats_queue(&((fp4idx_daemon_t *)c->srv->data)->stats, +1);
+    fp4idx__direct_arm(c, r);
     fp4idx__worker_submit(c->srv->worker, &r->job);
   }
 }
@@ -579,7 +638,10 @@ typedef struct fp4idx__server_done_s {
 static void fp4idx__server_req_finished(void *arg) {
   fp4idx__server_done_t *f = arg;
   fp4idx__server_req_reply(f->req, f->reply);
-  if (f->worker) fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
+  if (f->worker) {
+    fp4idx__direct_try(f->req); /* the reply leaves now when nothing is ahead of it */
+    fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
+  }
 }
 
 /* The command layer's admit callback (worker thread): the buffer budget's

@@ -70,7 +70,11 @@ typedef struct fp4idx_req_s {
   void *out_free_arg;
   uint64_t reserved;        /* admitted reply bytes reserved (budget.c) */
   uint64_t defer_bytes;     /* its reply's bound, when it was not admitted */
+  uint64_t admitting;       /* dispatched again after a wait: counted in srv->admitting */
   int deferred;             /* not admitted: goes back to its connection */
+  size_t direct_sent;       /* wire bytes the worker sent itself (direct_write.h) */
+  int direct_failed;        /* its send failed: the peer is gone */
+  double direct_us;         /* the send's time */
   int dispatched;           /* handed to srv->submit */
   int done;                 /* resp is set */
   int close_after;          /* close the connection once resp is written */
@@ -128,6 +132,8 @@ struct fp4idx_conn_s {
   int closing;                 /* uv_close called */
   int closed;                  /* close_cb ran: only in-worker requests remain */
   int dead;                    /* write failed: drop responses */
+  int direct;                  /* direct_write.h state (atomic: loop and worker) */
+  int direct_fd;               /* the pipe's fd while armed */
 };
 
 struct fp4idx_server_s {
@@ -159,6 +165,7 @@ struct fp4idx_server_s {
   uint64_t held_out;           /* the replies' share of held */
   uint64_t reserved;           /* admitted replies being built (any thread) */
   uint64_t n_deferred;         /* connections whose next reply waits to fit */
+  uint64_t admitting;          /* their bounds, dispatched and not yet back (loop) */
   uint64_t deferred;           /* replies made to wait, since the start */
   int over_budget;             /* held reached budget (until below 7/8) */
   fp4idx_conn_t *grant;        /* may finish its frame while over budget */
@@ -235,6 +242,15 @@ void fp4idx__server_stop(fp4idx_server_t *srv);
  * second SIGTERM: do not wait for clients that do not read). Requests on the
  * worker still run; their connections are freed when they come back. */
 void fp4idx__server_close_all(fp4idx_server_t *srv);
+
+/* What of r's wire bytes (frame with payloads spliced in) can be written
+ * now: wire_len, less while its payload still comes back from the device,
+ * -1 when that failed. Any thread. */
+int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r);
+
+/* uv bufs for wire bytes [from, to) of r into bufs (room for 2 * npayloads
+ * + 1); returns how many. Any thread. */
+size_t fp4idx__server_wire_bufs(const fp4idx_req_t *r, size_t from, size_t to, uv_buf_t *bufs);
 
 /* The response of `req` is set (req->resp, resp_len, payloads, wire_len,
  * close_after): loop thread. */

@@ -59,6 +59,17 @@ if(TARGET fp4idx_cuda)
   target_compile_definitions(test_daemon_fork PRIVATE FP4IDX_TEST_HAVE_CUDA)
 endif()
 
+# fp4idxd-nowork (bench/: the daemon with the benchmark-only no-work
+# backend) answers every op with replies of the right shapes.
+if(TARGET fp4idxd-nowork)
+  fp4idx_add_test(test_daemon_nowork SOURCES test_daemon_nowork.c
+    LIBS fp4idx_daemon_harness fp4idx_format m LABELS daemon)
+  target_compile_definitions(test_daemon_nowork PRIVATE
+    FP4IDXD_NOWORK_PATH="$<TARGET_FILE:fp4idxd-nowork>")
+  add_dependencies(test_daemon_nowork fp4idxd-nowork)
+  set_tests_properties(test_daemon_nowork PROPERTIES TIMEOUT 120)
+endif()
+
 # Metrics: counters and gauges, the --metrics-listen scrape endpoint
 # (libmicrohttpd), and promtool's lint on what it serves.
 if(TARGET fp4idx_daemon_harness AND TARGET fp4idx_metrics_http)

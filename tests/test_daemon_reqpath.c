@@ -412,9 +412,14 @@ Test(reqpath, stats_stages_add_up_to_the_op_latency) {
   cr_expect_gt(find(st->stages, st->nstages, "kernels")->sum_us, 0.0,
                "the CPU scores count as kernels");
   cr_expect_eq(find(st->stages, st->nstages, "read")->count, n);
-  /* every earlier response reached the loop before it was written */
-  cr_expect_eq(find(st->stages, st->nstages, "wake")->count, n);
-  cr_expect_geq(find(st->stages, st->nstages, "write")->count, n - 1);
+  /* every earlier response is booked by the loop, but one the worker sent
+   * itself (daemon/direct_write.h) is booked when its request comes back
+   * to the loop, which may be after this stats: at most the last one of
+   * each of the 5 connections */
+  const uint64_t wakes = find(st->stages, st->nstages, "wake")->count;
+  cr_expect(wakes <= n && wakes + 5 >= n, "wake counted %llu of %llu requests",
+            (unsigned long long)wakes, (unsigned long long)n);
+  cr_expect_geq(find(st->stages, st->nstages, "write")->count + 5, n);
   fp4idx_response_clear(&resp);
   free(body);
   close(fd);
@@ -438,8 +443,8 @@ static void wake_stage(int fd, uint64_t *count, double *sum) {
 
 /* info/hello/stats from an idle connection are answered by the event loop
  * itself: no worker hop, so their "wake" stage (worker done -> loop) is
- * recorded as exactly 0 -- a request through the worker adds its real
- * hand-off time. An info pipelined behind an append on one connection is
+ * recorded as exactly 0, and so is one through the worker that the worker
+ * sends itself (nothing ahead of it on the connection). An info pipelined behind an append on one connection is
  * not answered early: it sees the append. And B's info is answered while
  * A's long scores are queued or running (no order is assumed between the
  * two connections: how long A's scores take depends on the host). */
@@ -462,13 +467,20 @@ Test(reqpath, short_requests_are_answered_on_the_loop) {
   fp4idx_info_t info;
   for (int i = 0; i < 20; i++) cr_assert_eq(fp4idx_test_info(b, &info), 0);
   wake_stage(b, &n1, &s1);
-  cr_assert_eq(n1, n0 + 21, "wake samples %llu -> %llu", (unsigned long long)n0,
-               (unsigned long long)n1);
+  /* (A's last append, which its worker sent itself, may be booked by the
+   * loop after B's first stats: one more sample of 0) */
+  cr_assert_geq(n1, n0 + 21, "wake samples %llu -> %llu", (unsigned long long)n0,
+                (unsigned long long)n1);
   cr_assert_eq(s1, s0, "loop-answered requests added %.3f us of worker hand-off", s1 - s0);
-  /* a request through the worker does add its hand-off */
+  /* a request through the worker on an idle connection is sent by the
+   * worker itself (daemon/direct_write.h): no hand-off to the loop either */
+  uint64_t n2;
+  double s2;
   cr_assert_eq(fp4idx_test_append(b, 11, FP4IDX_WIRE_BF16, 1, (uint16_t[128]){0}, NULL, NULL), 0);
-  wake_stage(b, &n1, &s1);
-  cr_assert_gt(s1, s0, "the append's hand-off was not timed");
+  wake_stage(b, &n2, &s2);
+  cr_assert_eq(n2, n1 + 2, "wake samples %llu -> %llu", (unsigned long long)n1,
+               (unsigned long long)n2);
+  cr_assert_eq(s2, s1, "the worker-sent append added %.3f us of hand-off", s2 - s1);
   /* A: two scores of 30,000 keys x 4 rows x 64 heads, pipelined; then B:
    * info, answered whatever A's scores are doing */
   msgpack_sbuffer all;

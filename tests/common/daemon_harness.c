@@ -89,6 +89,10 @@ int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra) 
   args[n++] = "8M";
   for (int i = 0; extra && extra[i] && n < 46; i++) args[n++] = extra[i];
   args[n] = NULL;
+  return fp4idx_test_daemon_start_args(d, args);
+}
+
+int fp4idx_test_daemon_start_args(fp4idx_test_daemon_t *d, const char *const *args) {
   memset(d, 0, sizeof *d);
   if (fp4idx_test_daemon_prepare(d) || fp4idx_test_daemon_spawn(d, d->sock, args)) return -1;
   for (int waited = 0; waited < 10000; waited += 10) {
@@ -306,6 +310,7 @@ int fp4idx_test_recv_response(int fd, fp4idx_op_t op, fp4idx_response_t *resp,
 int fp4idx_test_call(int fd, const fp4idx_request_t *req, fp4idx_response_t *resp,
                      unsigned char **body) {
   *body = NULL;
+  memset(resp, 0, sizeof *resp); /* a failed send leaves nothing to clear */
   int rc = fp4idx_test_send_request(fd, req);
   if (rc) return rc;
   return fp4idx_test_recv_response(fd, req->op, resp, body);

@@ -33,6 +33,13 @@ typedef struct fp4idx_test_daemon_s {
  * or -1 when the daemon did not come up (its log is printed to stderr). */
 int fp4idx_test_daemon_start(fp4idx_test_daemon_t *d, const char *const *extra);
 
+/* Spawns the daemon with --socket DIR/d.sock and exactly the NULL-terminated
+ * args (may be NULL; no --backend, --log-level or --cache-bytes added) and
+ * waits until the socket accepts a connection (10 s at most), as
+ * fp4idx_test_daemon_start does. For a daemon binary ($FP4IDXD) that takes
+ * other options, e.g. bench/fp4idxd-nowork. Returns 0 or -1. */
+int fp4idx_test_daemon_start_args(fp4idx_test_daemon_t *d, const char *const *args);
+
 /* Starts fp4idxd --backend cuda --cache-bytes cache_bytes --log-level debug
  * (zero *d first) and waits up to 30 s for its socket. Returns 0 when it
  * answers, 1 when it exited first (no usable GPU: *exit_code tells its exit
@@ -93,7 +100,8 @@ int fp4idx_test_peer_closed(int fd, int timeout_ms);
  * as a response to req->op. *body keeps the response bytes alive (tensors in
  * *resp are views into it): free it after fp4idx_response_clear(resp).
  * Returns 0 when a response was decoded (check resp->status), or a negative
- * fp4idx code for transport/codec failures. */
+ * fp4idx code for transport/codec failures (then *resp is zeroed, so
+ * fp4idx_response_clear(resp) and free(*body) are still safe). */
 int fp4idx_test_call(int fd, const fp4idx_request_t *req, fp4idx_response_t *resp,
                      unsigned char **body);
 
