@@ -127,177 +127,233 @@ static void fp4idx__config_usage(FILE *out) {
     "with --data-dir a snapshot is written). SIGHUP writes a snapshot.\n");
 }
 
+static const struct option fp4idx__config_options[] = {
+    {"socket", required_argument, NULL, 's'},
+    {"backend", required_argument, NULL, 'b'},
+    {"device", required_argument, NULL, 'd'},
+    {"cache-bytes", required_argument, NULL, 'c'},
+    {"page-size", required_argument, NULL, 'p'},
+    {"max-frame", required_argument, NULL, 'm'},
+    {"threads", required_argument, NULL, 't'},
+    {"log-level", required_argument, NULL, 'l'},
+    {"log-format", required_argument, NULL, 'L'},
+    {"data-dir", required_argument, NULL, 'D'},
+    {"fsync", required_argument, NULL, 'F'},
+    {"metrics-listen", required_argument, NULL, 'M'},
+    {"socket-mode", required_argument, NULL, 'O'},
+    {"socket-group", required_argument, NULL, 'G'},
+    {"buffer-budget", required_argument, NULL, 'B'},
+    {"buffer-timeout", required_argument, NULL, 'T'},
+    {"allow-data-loss", no_argument, NULL, 'A'},
+    {"busy-poll-us", required_argument, NULL, 'P'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0}};
+
+/* Each option group below sets the cfg fields of option `o` from `arg`, or
+ * prints a one-line reason to `err` and returns FP4IDX_EINVAL. */
+
+/* The backend and its pool: --backend, --device, --threads, --cache-bytes,
+ * --page-size, --max-frame. */
+static int fp4idx__config_engine_option(fp4idx_config_t *cfg, int o, const char *arg,
+                                        FILE *err) {
+  char *end = NULL;
+  long v;
+  uint64_t sz;
+  switch (o) {
+    case 'b':
+      if (!strcmp(arg, "auto")) cfg->backend = FP4IDX_BACKEND_AUTO;
+      else if (!strcmp(arg, "cuda")) cfg->backend = FP4IDX_BACKEND_CUDA;
+      else if (!strcmp(arg, "cpu")) cfg->backend = FP4IDX_BACKEND_CPU;
+      else {
+        fprintf(err, "fp4idxd: --backend: '%s' is not auto, cuda or cpu\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      return FP4IDX_OK;
+    case 'd':
+    case 't':
+      errno = 0;
+      v = strtol(arg, &end, 10);
+      if (errno || end == arg || *end || v < 0 || v > 4096) {
+        fprintf(err, "fp4idxd: --%s: '%s' is not a number in 0..4096\n",
+                o == 'd' ? "device" : "threads", arg);
+        return FP4IDX_EINVAL;
+      }
+      if (o == 'd') cfg->device = (int)v; else cfg->threads = (int)v;
+      return FP4IDX_OK;
+    case 'c':
+      if (fp4idx__config_parse_size(arg, &sz) || sz == 0) {
+        fprintf(err, "fp4idxd: --cache-bytes: '%s' is not a size (e.g. 512M, 4G)\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->cache_bytes = sz;
+      return FP4IDX_OK;
+    case 'p':
+      errno = 0;
+      v = strtol(arg, &end, 10);
+      if (errno || end == arg || *end || !fp4idx_page_size_valid(v)) {
+        fprintf(err, "fp4idxd: --page-size: '%s' is not a power of two in 1..65536\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->page_size = (int32_t)v;
+      return FP4IDX_OK;
+    default: /* 'm' */
+      /* Below 64 bytes no request fits; above 1 GiB a single client could
+       * pin that much memory per connection. */
+      if (fp4idx__config_parse_size(arg, &sz) || sz < 64 || sz > (1u << 30)) {
+        fprintf(err, "fp4idxd: --max-frame: '%s' is not a size in 64..1G\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->max_frame = sz;
+      return FP4IDX_OK;
+  }
+}
+
+/* The log: --log-level, --log-format. */
+static int fp4idx__config_log_option(fp4idx_config_t *cfg, int o, const char *arg, FILE *err) {
+  if (o == 'l' && fp4idx__log_parse_level(arg, &cfg->log_level)) {
+    fprintf(err, "fp4idxd: --log-level: '%s' is not error, warn, info or debug\n", arg);
+    return FP4IDX_EINVAL;
+  }
+  if (o == 'L' && fp4idx__log_parse_format(arg, &cfg->log_format)) {
+    fprintf(err, "fp4idxd: --log-format: '%s' is not auto, text or journal\n", arg);
+    return FP4IDX_EINVAL;
+  }
+  return FP4IDX_OK;
+}
+
+/* Persistence: --data-dir, --fsync, --allow-data-loss. */
+static int fp4idx__config_persist_option(fp4idx_config_t *cfg, int o, const char *arg,
+                                         FILE *err) {
+  fp4idx_fsync_t pol;
+  switch (o) {
+    case 'D':
+      if (!*arg || strlen(arg) >= sizeof cfg->data_dir - 32) {
+        fprintf(err, "fp4idxd: --data-dir: path empty or too long\n");
+        return FP4IDX_EINVAL;
+      }
+      strcpy(cfg->data_dir, arg);
+      return FP4IDX_OK;
+    case 'F':
+      if (fp4idx__fsync_parse(arg, &pol)) {
+        fprintf(err, "fp4idxd: --fsync: '%s' is not always, everysec or no\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->fsync_policy = (int)pol;
+      return FP4IDX_OK;
+    default: /* 'A' */
+      cfg->allow_data_loss = 1;
+      return FP4IDX_OK;
+  }
+}
+
+/* Where clients reach the daemon: --socket, --socket-mode, --socket-group,
+ * --metrics-listen. */
+static int fp4idx__config_listen_option(fp4idx_config_t *cfg, int o, const char *arg,
+                                        FILE *err) {
+  char *end = NULL;
+  long v;
+  switch (o) {
+    case 's':
+      if (!*arg || strlen(arg) >= sizeof cfg->socket_path) {
+        fprintf(err, "fp4idxd: --socket: path empty or longer than %zu bytes\n",
+                sizeof cfg->socket_path - 1);
+        return FP4IDX_EINVAL;
+      }
+      strcpy(cfg->socket_path, arg);
+      return FP4IDX_OK;
+    case 'O':
+      errno = 0;
+      v = strtol(arg, &end, 8);
+      if (errno || end == arg || *end || v < 0 || v > 0777) {
+        fprintf(err, "fp4idxd: --socket-mode: '%s' is not an octal mode in 0..0777\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->socket_mode = (int)v;
+      return FP4IDX_OK;
+    case 'G':
+      cfg->socket_gid = *arg ? fp4idx__config_group(arg) : -1;
+      if (cfg->socket_gid < 0) {
+        fprintf(err, "fp4idxd: --socket-group: no group '%s'\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      return FP4IDX_OK;
+    default: /* 'M' */
+      /* Syntax only here; metrics_http.c parses it into an address. */
+      if (!*arg || strlen(arg) >= sizeof cfg->metrics_listen ||
+          strspn(arg, "0123456789abcdefABCDEF.:[]") != strlen(arg)) {
+        fprintf(err, "fp4idxd: --metrics-listen: '%s' is not PORT, IPv4:PORT or "
+                     "[IPv6]:PORT\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      strcpy(cfg->metrics_listen, arg);
+      return FP4IDX_OK;
+  }
+}
+
+/* How connections and requests are served: --buffer-budget,
+ * --buffer-timeout, --busy-poll-us. */
+static int fp4idx__config_serving_option(fp4idx_config_t *cfg, int o, const char *arg,
+                                         FILE *err) {
+  char *end = NULL;
+  long v;
+  uint64_t sz;
+  double t;
+  switch (o) {
+    case 'B':
+      if (fp4idx__config_parse_size(arg, &sz) || sz < (16u << 20)) {
+        fprintf(err, "fp4idxd: --buffer-budget: '%s' is not a size of at least 16M\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->buffer_budget = sz;
+      return FP4IDX_OK;
+    case 'T':
+      errno = 0;
+      t = strtod(arg, &end);
+      if (errno || end == arg || *end || !(t >= 0.01 && t <= 86400)) {
+        fprintf(err, "fp4idxd: --buffer-timeout: '%s' is not a number of seconds in 0.01..86400\n",
+                arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->buffer_timeout_s = t;
+      return FP4IDX_OK;
+    default: /* 'P' */
+      errno = 0;
+      v = strtol(arg, &end, 10);
+      if (errno || end == arg || *end || v < 0 || v > 1000000) {
+        fprintf(err, "fp4idxd: --busy-poll-us: '%s' is not a number of us in 0..1000000\n",
+                arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->busy_poll_us = (int)v;
+      return FP4IDX_OK;
+  }
+}
+
 int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
                          FILE *out, FILE *err) {
-  static const struct option opts[] = {
-      {"socket", required_argument, NULL, 's'},
-      {"backend", required_argument, NULL, 'b'},
-      {"device", required_argument, NULL, 'd'},
-      {"cache-bytes", required_argument, NULL, 'c'},
-      {"page-size", required_argument, NULL, 'p'},
-      {"max-frame", required_argument, NULL, 'm'},
-      {"threads", required_argument, NULL, 't'},
-      {"log-level", required_argument, NULL, 'l'},
-      {"log-format", required_argument, NULL, 'L'},
-      {"data-dir", required_argument, NULL, 'D'},
-      {"fsync", required_argument, NULL, 'F'},
-      {"metrics-listen", required_argument, NULL, 'M'},
-      {"socket-mode", required_argument, NULL, 'O'},
-      {"socket-group", required_argument, NULL, 'G'},
-      {"buffer-budget", required_argument, NULL, 'B'},
-      {"buffer-timeout", required_argument, NULL, 'T'},
-      {"allow-data-loss", no_argument, NULL, 'A'},
-      {"busy-poll-us", required_argument, NULL, 'P'},
-      {"help", no_argument, NULL, 'h'},
-      {"version", no_argument, NULL, 'V'},
-      {NULL, 0, NULL, 0}};
   if (!cfg || argc < 1 || !argv) return FP4IDX_EINVAL;
   optind = 1;
   opterr = 0;
-  for (;;) {
-    int o = getopt_long(argc, argv, ":s:b:d:c:p:m:t:l:D:hV", opts, NULL);
-    if (o == -1) break;
-    char *end = NULL;
-    long v;
-    uint64_t sz;
+  int o, rc = FP4IDX_OK;
+  while (rc == FP4IDX_OK &&
+         (o = getopt_long(argc, argv, ":s:b:d:c:p:m:t:l:D:hV", fp4idx__config_options,
+                          NULL)) != -1) {
     switch (o) {
-      case 's':
-        if (!*optarg || strlen(optarg) >= sizeof cfg->socket_path) {
-          fprintf(err, "fp4idxd: --socket: path empty or longer than %zu bytes\n",
-                  sizeof cfg->socket_path - 1);
-          return FP4IDX_EINVAL;
-        }
-        strcpy(cfg->socket_path, optarg);
+      case 'b': case 'd': case 't': case 'c': case 'p': case 'm':
+        rc = fp4idx__config_engine_option(cfg, o, optarg, err);
         break;
-      case 'b':
-        if (!strcmp(optarg, "auto")) cfg->backend = FP4IDX_BACKEND_AUTO;
-        else if (!strcmp(optarg, "cuda")) cfg->backend = FP4IDX_BACKEND_CUDA;
-        else if (!strcmp(optarg, "cpu")) cfg->backend = FP4IDX_BACKEND_CPU;
-        else {
-          fprintf(err, "fp4idxd: --backend: '%s' is not auto, cuda or cpu\n", optarg);
-          return FP4IDX_EINVAL;
-        }
+      case 'l': case 'L':
+        rc = fp4idx__config_log_option(cfg, o, optarg, err);
         break;
-      case 'd':
-      case 't':
-        errno = 0;
-        v = strtol(optarg, &end, 10);
-        if (errno || end == optarg || *end || v < 0 || v > 4096) {
-          fprintf(err, "fp4idxd: --%s: '%s' is not a number in 0..4096\n",
-                  o == 'd' ? "device" : "threads", optarg);
-          return FP4IDX_EINVAL;
-        }
-        if (o == 'd') cfg->device = (int)v; else cfg->threads = (int)v;
+      case 'D': case 'F': case 'A':
+        rc = fp4idx__config_persist_option(cfg, o, optarg, err);
         break;
-      case 'c':
-        if (fp4idx__config_parse_size(optarg, &sz) || sz == 0) {
-          fprintf(err, "fp4idxd: --cache-bytes: '%s' is not a size (e.g. 512M, 4G)\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->cache_bytes = sz;
+      case 's': case 'O': case 'G': case 'M':
+        rc = fp4idx__config_listen_option(cfg, o, optarg, err);
         break;
-      case 'p':
-        errno = 0;
-        v = strtol(optarg, &end, 10);
-        if (errno || end == optarg || *end || !fp4idx_page_size_valid(v)) {
-          fprintf(err, "fp4idxd: --page-size: '%s' is not a power of two in 1..65536\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->page_size = (int32_t)v;
-        break;
-      case 'm':
-        /* Below 64 bytes no request fits; above 1 GiB a single client could
-         * pin that much memory per connection. */
-        if (fp4idx__config_parse_size(optarg, &sz) || sz < 64 || sz > (1u << 30)) {
-          fprintf(err, "fp4idxd: --max-frame: '%s' is not a size in 64..1G\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->max_frame = sz;
-        break;
-      case 'l':
-        if (fp4idx__log_parse_level(optarg, &cfg->log_level)) {
-          fprintf(err, "fp4idxd: --log-level: '%s' is not error, warn, info or debug\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        break;
-      case 'L':
-        if (fp4idx__log_parse_format(optarg, &cfg->log_format)) {
-          fprintf(err, "fp4idxd: --log-format: '%s' is not auto, text or journal\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        break;
-      case 'D':
-        if (!*optarg || strlen(optarg) >= sizeof cfg->data_dir - 32) {
-          fprintf(err, "fp4idxd: --data-dir: path empty or too long\n");
-          return FP4IDX_EINVAL;
-        }
-        strcpy(cfg->data_dir, optarg);
-        break;
-      case 'F': {
-        fp4idx_fsync_t pol;
-        if (fp4idx__fsync_parse(optarg, &pol)) {
-          fprintf(err, "fp4idxd: --fsync: '%s' is not always, everysec or no\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->fsync_policy = (int)pol;
-        break;
-      }
-      case 'M':
-        /* Syntax only here; metrics_http.c parses it into an address. */
-        if (!*optarg || strlen(optarg) >= sizeof cfg->metrics_listen ||
-            strspn(optarg, "0123456789abcdefABCDEF.:[]") != strlen(optarg)) {
-          fprintf(err, "fp4idxd: --metrics-listen: '%s' is not PORT, IPv4:PORT or "
-                       "[IPv6]:PORT\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        strcpy(cfg->metrics_listen, optarg);
-        break;
-      case 'O':
-        errno = 0;
-        v = strtol(optarg, &end, 8);
-        if (errno || end == optarg || *end || v < 0 || v > 0777) {
-          fprintf(err, "fp4idxd: --socket-mode: '%s' is not an octal mode in 0..0777\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->socket_mode = (int)v;
-        break;
-      case 'G':
-        cfg->socket_gid = *optarg ? fp4idx__config_group(optarg) : -1;
-        if (cfg->socket_gid < 0) {
-          fprintf(err, "fp4idxd: --socket-group: no group '%s'\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        break;
-      case 'B':
-        if (fp4idx__config_parse_size(optarg, &sz) || sz < (16u << 20)) {
-          fprintf(err, "fp4idxd: --buffer-budget: '%s' is not a size of at least 16M\n", optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->buffer_budget = sz;
-        break;
-      case 'T': {
-        errno = 0;
-        double t = strtod(optarg, &end);
-        if (errno || end == optarg || *end || !(t >= 0.01 && t <= 86400)) {
-          fprintf(err, "fp4idxd: --buffer-timeout: '%s' is not a number of seconds in 0.01..86400\n",
-                  optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->buffer_timeout_s = t;
-        break;
-      }
-      case 'A':
-        cfg->allow_data_loss = 1;
-        break;
-      case 'P':
-        errno = 0;
-        v = strtol(optarg, &end, 10);
-        if (errno || end == optarg || *end || v < 0 || v > 1000000) {
-          fprintf(err, "fp4idxd: --busy-poll-us: '%s' is not a number of us in 0..1000000\n",
-                  optarg);
-          return FP4IDX_EINVAL;
-        }
-        cfg->busy_poll_us = (int)v;
+      case 'B': case 'T': case 'P':
+        rc = fp4idx__config_serving_option(cfg, o, optarg, err);
         break;
       case 'h':
         fp4idx__config_usage(out);
@@ -313,6 +369,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
         return FP4IDX_EINVAL;
     }
   }
+  if (rc != FP4IDX_OK) return rc;
   if (optind < argc) {
     fprintf(err, "fp4idxd: unexpected argument '%s' (see --help)\n", argv[optind]);
     return FP4IDX_EINVAL;

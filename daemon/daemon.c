@@ -102,6 +102,8 @@ static void fp4idx__daemon_sharing_read(fp4idx_daemon_t *d) {
   d->sharing.valid = 1;
   d->sharing.at_ms = uv_now(&d->loop);
   const fp4idx_sharing_t *s = &d->sharing.now;
+  __atomic_store_n(&d->sharing.published, s->other_processes << 8 | (uint64_t)s->mode,
+                   __ATOMIC_RELEASE);
   if (s->mode == FP4IDX_SHARING_TIME_SLICE && !d->sharing.warned) {
     fp4idx__log_warn("%s", s->warning);
     d->sharing.warned = 1;
@@ -121,6 +123,13 @@ const fp4idx_sharing_t *fp4idx__daemon_sharing(fp4idx_daemon_t *d) {
   if (!d->sharing.valid || uv_now(&d->loop) - d->sharing.at_ms >= FP4IDX_SHARING_FRESH_MS)
     fp4idx__daemon_sharing_read(d);
   return &d->sharing.now;
+}
+
+void fp4idx__daemon_sharing_published(fp4idx_daemon_t *d, fp4idx_sharing_mode_t *mode,
+                                      uint64_t *other_processes) {
+  uint64_t w = __atomic_load_n(&d->sharing.published, __ATOMIC_ACQUIRE);
+  *mode = (fp4idx_sharing_mode_t)(w & 0xff);
+  *other_processes = w >> 8;
 }
 
 /* ---- life cycle --------------------------------------------------------- */

@@ -82,18 +82,23 @@ struct fp4idx_daemon_s {
   fp4idx_daemon_stats_t stats;
   fp4idx_stages_t stages;       /* time per stage of the request path */
   /* The cache's counts as of the last request the worker finished, for
-   * requests answered on the loop (info, stats): written by the worker
-   * after each request, read anywhere (__atomic). */
+   * requests answered on the loop (info, stats) and for the metrics
+   * endpoint's thread: written by the worker after each request, read
+   * anywhere (__atomic). */
   struct {
     uint64_t pages_free, sequences, keys, pages_shared;
   } pub;
   /* How the GPU is shared (sharing.h), as last read: at start, every
    * FP4IDX_SHARING_PERIOD_MS by a timer, and by info and stats when older
-   * than FP4IDX_SHARING_FRESH_MS. Loop thread only. */
+   * than FP4IDX_SHARING_FRESH_MS. Loop thread only, but `published`. */
   struct {
     fp4idx_sharing_t now;
     uint64_t at_ms;            /* uv_now of the reading */
     int valid, warned;         /* warned: the time-slice warning was logged */
+    /* The mode and other_processes of `now` in one word (other_processes
+     * << 8 | mode), so that any thread reads both of one reading
+     * (__atomic; fp4idx__daemon_sharing_published). */
+    uint64_t published;
   } sharing;
   uv_timer_t sharing_timer;
   fp4idx_daemon_hooks_t hooks;
@@ -134,6 +139,12 @@ void fp4idx__daemon_submit(fp4idx_daemon_t *d, fp4idx_job_t *job);
  * FP4IDX_SHARING_FRESH_MS (an NVML query, tens of microseconds). Loop
  * thread. */
 const fp4idx_sharing_t *fp4idx__daemon_sharing(fp4idx_daemon_t *d);
+
+/* The loop's last reading of the GPU sharing mode: at most 10 s old on a
+ * GPU (the sharing timer's period), "none" on the CPU backend. Any thread,
+ * after fp4idx__daemon_init. */
+void fp4idx__daemon_sharing_published(fp4idx_daemon_t *d, fp4idx_sharing_mode_t *mode,
+                                      uint64_t *other_processes);
 
 /* Frees everything. */
 void fp4idx__daemon_fini(fp4idx_daemon_t *d);

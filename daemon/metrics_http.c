@@ -13,10 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fp4idx_client.h"
-#include "prom.h"
 #include "fp4idx_status.h"
 #include "log.h"
+#include "metrics_text.h"
 
 int fp4idx__metrics_parse_listen(const char *s, struct sockaddr_storage *addr,
                                  socklen_t *len) {
@@ -60,43 +59,6 @@ int fp4idx__metrics_parse_listen(const char *s, struct sockaddr_storage *addr,
   return -1;
 }
 
-/* The scrape: stats + info from the daemon's socket, as Prometheus text in a
- * malloc'ed buffer. Returns 0, or a status with `err` filled. */
-static int fp4idx__metrics_text(const fp4idx_metrics_http_t *m, char **text,
-                                size_t *len, char *err, size_t cap) {
-  fp4idx_client_t *c = fp4idx_client_new();
-  fp4idx_client_stats_t *s = NULL;
-  fp4idx_client_info_t in;
-  FILE *f = NULL;
-  int st = c ? FP4IDX_OK : FP4IDX_ENOMEM;
-  if (st == FP4IDX_OK) fp4idx_client_set_timeout(c, m->timeout_ms);
-  if (st == FP4IDX_OK) st = fp4idx_client_connect(c, m->socket_path);
-  if (st == FP4IDX_OK) st = fp4idx_client_stats(c, &s);
-  if (st == FP4IDX_OK) st = fp4idx_client_info(c, &in);
-  if (st != FP4IDX_OK) {
-    snprintf(err, cap, "%s", c ? fp4idx_client_last_error(c) : "out of memory");
-    goto out;
-  }
-  *text = NULL;
-  f = open_memstream(text, len);
-  if (!f || fp4idx__prom_write(f, s, &in) != 0) {
-    st = FP4IDX_ENOMEM;
-    snprintf(err, cap, "out of memory");
-  }
-  if (f && fclose(f) != 0 && st == FP4IDX_OK) {
-    st = FP4IDX_ENOMEM;
-    snprintf(err, cap, "out of memory");
-  }
-  if (st != FP4IDX_OK) {
-    free(*text);
-    *text = NULL;
-  }
-out:
-  fp4idx_client_free(s);
-  fp4idx_client_close(c);
-  return st;
-}
-
 static enum MHD_Result fp4idx__metrics_reply(struct MHD_Connection *conn, unsigned code,
                                              const char *type, char *body, size_t len,
                                              enum MHD_ResponseMemoryMode mode) {
@@ -117,7 +79,7 @@ static enum MHD_Result fp4idx__metrics_handler(void *cls, struct MHD_Connection 
                                                size_t *upload_size, void **req_cls) {
   (void)version;
   (void)upload;
-  const fp4idx_metrics_http_t *m = cls;
+  fp4idx_metrics_http_t *m = cls;
   static const char plain[] = "text/plain; charset=utf-8";
   if (*upload_size != 0) return MHD_NO; /* no request bodies here */
   (void)req_cls;
@@ -131,14 +93,18 @@ static enum MHD_Result fp4idx__metrics_handler(void *cls, struct MHD_Connection 
     return fp4idx__metrics_reply(conn, MHD_HTTP_NOT_FOUND, plain, msg, sizeof msg - 1,
                                  MHD_RESPMEM_PERSISTENT);
   }
-  char *text = NULL, err[256];
-  size_t len = 0;
-  if (fp4idx__metrics_text(m, &text, &len, err, sizeof err) != FP4IDX_OK) {
-    char msg[320];
-    int n = snprintf(msg, sizeof msg, "fp4idxd did not answer stats: %s\n", err);
+  fp4idx_daemon_t *d = __atomic_load_n(&m->daemon, __ATOMIC_ACQUIRE);
+  if (!d) {
+    static char msg[] = "fp4idxd is starting: no counters yet\n";
     return fp4idx__metrics_reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, plain, msg,
-                                 n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1,
-                                 MHD_RESPMEM_MUST_COPY);
+                                 sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
+  }
+  char *text = NULL;
+  size_t len = 0;
+  if (fp4idx__metrics_text(d, &text, &len) != FP4IDX_OK) {
+    static char msg[] = "fp4idxd: out of memory for the metrics\n";
+    return fp4idx__metrics_reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, plain, msg,
+                                 sizeof msg - 1, MHD_RESPMEM_PERSISTENT);
   }
   return fp4idx__metrics_reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
                                text, len, MHD_RESPMEM_MUST_FREE);
@@ -152,8 +118,7 @@ static void fp4idx__metrics_log(void *cls, const char *fmt, va_list ap) {
   fp4idx__log_warn("metrics http: %s", buf);
 }
 
-int fp4idx__metrics_http_start(fp4idx_metrics_http_t *m, const char *listen,
-                               const char *socket_path) {
+int fp4idx__metrics_http_start(fp4idx_metrics_http_t *m, const char *listen) {
   struct sockaddr_storage addr;
   socklen_t alen;
   memset(m, 0, sizeof *m);
@@ -161,10 +126,6 @@ int fp4idx__metrics_http_start(fp4idx_metrics_http_t *m, const char *listen,
     fp4idx__log_error("--metrics-listen '%s': expected PORT, IPv4:PORT or [IPv6]:PORT", listen);
     return FP4IDX_EINVAL;
   }
-  if (!socket_path || !*socket_path || strlen(socket_path) >= sizeof m->socket_path)
-    return FP4IDX_EINVAL;
-  snprintf(m->socket_path, sizeof m->socket_path, "%s", socket_path);
-  m->timeout_ms = 10000;
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
   if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
   uint16_t port = addr.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&addr)->sin6_port)
@@ -190,9 +151,14 @@ int fp4idx__metrics_http_start(fp4idx_metrics_http_t *m, const char *listen,
   return FP4IDX_OK;
 }
 
+void fp4idx__metrics_http_attach(fp4idx_metrics_http_t *m, fp4idx_daemon_t *d) {
+  __atomic_store_n(&m->daemon, d, __ATOMIC_RELEASE);
+}
+
 void fp4idx__metrics_http_stop(fp4idx_metrics_http_t *m) {
   if (m && m->mhd) {
     MHD_stop_daemon(m->mhd);
     m->mhd = NULL;
+    __atomic_store_n(&m->daemon, NULL, __ATOMIC_RELEASE);
   }
 }

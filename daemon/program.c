@@ -3,9 +3,6 @@
 #include "program.h"
 
 #include <stdio.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 
 #include "config.h"
 #include "daemon.h"
@@ -40,32 +37,18 @@ int fp4idx__program_main(int argc, char **argv) {
     if (fp4idx__server_check_path(cfg.socket_path) != FP4IDX_OK) return 1;
   }
   /* The scrape endpoint (off unless asked): a taken port also fails the
-   * start before the pool exists. Scrapes ask the daemon's own socket. */
+   * start before the pool exists. */
   fp4idx_metrics_http_t metrics = {0};
-  if (cfg.metrics_listen[0]) {
-    char path[sizeof cfg.socket_path];
-    if (activated) {
-      struct sockaddr_un sa;
-      socklen_t sl = sizeof sa;
-      memset(&sa, 0, sizeof sa);
-      if (getsockname(listen_fd, (struct sockaddr *)&sa, &sl) != 0 ||
-          sa.sun_family != AF_UNIX || !sa.sun_path[0]) {
-        fp4idx__log_error("--metrics-listen: the inherited socket has no path");
-        return 1;
-      }
-      snprintf(path, sizeof path, "%.*s", (int)(sizeof path - 1), sa.sun_path);
-    } else {
-      snprintf(path, sizeof path, "%s", cfg.socket_path);
-    }
-    if (fp4idx__metrics_http_start(&metrics, cfg.metrics_listen, path) != FP4IDX_OK)
-      return 1;
-  }
+  if (cfg.metrics_listen[0] &&
+      fp4idx__metrics_http_start(&metrics, cfg.metrics_listen) != FP4IDX_OK)
+    return 1;
 
   fp4idx_daemon_t d;
   if (fp4idx__daemon_init(&d, &cfg) != FP4IDX_OK) {
     fp4idx__metrics_http_stop(&metrics);
     return 1;
   }
+  fp4idx__metrics_http_attach(&metrics, &d);
   fp4idx_service_t svc; /* sd_notify, watchdog, snapshot + append log */
   fp4idx__service_attach(&svc, &d);
   int code = 1;

@@ -22,7 +22,7 @@
 #include "logmark.h"
 #include "snapshot.h" /* fp4idx__fsync_parent */
 
-#define MAGIC "FP4IDXLG"
+#define AOF_MAGIC "FP4IDXLG"
 #define REC_MAGIC 0x52344650u
 #define REC_HEAD 36
 
@@ -118,7 +118,7 @@ int fp4idx__aof_replay(const char *path, uint64_t expect_gen,
     goto ioerr;
   }
   madvise(map, size, MADV_SEQUENTIAL);
-  if (memcmp(map, MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx__crc32c(0, map, 28) ||
+  if (memcmp(map, AOF_MAGIC, 8) != 0 || fp4idx__get32(map + 28) != fp4idx__crc32c(0, map, 28) ||
       fp4idx__get32(map + 12) != FP4IDX_AOF_HEADER_BYTES) {
     rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx append log or corrupt header", path);
     goto out;
@@ -247,7 +247,7 @@ static int create_fresh(const char *path, uint64_t gen) {
     return -1;
   }
   memset(h, 0, sizeof h);
-  memcpy(h, MAGIC, 8);
+  memcpy(h, AOF_MAGIC, 8);
   fp4idx__put32(h + 8, 1);
   fp4idx__put32(h + 12, FP4IDX_AOF_HEADER_BYTES);
   fp4idx__put64(h + 16, gen);

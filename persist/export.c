@@ -17,7 +17,7 @@
 #include "crc32c.h"
 #include "snapshot.h" /* fp4idx__fsync_parent */
 
-#define MAGIC "FP4IDXEX"
+#define EXPORT_MAGIC "FP4IDXEX"
 
 
 /* Page sizes follow the key format's rule (a power of two up to 2^16). */
@@ -81,7 +81,7 @@ int fp4idx__export_write(const char *path, uint64_t seq, const uint8_t *slots,
   if (!(flags & FP4IDX_EXPORT_RAW)) {
     unsigned char h[FP4IDX_EXPORT_HEADER_BYTES];
     memset(h, 0, sizeof h);
-    memcpy(h, MAGIC, 8);
+    memcpy(h, EXPORT_MAGIC, 8);
     fp4idx__put32(h + 8, 1);
     fp4idx__put32(h + 12, FP4IDX_EXPORT_HEADER_BYTES);
     fp4idx__put32(h + 16, (uint32_t)page_size);
@@ -134,7 +134,7 @@ int fp4idx__export_read(const char *path, int flags, fp4idx_export_info_t *info,
     unsigned char h[FP4IDX_EXPORT_HEADER_BYTES];
     ssize_t got = pread(fd, h, sizeof h, 0);
     if (got < 0) goto ioerr;
-    if (got < (ssize_t)sizeof h || memcmp(h, MAGIC, 8) ||
+    if (got < (ssize_t)sizeof h || memcmp(h, EXPORT_MAGIC, 8) ||
         fp4idx__get32(h + 60) != fp4idx__crc32c(0, h, 60)) {
       rc = fp4idx__fail(err, errlen, FP4IDX_ECORRUPT, "%s: not an fp4idx export file or corrupt header", path);
       goto out;

@@ -79,7 +79,7 @@ endif()
 # (libmicrohttpd), and promtool's lint on what it serves.
 if(TARGET fp4idx_daemon_harness AND TARGET fp4idx_metrics_http)
   fp4idx_add_test(test_daemon_metrics SOURCES test_daemon_metrics.c
-    LIBS fp4idx_metrics_http fp4idx_daemon_harness LABELS daemon)
+    LIBS fp4idx_metrics_http fp4idx_daemon_harness fp4idx::client LABELS daemon)
   set_tests_properties(test_daemon_metrics PROPERTIES TIMEOUT 120)
 endif()
 if(TARGET fp4idxd AND TARGET fp4idx-cli)

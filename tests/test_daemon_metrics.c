@@ -1,8 +1,9 @@
 /* test_daemon_metrics.c -- the daemon-wide metrics (daemon/stats.c) and the
  * scrape endpoint (daemon/metrics_http.c): --metrics-listen parsing, exact
  * counters after known traffic (keys appended, rows scored, bytes, errors by
- * status, queue depth, device memory) in `stats` and at GET /metrics, 404 /
- * 405, loopback by default, off by default. */
+ * status, queue depth, device memory) in `stats` and at GET /metrics, read
+ * from the counters (a scrape is no client), 404 / 405, loopback by
+ * default, off by default. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -158,7 +159,26 @@ Test(metrics, counters_in_stats_and_at_the_scrape_endpoint) {
   while (f && fgets(line, sizeof line, f)) found |= strstr(line, want) != NULL;
   if (f) fclose(f);
   cr_expect(found, "log lacks '%s'", want);
+
+  /* A scrape reads the daemon's counters; it is no client: with the last
+   * client gone it sees no connection, and scrapes change no request or
+   * byte counter. */
   fp4idx_client_close(c);
+  unsigned long long conns = 1;
+  for (int i = 0; i < 200 && conns != 0; i++) {
+    http(port, "GET", "/metrics", body, sizeof body);
+    conns = metric(body, "fp4idx_connections");
+    if (conns != 0) usleep(10000);
+  }
+  cr_expect_eq(conns, 0, "the scrape counts as a connection");
+  unsigned long long bytes = metric(body, "fp4idx_request_bytes_total");
+  unsigned long long stats = metric(body, "fp4idx_requests_total{op=\"stats\"}");
+  unsigned long long info = metric(body, "fp4idx_requests_total{op=\"info\"}");
+  http(port, "GET", "/metrics", body, sizeof body);
+  cr_expect_eq(metric(body, "fp4idx_request_bytes_total"), bytes);
+  cr_expect_eq(metric(body, "fp4idx_requests_total{op=\"stats\"}"), stats);
+  cr_expect_eq(metric(body, "fp4idx_requests_total{op=\"info\"}"), info);
+  cr_expect_eq(metric(body, "fp4idx_connections"), 0);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
 

@@ -342,179 +342,221 @@ static const char append_help[] =
     "finish, then stops and says how many keys were stored and the\n"
     "sequence's length (exit 130; a second Ctrl-C ends it at once).";
 
-int fp4idx__cli_append(fp4idx_cli_t *cli, int argc, char **argv) {
+/* One append: its options, its input and how it travels. */
+typedef struct append_job_s {
+  /* options */
+  int dtype, rounding, have_random, no_region, chunk_given;
+  uint64_t nrandom, seed, chunk, seq;
+  /* input: n keys of key_bytes, from the file (keys points into file) or
+   * generated chunk by chunk into gen (or straight into the region) */
+  unsigned char *file, *gen;
+  const unsigned char *keys;
+  size_t n, key_bytes;
+  /* transport: a host region for large inputs (region 0: the socket) */
+  fp4idx_client_t *c;
+  uint64_t region;
+  void *rmem;
+  size_t rsize;
+  /* what the daemon answered: the first position, the length after */
+  uint64_t first, length;
+} append_job_t;
+
+/* append, phase 1: options and operands into j. Returns 0 to go on, 1
+ * after --help, or a status (cli->err filled). */
+static int append_options(fp4idx_cli_t *cli, int argc, char **argv, append_job_t *j) {
   static const struct option lo[] = {
       {"help", no_argument, 0, 'h'},         {"dtype", required_argument, 0, 'd'},
       {"rounding", required_argument, 0, 'r'}, {"random", required_argument, 0, 'R'},
       {"seed", required_argument, 0, 'S'},   {"chunk", required_argument, 0, 'c'},
       {"no-region", no_argument, 0, 'N'},    {0}};
-  int ch, dtype = 0, rounding = FP4IDX_ROUNDING_RNE, have_random = 0;
-  int no_region = 0, chunk_given = 0;
-  uint64_t nrandom = 0, seed = 0, chunk = 8192, seq;
+  int ch;
   while ((ch = fp4idx__cli_next_opt(cli, argc, argv, "h", lo)) != -1) {
     switch (ch) {
-      case 'h': puts(append_help); return 0;
+      case 'h': puts(append_help); return 1;
       case 'd':
-        if ((dtype = fp4idx__parse_dtype(optarg)) < 0)
+        if ((j->dtype = fp4idx__parse_dtype(optarg)) < 0)
           return fp4idx__cli_usage(&cli->err,
                                    "--dtype '%s': expected bf16, f32 or fp4",
                                    optarg);
         break;
       case 'r':
-        if ((rounding = fp4idx__parse_rounding(optarg)) < 0)
+        if ((j->rounding = fp4idx__parse_rounding(optarg)) < 0)
           return fp4idx__cli_usage(&cli->err,
                                    "--rounding '%s': expected rne or threshold",
                                    optarg);
         break;
       case 'R':
-        if (fp4idx__cli_parse_num(cli, "--random", optarg, &nrandom)) return FP4IDX_EINVAL;
-        if (nrandom == 0)
+        if (fp4idx__cli_parse_num(cli, "--random", optarg, &j->nrandom)) return FP4IDX_EINVAL;
+        if (j->nrandom == 0)
           return fp4idx__cli_usage(&cli->err, "--random: N must be >= 1");
-        have_random = 1;
+        j->have_random = 1;
         break;
       case 'S':
-        if (fp4idx__cli_parse_num(cli, "--seed", optarg, &seed)) return FP4IDX_EINVAL;
+        if (fp4idx__cli_parse_num(cli, "--seed", optarg, &j->seed)) return FP4IDX_EINVAL;
         break;
       case 'c':
-        if (fp4idx__cli_parse_num(cli, "--chunk", optarg, &chunk)) return FP4IDX_EINVAL;
-        if (chunk == 0 || chunk > (1u << 24))
+        if (fp4idx__cli_parse_num(cli, "--chunk", optarg, &j->chunk)) return FP4IDX_EINVAL;
+        if (j->chunk == 0 || j->chunk > (1u << 24))
           return fp4idx__cli_usage(&cli->err, "--chunk: K must be 1..16777216");
-        chunk_given = 1;
+        j->chunk_given = 1;
         break;
-      case 'N': no_region = 1; break;
+      case 'N': j->no_region = 1; break;
       default: return FP4IDX_EINVAL;
     }
   }
   int nops = argc - optind;
   if (nops < 1)
     return fp4idx__cli_usage(&cli->err, "missing SEQ (see append --help)");
-  if (parse_seq(cli, argv[optind], &seq)) return FP4IDX_EINVAL;
-  if (have_random ? nops != 1 : nops != 2)
+  if (parse_seq(cli, argv[optind], &j->seq)) return FP4IDX_EINVAL;
+  if (j->have_random ? nops != 1 : nops != 2)
     return fp4idx__cli_usage(&cli->err,
-                             have_random ? "--random takes no FILE"
-                                         : "expected SEQ FILE (or --random N)");
+                             j->have_random ? "--random takes no FILE"
+                                            : "expected SEQ FILE (or --random N)");
+  return 0;
+}
 
-  unsigned char *file = NULL, *gen = NULL;
-  const unsigned char *keys = NULL;
-  size_t n = 0;
-  fp4idx_client_t *c = NULL;
-  uint64_t region = 0; /* a host region for large inputs, 0: the socket */
-  void *rmem = NULL;
-  size_t rsize = 0;
+/* append, phase 2: the keys, from `path` (raw or .npy) or --random, and
+ * their size. Returns 0 or a status (cli->err filled). */
+static int append_input(fp4idx_cli_t *cli, const char *path, append_job_t *j) {
   int st = 0;
-  if (have_random) {
-    if (dtype == 0) dtype = FP4IDX_KEYS_BF16;
-    n = (size_t)nrandom;
+  if (j->have_random) {
+    if (j->dtype == 0) j->dtype = FP4IDX_KEYS_BF16;
+    j->n = (size_t)j->nrandom;
   } else {
     size_t len;
     fp4idx_array_t a;
     const void *k;
-    if ((st = fp4idx__read_file(argv[optind + 1], &file, &len, &cli->err)))
-      goto out;
-    if ((st = fp4idx__array_from_buffer(file, len, &a, &cli->err)) ||
-        (st = fp4idx__keys_from_array(&a, &dtype, &k, &n, &cli->err)))
-      goto out;
-    keys = k;
+    if ((st = fp4idx__read_file(path, &j->file, &len, &cli->err)) ||
+        (st = fp4idx__array_from_buffer(j->file, len, &a, &cli->err)) ||
+        (st = fp4idx__keys_from_array(&a, &j->dtype, &k, &j->n, &cli->err)))
+      return st;
+    j->keys = k;
   }
-  size_t key_bytes = dtype == FP4IDX_KEYS_BF16  ? 2 * FP4IDX_CLIENT_HEAD_DIM
-                     : dtype == FP4IDX_KEYS_F32 ? 4 * FP4IDX_CLIENT_HEAD_DIM
-                                                : FP4IDX_CLIENT_SLOT_BYTES;
-  if ((st = fp4idx__cli_connect(cli, &c))) goto out;
-  /* A large input goes through a host region: each chunk is written into
-   * shared memory and named by reference, so a 10-million-key injection is
-   * bound by the quantizer, not by the socket. */
-  if (!no_region && n > (chunk_given ? chunk : 8192)) {
-    size_t rkeys = chunk_given ? (size_t)chunk : FP4IDX_CLI_REGION_KEYS;
-    if (rkeys > n) rkeys = n;
-    if (fp4idx_client_region_create(c, rkeys * key_bytes, &region, &rmem) == FP4IDX_OK) {
-      rsize = rkeys * key_bytes;
-      chunk = rkeys;
+  j->key_bytes = j->dtype == FP4IDX_KEYS_BF16  ? 2 * FP4IDX_CLIENT_HEAD_DIM
+                 : j->dtype == FP4IDX_KEYS_F32 ? 4 * FP4IDX_CLIENT_HEAD_DIM
+                                               : FP4IDX_CLIENT_SLOT_BYTES;
+  return 0;
+}
+
+/* append, phase 3: connects, and picks how the keys travel and in what
+ * chunks. A large input goes through a host region: each chunk is written
+ * into shared memory and named by reference, so a 10-million-key injection
+ * is bound by the quantizer, not by the socket. Through the socket each
+ * request stays under the daemon's frame limit (--max-frame), less room
+ * for the map around the keys. Returns 0 or a status (cli->err filled). */
+static int append_transport(fp4idx_cli_t *cli, append_job_t *j) {
+  int st;
+  if ((st = fp4idx__cli_connect(cli, &j->c))) return st;
+  if (!j->no_region && j->n > (j->chunk_given ? j->chunk : 8192)) {
+    size_t rkeys = j->chunk_given ? (size_t)j->chunk : FP4IDX_CLI_REGION_KEYS;
+    if (rkeys > j->n) rkeys = j->n;
+    if (fp4idx_client_region_create(j->c, rkeys * j->key_bytes, &j->region, &j->rmem) ==
+        FP4IDX_OK) {
+      j->rsize = rkeys * j->key_bytes;
+      j->chunk = rkeys;
     } else {
-      region = 0; /* e.g. a daemon on another host: the socket it is */
+      j->region = 0; /* e.g. a daemon on another host: the socket it is */
     }
   }
-  if (have_random && !region && (gen = malloc((size_t)chunk * key_bytes)) == NULL) {
-    st = fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
-    goto out;
-  }
-  /* Keep each request under the daemon's frame limit (--max-frame), less
-   * room for the map around the keys. */
+  if (j->have_random && !j->region &&
+      (j->gen = malloc((size_t)j->chunk * j->key_bytes)) == NULL)
+    return fp4idx__cli_fail(&cli->err, FP4IDX_ENOMEM, "out of memory");
   fp4idx_client_info_t in;
-  if (!region && fp4idx_client_info(c, &in) == FP4IDX_OK && in.max_frame > 4096) {
-    uint64_t fit = (in.max_frame - 1024) / key_bytes;
-    if (fit >= 1 && fit < chunk) chunk = fit;
+  if (!j->region && fp4idx_client_info(j->c, &in) == FP4IDX_OK && in.max_frame > 4096) {
+    uint64_t fit = (in.max_frame - 1024) / j->key_bytes;
+    if (fit >= 1 && fit < j->chunk) j->chunk = fit;
   }
+  return 0;
+}
 
-  int bar = isatty(STDERR_FILENO) && n > chunk;
+/* The interruption of an append after `done` keys, as cli->err. */
+static int append_interrupted(fp4idx_cli_t *cli, const append_job_t *j, size_t done) {
+  int st;
+  if (done == 0)
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO,
+                          "interrupted: no key was stored (0 of %zu)", j->n);
+  else
+    st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO,
+                          "interrupted: %zu of %zu keys were stored (at "
+                          "%llu); seq %llu has length %llu",
+                          done, j->n, (unsigned long long)j->first,
+                          (unsigned long long)j->seq,
+                          (unsigned long long)j->length);
+  cli->err.signal = append_signal;
+  return st;
+}
+
+/* append, phase 4: the keys, chunk by chunk, until done, a failure or
+ * SIGINT/SIGTERM (a signal the caller ignores, as under nohup or `cmd &`
+ * in a script, stays ignored). Returns 0 or a status (cli->err filled). */
+static int append_send(fp4idx_cli_t *cli, append_job_t *j) {
+  int bar = isatty(STDERR_FILENO) && j->n > j->chunk;
   double t0 = now_s();
-  uint64_t first = 0, length = 0;
+  int st = 0;
   struct sigaction sa = {.sa_handler = on_append_signal,
                          .sa_flags = SA_RESETHAND}, old_int, old_term;
   sigemptyset(&sa.sa_mask);
   append_signal = 0;
-  /* A signal the caller ignores (nohup, `cmd &` in a script) stays ignored. */
   sigaction(SIGINT, NULL, &old_int);
   sigaction(SIGTERM, NULL, &old_term);
   if (old_int.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, NULL);
   if (old_term.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, NULL);
-  for (size_t done = 0; done < n;) {
+  for (size_t done = 0; done < j->n;) {
     if (append_signal) {
       if (bar) fputc('\n', stderr);
-      if (done == 0)
-        st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO,
-                              "interrupted: no key was stored (0 of %zu)", n);
-      else
-        st = fp4idx__cli_fail(&cli->err, FP4IDX_EIO,
-                              "interrupted: %zu of %zu keys were stored (at "
-                              "%llu); seq %llu has length %llu",
-                              done, n, (unsigned long long)first,
-                              (unsigned long long)seq,
-                              (unsigned long long)length);
-      cli->err.signal = append_signal;
+      st = append_interrupted(cli, j, done);
       break;
     }
-    size_t m = n - done < chunk ? n - done : (size_t)chunk;
+    size_t m = j->n - done < j->chunk ? j->n - done : (size_t)j->chunk;
     const void *p;
-    if (have_random) {
-      fp4idx__gen_keys(dtype, seed, done, m, region ? rmem : gen);
-      p = gen;
+    if (j->have_random) {
+      fp4idx__gen_keys(j->dtype, j->seed, done, m, j->region ? j->rmem : j->gen);
+      p = j->gen;
     } else {
-      p = keys + done * key_bytes;
-      if (region) memcpy(rmem, p, m * key_bytes);
+      p = j->keys + done * j->key_bytes;
+      if (j->region) memcpy(j->rmem, p, m * j->key_bytes);
     }
     uint64_t f1, len1;
-    if (region)
-      st = fp4idx_client_append_region(c, seq, (fp4idx_client_keys_t)dtype, region, 0, m,
-                                       (fp4idx_client_rounding_t)rounding, &f1, &len1);
+    if (j->region)
+      st = fp4idx_client_append_region(j->c, j->seq, (fp4idx_client_keys_t)j->dtype, j->region,
+                                       0, m, (fp4idx_client_rounding_t)j->rounding, &f1, &len1);
     else
-      st = fp4idx_client_append(c, seq, (fp4idx_client_keys_t)dtype, p, m,
-                                (fp4idx_client_rounding_t)rounding, &f1, &len1);
+      st = fp4idx_client_append(j->c, j->seq, (fp4idx_client_keys_t)j->dtype, p, m,
+                                (fp4idx_client_rounding_t)j->rounding, &f1, &len1);
     if (st) {
       if (bar) fputc('\n', stderr);
       if (done > 0)
         fp4idx__cli_fail(&cli->err, st,
-                         "after %zu of %zu keys were stored: %s", done, n,
-                         fp4idx_client_last_error(c));
+                         "after %zu of %zu keys were stored: %s", done, j->n,
+                         fp4idx_client_last_error(j->c));
       else
-        client_fail(cli, c, st);
+        client_fail(cli, j->c, st);
       break;
     }
-    if (done == 0) first = f1;
-    length = len1;
+    if (done == 0) j->first = f1;
+    j->length = len1;
     done += m;
-    if (bar) progress(done, n, t0, done == n);
+    if (bar) progress(done, j->n, t0, done == j->n);
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
-  if (st) goto out;
-  printf("seq %llu: appended %zu keys at %llu, length %llu\n",
-         (unsigned long long)seq, n, (unsigned long long)first,
-         (unsigned long long)length);
-out:
-  if (rmem) fp4idx_client_region_destroy(c, region, rmem, rsize);
-  fp4idx_client_close(c);
-  free(file);
-  free(gen);
+  return st;
+}
+
+int fp4idx__cli_append(fp4idx_cli_t *cli, int argc, char **argv) {
+  append_job_t j = {.rounding = FP4IDX_ROUNDING_RNE, .chunk = 8192};
+  int st = append_options(cli, argc, argv, &j);
+  if (st == 1) return 0; /* --help */
+  if (st) return st;
+  if (!(st = append_input(cli, j.have_random ? NULL : argv[optind + 1], &j)) &&
+      !(st = append_transport(cli, &j)) && !(st = append_send(cli, &j)))
+    printf("seq %llu: appended %zu keys at %llu, length %llu\n",
+           (unsigned long long)j.seq, j.n, (unsigned long long)j.first,
+           (unsigned long long)j.length);
+  if (j.rmem) fp4idx_client_region_destroy(j.c, j.region, j.rmem, j.rsize);
+  fp4idx_client_close(j.c);
+  free(j.file);
+  free(j.gen);
   return st;
 }
 

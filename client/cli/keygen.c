@@ -15,7 +15,7 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 /* Uniform in (0, 1]: 53 random bits, never 0 (log below). */
-static double unit(uint64_t *st) {
+static double keygen_uniform(uint64_t *st) {
   return ((double)(splitmix64(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
@@ -44,7 +44,8 @@ void fp4idx__gen_keys(int dtype, uint64_t seed, uint64_t first, size_t n,
     }
     for (int i = 0; i < FP4IDX_CLIENT_HEAD_DIM; i += 2) {
       /* Box-Muller: two normal values per pair of uniforms. */
-      double r = sqrt(-2.0 * log(unit(&st))), t = 6.283185307179586 * unit(&st);
+      double r = sqrt(-2.0 * log(keygen_uniform(&st)));
+      double t = 6.283185307179586 * keygen_uniform(&st);
       float a = (float)(r * cos(t)), b = (float)(r * sin(t));
       if (dtype == FP4IDX_KEYS_F32) {
         float *o = (float *)keys + k * FP4IDX_CLIENT_HEAD_DIM + i;

@@ -1,6 +1,8 @@
 /* prom.h -- the Prometheus text form of the daemon's stats (prom.c), shared
- * by `fp4idx-cli stats --prometheus` and fp4idxd's scrape endpoint
- * (daemon/metrics_http.c). Not installed. */
+ * by `fp4idx-cli stats --prometheus` (stats from fp4idx_client_stats) and
+ * fp4idxd's scrape endpoint (daemon/metrics_text.c: the daemon's own
+ * counters in the same structs). Only the structs of fp4idx_client.h are
+ * used, no client function. Not installed. */
 #ifndef FP4IDX_PROM_H
 #define FP4IDX_PROM_H
 

@@ -131,7 +131,7 @@ void fp4idx__topk_add(fp4idx__heap_t *h, int64_t k, float v, int32_t p) {
   h->thr_p = h->pos[w];
 }
 
-static void fp4idx__worker(void *arg, int tid) {
+static void fp4idx__score_tiles_worker(void *arg, int tid) {
   fp4idx__ctx_t *c = arg;
   fp4idx__scratch_t *s = &c->scr[tid];
   for (;;) {
@@ -303,9 +303,9 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_backend_batch_t *
    * would cost more than the work. */
   int inline_only = c.ntiles <= 2;
   if (inline_only) {
-    if (c.ntiles > 0) fp4idx__worker(&c, 0);
+    if (c.ntiles > 0) fp4idx__score_tiles_worker(&c, 0);
   } else {
-    fp4idx__threads_run(cpu->threads, fp4idx__worker, &c);
+    fp4idx__threads_run(cpu->threads, fp4idx__score_tiles_worker, &c);
   }
 
   if (topk > 0) {

@@ -20,10 +20,10 @@ struct fp4idx__threads_s {
 typedef struct {
   fp4idx__threads_t *t;
   int tid;
-} fp4idx__worker_arg_t;
+} fp4idx__threads_main_arg_t;
 
-static void *fp4idx__worker(void *p) {
-  fp4idx__worker_arg_t wa = *(fp4idx__worker_arg_t *)p;
+static void *fp4idx__threads_main(void *p) {
+  fp4idx__threads_main_arg_t wa = *(fp4idx__threads_main_arg_t *)p;
   free(p);
   fp4idx__threads_t *t = wa.t;
   uint64_t seen = 0;
@@ -56,11 +56,11 @@ int fp4idx__threads_create(fp4idx__threads_t **out, int n) {
     if (!t->tids) goto fail;
   }
   for (int i = 1; i < n; i++) {
-    fp4idx__worker_arg_t *wa = malloc(sizeof *wa);
+    fp4idx__threads_main_arg_t *wa = malloc(sizeof *wa);
     if (!wa) goto fail;
     wa->t = t;
     wa->tid = i;
-    if (pthread_create(&t->tids[i - 1], NULL, fp4idx__worker, wa) != 0) {
+    if (pthread_create(&t->tids[i - 1], NULL, fp4idx__threads_main, wa) != 0) {
       free(wa);
       goto fail;
     }
