@@ -866,6 +866,9 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   s->device_mem_free = in->device_mem_free;
   copy_str(s->gpu_sharing, sizeof s->gpu_sharing, in->gpu_sharing);
   s->gpu_other_processes = in->gpu_other_processes;
+  s->buffered_bytes = in->buffered_bytes;
+  s->buffered_bytes_peak = in->buffered_bytes_peak;
+  s->buffer_budget = in->buffer_budget;
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
   s->nstages = (uint32_t)in->nstages;

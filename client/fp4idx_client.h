@@ -506,6 +506,11 @@ typedef struct fp4idx_client_stats_s {
                                       0 from a daemon without fork) */
   char gpu_sharing[16];            /* as fp4idx_client_sharing_t.mode */
   uint64_t gpu_other_processes;    /* as fp4idx_client_sharing_t.other_processes */
+  /* The buffer budget (0 from daemons that do not send them): */
+  uint64_t buffered_bytes;         /* held for connections now: requests read and
+                                      not run, replies not yet written out */
+  uint64_t buffered_bytes_peak;    /* the most buffered_bytes has been */
+  uint64_t buffer_budget;          /* --buffer-budget, bytes */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

@@ -56,6 +56,7 @@ void fp4idx__budget_hold(fp4idx_conn_t *c, int64_t in, int64_t out) {
    * fp4idx__budget_admit. */
   uint64_t held = (uint64_t)((int64_t)srv->held + in + out);
   __atomic_store_n(&srv->held, held, __ATOMIC_RELEASE);
+  if (held > srv->held_peak) __atomic_store_n(&srv->held_peak, held, __ATOMIC_RELEASE);
   __atomic_store_n(&srv->held_out, (uint64_t)((int64_t)srv->held_out + out), __ATOMIC_RELEASE);
   uint64_t budget = fp4idx__budget_of(srv);
   if (!srv->over_budget && held >= budget) {
@@ -84,6 +85,12 @@ void fp4idx__budget_hold(fp4idx_conn_t *c, int64_t in, int64_t out) {
 static int fp4idx__budget_room(uint64_t budget, uint64_t held, uint64_t held_out,
                                uint64_t reserved, uint64_t bytes) {
   return held + reserved + bytes <= budget || held_out + reserved == 0;
+}
+
+void fp4idx__budget_view(const fp4idx_server_t *srv, fp4idx_budget_view_t *out) {
+  out->held = __atomic_load_n(&srv->held, __ATOMIC_ACQUIRE);
+  out->peak = __atomic_load_n(&srv->held_peak, __ATOMIC_ACQUIRE);
+  out->budget = fp4idx__budget_of(srv);
 }
 
 int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes) {

@@ -27,6 +27,9 @@
  *     its connection and is tried again as bytes are released). When no
  *     reply is held or reserved anywhere, a reply within the budget is
  *     admitted whatever bodies are held, so they can always drain.
+ * What is held counts each request's own struct (FP4IDX_SERVER_REQ_BYTES)
+ * beside its body and its reply, so many small pipelined requests count
+ * what they cost. `stats` reports the count, its peak and the budget.
  * Bound: what is held stays under budget + one granted frame + a small
  * reply (< FP4IDX_BUDGET_SMALL_REPLY) per connection; only while the budget
  * is filled by request bodies alone may one admitted reply go beyond it.
@@ -93,6 +96,17 @@ int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes);
 
 /* c is gone or finished its frame: frees the grant for another connection. */
 void fp4idx__budget_release_grant(fp4idx_conn_t *c);
+
+/* Any thread: what the budget counts now (held, reserved replies not
+ * included), the most it has counted since start, and the budget itself,
+ * in bytes (the `stats` fields buffered_bytes, buffered_bytes_peak,
+ * buffer_budget). */
+typedef struct fp4idx_budget_view_s {
+  uint64_t held;
+  uint64_t peak;
+  uint64_t budget;
+} fp4idx_budget_view_t;
+void fp4idx__budget_view(const fp4idx_server_t *srv, fp4idx_budget_view_t *out);
 
 /* Starts / stops the timer that closes connections past the timeout. */
 void fp4idx__budget_start(fp4idx_server_t *srv);

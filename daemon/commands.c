@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "budget.h"
 #include "daemon.h"
 #include "fp4idx_codec.h"
 #include "fp4idx_fail.h"
@@ -300,6 +301,11 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   const fp4idx_sharing_t *gs = fp4idx__daemon_sharing(d);
   snprintf(st->gpu_sharing, sizeof st->gpu_sharing, "%s", fp4idx__sharing_name(gs->mode));
   st->gpu_other_processes = gs->other_processes;
+  fp4idx_budget_view_t bv;
+  fp4idx__budget_view(&d->server, &bv);
+  st->buffered_bytes = bv.held;
+  st->buffered_bytes_peak = bv.peak;
+  st->buffer_budget = bv.budget;
   fp4idx__stats_to_wire(&snap, st);
   fp4idx_engine_desc_t now; /* device memory at this moment */
   if (fp4idx__engine_describe(d->engine, &now) == FP4IDX_OK) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "budget.h"
 #include "fp4idx_client.h"
 #include "fp4idx_codec.h"
 #include "fp4idx_status.h"
@@ -43,6 +44,11 @@ static void fp4idx__metrics_counters(fp4idx_daemon_t *d, fp4idx__metrics_view_t 
   s->request_bytes = v->counters.request_bytes;
   s->response_bytes = v->counters.response_bytes;
   s->queue_depth = v->counters.queue_depth;
+  fp4idx_budget_view_t bv;
+  fp4idx__budget_view(&d->server, &bv);
+  s->buffered_bytes = bv.held;
+  s->buffered_bytes_peak = bv.peak;
+  s->buffer_budget = bv.budget;
   memcpy(s->status_errors, v->counters.status_errors, sizeof s->status_errors);
 }
 

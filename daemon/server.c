@@ -95,7 +95,7 @@ static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
     c->out_bytes -= r->wire_len;
     fp4idx__busypoll_writing(c->srv->busypoll, -1);
   }
-  fp4idx__budget_hold(c, -in, -out);
+  fp4idx__budget_hold(c, -in - (int64_t)FP4IDX_SERVER_REQ_BYTES, -out);
   c->pending--;
   fp4idx__server_req_free(r);
 }
@@ -173,7 +173,7 @@ static void fp4idx__server_written(fp4idx_req_t *r, int status) {
   if (status == 0 && c->srv->stages)
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, c->progress_us - r->t_write_us);
   int close_after = r->close_after;
-  fp4idx__budget_hold(c, 0, -(int64_t)r->wire_len);
+  fp4idx__budget_hold(c, -(int64_t)FP4IDX_SERVER_REQ_BYTES, -(int64_t)r->wire_len);
   fp4idx__busypoll_writing(c->srv->busypoll, -1);
   fp4idx__server_req_free(r);
   if (c->closing) {
@@ -391,7 +391,7 @@ static void fp4idx__server_direct_written(fp4idx_req_t *r) {
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, r->direct_us);
   }
-  fp4idx__budget_hold(c, 0, -(int64_t)r->wire_len);
+  fp4idx__budget_hold(c, -(int64_t)FP4IDX_SERVER_REQ_BYTES, -(int64_t)r->wire_len);
   fp4idx__server_req_free(r);
   fp4idx__server_resume(c);
 }
@@ -459,6 +459,7 @@ static void fp4idx__server_enqueue(fp4idx_conn_t *c, fp4idx_req_t *r) {
   if (c->tail) c->tail->next = r; else c->head = r;
   c->tail = r;
   c->pending++;
+  fp4idx__budget_hold(c, (int64_t)FP4IDX_SERVER_REQ_BYTES, 0); /* given back where it is freed */
   if (!c->undispatched) c->undispatched = fp4idx__server_next_undispatched(r);
 }
 

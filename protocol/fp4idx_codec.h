@@ -114,7 +114,7 @@ extern "C" {
 #include "fp4idx_op_map.h"
 
 /* Most fields an op's request or response has (PROTOCOL.md), for the tables. */
-#define FP4IDX_OP_MAX_FIELDS 24u
+#define FP4IDX_OP_MAX_FIELDS 32u
 
 typedef enum fp4idx_op_e {
   FP4IDX_OP_NONE = 0, /* not decoded (decode failed before "op") */

@@ -137,7 +137,10 @@ size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *
       {"response_bytes", s->response_bytes}, {"queue_depth", s->queue_depth},
       {"device_mem_total", s->device_mem_total},
       {"device_mem_free", s->device_mem_free},
-      {"gpu_other_processes", s->gpu_other_processes}};
+      {"gpu_other_processes", s->gpu_other_processes},
+      {"buffered_bytes", s->buffered_bytes},
+      {"buffered_bytes_peak", s->buffered_bytes_peak},
+      {"buffer_budget", s->buffer_budget}};
   memcpy(out, c, sizeof c);
   return FP4IDX_CLI_STATS_COUNTS;
 }

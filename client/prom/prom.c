@@ -123,6 +123,15 @@ int fp4idx__prom_write(FILE *f, const fp4idx_client_stats_t *s,
   }
   gauge(f, "fp4idx_queue_depth", "Requests received and waiting for the worker.",
         (double)s->queue_depth);
+  if (s->buffer_budget != 0) { /* nothing from a daemon that does not report it */
+    gauge(f, "fp4idx_buffered_bytes",
+          "Bytes held for connections: requests read and not run, replies not yet written.",
+          (double)s->buffered_bytes);
+    gauge(f, "fp4idx_buffered_bytes_peak", "The most fp4idx_buffered_bytes has been.",
+          (double)s->buffered_bytes_peak);
+    gauge(f, "fp4idx_buffer_budget_bytes", "The buffer budget (--buffer-budget).",
+          (double)s->buffer_budget);
+  }
   gauge(f, "fp4idx_device_memory_free_bytes",
         "Free memory of the backend's device (host memory on the CPU backend).",
         (double)s->device_mem_free);

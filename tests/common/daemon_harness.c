@@ -361,6 +361,23 @@ int fp4idx_test_info(int fd, fp4idx_info_t *info) {
   return rc;
 }
 
+int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budget) {
+  fp4idx_request_t req;
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  memset(&req, 0, sizeof req);
+  req.op = FP4IDX_OP_STATS;
+  int rc = fp4idx__harness_simple(fd, &req, &resp, &body);
+  if (rc == 0) {
+    *held = resp.u.stats.buffered_bytes;
+    *peak = resp.u.stats.buffered_bytes_peak;
+    *budget = resp.u.stats.buffer_budget;
+  }
+  fp4idx_response_clear(&resp);
+  free(body);
+  return rc;
+}
+
 int fp4idx_test_truncate(int fd, uint64_t seq, uint64_t length) {
   fp4idx_request_t req;
   fp4idx_response_t resp;

@@ -117,6 +117,9 @@ int fp4idx_test_recv_response(int fd, fp4idx_op_t op, fp4idx_response_t *resp,
 int fp4idx_test_append(int fd, uint64_t seq, fp4idx_wire_dtype_t dtype, uint64_t n,
                        const void *keys, uint64_t *first, uint64_t *length);
 int fp4idx_test_info(int fd, fp4idx_info_t *info);
+/* The buffer budget's counts from `stats`: bytes held now, the most held
+ * since start, the budget. */
+int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budget);
 int fp4idx_test_truncate(int fd, uint64_t seq, uint64_t length);
 int fp4idx_test_drop(int fd, uint64_t seq);
 /* Reads packed slots [from, from+count) into out (count*68 bytes). */
