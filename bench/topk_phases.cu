@@ -34,13 +34,13 @@ __device__ __forceinline__ void fp4idx_topk_phase(int i) {
   }
 }
 
-// This copy's plan and launch under their own names (the library's stay).
+// This copy's plan and launch description under their own names (the library's stay).
 #define FP4IDX_TOPK_PHASES 1
 #define fp4idx__cuda_topk_cluster_plan fp4idx__bench_phases_plan
-#define fp4idx__cuda_topk_cluster_launch fp4idx__bench_phases_launch
+#define fp4idx__cuda_topk_cluster_describe fp4idx__bench_phases_describe
 #include "topk_cluster.cu"
 #undef fp4idx__cuda_topk_cluster_plan
-#undef fp4idx__cuda_topk_cluster_launch
+#undef fp4idx__cuda_topk_cluster_describe
 
 #include "bench_cuda_topk.h"
 
@@ -101,7 +101,9 @@ extern "C" int fp4idx_bench_topk_phases(const fp4idx_cuda_topk_row_t *rows, int3
     if (cudaGetSymbolAddress(&sym, fp4idx__bench_ph) != cudaSuccess ||
         cudaMemsetAsync(sym, 0, h.size() * sizeof(long long), stream) != cudaSuccess)
       return 1;
-    rc = fp4idx__bench_phases_launch(&p, d_rows, pos, val, count, stream);
+    fp4idx_cuda_launch_t desc;
+    rc = fp4idx__bench_phases_describe(&p, d_rows, pos, val, count, &desc);
+    if (!rc) rc = fp4idx_cuda_launch_run(&desc, stream);
     if (rc) return rc;
     if (cudaStreamSynchronize(stream) != cudaSuccess ||
         cudaMemcpyFromSymbol(h.data(), fp4idx__bench_ph, h.size() * sizeof(long long)) !=

@@ -70,10 +70,13 @@ typedef struct fp4idx_backend_seq_s {
                             instead of uploading the list); 0: upload */
 } fp4idx_backend_seq_t;
 
-/* Where a device backend's score call spent its time, in microseconds,
- * measured on the device (CUDA events): copies in, kernels, copies out.
- * timed = 0 (nothing measured) from a backend that does not time itself
- * (the CPU backend: its whole call is compute). */
+/* Where a device backend's score call spent its time, in microseconds:
+ * copies in, kernels, copies out. The CUDA backend measures them on the
+ * device (CUDA events) for one timed call in 16, since the events cost
+ * device time, and splits each other call's host-measured time (start to
+ * end seen) in the shares of the last measured call of its kind (full
+ * logits or top-k). timed = 0 (nothing measured) from a backend that does
+ * not time itself (the CPU backend: its whole call is compute). */
 typedef struct fp4idx_backend_timing_s {
   int32_t timed;
   double upload_us;

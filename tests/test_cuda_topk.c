@@ -362,7 +362,10 @@ Test(cuda_topk, graph_replay_on_new_logits, .timeout = 600) {
     for (int rep = 0; rep < 2; rep++) {
       if (rep) {
         fill(&g, x, total, total, 1);
-        cr_assert_eq(cudaMemcpy(t.d_lg, x, sizeof(float) * total, cudaMemcpyHostToDevice), cudaSuccess);
+        /* on the graph's own stream: a pageable cudaMemcpy may return before
+         * its DMA lands, and st does not wait for the legacy stream */
+        cr_assert_eq(cudaMemcpyAsync(t.d_lg, x, sizeof(float) * total, cudaMemcpyHostToDevice, st),
+                     cudaSuccess);
       }
       cr_assert_eq(cudaGraphLaunch(ge, st), cudaSuccess);
       cr_assert_eq(cudaStreamSynchronize(st), cudaSuccess);

@@ -9,7 +9,14 @@
  *
  * A score call: [ev0] upload [ev1] scorer + top-k [ev2] download [ev3],
  * then one wait on ev3 (the caller's thread blocks there; the daemon runs
- * backends on a worker thread); no synchronization in between. The wait
+ * backends on a worker thread); no synchronization in between. The
+ * kernels' attributes are set once per device (fp4idx_cuda.h: describe),
+ * so a call makes no attribute or occupancy call; its events are recorded
+ * only when the caller asks for the timing (each costs device time between
+ * its neighbours). As one launch of a cached, updated CUDA graph the same
+ * work measures slower on the H200 (64-key score 28.6 vs 23.2 us, 400,000
+ * keys top-2048 110.6 vs 102.4: the results page), so it is enqueued op by
+ * op. The wait
  * spins on a word of mapped host memory that the stream writes after ev3
  * (cuStreamWriteValue32, where the driver has it), and falls back to the
  * event: see fp4idx__stage_wait. The events
@@ -66,6 +73,14 @@
 #define FP4IDX__CUDA_PART_FIRST ((size_t)256 << 10)
 #define FP4IDX__CUDA_PARTS 5
 
+/* A timed score call records the device events (upload, kernels, download)
+ * once in this many calls: each event costs device time between its
+ * neighbours (64-key score 23.2 us with them, 19.5 without; 400,000 keys
+ * top-2048 102.4 vs 92.1: fp4idx-bench-backend-call). The calls between
+ * split their own host-measured time (start to end seen) in the shares
+ * of the last evented call of their kind. */
+#define FP4IDX__CUDA_EVENTS_EVERY 16
+
 /* Pinned output blocks kept for reuse once freed. */
 #define FP4IDX__CUDA_PINNED_KEEP ((size_t)512 << 20)
 
@@ -91,6 +106,9 @@ typedef struct fp4idx__stage_s {
   int n_parts;            /* parts of the last call's download (0: one copy) */
   int parts_seen;         /* of them, returned by score_wait_part */
   fp4idx_backend_timing_t *timing; /* where its timing goes (may be NULL) */
+  int evented;            /* its last call recorded the timing events */
+  int kind;               /* its last call: 0 full logits, 1 top-k */
+  double t_start;         /* host clock (us) when its last call began */
 } fp4idx__stage_t;
 
 typedef struct fp4idx__cuda_s {
@@ -110,6 +128,10 @@ typedef struct fp4idx__cuda_s {
   fp4idx__pinned_t *pinned;
   fp4idx__seqpages_t *seqpages;
   uint32_t *h_words;      /* pinned mapped: the sets' h_done, 64 bytes apart */
+  int untimed_left;       /* timed calls before the next with events */
+  double split[2][3];     /* upload / kernels / download share of the last
+                             evented call of each kind (full logits, top-k) */
+  int have_split[2];
   /* cuStreamWriteValue32 from the driver, or NULL: every wait on the event */
   CUresult (*write_value)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 } fp4idx__cuda_t;
@@ -252,6 +274,43 @@ static int fp4idx__stage_timing(fp4idx__stage_t *st, cudaEvent_t end,
   t->download_us = down * 1e3;
 out:
   return rc;
+}
+
+static double fp4idx__host_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* The timing of st's last call into *t once its end (event `end`) has been
+ * seen: from its events when it recorded them (and their shares kept for
+ * its kind), else its host time from start to now split in the shares of
+ * the last evented call of its kind (all kernels before there is one). */
+static int fp4idx__call_timing(fp4idx__cuda_t *c, fp4idx__stage_t *st, cudaEvent_t end,
+                               fp4idx_backend_timing_t *t) {
+  if (st->evented) {
+    int rc = fp4idx__stage_timing(st, end, t);
+    const double all = t->upload_us + t->kernels_us + t->download_us;
+    if (rc == FP4IDX_OK && all > 0) {
+      c->split[st->kind][0] = t->upload_us / all;
+      c->split[st->kind][1] = t->kernels_us / all;
+      c->split[st->kind][2] = t->download_us / all;
+      c->have_split[st->kind] = 1;
+    }
+    return rc;
+  }
+  const double all = fp4idx__host_us() - st->t_start;
+  const double *f = c->split[st->kind];
+  t->timed = 1;
+  if (c->have_split[st->kind]) {
+    t->upload_us = all * f[0];
+    t->kernels_us = all * f[1];
+    t->download_us = all * f[2];
+  } else {
+    t->upload_us = t->download_us = 0;
+    t->kernels_us = all;
+  }
+  return FP4IDX_OK;
 }
 
 /* Records the end of a call on `st` and waits for it. */
@@ -466,6 +525,298 @@ static int fp4idx__score_nothing_visible(const fp4idx_backend_batch_t *bt) {
   return FP4IDX_OK;
 }
 
+/* One copy. */
+typedef struct fp4idx__copy_s {
+  void *dst;
+  const void *src;
+  size_t bytes;
+} fp4idx__copy_t;
+
+/* What one score call enqueues, in order: ev[0], up, ev[1], kern[0..n_kern),
+ * ev[2], down[0..n_down), ev[3]; a NULL event is left out. */
+typedef struct fp4idx__score_ops_s {
+  cudaEvent_t ev[4];
+  fp4idx__copy_t up;                  /* host to device */
+  fp4idx_cuda_launch_t kern[2];       /* scorer, top-k (cluster path) */
+  int n_kern;
+  fp4idx__copy_t down[3];             /* device to host */
+  int n_down;
+} fp4idx__score_ops_t;
+
+/* A score call's layout: the inputs region (uploaded), then the outputs,
+ * with the plans of both kernels. A resident page list is read where it is
+ * on the device and takes no room here. */
+typedef struct fp4idx__score_layout_s {
+  int32_t *rows;
+  int64_t *widths;
+  fp4idx_cuda_work_t *works;
+  size_t *o_pages;                 /* 5 per sequence: pages, q, w, lens, mask */
+  const int32_t **dev_pages;       /* resident page lists (NULL: uploaded) */
+  fp4idx_cuda_topk_row_t *trows_plan;
+  fp4idx_cuda_score_params_t prm;
+  fp4idx_cuda_topk_plan_t tp;
+  int nw;
+  size_t total_rows, total_out, tk_bytes, h_val, h_cnt;
+  size_t o_descs, o_works, o_trows, in_bytes, o_logits, o_tpos, o_tval, o_tcnt, o_tws, all;
+  int dev_out;                     /* outputs written by the kernels where they are */
+  int one_copy;                    /* top-k results in one download */
+  float *o_dlogits;                /* full logits written in place (dev_out) */
+} fp4idx__score_layout_t;
+
+static void fp4idx__score_layout_free(fp4idx__score_layout_t *L) {
+  free(L->trows_plan);
+  free(L->o_pages);
+  free(L->works);
+  free(L->rows);
+  free(L->widths);
+  free(L->dev_pages);
+}
+
+/* Where each input goes and the scorer's plan. */
+static int fp4idx__score_layout_inputs(fp4idx__cuda_t *c, int32_t P,
+                                       const fp4idx_backend_batch_t *bt,
+                                       fp4idx__score_layout_t *L) {
+  const int32_t H = bt->heads, ns = bt->n_seqs;
+  L->rows = malloc(sizeof *L->rows * (size_t)ns);
+  L->widths = malloc(sizeof *L->widths * (size_t)ns);
+  L->dev_pages = calloc((size_t)ns, sizeof *L->dev_pages);
+  L->o_pages = malloc(sizeof *L->o_pages * (size_t)ns * 5);
+  if (!L->rows || !L->widths || !L->dev_pages || !L->o_pages) return FP4IDX_ENOMEM;
+  size_t off = 0;
+  for (int32_t i = 0; i < ns; i++) {
+    const fp4idx_backend_seq_t *s = &bt->seqs[i];
+    const int64_t np = (s->width + P - 1) / P; /* pages the scorer reads */
+    L->rows[i] = s->rows;
+    L->widths[i] = s->width;
+    if (s->resident && np) L->dev_pages[i] = fp4idx__seqpages_get(c->seqpages, s->seq, np);
+    size_t *o = &L->o_pages[5 * i];
+    o[0] = off;
+    if (!L->dev_pages[i]) off = fp4idx__align(off + (size_t)np * 4);
+    o[1] = off; off = fp4idx__align(off + (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
+    o[2] = off; off = fp4idx__align(off + (size_t)s->rows * H * 2);
+    o[3] = off; off = fp4idx__align(off + (size_t)s->rows * 4);
+    o[4] = off;
+    if (s->mask) off = fp4idx__align(off + (size_t)s->rows * (size_t)s->width);
+    L->total_rows += (size_t)s->rows;
+    L->total_out += (size_t)s->rows * (size_t)s->width;
+  }
+  const int32_t max_works = fp4idx_cuda_score_max_works(H, ns, L->rows);
+  L->works = malloc(sizeof *L->works * (size_t)(max_works > 0 ? max_works : 1));
+  if (!L->works) return FP4IDX_ENOMEM;
+  L->nw = fp4idx_cuda_score_plan(c->scorer, H, ns, L->rows, L->widths, c->sms, L->works,
+                                 max_works, &L->prm);
+  if (L->nw < 0) return L->nw;
+  L->o_descs = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_seq_t) * (size_t)ns);
+  L->o_works = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_work_t) * (size_t)(L->nw ? L->nw : 1));
+  L->o_trows = off;
+  if (bt->topk) {
+    /* Planned on a host copy (widths in, chunk0 out); logits pointers come later. */
+    L->trows_plan = malloc(sizeof *L->trows_plan * (L->total_rows ? L->total_rows : 1));
+    if (!L->trows_plan) return FP4IDX_ENOMEM;
+    size_t ra = 0;
+    for (int32_t i = 0; i < ns; i++)
+      for (int32_t r = 0; r < bt->seqs[i].rows; r++) L->trows_plan[ra++].width = bt->seqs[i].width;
+    int rc = fp4idx_cuda_topk_plan(L->trows_plan, (int32_t)L->total_rows, bt->topk, &L->tp);
+    if (rc) return rc;
+    off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * L->total_rows);
+  }
+  L->in_bytes = off;
+  return FP4IDX_OK;
+}
+
+/* Where each output goes: in the scratch, except those the caller has on
+ * the device (or small full logits in mapped host memory,
+ * FP4IDX__CUDA_DIRECT_MAX), written by the kernels straight there. */
+static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt, int staging,
+                                         fp4idx__score_layout_t *L) {
+  size_t off = L->in_bytes;
+  const size_t kk = (size_t)bt->topk;
+  L->dev_out = bt->outputs_on_device;
+  L->o_dlogits = bt->logits;
+  /* Full logits only: the scorer stores whole rows; the top-k's scattered
+   * 4-byte result stores across PCIe cost more than the copy they save
+   * (H200: a 400k top-2048 takes ~30 us longer in its kernels to save ~10
+   * us of download; 16k full logits save ~3.6 us). */
+  if (!L->dev_out && !staging && !bt->topk && L->total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
+    L->o_dlogits = fp4idx__mapped(bt->logits);
+    L->dev_out = L->o_dlogits != NULL;
+  }
+  L->o_logits = off;
+  if (!(L->dev_out && !bt->topk)) off = fp4idx__align(off + L->total_out * 4);
+  /* Top-k results laid out as the caller's buffer when it is one
+   * (topk_one_buffer): one download instead of three (each copy costs a
+   * DMA's latency, ~4 us). */
+  L->tk_bytes = L->total_rows * kk * 4;
+  L->h_val = bt->topk ? (size_t)((const uint8_t *)bt->topk_val - (const uint8_t *)bt->topk_pos) : 0;
+  L->h_cnt = bt->topk ? (size_t)((const uint8_t *)bt->topk_count - (const uint8_t *)bt->topk_pos) : 0;
+  L->one_copy = bt->topk && !L->dev_out && bt->topk_one_buffer && L->h_val >= L->tk_bytes &&
+                L->h_cnt >= L->h_val + L->tk_bytes && L->h_val % 4 == 0 && L->h_cnt % 4 == 0 &&
+                L->h_cnt <= 2 * L->tk_bytes + 512;
+  L->o_tpos = off;
+  if (L->one_copy) off += L->h_val;
+  else if (!L->dev_out) off = fp4idx__align(off + L->tk_bytes);
+  L->o_tval = off;
+  if (L->one_copy) off += L->h_cnt - L->h_val;
+  else if (!L->dev_out) off = fp4idx__align(off + L->tk_bytes);
+  L->o_tcnt = off;
+  if (!L->dev_out) off = fp4idx__align(off + L->total_rows * 4);
+  L->o_tws = off;
+  off = fp4idx__align(off + L->tp.ws_bytes);
+  L->all = off;
+}
+
+/* The staging set's host side filled with the inputs, the sequences'
+ * descriptors and the top-k rows; the scorer's params pointed at the
+ * device side. */
+static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backend_batch_t *bt,
+                               fp4idx__score_layout_t *L, fp4idx__stage_t *st) {
+  const int32_t H = bt->heads;
+  uint8_t *h = st->h, *d = st->d;
+  const uint8_t *in = st->d;
+  float *d_logits = L->dev_out && !bt->topk ? L->o_dlogits : (float *)(d + L->o_logits);
+  fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + L->o_descs);
+  fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + L->o_trows);
+  size_t out_at = 0, row_at = 0;
+  for (int32_t i = 0; i < bt->n_seqs; i++) {
+    const fp4idx_backend_seq_t *s = &bt->seqs[i];
+    const size_t *o = &L->o_pages[5 * i];
+    const int64_t np = (s->width + P - 1) / P;
+    if (np && !L->dev_pages[i]) memcpy(h + o[0], s->pages, (size_t)np * 4);
+    memcpy(h + o[1], s->q, (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
+    memcpy(h + o[2], s->w, (size_t)s->rows * H * 2);
+    memcpy(h + o[3], s->lens, (size_t)s->rows * 4);
+    if (s->mask) memcpy(h + o[4], s->mask, (size_t)s->rows * (size_t)s->width);
+    fp4idx_cuda_seq_t *q = &descs[i];
+    memset(q, 0, sizeof *q);
+    q->pages = L->dev_pages[i] ? L->dev_pages[i] : (const int32_t *)(in + o[0]);
+    q->q = (const uint16_t *)(in + o[1]);
+    q->w = (const uint16_t *)(in + o[2]);
+    q->lens = (const int32_t *)(in + o[3]);
+    q->mask = s->mask ? (const uint8_t *)(in + o[4]) : NULL;
+    q->out = d_logits + out_at;
+    q->width = s->width;
+    q->rows = s->rows;
+    if (bt->topk)
+      for (int32_t r = 0; r < s->rows; r++) {
+        trows[row_at] = L->trows_plan[row_at];
+        trows[row_at].logits = q->out + (size_t)r * (size_t)s->width;
+        row_at++;
+      }
+    out_at += (size_t)s->rows * (size_t)s->width;
+  }
+  memcpy(h + L->o_works, L->works, sizeof *L->works * (size_t)L->nw);
+  L->prm.pool = c->pool;
+  L->prm.seqs = (const fp4idx_cuda_seq_t *)(in + L->o_descs);
+  L->prm.works = (const fp4idx_cuda_work_t *)(in + L->o_works);
+  L->prm.log2_page = c->log2p;
+}
+
+/* The call's device work as data: the upload, the scorer
+ * and the top-k (when it is one kernel), the downloads straight into the
+ * caller's arrays. Without a download the end event closes the kernels
+ * (each timing event costs ~1.4 us of host time: fp4idx-probe-cuda-api).
+ * *chunked: the top-k is the chunked path's several operations, enqueued
+ * by fp4idx__score_enqueue itself. */
+static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__score_layout_t *L,
+                             fp4idx__stage_t *st, fp4idx__score_ops_t *ops, int *chunked) {
+  uint8_t *d = st->d;
+  int rc;
+  memset(ops, 0, sizeof *ops);
+  *chunked = 0;
+  /* The timing events only on an evented call (FP4IDX__CUDA_EVENTS_EVERY).
+   * ev[3] always (fp4idx__stage_end): the end a wait falls back on and the
+   * set's reuse waits for. */
+  if (st->evented) {
+    ops->ev[0] = st->ev[0];
+    ops->ev[1] = st->ev[1];
+  }
+  ops->up = (fp4idx__copy_t){d, st->h, L->in_bytes};
+  if ((rc = fp4idx_cuda_score_describe(&L->prm, &ops->kern[0]))) return rc;
+  if (ops->kern[0].func) ops->n_kern = 1;
+  const size_t kk = (size_t)bt->topk;
+  int32_t *d_tpos = L->dev_out ? bt->topk_pos : (int32_t *)(d + L->o_tpos);
+  float *d_tval = L->dev_out ? bt->topk_val : (float *)(d + L->o_tval);
+  int32_t *d_tcnt = L->dev_out ? bt->topk_count : (int32_t *)(d + L->o_tcnt);
+  if (bt->topk) {
+    rc = fp4idx_cuda_topk_describe(&L->tp, (const fp4idx_cuda_topk_row_t *)(d + L->o_trows),
+                                   d_tpos, d_tval, d_tcnt, &ops->kern[ops->n_kern]);
+    if (rc == FP4IDX_ENODEV) *chunked = 1;
+    else if (rc) return rc;
+    else ops->n_kern++;
+  }
+  st->no_down = L->dev_out || (!bt->topk && !L->total_out);
+  if (!st->no_down && st->evented) ops->ev[2] = st->ev[2];
+  if (L->dev_out) {
+    /* already where the caller wants them */
+  } else if (L->one_copy) {
+    ops->down[ops->n_down++] = (fp4idx__copy_t){bt->topk_pos, d_tpos, L->h_cnt + L->total_rows * 4};
+  } else if (bt->topk) {
+    ops->down[ops->n_down++] = (fp4idx__copy_t){bt->topk_pos, d_tpos, L->total_rows * kk * 4};
+    ops->down[ops->n_down++] = (fp4idx__copy_t){bt->topk_val, d_tval, L->total_rows * kk * 4};
+    ops->down[ops->n_down++] = (fp4idx__copy_t){bt->topk_count, d_tcnt, L->total_rows * 4};
+  } else if (L->total_out) {
+    ops->down[ops->n_down++] =
+        (fp4idx__copy_t){bt->logits, d + L->o_logits, L->total_out * 4};
+  }
+  return FP4IDX_OK;
+}
+
+/* Full logits copied back in parts (FP4IDX__CUDA_PART_MIN), each closed by
+ * an event: score_wait_part hands them out while the rest is coming. */
+static int fp4idx__score_download_parts(fp4idx__cuda_t *c, const fp4idx__copy_t *down,
+                                        fp4idx__stage_t *st) {
+  int rc = FP4IDX_OK;
+  size_t at = 0, len = FP4IDX__CUDA_PART_FIRST;
+  while (at < down->bytes) {
+    size_t n = st->n_parts == FP4IDX__CUDA_PARTS - 1 || down->bytes - at < len ? down->bytes - at
+                                                                              : len;
+    CK(cudaMemcpyAsync((uint8_t *)down->dst + at, (const uint8_t *)down->src + at, n,
+                       cudaMemcpyDeviceToHost, c->stream), "score: download");
+    at += n;
+    CK(cudaEventRecord(st->part_ev[st->n_parts], c->stream), "score: event");
+    st->part_end[st->n_parts++] = at;
+    len *= 4;
+  }
+out:
+  return rc;
+}
+
+/* Enqueues the call op by op: events, upload, the kernels (and the chunked
+ * top-k's several operations), the downloads (in parts: `parts`), then the
+ * end (fp4idx__stage_end). */
+static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t *bt,
+                                 const fp4idx__score_layout_t *L, fp4idx__stage_t *st,
+                                 const fp4idx__score_ops_t *ops, int chunked, int parts) {
+  int rc = FP4IDX_OK;
+  if (ops->ev[0]) CK(cudaEventRecord(ops->ev[0], c->stream), "score: event");
+  CK(cudaMemcpyAsync(ops->up.dst, ops->up.src, ops->up.bytes, cudaMemcpyHostToDevice,
+                     c->stream), "score: upload");
+  if (ops->ev[1]) CK(cudaEventRecord(ops->ev[1], c->stream), "score: event");
+  for (int i = 0; i < ops->n_kern; i++)
+    if ((rc = fp4idx_cuda_launch_run(&ops->kern[i], c->stream))) goto out;
+  if (chunked) {
+    uint8_t *d = st->d;
+    rc = fp4idx_cuda_topk_launch(&L->tp, (const fp4idx_cuda_topk_row_t *)(d + L->o_trows),
+                                 d + L->o_tws,
+                                 L->dev_out ? bt->topk_pos : (int32_t *)(d + L->o_tpos),
+                                 L->dev_out ? bt->topk_val : (float *)(d + L->o_tval),
+                                 L->dev_out ? bt->topk_count : (int32_t *)(d + L->o_tcnt),
+                                 c->stream);
+    if (rc) goto out;
+  }
+  if (ops->ev[2]) CK(cudaEventRecord(ops->ev[2], c->stream), "score: event");
+  if (parts) {
+    if ((rc = fp4idx__score_download_parts(c, &ops->down[0], st))) goto out;
+  } else {
+    for (int i = 0; i < ops->n_down; i++)
+      CK(cudaMemcpyAsync(ops->down[i].dst, ops->down[i].src, ops->down[i].bytes,
+                         cudaMemcpyDeviceToHost, c->stream), "score: download");
+  }
+  rc = fp4idx__stage_end(c, st, "score: event");
+out:
+  return rc;
+}
+
 /* Score, or with stage != NULL only upload the inputs and plan the launch
  * (the benchmark captures the launch itself in a CUDA graph). With ticket
  * != NULL the call is only queued (score_submit): *ticket = its staging
@@ -477,218 +828,57 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   int rc = fp4idx_backend_check_score(b, bt);
   if (rc != FP4IDX_OK) return rc;
   fp4idx__cuda_t *c = b->impl;
-  const int32_t H = bt->heads, ns = bt->n_seqs, P = b->page_size;
-  int32_t *rows = NULL;
-  int64_t *widths = NULL;
-  fp4idx_cuda_work_t *works = NULL;
-  size_t *o_pages = NULL;
-  const int32_t **dev_pages = NULL;
-  fp4idx_cuda_topk_row_t *trows_plan = NULL;
   if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
-  if (ns == 0) return FP4IDX_OK;
+  if (bt->n_seqs == 0) return FP4IDX_OK;
   /* (device outputs: the kernels write the same -inf / -1 themselves) */
   if (!stage && !bt->outputs_on_device && fp4idx__all_lens_zero(bt))
     return fp4idx__score_nothing_visible(bt);
-  int dev_out = bt->outputs_on_device;
-  rows = malloc(sizeof *rows * (size_t)ns);
-  widths = malloc(sizeof *widths * (size_t)ns);
-  dev_pages = calloc((size_t)ns, sizeof *dev_pages);
-  o_pages = malloc(sizeof *o_pages * (size_t)ns * 5);
-  if (!rows || !widths || !dev_pages || !o_pages) { rc = FP4IDX_ENOMEM; goto out; }
-
-  /* Lay out: inputs region (uploaded), then outputs. A resident page list
-   * is read where it is on the device and takes no room here. */
-  size_t off = 0, total_rows = 0, total_out = 0;
-  for (int32_t i = 0; i < ns; i++) {
-    const fp4idx_backend_seq_t *s = &bt->seqs[i];
-    const int64_t np = (s->width + P - 1) / P; /* pages the scorer reads */
-    rows[i] = s->rows;
-    widths[i] = s->width;
-    if (s->resident && np) dev_pages[i] = fp4idx__seqpages_get(c->seqpages, s->seq, np);
-    o_pages[5 * i + 0] = off;
-    if (!dev_pages[i]) off = fp4idx__align(off + (size_t)np * 4);
-    o_pages[5 * i + 1] = off; off = fp4idx__align(off + (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
-    o_pages[5 * i + 2] = off; off = fp4idx__align(off + (size_t)s->rows * H * 2);
-    o_pages[5 * i + 3] = off; off = fp4idx__align(off + (size_t)s->rows * 4);
-    o_pages[5 * i + 4] = off;
-    if (s->mask) off = fp4idx__align(off + (size_t)s->rows * (size_t)s->width);
-    total_rows += (size_t)s->rows;
-    total_out += (size_t)s->rows * (size_t)s->width;
-  }
-  const int32_t max_works = fp4idx_cuda_score_max_works(H, ns, rows);
-  works = malloc(sizeof *works * (size_t)(max_works > 0 ? max_works : 1));
-  if (!works) { rc = FP4IDX_ENOMEM; goto out; }
-  fp4idx_cuda_score_params_t prm;
-  memset(&prm, 0, sizeof prm);
+  fp4idx__score_layout_t L;
+  memset(&L, 0, sizeof L);
   CK(cudaSetDevice(c->device), "set device");
-  int nw = fp4idx_cuda_score_plan(c->scorer, H, ns, rows, widths, c->sms, works, max_works,
-                                  &prm);
-  if (nw < 0) { rc = nw; goto out; }
-  const size_t o_descs = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_seq_t) * (size_t)ns);
-  const size_t o_works = off; off = fp4idx__align(off + sizeof(fp4idx_cuda_work_t) * (size_t)(nw ? nw : 1));
-  const size_t o_trows = off;
-  fp4idx_cuda_topk_plan_t tp;
-  memset(&tp, 0, sizeof tp);
-  if (bt->topk) {
-    /* Plan on a host copy (widths in, chunk0 out); logits pointers come later. */
-    trows_plan = malloc(sizeof *trows_plan * (total_rows ? total_rows : 1));
-    if (!trows_plan) { rc = FP4IDX_ENOMEM; goto out; }
-    size_t ra = 0;
-    for (int32_t i = 0; i < ns; i++)
-      for (int32_t r = 0; r < bt->seqs[i].rows; r++) trows_plan[ra++].width = bt->seqs[i].width;
-    if ((rc = fp4idx_cuda_topk_plan(trows_plan, (int32_t)total_rows, bt->topk, &tp))) goto out;
-    off = fp4idx__align(off + sizeof(fp4idx_cuda_topk_row_t) * total_rows);
-  }
-  const size_t in_bytes = off;
-  /* Outputs in the scratch, except those the caller has on the device (or
-   * small ones in mapped host memory, FP4IDX__CUDA_DIRECT_MAX): full logits
-   * written by the scorer straight there, top-k results by the top-k (its
-   * logits stay in the scratch). */
-  const size_t kk = (size_t)bt->topk;
-  float *o_dlogits = bt->logits;
-  /* Full logits only: the scorer stores whole rows; the top-k's scattered
-   * 4-byte result stores across PCIe cost more than the copy they save
-   * (H200: a 400k top-2048 takes ~30 us longer in its kernels to save ~10
-   * us of download; 16k full logits save ~3.6 us). */
-  if (!dev_out && !stage && !bt->topk && total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
-    o_dlogits = fp4idx__mapped(bt->logits);
-    dev_out = o_dlogits != NULL;
-  }
-  const size_t o_logits = off;
-  if (!(dev_out && !bt->topk)) off = fp4idx__align(off + total_out * 4);
-  /* Top-k results laid out as the caller's buffer when it is one
-   * (topk_one_buffer): one download instead of three (each copy costs a
-   * DMA's latency, ~4 us). */
-  const size_t tk_bytes = total_rows * kk * 4;
-  const size_t h_val = bt->topk ? (size_t)((const uint8_t *)bt->topk_val -
-                                           (const uint8_t *)bt->topk_pos) : 0;
-  const size_t h_cnt = bt->topk ? (size_t)((const uint8_t *)bt->topk_count -
-                                           (const uint8_t *)bt->topk_pos) : 0;
-  const int one_copy = bt->topk && !dev_out && bt->topk_one_buffer && h_val >= tk_bytes &&
-                       h_cnt >= h_val + tk_bytes && h_val % 4 == 0 && h_cnt % 4 == 0 &&
-                       h_cnt <= 2 * tk_bytes + 512;
-  const size_t o_tpos = off;
-  if (one_copy) off += h_val;
-  else if (!dev_out) off = fp4idx__align(off + tk_bytes);
-  const size_t o_tval = off;
-  if (one_copy) off += h_cnt - h_val;
-  else if (!dev_out) off = fp4idx__align(off + tk_bytes);
-  const size_t o_tcnt = off;
-  if (!dev_out) off = fp4idx__align(off + total_rows * 4);
-  const size_t o_tws = off;
-  off = fp4idx__align(off + tp.ws_bytes);
-  const size_t all = off;
+  if ((rc = fp4idx__score_layout_inputs(c, b->page_size, bt, &L))) goto out;
+  fp4idx__score_layout_outputs(bt, stage != NULL, &L);
   /* Host side: the inputs only (results go straight to the caller; the
    * top-k workspace stays on the device). */
   fp4idx__stage_t *st;
-  if ((rc = fp4idx__stage_take(c, in_bytes, all, &st))) goto out;
-
-  uint8_t *h = st->h, *d = st->d;
+  if ((rc = fp4idx__stage_take(c, L.in_bytes, L.all, &st))) goto out;
   st->n_parts = 0;
   st->parts_seen = 0;
-  float *d_logits = dev_out && !bt->topk ? o_dlogits : (float *)(d + o_logits);
-  int32_t *d_tpos = dev_out ? bt->topk_pos : (int32_t *)(d + o_tpos);
-  float *d_tval = dev_out ? bt->topk_val : (float *)(d + o_tval);
-  int32_t *d_tcnt = dev_out ? bt->topk_count : (int32_t *)(d + o_tcnt);
-  fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + o_descs);
-  fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + o_trows);
-  size_t out_at = 0, row_at = 0;
-  for (int32_t i = 0; i < ns; i++) {
-    const fp4idx_backend_seq_t *s = &bt->seqs[i];
-    const int64_t np = (s->width + P - 1) / P;
-    if (np && !dev_pages[i]) memcpy(h + o_pages[5 * i], s->pages, (size_t)np * 4);
-    memcpy(h + o_pages[5 * i + 1], s->q, (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
-    memcpy(h + o_pages[5 * i + 2], s->w, (size_t)s->rows * H * 2);
-    memcpy(h + o_pages[5 * i + 3], s->lens, (size_t)s->rows * 4);
-    if (s->mask) memcpy(h + o_pages[5 * i + 4], s->mask, (size_t)s->rows * (size_t)s->width);
-    fp4idx_cuda_seq_t *q = &descs[i];
-    memset(q, 0, sizeof *q);
-    q->pages = dev_pages[i] ? dev_pages[i] : (const int32_t *)(d + o_pages[5 * i]);
-    q->q = (const uint16_t *)(d + o_pages[5 * i + 1]);
-    q->w = (const uint16_t *)(d + o_pages[5 * i + 2]);
-    q->lens = (const int32_t *)(d + o_pages[5 * i + 3]);
-    q->mask = s->mask ? (const uint8_t *)(d + o_pages[5 * i + 4]) : NULL;
-    q->out = d_logits + out_at;
-    q->width = s->width;
-    q->rows = s->rows;
-    if (bt->topk)
-      for (int32_t r = 0; r < s->rows; r++) {
-        trows[row_at] = trows_plan[row_at];
-        trows[row_at].logits = q->out + (size_t)r * (size_t)s->width;
-        row_at++;
-      }
-    out_at += (size_t)s->rows * (size_t)s->width;
-  }
-  memcpy(h + o_works, works, sizeof *works * (size_t)nw);
-  CK(cudaEventRecord(st->ev[0], c->stream), "score: event");
-  CK(cudaMemcpyAsync(d, h, in_bytes, cudaMemcpyHostToDevice, c->stream), "score: upload");
-  CK(cudaEventRecord(st->ev[1], c->stream), "score: event");
-  prm.pool = c->pool;
-  prm.seqs = (const fp4idx_cuda_seq_t *)(d + o_descs);
-  prm.works = (const fp4idx_cuda_work_t *)(d + o_works);
-  prm.log2_page = c->log2p;
+  fp4idx__score_fill(c, b->page_size, bt, &L, st);
   if (stage) {
-    *stage = prm;
+    CK(cudaEventRecord(st->ev[0], c->stream), "score: event");
+    CK(cudaMemcpyAsync(st->d, st->h, L.in_bytes, cudaMemcpyHostToDevice, c->stream),
+       "score: upload");
+    CK(cudaEventRecord(st->ev[1], c->stream), "score: event");
+    *stage = L.prm;
     rc = fp4idx__stage_finish(c, st, "score: stage wait");
     goto out;
   }
-  if ((rc = fp4idx_cuda_score_launch(&prm, c->stream))) goto out;
-  if (bt->topk) {
-    rc = fp4idx_cuda_topk_launch(&tp, (const fp4idx_cuda_topk_row_t *)(d + o_trows),
-                                 d + o_tws, d_tpos, d_tval, d_tcnt, c->stream);
-    if (rc) goto out;
-  }
-  /* Results straight from the device into the caller's arrays. Without a
-   * copy back the end event closes the kernels (each timing event costs
-   * ~1.4 us of host time: fp4idx-probe-cuda-api). */
-  st->no_down = dev_out || (!bt->topk && !total_out);
-  if (!st->no_down) CK(cudaEventRecord(st->ev[2], c->stream), "score: event");
-  if (dev_out) {
-    /* already where the caller wants them */
-  } else if (one_copy) {
-    CK(cudaMemcpyAsync(bt->topk_pos, d_tpos, h_cnt + total_rows * 4, cudaMemcpyDeviceToHost,
-                       c->stream), "score: topk download");
-  } else if (bt->topk) {
-    CK(cudaMemcpyAsync(bt->topk_pos, d_tpos, total_rows * kk * 4, cudaMemcpyDeviceToHost,
-                       c->stream), "score: topk download");
-    CK(cudaMemcpyAsync(bt->topk_val, d_tval, total_rows * kk * 4, cudaMemcpyDeviceToHost,
-                       c->stream), "score: topk download");
-    CK(cudaMemcpyAsync(bt->topk_count, d_tcnt, total_rows * 4, cudaMemcpyDeviceToHost,
-                       c->stream), "score: topk download");
-  } else if (total_out && ticket && total_out * 4 >= FP4IDX__CUDA_PART_MIN) {
-    /* in parts (FP4IDX__CUDA_PART_MIN): score_wait_part hands them out */
-    const size_t bytes = total_out * 4;
-    size_t at = 0, len = FP4IDX__CUDA_PART_FIRST;
-    while (at < bytes) {
-      size_t n = st->n_parts == FP4IDX__CUDA_PARTS - 1 || bytes - at < len ? bytes - at : len;
-      CK(cudaMemcpyAsync((uint8_t *)bt->logits + at, (const uint8_t *)d_logits + at, n,
-                         cudaMemcpyDeviceToHost, c->stream), "score: download");
-      at += n;
-      CK(cudaEventRecord(st->part_ev[st->n_parts], c->stream), "score: event");
-      st->part_end[st->n_parts++] = at;
-      len *= 4;
+  fp4idx__score_ops_t ops;
+  int chunked;
+  st->kind = bt->topk != 0;
+  st->evented = 0;
+  if (bt->timing) {
+    st->t_start = fp4idx__host_us();
+    if (c->untimed_left-- <= 0) {
+      st->evented = 1;
+      c->untimed_left = FP4IDX__CUDA_EVENTS_EVERY - 1;
     }
-  } else if (total_out) {
-    CK(cudaMemcpyAsync(bt->logits, d_logits, total_out * 4, cudaMemcpyDeviceToHost,
-                       c->stream), "score: download");
   }
+  if ((rc = fp4idx__score_ops(bt, &L, st, &ops, &chunked))) goto out;
+  const int parts = ticket && !bt->topk && !L.dev_out && L.total_out * 4 >= FP4IDX__CUDA_PART_MIN;
+  if ((rc = fp4idx__score_enqueue(c, bt, &L, st, &ops, chunked, parts))) goto out;
   if (ticket) {
     /* queued: fp4idx__cuda_score_wait finishes it */
-    if ((rc = fp4idx__stage_end(c, st, "score: event"))) goto out;
     st->pending = 1;
     st->timing = bt->timing;
     *ticket = (int)(st - c->set);
     goto out;
   }
-  if ((rc = fp4idx__stage_finish(c, st, "score: wait"))) goto out;
-  if (bt->timing) rc = fp4idx__stage_timing(st, st->ev[3], bt->timing);
+  if ((rc = fp4idx__stage_wait(st, "score: wait"))) goto out;
+  if (bt->timing) rc = fp4idx__call_timing(c, st, st->ev[3], bt->timing);
 out:
-  free(trows_plan);
-  free(o_pages);
-  free(works);
-  free(rows);
-  free(widths);
-  free(dev_pages);
+  fp4idx__score_layout_free(&L);
   return rc;
 }
 
@@ -709,7 +899,7 @@ static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
   if (!st->pending) return FP4IDX_EINVAL;
   st->pending = 0;
   int rc = fp4idx__stage_wait(st, "score: wait");
-  if (rc == FP4IDX_OK && st->timing) rc = fp4idx__stage_timing(st, st->ev[3], st->timing);
+  if (rc == FP4IDX_OK && st->timing) rc = fp4idx__call_timing(c, st, st->ev[3], st->timing);
   return rc;
 }
 
@@ -727,7 +917,8 @@ static int fp4idx__cuda_score_wait_part(fp4idx_backend_t *b, int ticket, uint64_
   }
   const int i = st->parts_seen;
   CK(cudaEventSynchronize(st->part_ev[i]), "score: wait for a part");
-  if (i == 0 && st->timing && (rc = fp4idx__stage_timing(st, st->part_ev[0], st->timing)))
+  if (i == 0 && st->timing &&
+      (rc = fp4idx__call_timing(c, st, st->part_ev[0], st->timing)))
     goto out;
   st->parts_seen++;
   *ready = st->parts_seen == st->n_parts ? UINT64_MAX : st->part_end[i];

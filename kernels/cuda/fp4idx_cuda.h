@@ -18,6 +18,31 @@
 extern "C" {
 #endif
 
+/* ---- a kernel launch as data (cuda_launch.c) ---------------------------- */
+
+enum { FP4IDX_CUDA_LAUNCH_ARGS = 8, FP4IDX_CUDA_LAUNCH_ARGV = 24 };
+
+/* One kernel launch, described: what fp4idx_cuda_score_describe and
+ * fp4idx_cuda_topk_describe fill and fp4idx_cuda_launch_run enqueues (the
+ * backend builds a call's operations as data, then enqueues them). The
+ * argument values are copied into argv, arg_off[i] bytes in; the struct
+ * may be copied. */
+typedef struct fp4idx_cuda_launch_s {
+  const void *func;         /* the __global__ function; NULL: nothing to launch */
+  uint32_t grid, block;     /* 1-D */
+  uint32_t cluster;         /* blocks per cluster; 0: no cluster attribute */
+  uint32_t pdl;             /* 1: programmatic stream serialization */
+  size_t smem;              /* dynamic shared memory per block */
+  int32_t n_args;
+  uint32_t argv_used;       /* bytes of argv holding arguments */
+  uint16_t arg_off[FP4IDX_CUDA_LAUNCH_ARGS];
+  uint64_t argv[FP4IDX_CUDA_LAUNCH_ARGV];
+} fp4idx_cuda_launch_t;
+
+/* Enqueues *l on stream (cudaLaunchKernelExC with its cluster and PDL
+ * attributes; nothing for func == NULL). FP4IDX_OK or FP4IDX_EDEVICE. */
+int fp4idx_cuda_launch_run(const fp4idx_cuda_launch_t *l, cudaStream_t stream);
+
 /* ---- scorer (score.cu, score_sm90.cu) ---------------------------------- */
 
 /* Which scorer kernel a plan is for: one per architecture, chosen once per
@@ -91,6 +116,12 @@ int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads, int32_t n
  * captured graph). Returns FP4IDX_OK (also for a plan with no tiles:
  * nothing is launched), FP4IDX_EINVAL for a malformed plan, FP4IDX_EDEVICE. */
 int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
+
+/* The launch fp4idx_cuda_score_launch makes, as data in *l (l->func NULL
+ * for a plan with no tiles). The kernels' shared-memory attributes are set
+ * once per device, here the first time. FP4IDX_OK, FP4IDX_EINVAL for a
+ * malformed plan, FP4IDX_EDEVICE. */
+int fp4idx_cuda_score_describe(const fp4idx_cuda_score_params_t *p, fp4idx_cuda_launch_t *l);
 
 /* Largest n_works a plan makes for a batch (an upper bound for allocation). */
 int32_t fp4idx_cuda_score_max_works(int32_t heads, int32_t n_seqs, const int32_t *rows);
@@ -173,6 +204,14 @@ int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p, const fp4idx_cuda_
                             void *ws, int32_t *pos, float *val, int32_t *count,
                             cudaStream_t stream);
 
+/* The launch of a top-k plan that is one kernel (the cluster path) as data
+ * in *l, arguments as fp4idx_cuda_topk_launch's. FP4IDX_OK; FP4IDX_ENODEV
+ * for a plan of several operations (the chunked path: use
+ * fp4idx_cuda_topk_launch) or where the device cannot run it;
+ * FP4IDX_EINVAL on a bad plan or NULL pointer. */
+int fp4idx_cuda_topk_describe(const fp4idx_cuda_topk_plan_t *p, const fp4idx_cuda_topk_row_t *rows,
+                              int32_t *pos, float *val, int32_t *count, fp4idx_cuda_launch_t *l);
+
 /* ---- store / read (store.cu) -------------------------------------------- */
 
 /* Quantizes n keys (bf16 or f32 [n,128]) into the pool at slots[i], in two
@@ -216,12 +255,12 @@ int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
 int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
                                    int32_t max_cluster, fp4idx_cuda_topk_plan_t *p);
 
-/* Internal (topk_cluster.cu): enqueues a cluster-path plan (n_rows >= 1).
- * FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the device cannot
- * run it, FP4IDX_EDEVICE on a launch error. */
-int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p,
-                                     const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
-                                     float *val, int32_t *count, cudaStream_t stream);
+/* Internal (topk_cluster.cu): the launch of a cluster-path plan (n_rows >=
+ * 1) as data. FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the
+ * device cannot run it. */
+int fp4idx__cuda_topk_cluster_describe(const fp4idx_cuda_topk_plan_t *p,
+                                       const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
+                                       float *val, int32_t *count, fp4idx_cuda_launch_t *l);
 
 /* Logs "fp4idx cuda: <what>: <cuda error string>" to stderr when err != 0
  * and returns FP4IDX_EDEVICE; returns FP4IDX_OK for cudaSuccess. */

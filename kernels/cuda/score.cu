@@ -42,18 +42,22 @@
  * Block: 128 threads (4 warps). Shared memory: ntp*8 query vectors * 256 B
  * (swizzled) + their weights + the rows' lengths.
  */
+#include <atomic>
+
 #include <cuda_bf16.h>
 #include <stdio.h>
 
+#include "bf16x2_ops.cuh"
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
+#include "launch_args.cuh"
 #include "score_work.cuh"
 
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTileKeys = 32;
+constexpr int kMmaThreads = kWarps * 32;
+constexpr int kMmaTileKeys = 32;
 constexpr int kNG = 4;           // n-tiles in flight per warp
 constexpr int kMaxQ = 256;       // query vectors per work
 constexpr int kMaxRows = kMaxQ / 8;
@@ -75,18 +79,6 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint3
 __device__ __forceinline__ uint32_t q_chunk_offset(uint32_t v, uint32_t c) {
   uint32_t p = c ^ (((c >> 3) & 1u) << 1) ^ (v & 1u);
   return v * 256u + p * 16u;
-}
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
 }
 
 __device__ __forceinline__ uint32_t relu_mul_bf16x2(uint32_t d, uint32_t w) {
@@ -129,7 +121,7 @@ __device__ __forceinline__ void load_keys(KeyRegs &kr, const uint8_t *__restrict
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kMmaThreads, 3)
     fp4idx_score_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t *q_s = smem;                                               // [ntp*8][256]
@@ -154,17 +146,17 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int nt_per_row = prm.hp >> 3;
 
     __syncthreads();  // the previous segment is done with shared memory
-    for (int v = threadIdx.x; v < kMaxQ; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
+    for (int v = threadIdx.x; v < kMaxQ; v += kMmaThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
     __syncthreads();
     // Stage Q (permuted, swizzled, zero-padded), w and the lengths.
     const int nvec = prm.ntp * 8;
     // 8 loads in flight per thread before the first use (L2 latency, not
     // bandwidth, bounds this loop for short segments).
-    for (int i0 = threadIdx.x; i0 < nvec * 16; i0 += 8 * kThreads) {
+    for (int i0 = threadIdx.x; i0 < nvec * 16; i0 += 8 * kMmaThreads) {
       uint4 in[8];
 #pragma unroll
       for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * kThreads, v = (i >> 4) & (kMaxQ - 1), c = i & 15;
+        const int i = i0 + u * kMmaThreads, v = (i >> 4) & (kMaxQ - 1), c = i & 15;
         const int r = row_of_v[v], h = v - r * prm.hp;
         in[u] = make_uint4(0, 0, 0, 0);
         if (i < nvec * 16 && r < nrows && h < prm.heads)
@@ -173,17 +165,17 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
 #pragma unroll
       for (int u = 0; u < 8; u++) {
-        const int i = i0 + u * kThreads, v = i >> 4, c = i & 15;
+        const int i = i0 + u * kMmaThreads, v = i >> 4, c = i & 15;
         if (i >= nvec * 16) break;
         uint4 o;
-        o.x = prmt(in[u].x, in[u].z, 0x5410);  // dims 0,4
-        o.y = prmt(in[u].x, in[u].z, 0x7632);  // dims 1,5
-        o.z = prmt(in[u].y, in[u].w, 0x5410);  // dims 2,6
-        o.w = prmt(in[u].y, in[u].w, 0x7632);  // dims 3,7
+        o.x = fp4idx__prmt(in[u].x, in[u].z, 0x5410);  // dims 0,4
+        o.y = fp4idx__prmt(in[u].x, in[u].z, 0x7632);  // dims 1,5
+        o.z = fp4idx__prmt(in[u].y, in[u].w, 0x5410);  // dims 2,6
+        o.w = fp4idx__prmt(in[u].y, in[u].w, 0x7632);  // dims 3,7
         *reinterpret_cast<uint4 *>(q_s + q_chunk_offset(v, c)) = o;
       }
     }
-    for (int i = threadIdx.x; i < nvec / 2; i += kThreads) {
+    for (int i = threadIdx.x; i < nvec / 2; i += kMmaThreads) {
       uint32_t pair = 0;
 #pragma unroll
       for (int e = 0; e < 2; e++) {
@@ -210,14 +202,14 @@ __global__ void __launch_bounds__(kThreads, 3)
     KeyRegs kr;
     bool have = false;
     if (tile < seg_end) {
-      const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
+      const int64_t l0 = (tile - wk.tile_begin) * kMmaTileKeys;
       if (l0 < maxlen) {
         load_keys(kr, prm.pool, sq.pages, prm.log2_page, sq.width, l0, g, t);
         have = true;
       }
     }
     for (; tile < seg_end; tile += kWarps) {
-      const int64_t l0 = (tile - wk.tile_begin) * kTileKeys;
+      const int64_t l0 = (tile - wk.tile_begin) * kMmaTileKeys;
       if (!have) {
         // Every row's visible count ends before this tile: -inf only.
         const int64_t l = l0 + lane;
@@ -232,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         const int64_t nxt = tile + kWarps;
         have = false;
         if (nxt < seg_end) {
-          const int64_t nl0 = (nxt - wk.tile_begin) * kTileKeys;
+          const int64_t nl0 = (nxt - wk.tile_begin) * kMmaTileKeys;
           if (nl0 < maxlen) {
             load_keys(kr, prm.pool, sq.pages, prm.log2_page, sq.width, nl0, g, t);
             have = true;
@@ -275,8 +267,8 @@ __global__ void __launch_bounds__(kThreads, 3)
               const uint32_t w2 = w_s[j * 4 + t];  // w of q-vectors 8j+2t, 8j+2t+1
 #pragma unroll
               for (int mt = 0; mt < 2; mt++) {
-                const uint32_t pa = relu_mul_bf16x2(cvt_bf16x2(acc[n][mt][0], acc[n][mt][1]), w2);
-                const uint32_t pb = relu_mul_bf16x2(cvt_bf16x2(acc[n][mt][2], acc[n][mt][3]), w2);
+                const uint32_t pa = relu_mul_bf16x2(fp4idx__cvt_bf16x2(acc[n][mt][0], acc[n][mt][1]), w2);
+                const uint32_t pb = relu_mul_bf16x2(fp4idx__cvt_bf16x2(acc[n][mt][2], acc[n][mt][3]), w2);
                 rs[2 * mt] += bf16_lo(pa);
                 rs[2 * mt] += bf16_hi(pa);
                 rs[2 * mt + 1] += bf16_lo(pb);
@@ -310,22 +302,75 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
-int blocks_per_sm(size_t smem) {
+int mma_blocks_per_sm(size_t smem) {
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_kernel, kThreads, smem) !=
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_kernel, kMmaThreads, smem) !=
           cudaSuccess ||
-      n < 1)
+      n < 1) {
+    (void)cudaGetLastError();
     n = 1;
+  }
   return n;
 }
 
-size_t smem_bytes(int ntp) { return (size_t)ntp * 8 * 256 + (size_t)ntp * 16 + kMaxRows * 4; }
+size_t mma_smem_bytes(int ntp) { return (size_t)ntp * 8 * 256 + (size_t)ntp * 16 + kMaxRows * 4; }
 
 }  // namespace
 
 extern "C" size_t fp4idx__score_sm90_smem(int32_t ntp);
+extern "C" int fp4idx__score_sm90_set_smem(size_t smem);
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem);
-extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream);
+extern "C" void fp4idx__score_sm90_describe(const fp4idx_cuda_score_params_t *p,
+                                            fp4idx_cuda_launch_t *l);
+
+namespace {
+
+// Per device and scorer, found once: the kernels' dynamic shared-memory
+// limit raised to the largest plan's (attr: 1 set, -1 refused), and the
+// blocks per SM of each ntp (0: not asked yet). A request's plan and
+// launch then make no attribute or occupancy call.
+struct ScorerCaps {
+  std::atomic<int> attr{0};
+  std::atomic<int> bps[kMaxQ / 8 + 1];
+};
+ScorerCaps g_scorer_caps[64][2];
+
+ScorerCaps *scorer_caps(fp4idx_cuda_scorer_t scorer) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 ||
+      (scorer != FP4IDX_CUDA_SCORER_MMA && scorer != FP4IDX_CUDA_SCORER_WGMMA)) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  ScorerCaps *c = &g_scorer_caps[dev][scorer];
+  if (c->attr.load(std::memory_order_acquire) == 0) {
+    const int ok =
+        scorer == FP4IDX_CUDA_SCORER_WGMMA
+            ? fp4idx__score_sm90_set_smem(fp4idx__score_sm90_smem(kMaxQ / 8)) == FP4IDX_OK
+            : fp4idx__cuda_check(cudaFuncSetAttribute(fp4idx_score_kernel,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)mma_smem_bytes(kMaxQ / 8)),
+                                 "score: set smem") == FP4IDX_OK;
+    c->attr.store(ok ? 1 : -1, std::memory_order_release);
+  }
+  return c->attr.load(std::memory_order_acquire) == 1 ? c : nullptr;
+}
+
+// Blocks per SM of the scorer's kernel at ntp (1 where it cannot be asked).
+int scorer_blocks_per_sm(fp4idx_cuda_scorer_t scorer, int32_t ntp) {
+  ScorerCaps *c = scorer_caps(scorer);
+  if (!c || ntp < 0 || ntp > kMaxQ / 8) return 1;
+  int n = c->bps[ntp].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = scorer == FP4IDX_CUDA_SCORER_WGMMA
+            ? fp4idx__score_sm90_blocks_per_sm(fp4idx__score_sm90_smem(ntp))
+            : mma_blocks_per_sm(mma_smem_bytes(ntp));
+    c->bps[ntp].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+}  // namespace
 
 extern "C" int fp4idx__cuda_check(cudaError_t err, const char *what) {
   if (err == cudaSuccess) return FP4IDX_OK;
@@ -383,7 +428,7 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
     if (rows[i] < 0 || width[i] < 0) return FP4IDX_EINVAL;
     if (rows[i] == 0 || width[i] == 0) continue;
     const int32_t rpc = rows_per_work(hp, rows[i]);
-    const int64_t nt = (width[i] + kTileKeys - 1) / kTileKeys;
+    const int64_t nt = (width[i] + kMmaTileKeys - 1) / kMmaTileKeys;
     for (int32_t r0 = 0; r0 < rows[i]; r0 += rpc) {
       const int32_t nr = rows[i] - r0 < rpc ? rows[i] - r0 : rpc;
       if (nw < max_works) {
@@ -403,7 +448,7 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
   p->n_works = nw;
   p->heads = heads;
   p->hp = hp;
-  p->tile_keys = sm90 ? 64 : kTileKeys;
+  p->tile_keys = sm90 ? 64 : kMmaTileKeys;
   p->scorer = scorer;
   if (sm90) {
     // Tiles of 64 keys; each work's tiles were counted in 32s above.
@@ -424,31 +469,39 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
   }
   p->total_tiles = tiles;
   const int64_t want = sm90 ? tiles : (tiles + kWarps - 1) / kWarps;
-  const int bps = sm90 ? fp4idx__score_sm90_blocks_per_sm(fp4idx__score_sm90_smem(p->ntp))
-                       : blocks_per_sm(smem_bytes(p->ntp));
+  const int bps = scorer_blocks_per_sm(scorer, p->ntp);
   const int64_t cap = (int64_t)(sms > 0 ? sms : 1) * bps;
   p->grid = (int32_t)(want < cap ? want : cap);
   return nw;
 }
 
-extern "C" int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p,
-                                        cudaStream_t stream) {
+extern "C" int fp4idx_cuda_score_describe(const fp4idx_cuda_score_params_t *p,
+                                          fp4idx_cuda_launch_t *l) {
+  if (!l) return FP4IDX_EINVAL;
+  memset(l, 0, sizeof *l);
   if (!p || !p->pool || !p->seqs || !p->works || p->hp < 8 || p->ntp < kNG ||
       p->ntp * 8 > kMaxQ || p->log2_page < 0 || p->log2_page > 16)
     return FP4IDX_EINVAL;
   if (p->scorer == FP4IDX_CUDA_SCORER_WGMMA) {
     if (p->tile_keys != 64 || p->ntp % 16) return FP4IDX_EINVAL;
-  } else if (p->scorer != FP4IDX_CUDA_SCORER_MMA || p->tile_keys != kTileKeys) {
+  } else if (p->scorer != FP4IDX_CUDA_SCORER_MMA || p->tile_keys != kMmaTileKeys) {
     return FP4IDX_EINVAL;
   }
   if (p->total_tiles == 0 || p->grid < 1) return FP4IDX_OK;
-  if (p->scorer == FP4IDX_CUDA_SCORER_WGMMA) return fp4idx__score_sm90_launch(p, stream);
-  const size_t smem = smem_bytes(p->ntp);
-  int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(fp4idx_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem),
-      "score: set smem");
-  if (rc) return rc;
-  fp4idx_score_kernel<<<p->grid, kThreads, smem, stream>>>(*p);
-  return fp4idx__cuda_check(cudaGetLastError(), "score: launch");
+  if (!scorer_caps((fp4idx_cuda_scorer_t)p->scorer)) return FP4IDX_EDEVICE;
+  if (p->scorer == FP4IDX_CUDA_SCORER_WGMMA) {
+    fp4idx__score_sm90_describe(p, l);
+    return FP4IDX_OK;
+  }
+  fp4idx__launch_begin(l, fp4idx_score_kernel, (unsigned)p->grid, kMmaThreads,
+                       mma_smem_bytes(p->ntp), 0, 0);
+  fp4idx__launch_arg(l, *p);
+  return FP4IDX_OK;
+}
+
+extern "C" int fp4idx_cuda_score_launch(const fp4idx_cuda_score_params_t *p,
+                                        cudaStream_t stream) {
+  fp4idx_cuda_launch_t l;
+  const int rc = fp4idx_cuda_score_describe(p, &l);
+  return rc ? rc : fp4idx_cuda_launch_run(&l, stream);
 }

@@ -52,8 +52,10 @@
 #include <cuda_bf16.h>
 #include <stdio.h>
 
+#include "bf16x2_ops.cuh"
 #include "fp4idx_cuda.h"
 #include "fp4idx_decode.cuh"
+#include "launch_args.cuh"
 #include "score_work.cuh"
 
 // The kernel body exists only in the sm_90a image (wgmma, setmaxnreg);
@@ -66,18 +68,18 @@ namespace {
 
 constexpr int kConsumers = 3;                     // consumer warpgroups
 constexpr int kCThreads = kConsumers * 128;       // consumer threads
-constexpr int kThreads = kCThreads + 128;         // + the producer warpgroup
+constexpr int kSm90Threads = kCThreads + 128;         // + the producer warpgroup
 // setmaxnreg moves registers within the block's own pool only: what the
 // producer releases must cover what the consumers take (512 threads x 128
 // at entry under __launch_bounds__(512, 1)), or setmaxnreg.inc waits
 // forever (2 consumers at 240 and a producer at 32 do not balance).
 constexpr int kConsumerRegs = 160, kProducerRegs = 32;
-static_assert(kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs == kThreads * 128,
+static_assert(kConsumers * 128 * kConsumerRegs + 128 * kProducerRegs == kSm90Threads * 128,
               "register hand-over must balance");
 constexpr int kStages = 8;                        // key-tile ring depth
-constexpr int kTileKeys = 64;
-constexpr int kPayBytes = kTileKeys * 64;         // payload of a tile: [64 keys][64 B]
-constexpr int kStageBytes = kPayBytes + kTileKeys * 4;  // + scales [64 keys][4 B]
+constexpr int kSm90TileKeys = 64;
+constexpr int kPayBytes = kSm90TileKeys * 64;         // payload of a tile: [64 keys][64 B]
+constexpr int kStageBytes = kPayBytes + kSm90TileKeys * 4;  // + scales [64 keys][4 B]
 constexpr int kRowsMax = 32;                      // rows per work (256 query vectors / 8)
 constexpr int kSumBytes = 4 * kRowsMax * 128;     // head-sum matrix, K = 256
 #ifdef FP4IDX_SM90
@@ -167,23 +169,13 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
 #endif
 
 #ifdef FP4IDX_SM90
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-__device__ __forceinline__ uint32_t cvt_bf16x2(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
 // The row results of a tile rounded to bf16 once (RNE, as
 // __float2bfloat16_rn), two per register: accb[2jr + e2] = {acc[4jr + 2e2],
 // acc[4jr + 2e2 + 1]} -- rows 8jr + 2t and 8jr + 2t + 1 of key g + 8e2.
 template <int N>
 __device__ __forceinline__ void pack_rows(const float (&acc)[N], uint32_t (&accb)[N / 2]) {
 #pragma unroll
-  for (int j = 0; j < N / 2; j++) accb[j] = cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
+  for (int j = 0; j < N / 2; j++) accb[j] = fp4idx__cvt_bf16x2(acc[2 * j], acc[2 * j + 1]);
 }
 // bf16(relu(d) * |w|) as relu(bf16(d * |w| + -0)): one fma.relu (rounding
 // is monotone and odd, so relu and rounding commute); w's sign is applied by
@@ -247,7 +239,7 @@ __device__ __forceinline__ int32_t warp_maxlen(const int32_t *lens, int nrows, i
 // Never before cur: the producer and the consumers count the same tiles.
 __device__ __forceinline__ int64_t visible_end(const fp4idx_cuda_work_t &wk, int32_t maxlen,
                                                int64_t cur, int64_t seg_end) {
-  int64_t e = wk.tile_begin + ((int64_t)maxlen + kTileKeys - 1) / kTileKeys;
+  int64_t e = wk.tile_begin + ((int64_t)maxlen + kSm90TileKeys - 1) / kSm90TileKeys;
   e = e < seg_end ? e : seg_end;
   return e > cur ? e : cur;
 }
@@ -265,12 +257,12 @@ __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
     // Page ids of the next 32 tiles (whole-page tiles) in one round trip.
     int32_t pid = 0;
     if (log2p >= 6 && i0 + lane < nact)
-      pid = __ldg(sq.pages + ((((int32_t)(tile0 + i0 + lane)) * kTileKeys) >> log2p));
+      pid = __ldg(sq.pages + ((((int32_t)(tile0 + i0 + lane)) * kSm90TileKeys) >> log2p));
     const int n = nact - i0 < 32 ? nact - i0 : 32;
     for (int k = 0; k < n; k++) {
       const uint32_t j = j0 + (uint32_t)(i0 + k), s = j % kStages;
       if (j >= (uint32_t)kStages) mbar_wait(empty + 8 * s, ((j / kStages) - 1) & 1);
-      const int32_t l0 = (int32_t)(tile0 + i0 + k) * kTileKeys;
+      const int32_t l0 = (int32_t)(tile0 + i0 + k) * kSm90TileKeys;
       const uint32_t dst = ring + s * kStageBytes, bar = full + 8 * s;
       if (log2p >= 6) {
         // The tile is 64 consecutive slots of one page: payload and scales
@@ -282,7 +274,7 @@ __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
           mbar_expect_tx(bar, kStageBytes);
           bulk_copy(dst, base + (uint64_t)o * 64, kPayBytes, bar);
           bulk_copy(dst + kPayBytes, base + ((uint64_t)64 << log2p) + (uint64_t)o * 4,
-                    kTileKeys * 4, bar);
+                    kSm90TileKeys * 4, bar);
         }
       } else {
         // Pages of < 64 keys: lane takes keys lane and lane + 32 (clamped to
@@ -317,7 +309,7 @@ __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
 // kHsN: columns of the head-sum wgmma = the most rows a work may have (8 or
 // 32; the launcher picks 8 when the plan's works have <= 8 rows).
 template <int kHsN>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kSm90Threads, 1)
     fp4idx_score_sm90_kernel(const __grid_constant__ fp4idx_cuda_score_params_t prm) {
 #ifdef FP4IDX_SM90
   extern __shared__ uint8_t smem_raw[];
@@ -356,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   // Integer division is ~20 instructions: one per thread, into a table.
-  for (int v = threadIdx.x; v < 256; v += kThreads) row_of_v[v] = (uint8_t)(v / prm.hp);
+  for (int v = threadIdx.x; v < 256; v += kSm90Threads) row_of_v[v] = (uint8_t)(v / prm.hp);
   // Programmatic dependent launch: the next kernel of the stream may start
   // its own prologue as this grid's blocks leave their SMs, and this one ran
   // the above (shared memory, parameters only) under the previous kernel's
@@ -444,10 +436,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int t4 = 0; t4 < 4; t4++) {
               const uint4 &x = in[u][t4];
-              o[t4] = m == 0 ? prmt(x.x, x.z, 0x5410)
-                      : m == 1 ? prmt(x.x, x.z, 0x7632)
-                      : m == 2 ? prmt(x.y, x.w, 0x5410)
-                               : prmt(x.y, x.w, 0x7632);
+              o[t4] = m == 0 ? fp4idx__prmt(x.x, x.z, 0x5410)
+                      : m == 1 ? fp4idx__prmt(x.x, x.z, 0x7632)
+                      : m == 2 ? fp4idx__prmt(x.y, x.w, 0x5410)
+                               : fp4idx__prmt(x.y, x.w, 0x7632);
             }
             const int uu = 4 * (w & 1) + m;
             *reinterpret_cast<uint4 *>(dst + ((uu ^ (v & 7)) << 4)) =
@@ -510,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto store = [&](int i) {
         // Row pointers, masks and lengths come from shared memory (set once
         // per segment): no 64-bit row products per tile, no registers held.
-        const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kTileKeys + k0;
+        const int32_t lk = (int32_t)(cur + i - wk.tile_begin) * kSm90TileKeys + k0;
 #pragma unroll
         for (int jr = 0; jr < kHsN / 8; jr++) {
           if (8 * jr >= nrows) break;
@@ -613,8 +605,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int jj = 0; jj < kN / 8; jj++) {
             const uint32_t w2 = wv2[jj];
-            pr[2 * jj] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
-            pr[2 * jj + 1] = relu_mul_abs_bf16x2(cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
+            pr[2 * jj] = relu_mul_abs_bf16x2(fp4idx__cvt_bf16x2(d[4 * jj], d[4 * jj + 1]), w2);
+            pr[2 * jj + 1] = relu_mul_abs_bf16x2(fp4idx__cvt_bf16x2(d[4 * jj + 2], d[4 * jj + 3]), w2);
           }
           wgmma_fence();
           // K rows 128 ch .. 128 ch + 127 of S: its 64-row chunks 2ch, 2ch + 1.
@@ -650,7 +642,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (n_my > 0) store(ifirst + (n_my - 1) * kConsumers);
       // Past every row's visible count: -inf only, all consumer threads.
       for (int64_t tile = act_end; tile < seg_end; tile++) {
-        const int32_t l = (int32_t)(tile - wk.tile_begin) * kTileKeys + (ct & 63);
+        const int32_t l = (int32_t)(tile - wk.tile_begin) * kSm90TileKeys + (ct & 63);
         if (l < width)
           for (int r = ct >> 6; r < nrows; r += kCThreads / 64)
             sq.out[(int64_t)(wk.row0 + r) * width + l] = -INFINITY;
@@ -675,14 +667,27 @@ static sm90_kernel_t sm90_kernel(int32_t ntp, int32_t hp) {
   return ntp <= hp ? fp4idx_score_sm90_kernel<8> : fp4idx_score_sm90_kernel<32>;
 }
 
+// Raises both instantiations' dynamic shared-memory limit to smem (once
+// per device, from score.cu). FP4IDX_OK or FP4IDX_EDEVICE.
+extern "C" int fp4idx__score_sm90_set_smem(size_t smem) {
+  int rc = fp4idx__cuda_check(cudaFuncSetAttribute(fp4idx_score_sm90_kernel<8>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem),
+                              "score sm90: set smem");
+  if (rc) return rc;
+  return fp4idx__cuda_check(cudaFuncSetAttribute(fp4idx_score_sm90_kernel<32>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)smem),
+                            "score sm90: set smem");
+}
+
+// Blocks per SM at smem (after fp4idx__score_sm90_set_smem); 1 where the
+// query fails. Both instantiations have the same threads, registers at
+// entry and shared memory: the same occupancy.
 extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
-  // Both instantiations have the same threads, registers at entry and
-  // shared memory: the same occupancy.
-  const sm90_kernel_t k = fp4idx_score_sm90_kernel<32>;
   int n = 0;
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, smem) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp4idx_score_sm90_kernel<32>,
+                                                    kSm90Threads, smem) != cudaSuccess ||
       n < 1) {
     cudaGetLastError();
     n = 1;
@@ -690,27 +695,13 @@ extern "C" int fp4idx__score_sm90_blocks_per_sm(size_t smem) {
   return n;
 }
 
-extern "C" int fp4idx__score_sm90_launch(const fp4idx_cuda_score_params_t *p, cudaStream_t stream) {
-  const sm90_kernel_t k = sm90_kernel(p->ntp, p->hp);
-  const size_t smem = fp4idx__score_sm90_smem(p->ntp);
-  int rc = fp4idx__cuda_check(
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-      "score sm90: set smem");
-  if (rc) return rc;
-  // Programmatic stream serialization (PDL): the launch may begin before the
-  // previous kernel in the stream ends; the kernel waits for it
-  // (griddepcontrol.wait) before its first global access. Captured into a
-  // graph as a programmatic edge.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)p->grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return fp4idx__cuda_check(cudaLaunchKernelEx(&cfg, k, *p),
-                            "score sm90: launch");
+// The launch of a checked plan. Programmatic stream serialization (PDL):
+// the launch may begin before the previous kernel in the stream ends; the
+// kernel waits for it (griddepcontrol.wait) before its first global
+// access. Captured into a graph as a programmatic edge.
+extern "C" void fp4idx__score_sm90_describe(const fp4idx_cuda_score_params_t *p,
+                                            fp4idx_cuda_launch_t *l) {
+  fp4idx__launch_begin(l, sm90_kernel(p->ntp, p->hp), (unsigned)p->grid, kSm90Threads,
+                       fp4idx__score_sm90_smem(p->ntp), 0, 1);
+  fp4idx__launch_arg(l, *p);
 }

@@ -19,7 +19,7 @@
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kStoreThreads = 256;
 
 __device__ __forceinline__ float key_elem(const void *keys, fp4idx_dtype_t dtype, int64_t i) {
   if (dtype == FP4IDX_DTYPE_BF16)
@@ -42,7 +42,7 @@ __global__ void quant_kernel(uint8_t *pool, int32_t log2p, const void *keys,
                              fp4idx_dtype_t dtype, int64_t n, const int64_t *slots,
                              fp4idx_rounding_t mode, const int32_t *flag) {
   if (*flag) return;  // a key was non-finite: store nothing
-  const int64_t key = blockIdx.x * (int64_t)(kThreads / 32) + (threadIdx.x >> 5);
+  const int64_t key = blockIdx.x * (int64_t)(kStoreThreads / 32) + (threadIdx.x >> 5);
   if (key >= n) return;
   const int lane = threadIdx.x & 31;
   float x[4];
@@ -141,12 +141,12 @@ extern "C" int fp4idx_cuda_store_launch(uint8_t *pool, int32_t log2_page, const 
   int rc = fp4idx__cuda_check(cudaMemsetAsync(flag, 0, sizeof(int32_t), stream), "store: flag");
   if (rc || n == 0) return rc;
   const int64_t ne = n * FP4IDX_HEAD_DIM;
-  int cb = blocks_for(ne, kThreads);
+  int cb = blocks_for(ne, kStoreThreads);
   if (cb > 4096) cb = 4096;
-  check_kernel<<<cb, kThreads, 0, stream>>>(keys, dtype, ne, flag);
+  check_kernel<<<cb, kStoreThreads, 0, stream>>>(keys, dtype, ne, flag);
   rc = fp4idx__cuda_check(cudaGetLastError(), "store: check launch");
   if (rc) return rc;
-  quant_kernel<<<blocks_for(n, kThreads / 32), kThreads, 0, stream>>>(pool, log2_page, keys,
+  quant_kernel<<<blocks_for(n, kStoreThreads / 32), kStoreThreads, 0, stream>>>(pool, log2_page, keys,
                                                                      dtype, n, slots, mode, flag);
   return fp4idx__cuda_check(cudaGetLastError(), "store: quantize launch");
 }
@@ -156,7 +156,7 @@ extern "C" int fp4idx_cuda_store_packed_launch(uint8_t *pool, int32_t log2_page,
                                                const int64_t *slots, cudaStream_t stream) {
   if (!pool || !packed || !slots || n < 0) return FP4IDX_EINVAL;
   if (n == 0) return FP4IDX_OK;
-  store_packed_kernel<<<blocks_for(n * FP4IDX_SLOT_BYTES, kThreads), kThreads, 0, stream>>>(
+  store_packed_kernel<<<blocks_for(n * FP4IDX_SLOT_BYTES, kStoreThreads), kStoreThreads, 0, stream>>>(
       pool, log2_page, packed, n, slots);
   return fp4idx__cuda_check(cudaGetLastError(), "store packed: launch");
 }
@@ -167,10 +167,10 @@ extern "C" int fp4idx_cuda_read_launch(const uint8_t *pool, int32_t log2_page,
   if (!pool || !slots || !out || n < 0) return FP4IDX_EINVAL;
   if (n == 0) return FP4IDX_OK;
   if (dequant)
-    read_dequant_kernel<<<blocks_for(n * FP4IDX_HEAD_DIM, kThreads), kThreads, 0, stream>>>(
+    read_dequant_kernel<<<blocks_for(n * FP4IDX_HEAD_DIM, kStoreThreads), kStoreThreads, 0, stream>>>(
         pool, log2_page, slots, n, (float *)out);
   else
-    read_packed_kernel<<<blocks_for(n * FP4IDX_SLOT_BYTES, kThreads), kThreads, 0, stream>>>(
+    read_packed_kernel<<<blocks_for(n * FP4IDX_SLOT_BYTES, kStoreThreads), kStoreThreads, 0, stream>>>(
         pool, log2_page, slots, n, (uint8_t *)out);
   return fp4idx__cuda_check(cudaGetLastError(), "read: launch");
 }

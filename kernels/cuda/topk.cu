@@ -636,6 +636,18 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   return FP4IDX_OK;
 }
 
+extern "C" int fp4idx_cuda_topk_describe(const fp4idx_cuda_topk_plan_t *p,
+                                         const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
+                                         float *val, int32_t *count, fp4idx_cuda_launch_t *l) {
+  if (!l) return FP4IDX_EINVAL;
+  memset(l, 0, sizeof *l);
+  if (!p || p->n_rows < 1 || p->k < 1 || p->k > FP4IDX_CUDA_TOPK_MAX || !rows || !pos || !val ||
+      !count)
+    return FP4IDX_EINVAL;
+  if (!p->cluster) return FP4IDX_ENODEV;
+  return fp4idx__cuda_topk_cluster_describe(p, rows, pos, val, count, l);
+}
+
 extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
                                        const fp4idx_cuda_topk_row_t *rows, void *ws,
                                        int32_t *pos, float *val, int32_t *count,
@@ -644,8 +656,12 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
       (p->n_rows && (!rows || !ws || !pos || !val || !count)))
     return FP4IDX_EINVAL;
   if (p->n_rows == 0) return FP4IDX_OK;
-  if (p->cluster) return fp4idx__cuda_topk_cluster_launch(p, rows, pos, val, count, stream);
   int rc;
+  if (p->cluster) {
+    fp4idx_cuda_launch_t l;
+    rc = fp4idx__cuda_topk_cluster_describe(p, rows, pos, val, count, &l);
+    return rc ? rc : fp4idx_cuda_launch_run(&l, stream);
+  }
   uint8_t *w = (uint8_t *)ws;
   uint32_t *hist = (uint32_t *)(w + p->o_hist), *ccount = (uint32_t *)(w + p->o_ccount);
   unsigned long long *cand = (unsigned long long *)(w + p->o_cand);

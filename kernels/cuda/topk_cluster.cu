@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "fp4idx_cuda.h"
+#include "launch_args.cuh"
 #include "topk_keys.cuh"
 
 namespace cg = cooperative_groups;
@@ -113,7 +114,7 @@ constexpr __host__ __device__ size_t off_list(int cs) { return (size_t)kNB1 * 4 
 constexpr __host__ __device__ size_t off_keys(int cs, int32_t k) {
   return off_list(cs) + (((size_t)(k + kExtra) * 8 + 15) & ~(size_t)15);
 }
-constexpr size_t smem_bytes(int cs, int64_t slice, int32_t k) {
+constexpr size_t cluster_smem_bytes(int cs, int64_t slice, int32_t k) {
   const size_t words = (size_t)slice + 3 > (size_t)(k + kExtra) * 2 ? (size_t)slice + 3
                                                                     : (size_t)(k + kExtra) * 2;
   return off_keys(cs, k) + words * 4;
@@ -121,7 +122,7 @@ constexpr size_t smem_bytes(int cs, int64_t slice, int32_t k) {
 // The most dynamic shared memory a block may take: 227 KiB a block on
 // sm_90, less kStatic for the kernel's static shared memory.
 constexpr size_t kSmemMax = 227 * 1024 - kStatic;
-static_assert(smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fits an SM");
+static_assert(cluster_smem_bytes(1, kSliceCap, kMaxK) <= kSmemMax, "the largest block fits an SM");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Zeroes n words at p (16-byte aligned, n a multiple of 4) by a block of nt threads.
@@ -642,14 +643,11 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
 #endif
 }
 
-// A launch of cluster_kernel: `grid` blocks of nt threads in clusters of
-// cs, `smem` bytes of dynamic shared memory each, with programmatic
-// dependent launch (the kernel waits with griddepcontrol.wait before its
-// first global access). at[0..2) receive the attributes the config points
-// at (they must outlive the config). Beside a co-tenant under MPS the
-// dependent launch is what keeps the SMs the scorer leaves: score + top-k
-// of 4 x 400,000 keys, k = 2048, took 486 us without it and 168 us with it
-// beside a bf16 GEMM load (bench/RESULTS.md, "Sharing the GPU").
+// The occupancy query's config of cluster_kernel: `grid` blocks of nt
+// threads in clusters of cs, `smem` bytes of dynamic shared memory each,
+// with programmatic dependent launch as the launch itself has it
+// (fp4idx__cuda_topk_cluster_describe). at[0..2) receive the attributes the
+// config points at (they must outlive the config).
 cudaLaunchConfig_t launch_config(cudaLaunchAttribute *at, int cs, unsigned grid, size_t smem,
                                  int nt, cudaStream_t stream) {
   at[0].id = cudaLaunchAttributeClusterDimension;
@@ -682,13 +680,13 @@ struct Caps {
 template <int NT>
 int fits(int cs) {
   if (cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)smem_bytes(1, kSliceCap, kMaxK)) != cudaSuccess ||
+                           (int)cluster_smem_bytes(1, kSliceCap, kMaxK)) != cudaSuccess ||
       cudaFuncSetAttribute(cluster_kernel<NT>, cudaFuncAttributeNonPortableClusterSizeAllowed,
                            1) != cudaSuccess)
     return 0;
   cudaLaunchAttribute at[2];
   cudaLaunchConfig_t cfg =
-      launch_config(at, cs, (unsigned)cs, smem_bytes(cs, kSliceCap, kMaxK), NT, 0);
+      launch_config(at, cs, (unsigned)cs, cluster_smem_bytes(cs, kSliceCap, kMaxK), NT, 0);
   cfg.numAttrs = 1; /* the occupancy query takes the cluster shape only */
   int n = 0;
   return cudaOccupancyMaxActiveClusters(&n, cluster_kernel<NT>, &cfg) == cudaSuccess && n > 0;
@@ -756,28 +754,39 @@ extern "C" int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows
   if (slice > kSliceCap || cs > max_cs || (int64_t)n_rows * cs > INT_MAX) return FP4IDX_ENODEV;
   p->cluster = cs;
   p->slice = slice;
-  p->cluster_smem = smem_bytes(cs, slice, k);
+  p->cluster_smem = cluster_smem_bytes(cs, slice, k);
   p->ws_bytes = 256;  // unused; non-zero so every caller's allocation is valid
   return FP4IDX_OK;
 }
 
-extern "C" int fp4idx__cuda_topk_cluster_launch(const fp4idx_cuda_topk_plan_t *p,
-                                                const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
-                                                float *val, int32_t *count, cudaStream_t stream) {
+extern "C" int fp4idx__cuda_topk_cluster_describe(const fp4idx_cuda_topk_plan_t *p,
+                                                  const fp4idx_cuda_topk_row_t *rows,
+                                                  int32_t *pos, float *val, int32_t *count,
+                                                  fp4idx_cuda_launch_t *l) {
   if (p->cluster < 1 || p->cluster > kMaxCluster || (p->cluster & (p->cluster - 1)) ||
       p->slice < 4 || p->slice > kSliceCap || p->k > kMaxK ||
-      p->cluster_smem != smem_bytes(p->cluster, p->slice, p->k))
+      p->cluster_smem != cluster_smem_bytes(p->cluster, p->slice, p->k))
     return FP4IDX_EINVAL;
   const Caps *caps = caps_of();
   if (!caps || p->cluster > caps->max_cs) return FP4IDX_ENODEV;
+  // Programmatic dependent launch: the kernel waits with griddepcontrol.wait
+  // before its first global access. Beside a co-tenant under MPS it is what
+  // keeps the SMs the scorer leaves: score + top-k of 4 x 400,000 keys,
+  // k = 2048, take 168 us with it and 486 us without beside a bf16 GEMM
+  // load (the results page, "Sharing the GPU").
   const int nt = threads_of(*caps, p->n_rows, p->cluster, p->slice);
-  cudaLaunchAttribute at[2];
-  const cudaLaunchConfig_t cfg = launch_config(
-      at, p->cluster, (unsigned)((int64_t)p->n_rows * p->cluster), p->cluster_smem, nt, stream);
-  return fp4idx__cuda_check(
-      nt == kTWide ? cudaLaunchKernelEx(&cfg, cluster_kernel<kTWide>, rows, (int64_t)p->slice,
-                                        p->k, pos, val, count)
-                   : cudaLaunchKernelEx(&cfg, cluster_kernel<kT>, rows, (int64_t)p->slice, p->k,
-                                        pos, val, count),
-      "topk: cluster kernel");
+  const unsigned grid = (unsigned)((int64_t)p->n_rows * p->cluster);
+  if (nt == kTWide)
+    fp4idx__launch_begin(l, cluster_kernel<kTWide>, grid, kTWide, p->cluster_smem,
+                         (unsigned)p->cluster, 1);
+  else
+    fp4idx__launch_begin(l, cluster_kernel<kT>, grid, kT, p->cluster_smem, (unsigned)p->cluster,
+                         1);
+  fp4idx__launch_arg(l, rows);
+  fp4idx__launch_arg(l, (int64_t)p->slice);
+  fp4idx__launch_arg(l, (int32_t)p->k);
+  fp4idx__launch_arg(l, pos);
+  fp4idx__launch_arg(l, val);
+  fp4idx__launch_arg(l, count);
+  return FP4IDX_OK;
 }
