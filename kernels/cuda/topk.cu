@@ -581,7 +581,7 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->k = k;
   // The cluster path wherever it fits (sm_90+, k <= 4096, rows up to
   // FP4IDX_CUDA_TOPK_CLUSTER_WIDTH): one kernel node, faster than the
-  // chunked path on every shape of bench/RESULTS.md's top-k table.
+  // chunked path on every shape of docs/RESULTS.md's top-k table.
   if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
     const int rc = fp4idx__cuda_topk_cluster_plan(rows, n_rows, k, 16, p);
     if (rc == FP4IDX_OK) {
