@@ -3,9 +3,10 @@
 source (universal-ctags reads the definitions, no build needed):
 
   names     no name is defined in more than one product file: functions,
-            variables, macros, types and namespaces at file scope, statics
-            and anonymous namespaces included, compared without the module
-            prefix (a static `bounded_len` clashes with `fp4idx__bounded_len`)
+            variables, macros, types, enumerators and namespaces at file
+            scope, statics and anonymous namespaces included, compared
+            without the module prefix (a static `bounded_len` clashes with
+            `fp4idx__bounded_len`)
   long      no product function is longer than --max-lines (150) lines,
             from the line of its name to its closing brace
   includes  no #include "..." points up a layer: protocol -> kernels ->
@@ -67,7 +68,7 @@ def tags(root, files):
         sys.exit("check_source.py: needs universal-ctags (Debian: universal-ctags)")
     cmd = [ctags, "--output-format=json", "--fields=+neKZ", "-f", "-",
            "--languages=C,C++", "--langmap=C:.c.h", "--langmap=C++:+.cu.cuh",
-           "--kinds-C=fvdstgu", "--kinds-C++=fvdstgucn"]
+           "--kinds-C=fvdstgue", "--kinds-C++=fvdstgucne"]
     for d in CUDA_DEFINES:
         cmd += ["-D", d]
     out = subprocess.run(cmd + files, cwd=root, check=True, capture_output=True,
@@ -77,8 +78,9 @@ def tags(root, files):
 
 def file_scope(t):
     """At file scope: no enclosing scope, or only namespaces (named or
-    anonymous), not a function, struct or class."""
-    return t.get("scopeKind") in (None, "namespace")
+    anonymous) or an enum (C's enumerators are file-scope names), not a
+    function, struct or class."""
+    return t.get("scopeKind") in (None, "namespace", "enum")
 
 
 def check_names(root, alltags):
