@@ -2,7 +2,7 @@
  * (the seam in fp4idx_bench.h): the batch's inputs are staged once, then
  * `calls` scorer launches are captured in one CUDA graph; after `warmup`
  * replays, each of `reps` replays is timed with CUDA events and reported as
- * time per call. The full method of bench/RESULTS.md (median of 3 runs of 10
+ * time per call. The full method of docs/RESULTS.md (median of 3 runs of 10
  * replays, hot and cold caches) is bench_cuda_scorer.cu (fp4idx-bench-cuda). */
 #include <cuda_runtime_api.h>
 

@@ -1,5 +1,5 @@
 /* bench_cuda_scorer.cu -- fp4idx-bench-cuda: the CUDA scorer on the five
- * cases of bench/RESULTS.md's method ("Method"), plus a cold-cache variant.
+ * cases of docs/RESULTS.md's method ("Method"), plus a cold-cache variant.
  *
  * Inputs: exact dyadic values (q, w, keys = k/8, keys quantized with RNE on
  * the host), R = 4 verify rows of each sequence seeing the context minus

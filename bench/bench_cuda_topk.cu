@@ -17,8 +17,6 @@
  * at most the planner's own).
  * --cluster-max N: the cluster path with clusters of at most N blocks
  * (fp4idx__cuda_topk_cluster_plan), to time cluster sizes against each other.
- * --phases: instead of the timing, the cluster kernel's phase timeline
- * (topk_phases.cu) on the same logits.
  * --check: the pairs and counts compared bit for bit with a host sort
  * (logit descending, position ascending).
  */
@@ -33,6 +31,7 @@
 
 #include "bench_cuda_topk.h"
 #include "fp4idx_backend.h"
+#include "fp4idx_cuda.h"
 #include "fp4idx_format.h"
 #include "bench_cuda_check.h"
 
@@ -135,12 +134,11 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 }  // namespace
 
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
-  int check = 0, bucket_cap = -1, cluster_max = 0, phases = 0;
+  int check = 0, bucket_cap = -1, cluster_max = 0;
   const char *csv = nullptr, *only = nullptr;
   fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
-    else if (!strcmp(argv[i], "--phases")) phases = 1;
     else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "auto")) i++;
     else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "chunked"))
       path = FP4IDX_CUDA_TOPK_CHUNKED, i++;
@@ -152,7 +150,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cluster-max") && i + 1 < argc) cluster_max = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
-                      " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N] [--phases]\n");
+                      " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N]\n");
       return 2;
     }
   }
@@ -252,12 +250,6 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
         const size_t bad = check_rows(logits_h, row_off, n, k, pos, val, cnt);
         chk = bad ? "MISMATCH" : "bit-exact";
         printf("check %-16s k=%-5d %zu wrong of %d rows x %d -> %s\n", c.name, k, bad, nr, k, chk);
-      }
-      if (phases) {
-        FCK(fp4idx_bench_topk_phases(rows.data(), nr, k, drows, dpos, dval, dcnt, st, c.name));
-        TCK(cudaFree(drows)); TCK(cudaFree(ws));
-        TCK(cudaFree(dpos)); TCK(cudaFree(dval)); TCK(cudaFree(dcnt));
-        continue;
       }
       const double t = time_graph(st, topk);
       const double t_st = time_graph(st, [&] {

@@ -22,21 +22,21 @@
 # time_slice, mps; gpu_other_processes); the daemon's logs are kept, and the
 # time-slice warning and the metrics' gpu gauges are checked.
 #
-# How to run it on the GPU machine (one call; about 2-3 minutes):
-#   build here:
+# How to run it (on the GPU machine, as root: it starts and stops MPS; about
+# 2-3 minutes):
 #     cmake -S . -B build-cuda -DFP4IDX_CUDA=ON -DFP4IDX_WERROR=ON
-#     cmake --build build-cuda -j2 --target fp4idxd fp4idx-cli fp4idx-bench-socket \
+#     cmake --build build-cuda -j --target fp4idxd fp4idx-cli fp4idx-bench-socket \
 #       fp4idx-cotenant-gemm
-#     rm -rf build-cuda/cotenant && mkdir -p build-cuda/cotenant
+#     mkdir -p build-cuda/cotenant
 #     cp build-cuda/daemon/fp4idxd build-cuda/client/fp4idx-cli \
 #        build-cuda/bench/fp4idx-bench-socket build-cuda/bench/fp4idx-cotenant-gemm \
 #        build-cuda/cotenant/
-#     ../shared/device/bundle-libs.sh build-cuda/cotenant/devlib build-cuda/cotenant/fp4idx*
-#     du -sh build-cuda/cotenant        # ~30 MB of the 64 MiB carry
-#   call: carry ["build-cuda/cotenant"], command
 #     bash bench/cotenant.sh build-cuda/cotenant
-# It writes every log under $OUT (one tar: cotenant.tar.gz) and prints the
-# table last. Everything it starts (daemon, co-tenant, MPS) is stopped on exit.
+# DIR/devlib, when present, holds shared libraries the binaries need on a
+# machine that lacks them (it goes first on LD_LIBRARY_PATH).
+# It writes every log under $OUT (default /tmp/cotenant-out; one tar:
+# cotenant.tar.gz) and prints the table last. Everything it starts (daemon,
+# co-tenant, MPS) is stopped on exit.
 set -u
 bin=$(cd "${1:-build-cuda/cotenant}" && pwd)
 out=${OUT:-/tmp/cotenant-out}

@@ -1,5 +1,5 @@
 /* fp4idx_bench.c -- benchmark of the scorer (backend->ops->score) on the
- * cases of bench/RESULTS.md's method: exact dyadic inputs (values k/8), R verify rows of
+ * cases of docs/RESULTS.md's method: exact dyadic inputs (values k/8), R verify rows of
  * one sequence seeing the context minus 0..R-1 keys, keys on shuffled
  * 64-key pages. Prints per case the median time per call, keys/s, achieved
  * GFLOP/s (2*R*H*128 FLOP per key) and, for the CPU backend, the ratio to
@@ -382,7 +382,7 @@ int main(int argc, char **argv) {
   }
   int is_cpu = !strcmp(o.backend, "cpu");
   if (!is_cpu && !reps_set) o.reps = 10;
-  if (!is_cpu && o.calls == 1) o.calls = 20; /* bench/RESULTS.md's method: 20 calls per replay */
+  if (!is_cpu && o.calls == 1) o.calls = 20; /* docs/RESULTS.md's method: 20 calls per replay */
   if (o.reps < 1 || o.calls < 1 || o.warmup < 0 || o.topk < 0 || o.threads < 0) {
     fp4idx__usage(stderr);
     return 2;

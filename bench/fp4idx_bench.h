@@ -6,7 +6,7 @@
  * backend, and times backend->ops->score. By default it times on the host
  * (clock_gettime around `calls` back-to-back synchronous calls). A backend
  * may provide a device-side timer instead (e.g. a CUDA graph of `calls`
- * calls replayed `reps` times, bench/RESULTS.md's method). */
+ * calls replayed `reps` times, docs/RESULTS.md's method). */
 #ifndef FP4IDX_BENCH_H
 #define FP4IDX_BENCH_H
 

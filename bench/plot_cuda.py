@@ -3,7 +3,7 @@
 scorer (fp4idx-bench-cuda --csv; one line per value of the scorer column,
 e.g. a baseline build's CSV and the new one's concatenated), with the
 SGLang Triton figures and the physical floor of the method in
-bench/RESULTS.md. Defaults: bench/cuda_h200.csv -> bench/cuda_h200.png."""
+docs/RESULTS.md. Defaults: docs/cuda_h200.csv -> docs/cuda_h200.png."""
 import csv
 import os
 import sys
@@ -13,9 +13,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-here = os.path.dirname(os.path.abspath(__file__))
-src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "cuda_h200.csv")
-dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "cuda_h200.png")
+docs = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(docs, "cuda_h200.csv")
+dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(docs, "cuda_h200.png")
 rows = list(csv.DictReader(open(src)))
 # Older CSVs have no scorer column: one scorer, called v1.
 for r in rows:

@@ -8,7 +8,7 @@ SAMPLES.csv is the --csv output of fp4idx-bench-socket (case,run,index,us);
 several files (separate invocations) are pooled. Draws, for the small round
 trips of part (a) (score_logits, score_topk16, info), a histogram on
 log-spaced bins (left) and the CDF (right), all runs pooled; dashed lines
-mark p50 and p99. Writes OUT.png (default bench/socket_latency.png). Needs
+mark p50 and p99. Writes OUT.png (default docs/socket_latency.png). Needs
 matplotlib.
 
 With --summary, SUMMARY.csv is the --summary output (one row per case of
@@ -17,10 +17,11 @@ single-client case as stacked bars (stage means per request) with the
 client's round trip as a dot, and (right) the aggregate requests/s of N
 concurrent clients next to one in-process launch of all N. A second file
 (e.g. the previous commit's) is drawn hatched beside the first. Default
-OUT.png: bench/socket_stages.png.
+OUT.png: docs/socket_stages_h200.png.
 """
 import csv
 import math
+import os
 import sys
 
 import matplotlib
@@ -28,6 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+DOCS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
 CASES = [("score_logits", "score, full logits (64 keys, R=4, H=32)"),
          ("score_topk16", "score, top-k 16 (64 keys, R=4, H=32)"),
          ("info", "info")]
@@ -111,14 +113,14 @@ def main():
     args = sys.argv[1:]
     if args and args[0] == "--summary":
         args = args[1:]
-        out = "bench/socket_stages.png"
+        out = os.path.join(DOCS, "socket_stages_h200.png")
         if len(args) >= 2 and args[0] == "-o":
             out, args = args[1], args[2:]
         if not args:
             sys.exit(__doc__)
         plot_summary(args, out)
         return
-    out = "bench/socket_latency.png"
+    out = os.path.join(DOCS, "socket_latency.png")
     if len(args) >= 2 and args[0] == "-o":
         out, args = args[1], args[2:]
     if not args or any(a.startswith("-") for a in args):

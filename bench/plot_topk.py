@@ -3,7 +3,7 @@
 --csv): per case and k, one bar per `*_us` column of the CSV, in file
 order (the benchmark writes topk_us, score_us and score_topk_us; CSVs of
 several builds merged side by side add their own columns), with the top-k
-targets where given. Defaults: bench/topk_h200.csv -> bench/topk_h200.png."""
+targets where given. Defaults: docs/topk_h200.csv -> docs/topk_h200.png."""
 import csv
 import os
 import sys
@@ -13,9 +13,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-here = os.path.dirname(os.path.abspath(__file__))
-src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "topk_h200.csv")
-dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "topk_h200.png")
+docs = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(docs, "topk_h200.csv")
+dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(docs, "topk_h200.png")
 rows = list(csv.DictReader(open(src)))
 goal = {("r4_ctx65536", "512"): 5, ("r4_ctx65536", "2048"): 5, ("r4_ctx400000", "2048"): 12,
         ("s16_r4_ctx9295", "2048"): 8}

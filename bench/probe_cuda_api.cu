@@ -1,7 +1,7 @@
 /* probe_cuda_api.cu -- `fp4idx-probe-cuda-api`: what the CUDA runtime calls
  * of one fp4idxd request cost on the host, and the device round trip of a
  * small request, so the request path's "execute" stage can be read call by
- * call (bench/RESULTS.md, "Host cost of the CUDA calls").
+ * call (docs/RESULTS.md, "Host cost of the CUDA calls").
  *
  * Each figure is the median over 5 runs of the mean host time of 400 calls
  * (clock_gettime around the loop; the stream is drained between runs so no

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_fork.sh -- fp4idx-bench-fork in process, then through a fresh fp4idxd
 # on the CPU backend (temporary socket, 1 GiB pool), the figures of
-# bench/RESULTS.md "Prefix sharing". Usage: bench/run_fork.sh [BUILD_DIR]
+# docs/RESULTS.md "Prefix sharing". Usage: bench/run_fork.sh [BUILD_DIR]
 set -euo pipefail
 build=${1:-build}
 tmp=$(mktemp -d /tmp/fp4idx-benchfork-XXXXXX)

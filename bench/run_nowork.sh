@@ -1,7 +1,7 @@
 #!/bin/bash
 # run_nowork.sh -- the daemon's own cost per stage, without a GPU: fp4idxd-nowork
 # (the daemon with the no-work backend, bench/backend_nowork.h) measured
-# through its socket by fp4idx-bench-socket, for bench/RESULTS.md ("No-work
+# through its socket by fp4idx-bench-socket, for docs/RESULTS.md ("No-work
 # backend"). Builds nothing.
 #
 #   bench/run_nowork.sh BUILD_DIR

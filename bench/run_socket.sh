@@ -1,6 +1,6 @@
 #!/bin/bash
 # run_socket.sh -- the request-path measurements on one GPU, for
-# bench/RESULTS.md ("Through the socket"): fp4idxd --backend cuda measured through its
+# docs/RESULTS.md ("Through the socket"): fp4idxd --backend cuda measured through its
 # socket by fp4idx-bench-socket, the new build and the previous commit in the
 # same run.
 #
@@ -8,8 +8,8 @@
 #
 # NEW_DIR holds this branch's fp4idxd and fp4idx-bench-socket (PREV_DIR the
 # previous commit's fp4idxd, and its fp4idx-bench-socket if present); the
-# bundled libraries lie in $LIB, or DIR/lib or DIR/devlib beside them
-# (/work/shared/device/bundle-libs.sh DIR/lib DIR/fp4idxd DIR/fp4idx-bench-socket).
+# shared libraries they need on a machine that lacks them, if any, lie in
+# $LIB, or DIR/lib or DIR/devlib beside them.
 # The new benchmark drives both daemons, so daemon-side changes compare with
 # the same client; the previous benchmark (old client library, its own
 # cases) runs against the previous daemon when present. Output: the raw

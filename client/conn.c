@@ -101,7 +101,7 @@ fp4idx_client_t *fp4idx_client_new(void) {
   c->next_id = 1;
   /* Spin briefly by default where a core can spare it: a reply that comes
    * within the window skips the scheduler's wake-up (10-13 us of an info
-   * round trip on the H200 host, bench/RESULTS.md); on a machine of
+   * round trip on the H200 host, docs/RESULTS.md); on a machine of
    * 1-3 cores the spin would take the core the daemon needs. */
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   c->busy_poll_us = ncpu >= 4 ? FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US : 0;

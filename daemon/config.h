@@ -7,7 +7,8 @@
 
 #include "log.h"
 
-#define FP4IDXD_VERSION_STRING "0.1.0"
+/* The project version, which CMake defines for every target. */
+#define FP4IDXD_VERSION_STRING FP4IDX_VERSION_STRING
 
 typedef enum fp4idx_backend_kind_e {
   FP4IDX_BACKEND_AUTO = 0,

@@ -14,9 +14,10 @@ set -euo pipefail
 # the Debian packages' check (tests/test_lintian.sh). clang + libclang-rt-dev
 # (libFuzzer's runtime, only recommended by clang): the codec fuzzer that
 # .ci/run runs (tests/fuzz/run.sh). python3: the build runs
-# protocol/gen_optable.py (the op table turned into C).
+# protocol/gen_optable.py (the op table turned into C). universal-ctags:
+# .ci/check_source.py reads the definitions of the source with it.
 build_pkgs=(cmake gcc make pkg-config python3 libuv1-dev libmsgpack-dev libcriterion-dev libsystemd-dev
-            systemd libmicrohttpd-dev lintian clang libclang-rt-dev)
+            systemd libmicrohttpd-dev lintian clang libclang-rt-dev universal-ctags)
 runtime_pkgs=(libuv1 libmsgpackc2 libmicrohttpd12)
 pkgs=("${build_pkgs[@]}")
 [ "${1:-}" = "--runtime" ] && pkgs=("${runtime_pkgs[@]}")

@@ -20,14 +20,9 @@
 
 #define NF(a) (sizeof(a) / sizeof((a)[0]))
 
-static int expect_shape(const fp4idx_tensor_t *t, const char *where,
-                        const char *want, bool ok, char *msg, size_t cap) {
-  return fp4idx__expect_shape(t, where, want, ok, msg, cap);
-}
-
 /* ---- score request: seqs ------------------------------------------------------ */
 
-/* expect_shape for field `field` of map `path`, the wanted shape formatted
+/* fp4idx__expect_shape for field `field` of map `path`, the wanted shape formatted
  * from fmt (it names the other dims: "bf16 [%u,%u]"). */
 static int expect_field_shape(const fp4idx_tensor_t *t, const char *path,
                               const char *field, bool ok, char *msg,
@@ -43,7 +38,7 @@ static int expect_field_shape(const fp4idx_tensor_t *t, const char *path,
   va_start(ap, fmt);
   vsnprintf(want, sizeof(want), fmt, ap);
   va_end(ap);
-  return expect_shape(t, where, want, false, msg, cap);
+  return fp4idx__expect_shape(t, where, want, false, msg, cap);
 }
 
 /* The shape checks of one "seqs" entry, each after its tensor is read (the
@@ -285,10 +280,10 @@ static int decode_result(const msgpack_object *o, size_t i,
                                false, &r->logits, msg, cap)) != 0)
     return rc;
   fp4idx__path_cat(where, sizeof(where), path, ".", "logits");
-  if ((rc = expect_shape(&r->logits, where, "f32 [R,W] or f32 [R,k]",
-                         r->logits.dtype == FP4IDX_WIRE_F32 &&
-                             r->logits.ndim == 2,
-                         msg, cap)))
+  if ((rc = fp4idx__expect_shape(&r->logits, where, "f32 [R,W] or f32 [R,k]",
+                                 r->logits.dtype == FP4IDX_WIRE_F32 &&
+                                     r->logits.ndim == 2,
+                                 msg, cap)))
     return rc;
   const msgpack_object *pv = fp4idx__fv(&fs, "positions");
   const msgpack_object *cv = fp4idx__fv(&fs, "counts");
@@ -299,22 +294,22 @@ static int decode_result(const msgpack_object *o, size_t i,
                                msg, cap)) != 0)
     return rc;
   fp4idx__path_cat(where, sizeof(where), path, ".", "positions");
-  if ((rc = expect_shape(&r->positions, where, "i32 [R,k] like logits",
-                         r->positions.dtype == FP4IDX_WIRE_I32 &&
-                             r->positions.ndim == 2 &&
-                             r->positions.shape[0] == r->logits.shape[0] &&
-                             r->positions.shape[1] == r->logits.shape[1],
-                         msg, cap)))
+  if ((rc = fp4idx__expect_shape(&r->positions, where, "i32 [R,k] like logits",
+                                 r->positions.dtype == FP4IDX_WIRE_I32 &&
+                                     r->positions.ndim == 2 &&
+                                     r->positions.shape[0] == r->logits.shape[0] &&
+                                     r->positions.shape[1] == r->logits.shape[1],
+                                 msg, cap)))
     return rc;
   if ((rc = fp4idx__get_tensor(cv, path, "counts", false, &r->counts, msg,
                                cap)) != 0)
     return rc;
   fp4idx__path_cat(where, sizeof(where), path, ".", "counts");
-  return expect_shape(&r->counts, where, "i32 [R]",
-                      r->counts.dtype == FP4IDX_WIRE_I32 &&
-                          r->counts.ndim == 1 &&
-                          r->counts.shape[0] == r->logits.shape[0],
-                      msg, cap);
+  return fp4idx__expect_shape(&r->counts, where, "i32 [R]",
+                              r->counts.dtype == FP4IDX_WIRE_I32 &&
+                                  r->counts.ndim == 1 &&
+                                  r->counts.shape[0] == r->logits.shape[0],
+                              msg, cap);
 }
 
 int fp4idx__score_resp_more_decode(const fp4idx__fields_t *f, fp4idx_score_resp_t *sc,

@@ -9,12 +9,6 @@
 
 #include "codec_internal.h"
 
-/* strnlen is POSIX, not C11 */
-static size_t bounded_len(const char *s, size_t cap) {
-  const char *z = memchr(s, 0, cap);
-  return z ? (size_t)(z - s) : cap;
-}
-
 /* ---- decoding ----------------------------------------------------------------- */
 
 int fp4idx_decode_response(const void *body, size_t len, fp4idx_op_t op,
@@ -153,7 +147,7 @@ int fp4idx_encode_error(msgpack_sbuffer *sb, uint64_t id, int status,
    * cap: send printable ASCII only, so the str is always valid UTF-8 (Python
    * clients decode str as UTF-8 and would fail on a cut sequence) */
   char clean[FP4IDX_PROTO_ERROR_CAP];
-  size_t n = bounded_len(message, FP4IDX_PROTO_ERROR_CAP - 1);
+  size_t n = fp4idx__bounded_len(message, FP4IDX_PROTO_ERROR_CAP - 1);
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)message[i];
     clean[i] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';

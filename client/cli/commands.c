@@ -36,7 +36,7 @@ int fp4idx__cli_connect(fp4idx_cli_t *cli, fp4idx_client_t **out) {
 }
 
 /* Copies the connection's last error into cli->err. */
-static int client_fail(fp4idx_cli_t *cli, fp4idx_client_t *c, int st) {
+static int fail_from_client(fp4idx_cli_t *cli, fp4idx_client_t *c, int st) {
   return fp4idx__cli_fail(&cli->err, st, "%s", fp4idx_client_last_error(c));
 }
 
@@ -147,7 +147,7 @@ int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv) {
   st = fp4idx_client_info(c, &in);
   if (st == 0) st = fp4idx_client_sharing(c, &sh);
   if (st) {
-    client_fail(cli, c, st);
+    fail_from_client(cli, c, st);
     goto out;
   }
   if (json) {
@@ -258,7 +258,7 @@ int fp4idx__cli_stats(fp4idx_cli_t *cli, int argc, char **argv) {
   st = fp4idx_client_stats(c, &s);
   if (st == 0 && prom) st = fp4idx_client_info(c, &in);
   if (st) {
-    client_fail(cli, c, st);
+    fail_from_client(cli, c, st);
     goto out;
   }
   if (out != NULL && strcmp(out, "-") != 0) {
@@ -530,7 +530,7 @@ static int append_send(fp4idx_cli_t *cli, append_job_t *j) {
                          "after %zu of %zu keys were stored: %s", done, j->n,
                          fp4idx_client_last_error(j->c));
       else
-        client_fail(cli, j->c, st);
+        fail_from_client(cli, j->c, st);
       break;
     }
     if (done == 0) j->first = f1;
@@ -699,7 +699,7 @@ int fp4idx__cli_score(fp4idx_cli_t *cli, int argc, char **argv) {
   if ((st = fp4idx__cli_connect(cli, &c))) goto out;
   st = fp4idx_client_score(c, (uint32_t)heads, (uint32_t)topk, &s, 1, &res);
   if (st) {
-    client_fail(cli, c, st);
+    fail_from_client(cli, c, st);
     goto out;
   }
   if ((f = open_out(cli, out)) == NULL) {
@@ -746,7 +746,7 @@ int fp4idx__cli_truncate(fp4idx_cli_t *cli, int argc, char **argv) {
   if (st) return st;
   uint64_t len;
   st = fp4idx_client_truncate(c, seq, n, &len);
-  if (st) client_fail(cli, c, st);
+  if (st) fail_from_client(cli, c, st);
   else printf("seq %llu: length %llu\n", (unsigned long long)seq,
               (unsigned long long)len);
   fp4idx_client_close(c);
@@ -778,7 +778,7 @@ int fp4idx__cli_fork(fp4idx_cli_t *cli, int argc, char **argv) {
   if (st) return st;
   uint64_t len;
   st = fp4idx_client_fork(c, src, dst, n, &len);
-  if (st) client_fail(cli, c, st);
+  if (st) fail_from_client(cli, c, st);
   else printf("seq %llu: length %llu, forked from seq %llu\n", (unsigned long long)dst,
               (unsigned long long)len, (unsigned long long)src);
   fp4idx_client_close(c);
@@ -803,7 +803,7 @@ int fp4idx__cli_drop(fp4idx_cli_t *cli, int argc, char **argv) {
   int st = fp4idx__cli_connect(cli, &c);
   if (st) return st;
   st = fp4idx_client_drop(c, seq);
-  if (st) client_fail(cli, c, st);
+  if (st) fail_from_client(cli, c, st);
   else printf("seq %llu: dropped\n", (unsigned long long)seq);
   fp4idx_client_close(c);
   return st;
@@ -850,7 +850,7 @@ int fp4idx__cli_read(fp4idx_cli_t *cli, int argc, char **argv) {
   FILE *f = NULL;
   st = fp4idx_client_read(c, seq, from, count, dequant, &keys, &n);
   if (st) {
-    client_fail(cli, c, st);
+    fail_from_client(cli, c, st);
     goto out;
   }
   if ((f = open_out(cli, out)) == NULL) {
@@ -933,7 +933,7 @@ int fp4idx__cli_list(fp4idx_cli_t *cli, int argc, char **argv) {
     size_t n;
     st = fp4idx_client_list(c, cursor, (uint32_t)count, &cursor, &part, &n);
     if (st) {
-      client_fail(cli, c, st);
+      fail_from_client(cli, c, st);
       goto out;
     }
     if (n) {

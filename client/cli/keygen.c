@@ -19,13 +19,6 @@ static double keygen_uniform(uint64_t *st) {
   return ((double)(splitmix64(st) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even (finite input) */
-  return (uint16_t)(u >> 16);
-}
-
 void fp4idx__gen_keys(int dtype, uint64_t seed, uint64_t first, size_t n,
                       void *keys) {
   for (size_t k = 0; k < n; k++) {
@@ -53,8 +46,8 @@ void fp4idx__gen_keys(int dtype, uint64_t seed, uint64_t first, size_t n,
         o[1] = b;
       } else {
         uint16_t *o = (uint16_t *)keys + k * FP4IDX_CLIENT_HEAD_DIM + i;
-        o[0] = to_bf16(a);
-        o[1] = to_bf16(b);
+        o[0] = fp4idx_f32_to_bf16(a); /* the project's one RNE rule */
+        o[1] = fp4idx_f32_to_bf16(b);
       }
     }
   }

@@ -16,15 +16,11 @@
 
 #include "cli.h"
 
-#ifndef FP4IDX_VERSION_STRING
-#define FP4IDX_VERSION_STRING "0.0.0"
-#endif
-
 static const struct {
   const char *name;
   fp4idx_cli_cmd_fn fn;
   const char *what;
-} commands[] = {
+} cli_commands[] = {
     {"info", fp4idx__cli_info, "daemon version, backend, device and pool"},
     {"stats", fp4idx__cli_stats, "counters (--prometheus for node_exporter)"},
     {"append", fp4idx__cli_append, "append keys to a sequence"},
@@ -51,16 +47,16 @@ static void usage(FILE *f) {
           "  -h, --help          this text (also: help); COMMAND --help or\n"
           "                      help COMMAND for a command\n"
           "  -V, --version       print the version\n\ncommands:\n");
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-    fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].what);
+  for (size_t i = 0; i < sizeof cli_commands / sizeof cli_commands[0]; i++)
+    fprintf(f, "  %-9s %s\n", cli_commands[i].name, cli_commands[i].what);
   /* the ops of the op table without a command of their own */
   size_t nops = 0;
   const fp4idx_client_op_t *ops = fp4idx_client_ops(&nops);
   int any = 0;
   for (size_t k = 0; k < nops; k++) {
     int own = 0;
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-      own |= strcmp(commands[i].name, ops[k].name) == 0;
+    for (size_t i = 0; i < sizeof cli_commands / sizeof cli_commands[0]; i++)
+      own |= strcmp(cli_commands[i].name, ops[k].name) == 0;
     if (own) continue;
     char args[128];
     if (!any++) fprintf(f, "\nprotocol ops (operands: the request's fields; PROTOCOL.md):\n");
@@ -133,11 +129,11 @@ int main(int argc, char **argv) {
       return 0;
     }
     name = argv[optind + 1];
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-      if (strcmp(name, commands[i].name) != 0) continue;
-      char *help_argv[] = {(char *)commands[i].name, (char *)"--help", NULL};
+    for (size_t i = 0; i < sizeof cli_commands / sizeof cli_commands[0]; i++) {
+      if (strcmp(name, cli_commands[i].name) != 0) continue;
+      char *help_argv[] = {(char *)cli_commands[i].name, (char *)"--help", NULL};
       optind = 0;
-      return commands[i].fn(&cli, 2, help_argv) == 0 ? 0 : report(name, &cli.err);
+      return cli_commands[i].fn(&cli, 2, help_argv) == 0 ? 0 : report(name, &cli.err);
     }
     const fp4idx_client_op_t *op = fp4idx__cli_table_op(name);
     if (op) {
@@ -147,12 +143,12 @@ int main(int argc, char **argv) {
     fp4idx__cli_usage(&cli.err, "unknown command '%s' (try help)", name);
     return report("help", &cli.err);
   }
-  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-    if (strcmp(name, commands[i].name) != 0) continue;
+  for (size_t i = 0; i < sizeof cli_commands / sizeof cli_commands[0]; i++) {
+    if (strcmp(name, cli_commands[i].name) != 0) continue;
     int sub_argc = argc - optind;
     char **sub_argv = argv + optind;
     optind = 0; /* glibc: 0 fully re-initialises getopt for the command */
-    int st = commands[i].fn(&cli, sub_argc, sub_argv);
+    int st = cli_commands[i].fn(&cli, sub_argc, sub_argv);
     if (st == 0) return 0;
     if (cli.err.msg[0] == '\0')
       fp4idx__cli_fail(&cli.err, st, "%s", fp4idx_strerror(st));

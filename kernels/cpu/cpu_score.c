@@ -14,7 +14,7 @@
  * Top-k: per thread and row a buffer of 2k candidates, compacted to the best
  * k by quickselect when full; at the end sorted per thread and merged.
  *
- * Performance (bench/RESULTS.md): the AVX-512 kernel does 16 FMAs per 10
+ * Performance (docs/RESULTS.md): the AVX-512 kernel does 16 FMAs per 10
  * loads and reaches about 75-80% of the fp32 FMA peak per core; the rest is
  * the decode and the rounding epilogue.
  *

@@ -34,7 +34,7 @@
  * with a serving engine (under MPS, kernels of both side by side) our
  * blocks are scheduled before a co-tenant's waiting ones (beside a GEMM
  * load under MPS a 400,000-key top-2048 takes a quarter of the time it
- * takes at the default priority: bench/RESULTS.md, "Sharing the GPU").
+ * takes at the default priority: docs/RESULTS.md, "Sharing the GPU").
  *
  * Every CUDA return code is checked; a failure logs "fp4idx cuda: <what>:
  * <error>" to stderr and returns FP4IDX_EDEVICE (FP4IDX_ENOMEM when device
@@ -85,7 +85,7 @@
 #define FP4IDX__CUDA_PINNED_KEEP ((size_t)512 << 20)
 
 /* One staging set: inputs laid out identically on both sides. */
-typedef struct fp4idx__stage_s {
+typedef struct fp4idx__staging_s {
   uint8_t *h;             /* pinned */
   size_t h_cap;
   uint8_t *d;             /* device */
@@ -109,7 +109,7 @@ typedef struct fp4idx__stage_s {
   int evented;            /* its last call recorded the timing events */
   int kind;               /* its last call: 0 full logits, 1 top-k */
   double t_start;         /* host clock (us) when its last call began */
-} fp4idx__stage_t;
+} fp4idx__staging_t;
 
 typedef struct fp4idx__cuda_s {
   int device;
@@ -122,7 +122,7 @@ typedef struct fp4idx__cuda_s {
   cudaStream_t stream;
   uint8_t *pool;          /* device */
   int32_t log2p;
-  fp4idx__stage_t set[2];
+  fp4idx__staging_t set[2];
   int cur;                /* set of the next call */
   int32_t *d_flag;        /* device: non-finite flag of store */
   fp4idx__pinned_t *pinned;
@@ -152,9 +152,9 @@ static size_t fp4idx__align(size_t x) { return (x + 255) & ~(size_t)255; }
 /* The next staging set, free (its last call's end event waited for) and
  * with room for h_need / d_need bytes. */
 static int fp4idx__stage_take(fp4idx__cuda_t *c, size_t h_need, size_t d_need,
-                              fp4idx__stage_t **out) {
+                              fp4idx__staging_t **out) {
   int rc = FP4IDX_OK;
-  fp4idx__stage_t *st = &c->set[c->cur];
+  fp4idx__staging_t *st = &c->set[c->cur];
   if (st->pending) return FP4IDX_EINVAL; /* more than FP4IDX_BACKEND_INFLIGHT out */
   c->cur ^= 1;
   if (st->used == 1) CK(cudaEventSynchronize(st->ev[3]), "staging: wait");
@@ -191,7 +191,7 @@ out:
 
 /* Records the end of st's call on the stream: ev[3], then (where the driver
  * has it) the write of st->done_seq into st's mapped word. */
-static int fp4idx__stage_end(fp4idx__cuda_t *c, fp4idx__stage_t *st, const char *what) {
+static int fp4idx__stage_end(fp4idx__cuda_t *c, fp4idx__staging_t *st, const char *what) {
   int rc;
   CK(cudaEventRecord(st->ev[3], c->stream), what);
   st->used = 1;
@@ -218,7 +218,7 @@ out:
  * wrote its word may skip the event: a
  * faulted stream writes nothing, so after FP4IDX__CUDA_FLAG_SPIN_US the
  * event's wait gives the error (and waits for a long call). */
-static int fp4idx__stage_wait(fp4idx__stage_t *st, const char *what) {
+static int fp4idx__stage_wait(fp4idx__staging_t *st, const char *what) {
   int rc = FP4IDX_OK;
   if (st->flagged) {
     struct timespec t0, t;
@@ -249,7 +249,7 @@ out:
 /* The device time of st's last call into *t, up to event `end` (ev[3], or
  * the first part of a download in parts: score_wait_part), which has been
  * waited for. */
-static int fp4idx__stage_timing(fp4idx__stage_t *st, cudaEvent_t end,
+static int fp4idx__stage_timing(fp4idx__staging_t *st, cudaEvent_t end,
                                 fp4idx_backend_timing_t *t) {
   int rc;
   float up = 0, k = 0, down = 0;
@@ -286,7 +286,7 @@ static double fp4idx__host_us(void) {
  * seen: from its events when it recorded them (and their shares kept for
  * its kind), else its host time from start to now split in the shares of
  * the last evented call of its kind (all kernels before there is one). */
-static int fp4idx__call_timing(fp4idx__cuda_t *c, fp4idx__stage_t *st, cudaEvent_t end,
+static int fp4idx__call_timing(fp4idx__cuda_t *c, fp4idx__staging_t *st, cudaEvent_t end,
                                fp4idx_backend_timing_t *t) {
   if (st->evented) {
     int rc = fp4idx__stage_timing(st, end, t);
@@ -314,7 +314,7 @@ static int fp4idx__call_timing(fp4idx__cuda_t *c, fp4idx__stage_t *st, cudaEvent
 }
 
 /* Records the end of a call on `st` and waits for it. */
-static int fp4idx__stage_finish(fp4idx__cuda_t *c, fp4idx__stage_t *st, const char *what) {
+static int fp4idx__stage_finish(fp4idx__cuda_t *c, fp4idx__staging_t *st, const char *what) {
   int rc;
   if ((rc = fp4idx__stage_end(c, st, what))) return rc;
   return fp4idx__stage_wait(st, what);
@@ -331,7 +331,7 @@ static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
     }
     cudaFree(c->pool);
     for (int i = 0; i < 2; i++) {
-      fp4idx__stage_t *st = &c->set[i];
+      fp4idx__staging_t *st = &c->set[i];
       cudaFree(st->d);
       if (st->h) cudaFreeHost(st->h);
       for (int j = 0; j < 4; j++)
@@ -432,7 +432,7 @@ static int fp4idx__cuda_store(fp4idx_backend_t *b, const void *keys, fp4idx_dtyp
    * the device by one DMA straight from there; only the slots pass
    * through the staging buffer. Pageable keys are copied into it first. */
   const int pinned = fp4idx__mapped(keys) != NULL;
-  fp4idx__stage_t *st;
+  fp4idx__staging_t *st;
   if ((rc = fp4idx__stage_take(c, pinned ? (size_t)n * 8 : total, total, &st))) goto out;
   if (pinned) {
     memcpy(st->h, slots, (size_t)n * 8);
@@ -478,7 +478,7 @@ static int fp4idx__cuda_read(fp4idx_backend_t *b, const int64_t *slots, int64_t 
   const size_t off_out = fp4idx__align((size_t)n * 8);
   const size_t total = off_out + ob;
   CK(cudaSetDevice(c->device), "set device");
-  fp4idx__stage_t *st;
+  fp4idx__staging_t *st;
   if ((rc = fp4idx__stage_take(c, (size_t)n * 8, total, &st))) goto out;
   memcpy(st->h, slots, (size_t)n * 8);
   CK(cudaMemcpyAsync(st->d, st->h, (size_t)n * 8, cudaMemcpyHostToDevice, c->stream),
@@ -669,7 +669,7 @@ static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt, int s
  * descriptors and the top-k rows; the scorer's params pointed at the
  * device side. */
 static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backend_batch_t *bt,
-                               fp4idx__score_layout_t *L, fp4idx__stage_t *st) {
+                               fp4idx__score_layout_t *L, fp4idx__staging_t *st) {
   const int32_t H = bt->heads;
   uint8_t *h = st->h, *d = st->d;
   const uint8_t *in = st->d;
@@ -718,7 +718,7 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
  * *chunked: the top-k is the chunked path's several operations, enqueued
  * by fp4idx__score_enqueue itself. */
 static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__score_layout_t *L,
-                             fp4idx__stage_t *st, fp4idx__score_ops_t *ops, int *chunked) {
+                             fp4idx__staging_t *st, fp4idx__score_ops_t *ops, int *chunked) {
   uint8_t *d = st->d;
   int rc;
   memset(ops, 0, sizeof *ops);
@@ -764,7 +764,7 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
 /* Full logits copied back in parts (FP4IDX__CUDA_PART_MIN), each closed by
  * an event: score_wait_part hands them out while the rest is coming. */
 static int fp4idx__score_download_parts(fp4idx__cuda_t *c, const fp4idx__copy_t *down,
-                                        fp4idx__stage_t *st) {
+                                        fp4idx__staging_t *st) {
   int rc = FP4IDX_OK;
   size_t at = 0, len = FP4IDX__CUDA_PART_FIRST;
   while (at < down->bytes) {
@@ -785,7 +785,7 @@ out:
  * top-k's several operations), the downloads (in parts: `parts`), then the
  * end (fp4idx__stage_end). */
 static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t *bt,
-                                 const fp4idx__score_layout_t *L, fp4idx__stage_t *st,
+                                 const fp4idx__score_layout_t *L, fp4idx__staging_t *st,
                                  const fp4idx__score_ops_t *ops, int chunked, int parts) {
   int rc = FP4IDX_OK;
   if (ops->ev[0]) CK(cudaEventRecord(ops->ev[0], c->stream), "score: event");
@@ -840,7 +840,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   fp4idx__score_layout_outputs(bt, stage != NULL, &L);
   /* Host side: the inputs only (results go straight to the caller; the
    * top-k workspace stays on the device). */
-  fp4idx__stage_t *st;
+  fp4idx__staging_t *st;
   if ((rc = fp4idx__stage_take(c, L.in_bytes, L.all, &st))) goto out;
   st->n_parts = 0;
   st->parts_seen = 0;
@@ -895,7 +895,7 @@ static int fp4idx__cuda_score_submit(fp4idx_backend_t *b, const fp4idx_backend_b
 static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
   if (!b || ticket < 0 || ticket > 1) return FP4IDX_EINVAL;
   fp4idx__cuda_t *c = b->impl;
-  fp4idx__stage_t *st = &c->set[ticket];
+  fp4idx__staging_t *st = &c->set[ticket];
   if (!st->pending) return FP4IDX_EINVAL;
   st->pending = 0;
   int rc = fp4idx__stage_wait(st, "score: wait");
@@ -906,7 +906,7 @@ static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
 static int fp4idx__cuda_score_wait_part(fp4idx_backend_t *b, int ticket, uint64_t *ready) {
   if (!b || !ready || ticket < 0 || ticket > 1) return FP4IDX_EINVAL;
   fp4idx__cuda_t *c = b->impl;
-  fp4idx__stage_t *st = &c->set[ticket];
+  fp4idx__staging_t *st = &c->set[ticket];
   if (!st->pending) return FP4IDX_EINVAL;
   int rc = FP4IDX_OK;
   if (st->parts_seen >= st->n_parts) {

@@ -47,7 +47,7 @@
  * ring (kStages x 4352 B) + barriers, weights, row pointers, lengths, a
  * v/hp table. Only compiled into the sm_90a image; plans for
  * FP4IDX_CUDA_SCORER_WGMMA (chosen once per device on CC 9.0) run it.
- * Measured: bench/RESULTS.md.
+ * Measured: docs/RESULTS.md.
  */
 #include <cuda_bf16.h>
 #include <stdio.h>

@@ -159,9 +159,9 @@ __global__ void __launch_bounds__(kCT)
 
   // The bin holding the k-th largest key: thread t holds the PT bins
   // [t * PT, (t + 1) * PT); `above` counts the keys in the bins above them.
-  // The histogram is read coalesced into shared memory first (reading each
-  // thread's bins from global memory was 16 sectors a warp-load: ncu
-  // measured this kernel 2.4x slower at 4 x 400,000 with 4096 bins).
+  // The histogram is read coalesced into shared memory first: each thread
+  // reading its own bins from global memory costs 16 sectors a warp-load,
+  // which makes this kernel 2.4x slower at 4 x 400,000 with 4096 bins.
   constexpr int PT = kBins / kCT;
   const uint32_t *g = hist + (size_t)r * kBins;
   for (int i = tid; i < kBins; i += kCT) s_h[pad(i)] = g[i];
@@ -581,7 +581,7 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->k = k;
   // The cluster path wherever it fits (sm_90+, k <= 4096, rows up to
   // FP4IDX_CUDA_TOPK_CLUSTER_WIDTH): one kernel node, faster than the
-  // chunked path on every shape of bench/RESULTS.md's top-k table.
+  // chunked path on every shape of docs/RESULTS.md's top-k table.
   if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
     const int rc = fp4idx__cuda_topk_cluster_plan(rows, n_rows, k, 16, p);
     if (rc == FP4IDX_OK) {

@@ -34,8 +34,7 @@
  * key > T's the number of keys > T that order before it, counted inside
  * buckets of 12 key bits (keys with their positions are distinct, so
  * counting is the exact order; no sort, no single block doing the row's
- * finish); indices >= k drop. The phase timeline of a launch:
- * `fp4idx-bench-cuda --topk --phases` (bench/topk_phases.cu).
+ * finish); indices >= k drop.
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cooperative_groups.h>
@@ -50,16 +49,6 @@
 
 namespace cg = cooperative_groups;
 
-// Phase marks of the experiment build bench/topk_phases.cu (it defines
-// FP4IDX_TOPK_PHASES and fp4idx_topk_phase(i) before including this file):
-// thread 0 stamps its clock at each phase boundary. Nothing in the product.
-#ifdef FP4IDX_TOPK_PHASES
-#define TOPK_PHASE(i) fp4idx_topk_phase(i)
-#define TOPK_PHASE_SYNC(i) (__syncthreads(), fp4idx_topk_phase(i))
-#else
-#define TOPK_PHASE(i) ((void)0)
-#define TOPK_PHASE_SYNC(i) ((void)0)
-#endif
 
 namespace {
 
@@ -214,9 +203,7 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
       for (int o = tid & 3; o < cs; o += 4)
         atomicAdd(cl.map_shared_rank(coarse, (unsigned)o) + (b4 >> 2), g);
   }
-  TOPK_PHASE_SYNC(ph);
   cl.sync();  // every push landed: the owners hold the sums, every block the group sums
-  TOPK_PHASE(ph + 1);
   const int gi = NG - 1 - tid;  // this thread's group (descending)
   const uint32_t mine = gi >= 0 ? coarse[gi] : 0u;
   uint32_t above, total;
@@ -248,7 +235,6 @@ __device__ void cluster_find(cg::cluster_group &cl, const uint32_t *h, uint32_t 
     }
   }
   __syncthreads();
-  TOPK_PHASE(ph + 2);
 }
 #endif
 
@@ -264,7 +250,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const int tid = threadIdx.x;
   const int cs = (int)cl.num_blocks(), q = (int)cl.block_rank();
   const int r = (int)(blockIdx.x / (unsigned)cs);
-  TOPK_PHASE(0);
   // Launched with programmatic dependent launch: the next kernel of the
   // stream may start its own prologue at once (it waits for this grid
   // before it reads anything).
@@ -297,7 +282,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   const fp4idx_cuda_topk_row_t row = rows[r];
   const int64_t b = (int64_t)q * slice;
   const int nn = (int)(row.width > b ? (row.width - b < slice ? row.width - b : slice) : 0);
-  TOPK_PHASE(1);
 
   // The slice into shared memory as keys, histogram of the top 12 bits on
   // the way: 16-byte loads between a scalar head and tail, the key array
@@ -338,9 +322,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     hist_inc(h, kt >> 20, tl && kt > kInvisibleMax);
   }
   __syncthreads();  // the block's histogram is whole
-  TOPK_PHASE(2);
   cl.barrier_wait();
-  TOPK_PHASE(3);
 
   // Radix select: the list takes the G keys > T and the first rem_t keys
   // == T; G + rem_t = k, or fewer when fewer are visible, or up to kExtra
@@ -370,7 +352,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       hist_inc(h, (key >> 8) & 4095u, i < nn && (key >> 20) == d1 && key > kInvisibleMax);
     }
     __syncthreads();
-    TOPK_PHASE(20);
     cluster_find<kNB2, NT>(cl, h, s2, c2, r1, s, scan, 21);
     const uint32_t p2 = d1 << 12 | s.digit, r2 = s.rem;
     if (s.cnt - s.rem <= (uint32_t)kExtra) {  // bin p2 whole
@@ -386,7 +367,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
         hist_inc(h, key & 255u, i < nn && (key >> 8) == p2 && key > kInvisibleMax);
       }
       __syncthreads();
-      TOPK_PHASE(24);
       cluster_find<kNB3, NT>(cl, h, s3, c3, r2, s, scan, 25);
       T = p2 << 8 | s.digit;
       rem_t = s.rem;
@@ -394,7 +374,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     }
   }
   const uint32_t n_list = G + rem_t, n_out = n_list < (uint32_t)k ? n_list : (uint32_t)k;
-  TOPK_PHASE(7);
 
   // Warp w scans the keys [w0, w1) of the slice, 32 at a time (lane l the
   // l-th: conflict-free). Where the select ended in pass 1 (rem_t = 0) the
@@ -453,9 +432,7 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     if (bgt) atomicAdd(cl.map_shared_rank(&s.gt_base, (unsigned)tid), bgt);
     if (beq) atomicAdd(cl.map_shared_rank(&s.eq_base, (unsigned)tid), beq);
   }
-  TOPK_PHASE_SYNC(8);
   cl.sync();
-  TOPK_PHASE(9);
   // Every selected key to its slot of this block's list (keys > T: slots
   // gt_base.., in position order or, from_h, as the cursor hands them out;
   // keys == T: G + eq_base.. while below rem_t, in position order), then the
@@ -523,14 +500,11 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
         dst[slot] = list[slot];
     }
   }
-  TOPK_PHASE_SYNC(10);
   cl.sync();  // every list is whole; no block touches another's memory after this
-  TOPK_PHASE(11);
 
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
   pad_row(po, vo, count + r, n_out, k, q, cs, NT);
-  TOPK_PHASE_SYNC(12);
 
   // Rank slots [a, e) of the list (the same list in every block). A slot
   // >= G holds a key == T, in position order after every key > T: its
@@ -541,7 +515,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
   // inside a bucket) by the 12 key bits below the bits they all share, into
   // `sorted` (the dead key area); h[bucket] = first slot << 16 | count.
   unsigned long long *sorted = reinterpret_cast<unsigned long long *>(area);
-  TOPK_PHASE(13);
   const uint32_t diff = s.kor ^ s.kand;
   const int hb = diff ? 31 - __clz((int)diff) : 0;
   const int sh = hb > 11 ? hb - 11 : 0;
@@ -559,7 +532,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       if (i0 + (uint32_t)u * NT < G) atomicAdd(&h[bk[u]], 1u);
   }
   __syncthreads();
-  TOPK_PHASE(14);
   {
     // Thread t: buckets 4095 - t * PT down to 4096 - (t + 1) * PT, read and
     // written as 16-byte words (a thread's PT consecutive words).
@@ -589,7 +561,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
       hv[j] = make_uint4(o[PT - 1 - 4 * j], o[PT - 2 - 4 * j], o[PT - 3 - 4 * j], o[PT - 4 - 4 * j]);
   }
   __syncthreads();
-  TOPK_PHASE(15);
   for (uint32_t i0 = tid; i0 < G; i0 += 4 * NT) {
     unsigned long long c[4];
 #pragma unroll
@@ -606,7 +577,6 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     }
   }
   __syncthreads();
-  TOPK_PHASE(16);
   const uint32_t share = (n_list + (uint32_t)cs - 1) / (uint32_t)cs;
   const uint32_t a = (uint32_t)q * share < n_list ? (uint32_t)q * share : n_list;
   const uint32_t e = a + share < n_list ? a + share : n_list;
@@ -633,13 +603,11 @@ __global__ void __launch_bounds__(NT, 1024 / NT)
     po[rank] = p;
     vo[rank] = logit_of(c, row.logits);
   }
-  TOPK_PHASE_SYNC(17);
   for (uint32_t i = (ge > a ? ge : a) + tid; i < e; i += NT) {  // keys == T
     const unsigned long long c = list[i];
     po[i] = cand_pos(c);
     vo[i] = logit_of(c, row.logits);
   }
-  TOPK_PHASE_SYNC(18);
 #endif
 }
 
