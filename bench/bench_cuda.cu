@@ -6,6 +6,7 @@
  * replays, hot and cold caches) is bench_cuda_scorer.cu (fp4idx-bench-cuda). */
 #include <cuda_runtime_api.h>
 
+#include "bench_cuda_stage.h"
 #include "fp4idx_bench.h"
 #include "fp4idx_cuda.h"
 
@@ -13,10 +14,11 @@ extern "C" int fp4idx_bench_cuda_time(fp4idx_backend_t *b, const fp4idx_backend_
                                       int calls, int warmup, int reps, double *us) {
   if (!b || !batch || calls < 1 || warmup < 0 || reps < 1 || !us) return FP4IDX_EINVAL;
   if (batch->topk) return FP4IDX_ENODEV;  // top-k: the driver's host timer
-  fp4idx_cuda_score_params_t prm;
-  cudaStream_t st;
-  int rc = fp4idx_cuda_backend_stage_score(b, batch, &prm, &st);
+  fp4idx_bench_staged_t staged;
+  int rc = fp4idx_bench_cuda_stage(b, batch, &staged);
   if (rc) return rc;
+  const fp4idx_cuda_score_params_t prm = staged.prm;
+  cudaStream_t st = staged.stream;
   cudaGraph_t g = nullptr;
   cudaGraphExec_t ge = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -47,5 +49,6 @@ out:
   if (g) cudaGraphDestroy(g);
   if (e0) cudaEventDestroy(e0);
   if (e1) cudaEventDestroy(e1);
+  fp4idx_bench_cuda_unstage(&staged);
   return rc;
 }

@@ -29,6 +29,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_cuda_stage.h"
 #include "bench_cuda_topk.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_cuda.h"
@@ -196,9 +197,10 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     bt.n_seqs = S;
     bt.seqs = sq.data();
     bt.logits = logits_h.data();
-    fp4idx_cuda_score_params_t prm;
-    cudaStream_t st;
-    FCK(fp4idx_cuda_backend_stage_score(b, &bt, &prm, &st));
+    fp4idx_bench_staged_t staged;
+    FCK(fp4idx_bench_cuda_stage(b, &bt, &staged));
+    const fp4idx_cuda_score_params_t prm = staged.prm;
+    cudaStream_t st = staged.stream;
     std::vector<fp4idx_cuda_seq_t> descs(S);
     TCK(cudaMemcpy(descs.data(), prm.seqs, sizeof(fp4idx_cuda_seq_t) * S, cudaMemcpyDeviceToHost));
     const int nr = S * R;
@@ -267,6 +269,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       TCK(cudaFree(drows)); TCK(cudaFree(ws));
       TCK(cudaFree(dpos)); TCK(cudaFree(dval)); TCK(cudaFree(dcnt));
     }
+    fp4idx_bench_cuda_unstage(&staged);
     fp4idx_backend_destroy(b);
   }
   if (cf) fclose(cf);

@@ -627,7 +627,7 @@ static int fp4idx__score_layout_inputs(fp4idx__cuda_t *c, int32_t P,
 /* Where each output goes: in the scratch, except those the caller has on
  * the device (or small full logits in mapped host memory,
  * FP4IDX__CUDA_DIRECT_MAX), written by the kernels straight there. */
-static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt, int staging,
+static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
                                          fp4idx__score_layout_t *L) {
   size_t off = L->in_bytes;
   const size_t kk = (size_t)bt->topk;
@@ -637,7 +637,7 @@ static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt, int s
    * 4-byte result stores across PCIe cost more than the copy they save
    * (H200: a 400k top-2048 takes ~30 us longer in its kernels to save ~10
    * us of download; 16k full logits save ~3.6 us). */
-  if (!L->dev_out && !staging && !bt->topk && L->total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
+  if (!L->dev_out && !bt->topk && L->total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
     L->o_dlogits = fp4idx__mapped(bt->logits);
     L->dev_out = L->o_dlogits != NULL;
   }
@@ -822,7 +822,7 @@ out:
  * != NULL the call is only queued (score_submit): *ticket = its staging
  * set, or -1 when it finished without the device (nothing visible). */
 static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
-                                   fp4idx_cuda_score_params_t *stage, int *ticket) {
+                                   int *ticket) {
   if (ticket) *ticket = -1;
   if (!b || !((fp4idx__cuda_t *)b->impl)->pool) return FP4IDX_EINVAL;
   int rc = fp4idx_backend_check_score(b, bt);
@@ -831,13 +831,13 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
   if (bt->n_seqs == 0) return FP4IDX_OK;
   /* (device outputs: the kernels write the same -inf / -1 themselves) */
-  if (!stage && !bt->outputs_on_device && fp4idx__all_lens_zero(bt))
+  if (!bt->outputs_on_device && fp4idx__all_lens_zero(bt))
     return fp4idx__score_nothing_visible(bt);
   fp4idx__score_layout_t L;
   memset(&L, 0, sizeof L);
   CK(cudaSetDevice(c->device), "set device");
   if ((rc = fp4idx__score_layout_inputs(c, b->page_size, bt, &L))) goto out;
-  fp4idx__score_layout_outputs(bt, stage != NULL, &L);
+  fp4idx__score_layout_outputs(bt, &L);
   /* Host side: the inputs only (results go straight to the caller; the
    * top-k workspace stays on the device). */
   fp4idx__staging_t *st;
@@ -845,15 +845,6 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   st->n_parts = 0;
   st->parts_seen = 0;
   fp4idx__score_fill(c, b->page_size, bt, &L, st);
-  if (stage) {
-    CK(cudaEventRecord(st->ev[0], c->stream), "score: event");
-    CK(cudaMemcpyAsync(st->d, st->h, L.in_bytes, cudaMemcpyHostToDevice, c->stream),
-       "score: upload");
-    CK(cudaEventRecord(st->ev[1], c->stream), "score: event");
-    *stage = L.prm;
-    rc = fp4idx__stage_finish(c, st, "score: stage wait");
-    goto out;
-  }
   fp4idx__score_ops_t ops;
   int chunked;
   st->kind = bt->topk != 0;
@@ -883,13 +874,13 @@ out:
 }
 
 static int fp4idx__cuda_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt) {
-  return fp4idx__cuda_score_impl(b, bt, NULL, NULL);
+  return fp4idx__cuda_score_impl(b, bt, NULL);
 }
 
 static int fp4idx__cuda_score_submit(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
                                      int *ticket) {
   if (!ticket) return FP4IDX_EINVAL;
-  return fp4idx__cuda_score_impl(b, bt, NULL, ticket);
+  return fp4idx__cuda_score_impl(b, bt, ticket);
 }
 
 static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
@@ -924,14 +915,6 @@ static int fp4idx__cuda_score_wait_part(fp4idx_backend_t *b, int ticket, uint64_
   *ready = st->parts_seen == st->n_parts ? UINT64_MAX : st->part_end[i];
 out:
   return rc;
-}
-
-int fp4idx_cuda_backend_stage_score(fp4idx_backend_t *b, const fp4idx_backend_batch_t *bt,
-                                    fp4idx_cuda_score_params_t *prm, cudaStream_t *stream) {
-  if (!b || !prm || !stream || b->ops->score != fp4idx__cuda_score) return FP4IDX_EINVAL;
-  fp4idx__cuda_t *c = b->impl;
-  *stream = c->stream;
-  return fp4idx__cuda_score_impl(b, bt, prm, NULL);
 }
 
 static int fp4idx__cuda_pages_io(fp4idx_backend_t *b, int64_t first, int64_t count, void *host,

@@ -235,16 +235,6 @@ int fp4idx_cuda_read_launch(const uint8_t *pool, int32_t log2_page,
  * out[s * 16 + c] = bf16 bits of code c at scale byte s ([256*16], device). */
 int fp4idx_cuda_decode_table_launch(uint16_t *out, cudaStream_t stream);
 
-/* For benchmarks: uploads the inputs of `batch` to a CUDA backend's scratch
- * and fills *prm (ready for fp4idx_cuda_score_launch, logits stay on the
- * device) and *stream (the backend's). Valid until the backend's next call.
- * FP4IDX_EINVAL if `b` is not a CUDA backend. */
-struct fp4idx_backend_s;
-struct fp4idx_backend_batch_s;
-int fp4idx_cuda_backend_stage_score(struct fp4idx_backend_s *b,
-                                    const struct fp4idx_backend_batch_s *batch,
-                                    fp4idx_cuda_score_params_t *prm, cudaStream_t *stream);
-
 /* Internal (topk_cluster.cu): fills the cluster fields and ws_bytes of *p
  * (n_rows and k already set) for rows (host array): clusters of a power of
  * two up to max_cluster blocks (the planner passes 16, benches cap it),
