@@ -59,6 +59,11 @@ void fp4idx__budget_hold(fp4idx_conn_t *c, int64_t in, int64_t out) {
   if (held > srv->held_peak) __atomic_store_n(&srv->held_peak, held, __ATOMIC_RELEASE);
   __atomic_store_n(&srv->held_out, (uint64_t)((int64_t)srv->held_out + out), __ATOMIC_RELEASE);
   uint64_t budget = fp4idx__budget_of(srv);
+  if (srv->buffered) {
+    __atomic_store_n(&srv->buffered->held, held, __ATOMIC_RELEASE);
+    __atomic_store_n(&srv->buffered->peak, srv->held_peak, __ATOMIC_RELEASE);
+    __atomic_store_n(&srv->buffered->budget, budget, __ATOMIC_RELEASE);
+  }
   if (!srv->over_budget && held >= budget) {
     srv->over_budget = 1;
     if (srv->pressure) srv->pressure(srv, 1);

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "budget.h"
 #include "daemon.h"
 #include "fp4idx_codec.h"
 #include "fp4idx_fail.h"
@@ -21,7 +20,6 @@
 #include "regions.h"
 #include "score.h"
 
-#define FP4IDX_CMD_MSG 320
 
 /* One request in flight through its handler: what a connection is to a
  * Redis command (the append log replays through the same handlers with
@@ -34,6 +32,7 @@ typedef struct fp4idx__cmd_s {
   int replay;                    /* from the append log: not logged again */
   fp4idx_regions_t *regions;     /* the connection's regions (NULL: none) */
   int fd;                        /* fd that came with the request, or -1 */
+  fp4idx_score_job_t *plan;      /* score: where its checked job goes (NULL: replay) */
   void *scratch;                 /* what resp points into; freed by cleanup */
   void (*cleanup)(void *scratch); /* after the response is encoded */
 } fp4idx__cmd_t;
@@ -149,31 +148,15 @@ out:
   return rc;
 }
 
-/* A score alone through the command table (score.c does the work; the
- * request path batches neighbouring scores in fp4idx__cmd_execute_batch
- * instead, so this row only serves callers of a single handler). */
-static void fp4idx__score_job_free(void *p) {
-  fp4idx_score_job_t *j = p;
-  fp4idx__score_job_clear(j);
-  fp4idx__score_out_release(j->out);
-  free(j);
-}
-
+/* "score": checked against the cache and its regions (score.c), not run:
+ * the plan (c->plan, the checked job) goes back to the batcher, which
+ * launches it with its queued neighbours (batch.c). */
 static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
-  fp4idx_score_job_t *j = calloc(1, sizeof *j);
-  if (!j) return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
-  j->req = c->req;
-  j->regions = c->regions;
-  j->msg = c->msg;
-  j->msgcap = FP4IDX_CMD_MSG;
-  c->scratch = j;
-  c->cleanup = fp4idx__score_job_free;
-  fp4idx__score_run(c->d, j, 1);
-  if (j->rc == FP4IDX_OK) {
-    c->resp->u.score.results = j->results;
-    c->resp->u.score.nresults = j->nresults;
-  }
-  return j->rc;
+  if (!c->plan)
+    return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "score is not a logged op");
+  *c->plan = (fp4idx_score_job_t){.req = c->req, .regions = c->regions, .msg = c->msg,
+                                  .msgcap = FP4IDX_CMD_MSG};
+  return fp4idx__score_check(c->d, c->plan);
 }
 
 /* A known sequence holding at least `length` keys (truncate, fork), else
@@ -301,11 +284,9 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   const fp4idx_sharing_t *gs = fp4idx__daemon_sharing(d);
   snprintf(st->gpu_sharing, sizeof st->gpu_sharing, "%s", fp4idx__sharing_name(gs->mode));
   st->gpu_other_processes = gs->other_processes;
-  fp4idx_budget_view_t bv;
-  fp4idx__budget_view(&d->server, &bv);
-  st->buffered_bytes = bv.held;
-  st->buffered_bytes_peak = bv.peak;
-  st->buffer_budget = bv.budget;
+  st->buffered_bytes = __atomic_load_n(&d->buffered.held, __ATOMIC_ACQUIRE);
+  st->buffered_bytes_peak = __atomic_load_n(&d->buffered.peak, __ATOMIC_ACQUIRE);
+  st->buffer_budget = __atomic_load_n(&d->buffered.budget, __ATOMIC_ACQUIRE);
   fp4idx__stats_to_wire(&snap, st);
   fp4idx_engine_desc_t now; /* device memory at this moment */
   if (fp4idx__engine_describe(d->engine, &now) == FP4IDX_OK) {
@@ -484,18 +465,18 @@ int fp4idx__cmd_replay(fp4idx_daemon_t *d, const fp4idx_request_t *req, char *ms
 /* ---- dispatch ----------------------------------------------------------- */
 
 /* Splits one request's time into its stages (stages.h): the clock readings
- * t0 (frame complete) <= tq (worker start) <= td (decoded) <= te (executed)
- * <= tf (encoded) bound queue, decode, execute + device, encode, so they
- * add up to the op latency tf - t0. The device stages come from the
- * backend's own timing; without it (CPU) the whole op is "execute" except a
- * score's backend call, which is "kernels". */
-static void fp4idx__cmd_stage_times(fp4idx_stage_times_t *t, double t0, double tq, double td,
+ * t0 (frame complete) <= td (decoded, on the loop) <= tq (worker start) <=
+ * te (executed) <= tf (encoded) bound decode, queue, execute + device,
+ * encode, so they add up to the op latency tf - t0. The device stages come
+ * from the backend's own timing; without it (CPU) the whole op is
+ * "execute" except a score's backend call, which is "kernels". */
+static void fp4idx__cmd_stage_times(fp4idx_stage_times_t *t, double t0, double td, double tq,
                                     double te, double tf,
                                     const fp4idx_backend_timing_t *dev) {
-  t->us[FP4IDX_STAGE_QUEUE] = tq - t0;
-  t->us[FP4IDX_STAGE_DECODE] = td - tq;
+  t->us[FP4IDX_STAGE_DECODE] = td - t0;
+  t->us[FP4IDX_STAGE_QUEUE] = tq - td;
   t->us[FP4IDX_STAGE_ENCODE] = tf - te;
-  double exec = te - td, up = 0, k = 0, down = 0;
+  double exec = te - tq, up = 0, k = 0, down = 0;
   if (dev->timed) {
     up = dev->upload_us;
     k = dev->kernels_us;
@@ -531,13 +512,6 @@ int fp4idx__cmd_error_frame(int status, const char *msg, uint8_t **frame,
   return rc;
 }
 
-void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *r) {
-  (void)d;
-  free(r->frame);
-  free(r->payloads);
-  fp4idx__score_out_release(r->out);
-  memset(r, 0, sizeof *r);
-}
 
 /* The score reply: msgpack bytes with the result tensors left out (sent
  * from the launch's output buffer by writev). Other ops: one frame. */
@@ -562,152 +536,42 @@ void fp4idx__cmd_publish(fp4idx_daemon_t *d) {
   __atomic_store_n(&d->pub.pages_shared, shared, __ATOMIC_RELEASE);
 }
 
-int fp4idx__cmd_loop_op(const uint8_t *body, size_t len) {
-  if (len > FP4IDX_CMD_LOOP_MAX) return 0;
-  fp4idx_request_t req;
-  int rc = fp4idx_decode_request(body, len, &req, NULL, 0);
-  fp4idx_op_t op = req.op;
-  fp4idx_request_clear(&req);
-  return rc == FP4IDX_OK && (fp4idx_op_flags(op) & FP4IDX_OPF_LOOP);
+int fp4idx__cmd_loop_op(const fp4idx_request_t *req, int rc, size_t len) {
+  return len <= FP4IDX_CMD_LOOP_MAX && rc == FP4IDX_OK &&
+         (fp4idx_op_flags(req->op) & FP4IDX_OPF_LOOP);
 }
 
-/* One request on its way through fp4idx__cmd_execute_batch. */
-typedef struct fp4idx__cmd_run_s {
-  fp4idx_request_t req;
-  fp4idx_response_t resp;
-  char msg[FP4IDX_CMD_MSG];
-  int rc;
-  double td, te;                 /* decoded, executed */
-  fp4idx_backend_timing_t timing;
-  fp4idx_score_job_t score;      /* a score of the batch */
-  fp4idx__cmd_t c;               /* any other op: its handler's context */
-  int admitted;                  /* the budget's word was asked */
-  int deferred;                  /* not admitted yet: not run, finished */
-} fp4idx__cmd_run_t;
-
-/* Any op but score, alone, through the command table. */
-static int fp4idx__cmd_one(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
-  r->c = (fp4idx__cmd_t){.d = d, .req = &r->req, .resp = &r->resp, .msg = r->msg,
-                         .regions = job->regions, .fd = job->fd};
-  return fp4idx__cmd_call(&r->c);
-}
-
-/* A run of neighbouring scores on its way: launched by
- * fp4idx__cmd_scores_start, its replies finished by fp4idx__cmd_scores_end. */
-typedef struct fp4idx__cmd_scores_s {
-  int first, n;                /* jobs[first..first+n) of the batch */
-  fp4idx_score_job_t *jobs;    /* [n] */
-  fp4idx_score_pending_t *pending;
-  struct fp4idx__cmd_scores_s *next;
-} fp4idx__cmd_scores_t;
-
-/* Checks and launches the scores r[0..n) (score.c) without waiting for
- * them. NULL when out of memory (then every one failed with ENOMEM and
- * nothing is pending). */
-static fp4idx__cmd_scores_t *fp4idx__cmd_scores_start(fp4idx_daemon_t *d, fp4idx_cmd_job_t **job,
-                                                    fp4idx__cmd_run_t **r, int n, int first) {
-  fp4idx__cmd_scores_t *sc = calloc(1, sizeof *sc);
-  fp4idx_score_job_t *jobs = calloc((size_t)n, sizeof *jobs);
-  if (!sc || !jobs) {
-    free(sc);
-    free(jobs);
-    for (int i = 0; i < n; i++)
-      r[i]->rc = fp4idx__fail(r[i]->msg, FP4IDX_CMD_MSG, FP4IDX_ENOMEM, "out of memory for a score");
-    return NULL;
-  }
-  for (int i = 0; i < n; i++) {
-    jobs[i].req = &r[i]->req;
-    jobs[i].regions = job[i]->regions;
-    jobs[i].msg = r[i]->msg;
-    jobs[i].msgcap = FP4IDX_CMD_MSG;
-  }
-  sc->first = first;
-  sc->n = n;
-  sc->jobs = jobs;
-  sc->pending = fp4idx__score_start(d, jobs, n);
-  return sc;
-}
-
-static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r);
-
-/* A started run being answered (fp4idx__cmd_scores_end). */
-typedef struct fp4idx__cmd_scores_reply_s {
-  fp4idx_daemon_t *d;
-  fp4idx__cmd_scores_t *sc;
-  fp4idx_cmd_job_t *jobs;   /* the batch's */
-  fp4idx__cmd_run_t *runs;  /* the batch's */
-  uint8_t *answered;        /* [sc->n] */
-} fp4idx__cmd_scores_reply_t;
-
-/* Takes score job i's results into its run and answers it. */
-static void fp4idx__cmd_scores_answer(fp4idx__cmd_scores_reply_t *x, int i, double te) {
-  fp4idx__cmd_scores_t *sc = x->sc;
-  fp4idx__cmd_run_t *r = &x->runs[sc->first + i];
-  r->score = sc->jobs[i];
-  r->rc = sc->jobs[i].rc;
-  r->timing = sc->jobs[i].timing;
-  r->te = te;
-  if (sc->jobs[i].rc == FP4IDX_OK) {
-    r->resp.u.score.results = sc->jobs[i].results;
-    r->resp.u.score.nresults = sc->jobs[i].nresults;
-  }
-  if (x->answered) x->answered[i] = 1;
-  fp4idx__cmd_finish(x->d, &x->jobs[sc->first + i], r);
-}
-
-/* fp4idx_score_done_fn: the jobs of one collected launch, answered now. */
-static void fp4idx__cmd_scores_launch_done(void *arg, fp4idx_score_job_t *const *jobs, int n) {
-  fp4idx__cmd_scores_reply_t *x = arg;
-  double te = fp4idx__stats_now_us();
-  for (int k = 0; k < n; k++) fp4idx__cmd_scores_answer(x, (int)(jobs[k] - x->sc->jobs), te);
-}
-
-/* Waits for a started run launch by launch and answers each launch's
- * requests as soon as it is collected (a first launch's replies leave
- * while the device runs the next, and a long full-logits reply while its
- * logits are still coming back: score.h), then the ones that never
- * launched, in queue order. */
-static void fp4idx__cmd_scores_end(fp4idx_daemon_t *d, fp4idx__cmd_scores_t *sc,
-                                   fp4idx_cmd_job_t *jobs, fp4idx__cmd_run_t *runs) {
-  fp4idx__cmd_scores_reply_t x = {.d = d, .sc = sc, .jobs = jobs, .runs = runs,
-                                  .answered = calloc((size_t)sc->n, 1)};
-  /* without the bookkeeping, everything is answered after the last launch */
-  fp4idx__score_end_each(d, sc->pending, x.answered ? fp4idx__cmd_scores_launch_done : NULL, &x);
-  double te = fp4idx__stats_now_us();
-  for (int i = 0; i < sc->n; i++)
-    if (!x.answered || !x.answered[i]) fp4idx__cmd_scores_answer(&x, i, te);
-  free(x.answered);
-  free(sc->jobs);
-  free(sc);
-}
-
-/* The reply of job i: encoded (or its error), recorded in stats and
- * stages, its buffers freed; then jobs[i].finished, if set. */
-static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
-  fp4idx_cmd_reply_t *reply = job->reply;
-  int rc = r->rc;
+/* The reply of a call that ran (rc, resp) or failed: encoded (or its
+ * error), recorded in stats and stages; what the call held is freed. */
+static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
+                             const fp4idx_response_t *resp, const fp4idx_backend_timing_t *timing) {
+  fp4idx_cmd_reply_t *reply = call->reply;
+  const fp4idx_request_t *req = call->req;
+  int rc = call->rc;
   memset(reply, 0, sizeof *reply);
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
   int erc = rc;
   if (rc == FP4IDX_OK) {
-    erc = fp4idx__cmd_encode(&r->resp, &out, reply);
+    erc = fp4idx__cmd_encode(resp, &out, reply);
     if (erc) {
       rc = erc;
-      fp4idx__fail(r->msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s",
+      fp4idx__fail(call->msg, FP4IDX_CMD_MSG, erc, "encoding the response: %s",
                    fp4idx_strerror(erc));
     }
   }
   if (rc != FP4IDX_OK) {
-    if (!r->msg[0]) snprintf(r->msg, sizeof r->msg, "%s", fp4idx_strerror(rc));
+    if (!call->msg[0]) snprintf(call->msg, FP4IDX_CMD_MSG, "%s", fp4idx_strerror(rc));
     if (rc == FP4IDX_EDEVICE || rc == FP4IDX_EINTERNAL || rc == FP4IDX_ENOMEM)
-      fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(r->req.op), r->req.id, r->msg);
+      fp4idx__log_error("%s id %" PRIu64 ": %s", fp4idx_op_name(req->op), req->id, call->msg);
     else
-      fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(r->req.op), r->req.id,
-                        fp4idx_status_name(rc), r->msg);
+      fp4idx__log_debug("%s id %" PRIu64 ": %s: %s", fp4idx_op_name(req->op), req->id,
+                        fp4idx_status_name(rc), call->msg);
     msgpack_sbuffer_clear(&out);
+    free(reply->payloads);
+    reply->payloads = NULL;
     reply->npayloads = 0;
-    erc = fp4idx_encode_error(&out, r->req.id, rc, r->msg);
+    erc = fp4idx_encode_error(&out, req->id, rc, call->msg);
   }
   if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
     reply->frame_len = out.size;
@@ -718,38 +582,58 @@ static void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx
   for (size_t p = 0; p < reply->npayloads; p++) reply->total_len += reply->payloads[p].len;
   /* the output stays only while the reply sends from it */
   if (reply->npayloads)
-    reply->out = r->score.out;
+    reply->out = call->score->out;
   else
-    fp4idx__score_out_release(r->score.out);
-  r->score.out = NULL;
+    fp4idx__score_out_release(call->score->out);
+  call->score->out = NULL;
 
   double tf = fp4idx__stats_now_us();
-  fp4idx__stats_record(&d->stats, r->req.op, rc, tf - job->t0_us);
-  fp4idx__stats_request(&d->stats, &r->req, rc, job->len + FP4IDX_FRAME_HEADER,
-                        reply->total_len);
-  fp4idx__cmd_stage_times(job->times, job->t0_us, job->tq_us, r->td, r->te, tf, &r->timing);
-  fp4idx__stages_record(&d->stages, job->times,
+  fp4idx__stats_record(&d->stats, req->op, rc, tf - call->t0_us);
+  fp4idx__stats_request(&d->stats, req, rc, call->len + FP4IDX_FRAME_HEADER, reply->total_len);
+  fp4idx_stage_times_t t = {0};
+  t.us[FP4IDX_STAGE_READ] = call->read_us;
+  fp4idx__cmd_stage_times(&t, call->t0_us, call->td_us, call->tq_us, call->te_us, tf, timing);
+  fp4idx__stages_record(&d->stages, &t,
                         fp4idx__stages_latency_mask() | (1u << FP4IDX_STAGE_READ));
-  fp4idx__score_job_clear(&r->score);
-  fp4idx__cmd_release(&r->c);
-  fp4idx_request_clear(&r->req);
+  fp4idx__score_job_clear(call->score);
   /* The region (if any) holds its own mapping; an fd sent with another
    * request is not used. */
-  if (job->fd >= 0) close(job->fd);
-  job->fd = -1;
-  if (job->finished) job->finished(job->arg);
+  if (call->fd >= 0) close(call->fd);
+  call->fd = -1;
 }
 
-/* An upper bound of a decoded score's work (rows x heads x keys of its
- * sequences), to cut runs of scores at the backend's batch_work before
- * they are checked (unknown sequences count 0: they fail alone anyway). */
-static uint64_t fp4idx__cmd_score_work(fp4idx_daemon_t *d, const fp4idx_request_t *req) {
-  uint64_t w = 0;
-  for (size_t i = 0; i < req->u.score.nseqs; i++) {
-    const fp4idx_cache_seq_t *cs = fp4idx__cache_find(&d->cache, req->u.score.seqs[i].seq);
-    if (cs) w += (uint64_t)req->u.score.seqs[i].rows * req->u.score.heads * (uint64_t)cs->n_keys;
+int fp4idx__cmd_exec(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call) {
+  fp4idx_response_t resp;
+  memset(&resp, 0, sizeof resp);
+  memset(call->score, 0, sizeof *call->score);
+  fp4idx__cmd_t c = {.d = d, .req = call->req, .resp = &resp, .msg = call->msg,
+                     .regions = call->regions, .fd = call->fd, .plan = call->score};
+  if (call->rc == FP4IDX_OK) {
+    call->rc = fp4idx__cmd_call(&c);
+    if (call->rc == FP4IDX_OK && call->req->op == FP4IDX_OP_SCORE) return 1; /* a plan */
+    if (call->rc == FP4IDX_OK && (fp4idx_op_flags(call->req->op) & FP4IDX_OPF_MUTATES))
+      fp4idx__cmd_publish(d);
   }
-  return w;
+  call->te_us = fp4idx__stats_now_us();
+  fp4idx_backend_timing_t none = {0};
+  fp4idx__cmd_done(d, call, &resp, &none);
+  fp4idx__cmd_release(&c);
+  return 0;
+}
+
+void fp4idx__cmd_finish(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call) {
+  fp4idx_response_t resp;
+  memset(&resp, 0, sizeof resp);
+  resp.id = call->req->id;
+  resp.op = call->req->op;
+  call->rc = call->score->rc;
+  if (call->rc == FP4IDX_OK) {
+    resp.u.score.results = call->score->results;
+    resp.u.score.nresults = call->score->nresults;
+  }
+  call->te_us = fp4idx__stats_now_us();
+  fp4idx_backend_timing_t timing = call->score->timing;
+  fp4idx__cmd_done(d, call, &resp, &timing);
 }
 
 /* An upper bound of the reply frame of a decoded read or score, from the
@@ -757,7 +641,7 @@ static uint64_t fp4idx__cmd_score_work(fp4idx_daemon_t *d, const fp4idx_request_
  * fail: its reply is an error). Results written into regions cost nothing;
  * each tensor's msgpack header is within the per-result allowance. */
 #define FP4IDX_CMD_REPLY_HEADROOM 256u
-static uint64_t fp4idx__cmd_reply_bound(fp4idx_daemon_t *d, const fp4idx_request_t *req) {
+uint64_t fp4idx__cmd_reply_bound(fp4idx_daemon_t *d, const fp4idx_request_t *req) {
   uint64_t bytes = 0;
   if (req->op == FP4IDX_OP_READ) {
     const fp4idx_read_req_t *r = &req->u.read;
@@ -787,143 +671,3 @@ static uint64_t fp4idx__cmd_reply_bound(fp4idx_daemon_t *d, const fp4idx_request
   return bytes + FP4IDX_CMD_REPLY_HEADROOM;
 }
 
-/* A request the budget does not admit yet: finished without running (the
- * caller runs it again; its body stays with the caller). */
-static void fp4idx__cmd_defer(fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
-  r->deferred = 1;
-  memset(job->reply, 0, sizeof *job->reply);
-  job->reply->deferred = 1;
-  fp4idx_request_clear(&r->req);
-  if (job->fd >= 0) close(job->fd); /* a read or a score uses no fd */
-  job->fd = -1;
-  if (job->finished) job->finished(job->arg);
-}
-
-/* Asks the budget whether request r's reply may be built now (once per
- * request). 1: run it (r->rc is E2BIG when the budget refuses it: it is
- * answered with that); 0: it was deferred and finished. */
-static int fp4idx__cmd_admit(fp4idx_daemon_t *d, fp4idx_cmd_job_t *job, fp4idx__cmd_run_t *r) {
-  if (r->admitted || r->rc != FP4IDX_OK || !job->admit) return 1;
-  r->admitted = 1;
-  uint64_t bytes = fp4idx__cmd_reply_bound(d, &r->req);
-  if (!bytes) return 1;
-  switch (job->admit(job->admit_arg, bytes, r->msg, sizeof r->msg)) {
-  case FP4IDX_CMD_ADMIT_OK:
-    return 1;
-  case FP4IDX_CMD_ADMIT_NEVER:
-    r->rc = FP4IDX_E2BIG;
-    return 1;
-  default:
-    fp4idx__cmd_defer(job, r);
-    return 0;
-  }
-}
-
-/* A batch between fp4idx__cmd_batch_begin and fp4idx__cmd_batch_end. */
-struct fp4idx_cmd_batch_s {
-  fp4idx_cmd_job_t *jobs;
-  int n;
-  fp4idx__cmd_run_t *runs;
-  fp4idx__cmd_scores_t *scores, *scores_tail; /* runs of scores still out */
-};
-
-/* Waits for the batch's score runs still out and answers them, in order. */
-static void fp4idx__cmd_batch_scores_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t *b) {
-  while (b->scores) {
-    fp4idx__cmd_scores_t *s = b->scores;
-    b->scores = s->next;
-    if (!b->scores) b->scores_tail = NULL;
-    fp4idx__cmd_scores_end(d, s, b->jobs, b->runs);
-  }
-}
-
-fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
-  fp4idx_cmd_batch_t *b = calloc(1, sizeof *b);
-  fp4idx__cmd_run_t *runs = calloc((size_t)n, sizeof *runs);
-  fp4idx__cmd_run_t **sc = calloc((size_t)n, sizeof *sc);
-  fp4idx_cmd_job_t **sj = calloc((size_t)n, sizeof *sj);
-  if (!b || !runs || !sc || !sj) {
-    /* not even the bookkeeping: no reply, the connections close */
-    fp4idx__log_error("out of memory for a batch of %d requests", n);
-    free(b);
-    free(runs);
-    free(sc);
-    free(sj);
-    for (int i = 0; i < n; i++) {
-      if (jobs[i].fd >= 0) close(jobs[i].fd);
-      memset(jobs[i].reply, 0, sizeof *jobs[i].reply);
-      if (jobs[i].finished) jobs[i].finished(jobs[i].arg);
-    }
-    return NULL;
-  }
-  b->jobs = jobs;
-  b->n = n;
-  b->runs = runs;
-  /* Decode all, then run in queue order: each run of neighbouring scores
-   * (cut where its work would pass the backend's batch_work) is one score
-   * batch, launched here and answered before the next other request runs,
-   * or by fp4idx__cmd_batch_end for the last run; everything else runs and
-   * replies here one by one, so a request never waits for later ones.
-   * Backend ops of the later requests wait for the launches before them
-   * (the engine drains), so each sees the state in queue order. */
-  for (int i = 0; i < n; i++) {
-    fp4idx__cmd_run_t *r = &runs[i];
-    r->rc = fp4idx_decode_request(jobs[i].body, jobs[i].len, &r->req, r->msg, sizeof r->msg);
-    r->td = fp4idx__stats_now_us();
-    r->resp.id = r->req.id;
-    r->resp.op = r->req.op;
-  }
-  for (int i = 0; i < n;) {
-    fp4idx__cmd_run_t *r = &runs[i];
-    if (r->deferred || !fp4idx__cmd_admit(d, &jobs[i], r)) {
-      i++;
-      continue;
-    }
-    if (r->rc == FP4IDX_OK && r->req.op == FP4IDX_OP_SCORE) {
-      int m = 0, first = i;
-      uint64_t work = 0;
-      /* a run ends before a score the budget defers or refuses (the main
-       * loop then skips or answers it) */
-      while (i < n && runs[i].rc == FP4IDX_OK && runs[i].req.op == FP4IDX_OP_SCORE &&
-             fp4idx__cmd_admit(d, &jobs[i], &runs[i]) && runs[i].rc == FP4IDX_OK) {
-        uint64_t w = fp4idx__cmd_score_work(d, &runs[i].req);
-        if (m > 0 && work + w > d->desc.batch_work) break;
-        work += w;
-        sj[m] = &jobs[i];
-        sc[m++] = &runs[i++];
-      }
-      fp4idx__cmd_scores_t *s = fp4idx__cmd_scores_start(d, sj, sc, m, first);
-      if (!s) {
-        for (int k = first; k < i; k++) fp4idx__cmd_finish(d, &jobs[k], &runs[k]);
-        continue;
-      }
-      if (b->scores_tail) b->scores_tail->next = s; else b->scores = s;
-      b->scores_tail = s;
-      continue;
-    }
-    /* Scores before another op are answered first: its backend ops wait
-     * for their launches anyway, and the launches in flight stay bounded
-     * (a pipelined score, append, score, ... would hold one per score). */
-    fp4idx__cmd_batch_scores_end(d, b);
-    if (r->rc == FP4IDX_OK) r->rc = fp4idx__cmd_one(d, &jobs[i], r);
-    if (r->rc == FP4IDX_OK && (fp4idx_op_flags(r->req.op) & FP4IDX_OPF_MUTATES))
-      fp4idx__cmd_publish(d);
-    r->te = fp4idx__stats_now_us();
-    fp4idx__cmd_finish(d, &jobs[i], r);
-    i++;
-  }
-  free(sc);
-  free(sj);
-  return b;
-}
-
-void fp4idx__cmd_batch_end(fp4idx_daemon_t *d, fp4idx_cmd_batch_t *b) {
-  if (!b) return;
-  fp4idx__cmd_batch_scores_end(d, b);
-  free(b->runs);
-  free(b);
-}
-
-void fp4idx__cmd_execute_batch(fp4idx_daemon_t *d, fp4idx_cmd_job_t *jobs, int n) {
-  fp4idx__cmd_batch_end(d, fp4idx__cmd_batch_begin(d, jobs, n));
-}

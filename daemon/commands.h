@@ -1,12 +1,17 @@
-/* commands.h -- the request path, in a straight line:
- *   frame body -> fp4idx_decode_request (strict) -> the op's row of the
- *   command table (generated from FP4IDX_OP_MAP) -> its handler: validate
- *   against the cache (ENOSEQ, ERANGE, ESHAPE) -> cache -> engine ->
- *   response frame.
- * Runs on the worker thread (it owns the cache there), in arrival order; a
- * batch of queued requests runs in that order with neighbouring scores
- * launched together (fp4idx__cmd_execute_batch); hello/info/stats may run
- * on the loop (fp4idx__cmd_loop_op).
+/* commands.h -- the command table and its handlers.
+ *
+ * A request arrives here decoded (the server decodes each frame once, on
+ * the loop) as an fp4idx_cmd_call_t; fp4idx__cmd_exec looks up its op's
+ * row of the command table (generated from FP4IDX_OP_MAP) and runs the
+ * handler: it validates against the cache (ENOSEQ, ERANGE, ESHAPE), then
+ * changes the cache or reads it, and the reply is encoded at once -- except
+ * for a score, whose handler only checks it and returns the plan (the
+ * checked job: sequences, shapes, where its outputs go) for the batcher
+ * (batch.c) to launch with its neighbours; fp4idx__cmd_finish encodes its
+ * reply once the launch is collected. Nothing here calls back up: every
+ * result is a return value or the call's reply.
+ * Worker thread (it owns the cache), in queue order; hello/info/stats may
+ * run on the loop (fp4idx__cmd_loop_op).
  */
 #ifndef FP4IDX_DAEMON_COMMANDS_H
 #define FP4IDX_DAEMON_COMMANDS_H
@@ -15,6 +20,7 @@
 #include <stdint.h>
 
 #include "fp4idx_codec.h"
+#include "score.h"
 #include "stages.h"
 
 struct fp4idx_daemon_s;
@@ -30,7 +36,8 @@ struct fp4idx_daemon_s;
 /* A response ready to send: frame[0..frame_len) (4-byte length first) with
  * payloads[i] spliced in at frame offset payloads[i].at, in order; the
  * payloads point into `out` (engine host memory). total_len is what goes on
- * the wire. Free with fp4idx__cmd_reply_free once written. */
+ * the wire. The server frees it once written (score.h: fp4idx__score_out_release
+ * for `out`). */
 typedef struct fp4idx_cmd_reply_s {
   uint8_t *frame;
   size_t frame_len;
@@ -38,90 +45,70 @@ typedef struct fp4idx_cmd_reply_s {
   size_t npayloads;
   void *out;
   size_t total_len;
-  int deferred;  /* not run: the budget did not admit its reply yet (frame NULL) */
 } fp4idx_cmd_reply_t;
 
-/* The answers of a job's admit callback (fp4idx_cmd_job_t). */
-typedef enum {
-  FP4IDX_CMD_ADMIT_OK = 0, /* build the reply */
-  FP4IDX_CMD_ADMIT_LATER,  /* not now: the request is not run (reply->deferred) */
-  FP4IDX_CMD_ADMIT_NEVER   /* never: the request fails with E2BIG and the message */
-} fp4idx_cmd_admit_t;
+/* Error detail of a request, with its NUL. */
+#define FP4IDX_CMD_MSG 320
 
 struct fp4idx_regions_s;
 
-/* One request of a batch: its frame body; `regions`, the connection's
- * region table (register/unregister change it, references are resolved
- * against it; NULL: the request may not name regions); `fd`, the file
- * descriptor that came with the frame (SCM_RIGHTS) or -1 ("register" of a
- * host region maps it; it is closed in every case); t0_us, the frame
- * complete, and tq_us, picked up by the worker (fp4idx__stats_now_us
- * clock), for stats and stages (times->us[FP4IDX_STAGE_READ] preset by the
- * caller); and where its reply goes. A reply is never missing: on
- * out-of-memory while encoding it is a short error frame; if even that
- * fails reply->frame is NULL (the caller closes the connection). */
-typedef struct fp4idx_cmd_job_s {
-  const uint8_t *body;
+/* One request on its way through the command layer. The caller sets req
+ * (decoded; its views point into the frame body, which stays), len (the
+ * body's bytes), regions (the connection's table: register/unregister
+ * change it, references resolve against it; NULL: no regions), fd (came
+ * with the frame by SCM_RIGHTS, or -1: "register" of a host region maps it;
+ * closed once the call is answered), rc and msg (the decode's status, and
+ * FP4IDX_CMD_MSG bytes for the detail), score and reply (its room for a
+ * score's plan and for the answer) and the clock readings t0_us (frame
+ * complete), td_us (decoded), tq_us (picked up by the worker) and read_us
+ * (first byte to frame complete), for stats and stages
+ * (fp4idx__stats_now_us clock). A reply is never missing: on out-of-memory
+ * while encoding it is a short error frame; if even that fails
+ * reply->frame is NULL (the caller closes the connection). */
+typedef struct fp4idx_cmd_call_s {
+  const fp4idx_request_t *req;
   size_t len;
-  struct fp4idx_regions_s *regions; /* the connection's, or NULL */
-  int fd;                        /* came with the frame, or -1; closed once run */
-  double t0_us, tq_us;
-  fp4idx_stage_times_t *times;
-  fp4idx_cmd_reply_t *reply;
-  /* optional: called as soon as *reply is final (before later jobs run) */
-  void (*finished)(void *arg);
-  void *arg;
-  /* optional: asked, just before a read or a score runs, whether a reply of
-   * at most `bytes` bytes may be built now (the server's buffer budget);
-   * on FP4IDX_CMD_ADMIT_NEVER it writes the reason into msg[0..msgcap).
-   * NULL: every reply is built. */
-  fp4idx_cmd_admit_t (*admit)(void *admit_arg, uint64_t bytes, char *msg, size_t msgcap);
-  void *admit_arg;
-} fp4idx_cmd_job_t;
+  struct fp4idx_regions_s *regions;
+  int fd;
+  int rc;
+  char *msg;
+  double t0_us, td_us, tq_us, te_us, read_us;
+  fp4idx_score_job_t *score;     /* a score's plan (fp4idx__cmd_exec returned 1) */
+  fp4idx_cmd_reply_t *reply;     /* the answer, once final */
+} fp4idx_cmd_call_t;
 
-/* Executes jobs[0..n) (queue order, as the worker took them) with the
- * result of running them one by one: each maximal run of neighbouring
- * score requests goes to daemon/score.c as one batch (one backend launch
- * per head count and top-k; a score writing into regions launches alone),
- * every other request runs alone in its place. A read or score whose
- * admit callback answers LATER is not run: it is finished at once with
- * reply->deferred set (no stats, no reply), and its caller runs it again
- * later; jobs of one connection must then not follow it in the batch.
- * Each job is recorded in stats and stages (see fp4idx_cmd_job_t). */
-void fp4idx__cmd_execute_batch(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs, int n);
+/* Runs call's handler (worker thread; the loop for a loop op). Returns 0
+ * when call->reply is final (the op ran or failed: its status is in
+ * call->rc; a mutation is published, fp4idx__cmd_publish), or 1 for a
+ * score that passed its checks: call->score is the plan to launch
+ * (fp4idx__score_launch / _collect), answered by fp4idx__cmd_finish. A
+ * failed decode (call->rc set) is answered with its error. */
+int fp4idx__cmd_exec(struct fp4idx_daemon_s *d, fp4idx_cmd_call_t *call);
 
-/* The same in two halves, so that the worker takes and prepares the next
- * batch while the device runs this one's scores: begin decodes and runs
- * everything, replying to every request but the last run of scores, whose
- * launches it only queues (earlier runs are answered before the next other
- * request runs); end waits for them and replies to them. Between the two,
- * jobs[] and what they point to stay in place; later batches may begin
- * (their backend ops wait for these launches first, so each request sees
- * the state in queue order). begin returns NULL when there was not even
- * memory for the bookkeeping (every job was then finished without a reply:
- * its connection closes); end(NULL) does nothing. Worker thread. */
-typedef struct fp4idx_cmd_batch_s fp4idx_cmd_batch_t;
-fp4idx_cmd_batch_t *fp4idx__cmd_batch_begin(struct fp4idx_daemon_s *d, fp4idx_cmd_job_t *jobs,
-                                            int n);
-void fp4idx__cmd_batch_end(struct fp4idx_daemon_s *d, fp4idx_cmd_batch_t *b);
+/* The reply of a score plan whose launch was collected (or never ran:
+ * call->score.rc and msg say why): call->reply becomes final. */
+void fp4idx__cmd_finish(struct fp4idx_daemon_s *d, fp4idx_cmd_call_t *call);
+
+/* An upper bound of the reply frame of a decoded read or score, from the
+ * cache as it is now: what the buffer budget admits before it runs (0 for
+ * every other op, and for a request that will fail: its reply is an
+ * error). Worker thread. */
+uint64_t fp4idx__cmd_reply_bound(struct fp4idx_daemon_s *d, const fp4idx_request_t *req);
 
 /* Requests at most this long may be answered on the loop. */
 #define FP4IDX_CMD_LOOP_MAX 256u
 
-/* 1 when the frame body is a well-formed request of at most
- * FP4IDX_CMD_LOOP_MAX bytes whose op has FP4IDX_OPF_LOOP (hello, info,
- * stats: they read nothing the worker changes but d->pub and the stats,
- * both safe from any thread), so the loop may answer it itself
- * (fp4idx__cmd_execute_batch) when the connection has nothing else in flight --
- * no worker hop, and the reply order is trivially kept. Loop thread. */
-int fp4idx__cmd_loop_op(const uint8_t *body, size_t len);
+/* 1 when a request decoded with status rc from a body of len bytes may be
+ * answered on the loop: at most FP4IDX_CMD_LOOP_MAX bytes and an op with
+ * FP4IDX_OPF_LOOP (hello, info, stats: they read nothing the worker
+ * changes but d->pub and the stats, both safe from any thread), when its
+ * connection has nothing else in flight -- no worker hop, and the reply
+ * order is trivially kept. */
+int fp4idx__cmd_loop_op(const fp4idx_request_t *req, int rc, size_t len);
 
 /* Publishes the cache's counts into d->pub (worker thread, after a
  * mutation; and once before serving). */
 void fp4idx__cmd_publish(struct fp4idx_daemon_s *d);
-
-/* Frees what a reply holds (any thread: the output goes back to the engine). */
-void fp4idx__cmd_reply_free(struct fp4idx_daemon_s *d, fp4idx_cmd_reply_t *reply);
 
 struct fp4idx_request_s;
 

@@ -8,8 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "commands.h"
 #include "budget.h"
+#include "commands.h"
+#include "server.h"
 #include "fp4idx_status.h"
 #include "log.h"
 
@@ -38,7 +39,7 @@ static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
 /* The loop, woken by the worker: replies written in parts go on. */
 static void fp4idx__daemon_worker_wake(fp4idx_worker_t *w) {
   fp4idx_daemon_t *d = w->data;
-  fp4idx__server_flush_streams(&d->server);
+  fp4idx__server_flush_streams(d->server);
 }
 
 /* ---- stopping ----------------------------------------------------------- */
@@ -58,9 +59,9 @@ void fp4idx__daemon_stop(fp4idx_daemon_t *d) {
   if (d->stopping) return;
   d->stopping = 1;
   fp4idx__log_info("stopping: finishing %llu queued request(s), %llu connection(s) open",
-                   (unsigned long long)d->worker.queued, (unsigned long long)d->server.n_conns);
+                   (unsigned long long)d->worker.queued, (unsigned long long)d->server->n_conns);
   if (d->hooks.stopping) d->hooks.stopping(d, d->hooks.arg);
-  fp4idx__server_stop(&d->server);
+  fp4idx__server_stop(d->server);
 }
 
 static void fp4idx__daemon_signal_cb(uv_signal_t *h, int signum) {
@@ -69,8 +70,8 @@ static void fp4idx__daemon_signal_cb(uv_signal_t *h, int signum) {
     /* A second signal: stop waiting for clients that do not read their
      * last replies (requests on the worker still finish). */
     fp4idx__log_warn("signal %d again: closing %llu connection(s) without flushing", signum,
-                     (unsigned long long)d->server.n_conns);
-    fp4idx__server_close_all(&d->server);
+                     (unsigned long long)d->server->n_conns);
+    fp4idx__server_close_all(d->server);
     return;
   }
   fp4idx__log_info("signal %d (%s): graceful stop", signum, signum == SIGINT ? "SIGINT" : "SIGTERM");
@@ -138,6 +139,8 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   if (!d || !cfg) return FP4IDX_EINVAL;
   memset(d, 0, sizeof *d);
   d->cfg = *cfg;
+  d->server = calloc(1, sizeof *d->server);
+  if (!d->server) return FP4IDX_ENOMEM;
   int rc = uv_loop_init(&d->loop);
   if (rc) {
     fp4idx__log_error("uv_loop_init: %s", uv_strerror(rc));
@@ -170,24 +173,28 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   rc = fp4idx__stages_init(&d->stages);
   if (rc) goto err;
   d->stages_ok = 1;
-  fp4idx__server_init(&d->server, &d->loop, d->cfg.max_frame);
-  d->server.stages = &d->stages;
-  d->server.data = d;
-  d->server.socket_mode = d->cfg.socket_mode;
-  d->server.socket_gid = d->cfg.socket_gid;
+  fp4idx__server_init(d->server, &d->loop, d->cfg.max_frame);
+  d->server->stages = &d->stages;
+  d->server->data = d;
+  d->server->socket_mode = d->cfg.socket_mode;
+  d->server->socket_gid = d->cfg.socket_gid;
   if (!d->cfg.buffer_budget) {
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     d->cfg.buffer_budget =
         fp4idx__budget_default(pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0);
   }
-  d->server.budget = d->cfg.buffer_budget;
-  d->server.buffer_timeout_us = d->cfg.buffer_timeout_s * 1e6;
-  d->server.worker = &d->worker;
+  d->server->budget = d->cfg.buffer_budget;
+  d->server->buffered = &d->buffered;
+  fp4idx_budget_view_t bv;
+  fp4idx__budget_view(d->server, &bv);
+  d->buffered.budget = bv.budget;
+  d->server->buffer_timeout_us = d->cfg.buffer_timeout_s * 1e6;
+  d->server->worker = &d->worker;
   /* host regions are pinned and CUDA regions opened on the backend's device */
-  d->server.cuda_device = strcmp(d->desc.name, "cuda") == 0 ? d->cfg.device : -1;
-  d->server.conn_event = fp4idx__daemon_conn_event;
-  d->server.pressure = fp4idx__daemon_pressure;
-  d->server.on_stopped = fp4idx__daemon_server_stopped;
+  d->server->cuda_device = strcmp(d->desc.name, "cuda") == 0 ? d->cfg.device : -1;
+  d->server->conn_event = fp4idx__daemon_conn_event;
+  d->server->pressure = fp4idx__daemon_pressure;
+  d->server->on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
   d->worker.on_wake = fp4idx__daemon_worker_wake;
   /* Busy polling, chosen once from the backend (busypoll.h). */
@@ -197,7 +204,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
     rc = FP4IDX_EINTERNAL;
     goto err;
   }
-  d->server.busypoll = &d->busypoll;
+  d->server->busypoll = &d->busypoll;
   d->worker.spin_us = spin;
   d->worker.hold_spin = &d->busypoll.on;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
@@ -235,7 +242,7 @@ int fp4idx__daemon_start(fp4idx_daemon_t *d) {
 
 int fp4idx__daemon_listen_fd(fp4idx_daemon_t *d, int fd) {
   int rc = fp4idx__daemon_start(d);
-  return rc ? rc : fp4idx__server_listen_fd(&d->server, fd);
+  return rc ? rc : fp4idx__server_listen_fd(d->server, fd);
 }
 
 int fp4idx__daemon_listen_default(fp4idx_daemon_t *d) {
@@ -248,7 +255,7 @@ int fp4idx__daemon_listen_default(fp4idx_daemon_t *d) {
       return rc;
     }
   }
-  return fp4idx__server_listen_path(&d->server, d->cfg.socket_path);
+  return fp4idx__server_listen_path(d->server, d->cfg.socket_path);
 }
 
 void fp4idx__daemon_submit(fp4idx_daemon_t *d, fp4idx_job_t *job) {
@@ -256,7 +263,7 @@ void fp4idx__daemon_submit(fp4idx_daemon_t *d, fp4idx_job_t *job) {
 }
 
 int fp4idx__daemon_run(fp4idx_daemon_t *d) {
-  if (d->server.n_listeners == 0) {
+  if (d->server->n_listeners == 0) {
     fp4idx__log_error("no listening socket");
     return 1;
   }
@@ -287,7 +294,7 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
     /* Close whatever is left (listeners that never served, etc). */
     uv_walk(&d->loop, fp4idx__daemon_walk_close, NULL);
     uv_run(&d->loop, UV_RUN_DEFAULT);
-    if (d->server.path[0]) unlink(d->server.path);
+    if (d->server && d->server->path[0]) unlink(d->server->path);
     uv_loop_close(&d->loop);
     d->loop_ok = 0;
   }
@@ -299,4 +306,6 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   d->stats_ok = 0;
   if (d->stages_ok) fp4idx__stages_destroy(&d->stages);
   d->stages_ok = 0;
+  free(d->server);
+  d->server = NULL;
 }

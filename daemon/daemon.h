@@ -25,7 +25,6 @@
 #include "cache.h"
 #include "config.h"
 #include "engine.h"
-#include "server.h"
 #include "sharing.h"
 #include "stages.h"
 #include "stats.h"
@@ -77,7 +76,8 @@ struct fp4idx_daemon_s {
   fp4idx_engine_desc_t desc;
   fp4idx_cache_t cache;         /* worker thread only once running */
   fp4idx_worker_t worker;
-  fp4idx_server_t server;
+  struct fp4idx_server_s *server; /* the socket side (server.h), owned */
+  fp4idx_buffered_t buffered;   /* the buffer budget's figures, as the server publishes them */
   fp4idx_busypoll_t busypoll;   /* the loop polls while work is near */
   fp4idx_daemon_stats_t stats;
   fp4idx_stages_t stages;       /* time per stage of the request path */

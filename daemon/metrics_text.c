@@ -45,7 +45,7 @@ static void fp4idx__metrics_counters(fp4idx_daemon_t *d, fp4idx__metrics_view_t 
   s->response_bytes = v->counters.response_bytes;
   s->queue_depth = v->counters.queue_depth;
   fp4idx_budget_view_t bv;
-  fp4idx__budget_view(&d->server, &bv);
+  fp4idx__budget_view(d->server, &bv);
   s->buffered_bytes = bv.held;
   s->buffered_bytes_peak = bv.peak;
   s->buffer_budget = bv.budget;

@@ -62,7 +62,7 @@ void fp4idx__score_job_clear(fp4idx_score_job_t *j) {
 
 /* Checks one request against the cache and its regions and points its
  * backend sequences at its inputs. rc 0 or the request's error. */
-static int fp4idx__score_prepare(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
+int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   const fp4idx_score_req_t *sr = &j->req->u.score;
   size_t n = sr->nseqs;
   char detail[256];
@@ -146,7 +146,8 @@ static int fp4idx__score_prepare(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   return j->rc = FP4IDX_OK;
 }
 
-static uint64_t fp4idx__score_bytes(const fp4idx_score_job_t *j, uint64_t k) {
+uint64_t fp4idx__score_out_bytes(const fp4idx_score_job_t *j) {
+  uint64_t k = j->req->u.score.topk;
   return k ? j->rows * (k * 8u + 4u) : j->cells * 4u;
 }
 
@@ -166,33 +167,26 @@ static int fp4idx__score_outputs(const fp4idx_score_job_t *j, const fp4idx_score
 }
 
 /* One backend call of a group of jobs, from submit to split-back. */
-typedef struct fp4idx__score_launch_s {
+struct fp4idx_score_launch_s {
   fp4idx_score_job_t **jobs; /* [n], owned */
   int n;
   fp4idx__score_out_t *o;    /* the shared output buffer, or NULL */
   float *logits, *val;
   int32_t *pos, *count;
   fp4idx_backend_seq_t *seqs;
+  int own_seqs;              /* seqs is the launch's own copy (several jobs) */
   fp4idx_backend_timing_t timing;
   fp4idx_backend_batch_t batch;
   fp4idx_engine_call_t call;
   double t0;
   int streaming;             /* answered with only the first part back */
-  struct fp4idx__score_launch_s *next;
-} fp4idx__score_launch_t;
-
-struct fp4idx_score_pending_s {
-  fp4idx__score_launch_t *head, *tail; /* submit order */
-  int n;
-  /* jobs of launches start had to collect already (more launches than the
-   * device holds), reported first by fp4idx__score_end_each */
-  fp4idx_score_job_t **early;
-  int n_early, cap_early;
 };
 
-static void fp4idx__score_launch_free(fp4idx__score_launch_t *l) {
+
+static void fp4idx__score_launch_free(fp4idx_score_launch_t *l) {
   if (!l) return;
-  if (l->n > 0 && l->seqs != l->jobs[0]->eng) free(l->seqs);
+  /* not the jobs: their requests may be answered and gone by now */
+  if (l->own_seqs) free(l->seqs);
   free(l->jobs);
   free(l);
 }
@@ -207,7 +201,7 @@ static void fp4idx__score_launch_free(fp4idx__score_launch_t *l) {
  * after the call. *out: the launch (finish it with fp4idx__score_finish),
  * or NULL with the error. */
 static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, int n,
-                                fp4idx__score_launch_t **out) {
+                                fp4idx_score_launch_t **out) {
   *out = NULL;
   const fp4idx_score_req_t *sr0 = &jobs[0]->req->u.score;
   const uint64_t k = sr0->topk;
@@ -242,7 +236,7 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
     }
   }
   int staged = k ? (!val || !pos || !count) : !logits;
-  fp4idx__score_launch_t *l = calloc(1, sizeof *l);
+  fp4idx_score_launch_t *l = calloc(1, sizeof *l);
   fp4idx_backend_seq_t *seqs = n == 1 ? jobs[0]->eng : malloc(nseqs * sizeof *seqs);
   fp4idx__score_out_t *o = staged ? calloc(1, sizeof *o) : NULL;
   size_t kk = (size_t)(k * rows * 4u), at_val = (kk + 63) & ~(size_t)63;
@@ -275,8 +269,8 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
     if (k && !val) val = (float *)(mem + at_val);
     if (k && !count) count = (int32_t *)(mem + at_cnt);
   }
-  *l = (fp4idx__score_launch_t){.jobs = jobs, .n = n, .o = o, .logits = logits, .val = val,
-                                .pos = pos, .count = count, .seqs = seqs};
+  *l = (fp4idx_score_launch_t){.jobs = jobs, .n = n, .o = o, .logits = logits, .val = val,
+                                .pos = pos, .count = count, .seqs = seqs, .own_seqs = n > 1};
   l->batch = (fp4idx_backend_batch_t){.heads = (int32_t)sr0->heads, .n_seqs = (int32_t)nseqs,
                                       .seqs = seqs, .topk = (int32_t)k, .logits = logits,
                                       .topk_pos = pos, .topk_val = val, .topk_count = count,
@@ -304,7 +298,7 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
  * enough to be copied back in parts (the reply is then written as they
  * land; a batch's replies wait, since small ones are copied into their
  * frames when encoded). */
-static int fp4idx__score_streamable(const fp4idx__score_launch_t *l) {
+static int fp4idx__score_streamable(const fp4idx_score_launch_t *l) {
   /* (not one writing into regions: its outputs are copied there from the
    * buffer when collected, so they must all be back by then) */
   return l->o && l->n == 1 && !l->jobs[0]->alone && l->batch.topk == 0 &&
@@ -316,7 +310,7 @@ static int fp4idx__score_streamable(const fp4idx__score_launch_t *l) {
  * part of its logits is back (l->streaming; fp4idx__score_stream_rest
  * waits for the rest). Returns the call's status (the jobs untouched on
  * failure). On failure the caller still owns l->jobs' fate (see finish). */
-static int fp4idx__score_collect(fp4idx_daemon_t *d, fp4idx__score_launch_t *l, int stream) {
+static int fp4idx__score_wait(fp4idx_daemon_t *d, fp4idx_score_launch_t *l, int stream) {
   int rc = FP4IDX_OK;
   uint64_t ready = UINT64_MAX;
   if (stream && fp4idx__score_streamable(l))
@@ -379,10 +373,10 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   fp4idx_score_job_t **one = malloc(sizeof *one);
   if (!one) return FP4IDX_ENOMEM;
   one[0] = j;
-  fp4idx__score_launch_t *l;
+  fp4idx_score_launch_t *l;
   int rc = fp4idx__score_submit(d, one, 1, &l);
   if (rc) return rc;
-  rc = fp4idx__score_collect(d, l, 0);
+  rc = fp4idx__score_wait(d, l, 0);
   fp4idx__score_launch_free(l);
   return rc;
 }
@@ -392,7 +386,7 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
  * for and the launch's reference dropped. A part that fails marks the
  * buffer failed: its reply cannot be finished, the server drops the
  * connection. */
-static void fp4idx__score_stream_rest(fp4idx_daemon_t *d, fp4idx__score_launch_t *l) {
+static void fp4idx__score_stream_rest(fp4idx_daemon_t *d, fp4idx_score_launch_t *l) {
   fp4idx__score_out_t *o = l->o;
   for (;;) {
     uint64_t ready = 0;
@@ -404,7 +398,7 @@ static void fp4idx__score_stream_rest(fp4idx_daemon_t *d, fp4idx__score_launch_t
     } else {
       __atomic_store_n(&o->ready, ready, __ATOMIC_RELEASE);
     }
-    fp4idx__server_stream_progress(&d->server);
+    fp4idx__worker_kick(&d->worker); /* the loop writes what came (daemon.c on_wake) */
     if (rc || ready == UINT64_MAX) break;
   }
   (void)fp4idx__engine_score_wait(d->engine, l->call);
@@ -412,12 +406,10 @@ static void fp4idx__score_stream_rest(fp4idx_daemon_t *d, fp4idx__score_launch_t
   fp4idx__score_out_release(o);
 }
 
-/* Finishes a launch: its results, or on failure each of its jobs alone
- * (one bad launch must not fail its neighbours), or the error; then hands
- * its jobs to done (if set). Frees l. */
-static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l,
-                                 fp4idx_score_done_fn done, void *arg) {
-  int rc = fp4idx__score_collect(d, l, 1);
+/* Collects a launch: its results, or on failure each of its jobs alone
+ * (one bad launch must not fail its neighbours), or the error. */
+static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx_score_launch_t *l) {
+  int rc = fp4idx__score_wait(d, l, 1);
   if (l->n > 1) fp4idx__log_debug("one launch for %d score requests (rc %d)", l->n, rc);
   if (rc && l->n > 1) {
     fp4idx__log_warn("a launch of %d score requests failed (%s): running them one by one",
@@ -429,112 +421,23 @@ static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx__score_launch_t *l,
   } else if (rc) {
     fp4idx__score_fail(l->jobs[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
   }
-  if (done) done(arg, l->jobs, l->n);
+}
+
+int fp4idx__score_launch(fp4idx_daemon_t *d, fp4idx_score_job_t *const *jobs, int n,
+                         fp4idx_score_launch_t **out) {
+  *out = NULL;
+  fp4idx_score_job_t **g = malloc((size_t)n * sizeof *g);
+  if (!g) return FP4IDX_ENOMEM;
+  memcpy(g, jobs, (size_t)n * sizeof *g);
+  return fp4idx__score_submit(d, g, n, out); /* takes g */
+}
+
+void fp4idx__score_collect(fp4idx_daemon_t *d, fp4idx_score_launch_t *l) {
+  fp4idx__score_finish(d, l);
+}
+
+void fp4idx__score_launch_end(fp4idx_daemon_t *d, fp4idx_score_launch_t *l) {
+  if (!l) return;
   if (l->streaming) fp4idx__score_stream_rest(d, l);
   fp4idx__score_launch_free(l);
-}
-
-/* Keeps the jobs of a launch collected inside fp4idx__score_start for
- * fp4idx__score_end_each (0, or ENOMEM: then they are reported nowhere and
- * the caller's sweep of unreported jobs answers them). */
-static void fp4idx__score_keep_early(void *arg, fp4idx_score_job_t *const *jobs, int n) {
-  fp4idx_score_pending_t *p = arg;
-  if (p->n_early + n > p->cap_early) {
-    int cap = 2 * (p->n_early + n);
-    fp4idx_score_job_t **e = realloc(p->early, (size_t)cap * sizeof *e);
-    if (!e) return;
-    p->early = e;
-    p->cap_early = cap;
-  }
-  for (int i = 0; i < n; i++) p->early[p->n_early++] = jobs[i];
-}
-
-fp4idx_score_pending_t *fp4idx__score_start(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs,
-                                            int n) {
-  fp4idx_score_pending_t *p = calloc(1, sizeof *p);
-  for (int i = 0; i < n; i++) {
-    jobs[i].group = -1;
-    jobs[i].work = 0;
-    jobs[i].out = NULL;
-    jobs[i].nresults = 0;
-    jobs[i].alone = 0;
-    memset(&jobs[i].timing, 0, sizeof jobs[i].timing);
-  }
-  /* Each job is checked just before a group looks at it, so a launch goes
-   * to the device before the jobs after it are checked. */
-  int prepared = 0;
-#define FP4IDX__SCORE_PREPARE_TO(k)                                    \
-  while (prepared < (k)) fp4idx__score_prepare(d, &jobs[prepared++])
-  /* Groups of one (heads, topk), queue order inside each; a group whose
-   * output would exceed FP4IDX_SCORE_MAX_LAUNCH launches in parts. */
-  for (int i = 0; i < n; i++) {
-    FP4IDX__SCORE_PREPARE_TO(i + 1);
-    if (jobs[i].rc != FP4IDX_OK || jobs[i].group >= 0) continue;
-    fp4idx_score_job_t **g = p ? malloc((size_t)(n - i) * sizeof *g) : NULL;
-    if (!g) {
-      fp4idx__score_fail(&jobs[i], FP4IDX_ENOMEM, "out of memory for a score batch");
-      continue;
-    }
-    const fp4idx_score_req_t *a = &jobs[i].req->u.score;
-    int m = 0;
-    uint64_t bytes = 0, work = 0;
-    for (int x = i; x < n; x++) {
-      FP4IDX__SCORE_PREPARE_TO(x + 1);
-      const fp4idx_score_req_t *b = &jobs[x].req->u.score;
-      if (jobs[x].rc != FP4IDX_OK || jobs[x].group >= 0 || b->heads != a->heads ||
-          b->topk != a->topk || (m > 0 && (jobs[x].alone || jobs[i].alone)))
-        continue;
-      uint64_t add = fp4idx__score_bytes(&jobs[x], a->topk);
-      if (m > 0 && (bytes + add > FP4IDX_SCORE_MAX_LAUNCH ||
-                    work + jobs[x].work > d->desc.batch_work))
-        break; /* next round */
-      bytes += add;
-      work += jobs[x].work;
-      jobs[x].group = i;
-      g[m++] = &jobs[x];
-    }
-    /* no more launches out than the device holds: collect the oldest */
-    if (p->n >= FP4IDX_BACKEND_INFLIGHT) {
-      fp4idx__score_launch_t *h = p->head;
-      p->head = h->next;
-      if (!p->head) p->tail = NULL;
-      p->n--;
-      fp4idx__score_finish(d, h, fp4idx__score_keep_early, p);
-    }
-    fp4idx__score_launch_t *l;
-    int rc = fp4idx__score_submit(d, g, m, &l); /* takes g */
-    if (rc) {
-      for (int x = i; x < n; x++)
-        if (jobs[x].group == i && jobs[x].rc == FP4IDX_OK)
-          fp4idx__score_fail(&jobs[x], rc, "scoring failed: %s", fp4idx_strerror(rc));
-      continue;
-    }
-    if (p->tail) p->tail->next = l; else p->head = l;
-    p->tail = l;
-    p->n++;
-  }
-  FP4IDX__SCORE_PREPARE_TO(n);
-#undef FP4IDX__SCORE_PREPARE_TO
-  return p;
-}
-
-void fp4idx__score_end_each(fp4idx_daemon_t *d, fp4idx_score_pending_t *p,
-                            fp4idx_score_done_fn done, void *arg) {
-  if (!p) return;
-  if (p->n_early && done) done(arg, p->early, p->n_early);
-  while (p->head) {
-    fp4idx__score_launch_t *l = p->head;
-    p->head = l->next;
-    fp4idx__score_finish(d, l, done, arg);
-  }
-  free(p->early);
-  free(p);
-}
-
-void fp4idx__score_end(fp4idx_daemon_t *d, fp4idx_score_pending_t *p) {
-  fp4idx__score_end_each(d, p, NULL, NULL);
-}
-
-void fp4idx__score_run(fp4idx_daemon_t *d, fp4idx_score_job_t *jobs, int n) {
-  fp4idx__score_end(d, fp4idx__score_start(d, jobs, n));
 }

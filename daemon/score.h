@@ -1,23 +1,23 @@
-/* score.h -- score requests from validation to results, many in one launch.
+/* score.h -- score requests from their check to their results, many in one
+ * launch.
  *
- * The worker hands over the score requests that were queued back to back
- * (worker.h: job->batch); each is checked against the cache on its own
- * (unknown sequence, lens, mask: its own error, the others unaffected), and
- * the valid ones with the same head count and top-k go to the backend as
- * ONE call (fp4idx_backend_batch_t takes many sequences), whose outputs are
- * split back: each request's result tensors are views into the launch's
- * shared output buffer (engine host memory, pinned on CUDA), which lives
- * until the last of its responses is written. A request naming output
+ * The command handler checks each score against the cache on its own
+ * (fp4idx__score_check: unknown sequence, lens, mask, region references:
+ * its own error, the others unaffected); the batcher (batch.c) hands the
+ * checked ones with the same head count and top-k that were queued side by
+ * side to ONE backend call (fp4idx__score_launch: fp4idx_backend_batch_t
+ * takes many sequences), whose outputs are split back by
+ * fp4idx__score_collect: each request's result tensors are views into the
+ * launch's shared output buffer (engine host memory, pinned on CUDA), which
+ * lives until the last of its responses is written. A request naming output
  * regions launches alone, so the backend can write straight into them
- * (refs.h). A launch takes requests up
- * to the backend's batch_work (its fixed cost amortized; beyond that a
- * request would only wait for its neighbours). Scores do not change the
- * cache, so running neighbours together gives each exactly the state it
- * would have seen alone (protocol/PROTOCOL.md: per-connection order and
- * per-request atomicity stay as they are).
+ * (refs.h). Scores do not change the cache, so running neighbours together
+ * gives each exactly the state it would have seen alone
+ * (protocol/PROTOCOL.md: per-connection order and per-request atomicity
+ * stay as they are).
  *
  * Worker thread only (it owns the cache), except fp4idx__score_out_release
- * (any thread).
+ * and fp4idx__score_out_ready (any thread).
  */
 #ifndef FP4IDX_DAEMON_SCORE_H
 #define FP4IDX_DAEMON_SCORE_H
@@ -57,36 +57,37 @@ typedef struct fp4idx_score_job_s {
   void **owned;
   uint64_t rows, cells;
   uint64_t work;                 /* sum of rows x heads x width */
-  int group;
   int alone;                     /* writes into regions: launched by itself */
 } fp4idx_score_job_t;
 
-/* Runs jobs[0..n) (queue order) as described above; every job gets rc and
- * msg, or its results. */
-void fp4idx__score_run(struct fp4idx_daemon_s *d, fp4idx_score_job_t *jobs, int n);
+/* Checks j (req, regions, msg and msgcap set, the rest zero) against the
+ * cache and its regions and points its backend sequences at its inputs.
+ * Returns and sets j->rc: FP4IDX_OK, or the request's error with j->msg. */
+int fp4idx__score_check(struct fp4idx_daemon_s *d, fp4idx_score_job_t *j);
 
-/* The same in two halves, so that the worker prepares what comes next while
- * the device runs these: fp4idx__score_start checks every job and queues
- * its launches (fp4idx__engine_score_submit; the jobs' inputs may go once
- * it returns); fp4idx__score_end waits for them and splits the results
- * back, after which every job has rc and msg or its results. The jobs must
- * stay in place in between. start returns NULL only when out of memory
- * (every job then failed with ENOMEM); end(NULL) does nothing. */
-typedef struct fp4idx_score_pending_s fp4idx_score_pending_t;
-fp4idx_score_pending_t *fp4idx__score_start(struct fp4idx_daemon_s *d, fp4idx_score_job_t *jobs,
-                                            int n);
-void fp4idx__score_end(struct fp4idx_daemon_s *d, fp4idx_score_pending_t *p);
+/* The bytes a checked job's results take in a launch's output buffer. */
+uint64_t fp4idx__score_out_bytes(const fp4idx_score_job_t *j);
 
-/* fp4idx__score_end, handing the jobs of each launch to done(arg, jobs, n)
- * as soon as that launch is collected (each of them has rc and msg or its
- * results then), in launch order, so that their replies need not wait for
- * the launches after them. Jobs that never launched (their own checks
- * failed) are not passed, nor, when memory ran out, those of a launch
- * collected inside fp4idx__score_start: the caller answers every job not
- * passed once this returns. done may be NULL. */
-typedef void (*fp4idx_score_done_fn)(void *arg, fp4idx_score_job_t *const *jobs, int n);
-void fp4idx__score_end_each(struct fp4idx_daemon_s *d, fp4idx_score_pending_t *p,
-                            fp4idx_score_done_fn done, void *arg);
+/* Starts ONE backend call for the checked jobs[0..n) (same heads and topk;
+ * a job writing into regions alone) and returns at once where the backend
+ * can (fp4idx__engine_score_submit): their inputs may go on return, their
+ * results come with fp4idx__score_collect. FP4IDX_OK with *out, or
+ * FP4IDX_ENOMEM / the backend's status (nothing launched; the jobs fail
+ * with it). */
+typedef struct fp4idx_score_launch_s fp4idx_score_launch_t;
+int fp4idx__score_launch(struct fp4idx_daemon_s *d, fp4idx_score_job_t *const *jobs, int n,
+                         fp4idx_score_launch_t **out);
+
+/* Waits for launch l and splits its results back into its jobs (each has
+ * rc and msg, or its results, then; a failed launch of several runs them
+ * one by one, so one bad request fails alone). A long full-logits reply
+ * (FP4IDX_SCORE_STREAM_MIN) returns with only the first part back. */
+void fp4idx__score_collect(struct fp4idx_daemon_s *d, fp4idx_score_launch_t *l);
+
+/* After the replies of l's jobs were handed on: waits for the rest of a
+ * streaming launch (each part published, fp4idx__score_out_ready, and the
+ * loop woken) and frees l. NULL: nothing. */
+void fp4idx__score_launch_end(struct fp4idx_daemon_s *d, fp4idx_score_launch_t *l);
 
 /* Frees what a job holds except its output reference (results array,
  * input copies). */
@@ -99,8 +100,8 @@ void fp4idx__score_out_release(void *out);
 /* A reply of at least FP4IDX_SCORE_STREAM_MIN bytes of full logits (one
  * request, one sequence) is answered once the first part of them is back
  * from the device, and written as the rest lands (the server asks
- * fp4idx__score_out_ready before each write, and is told of each part by
- * fp4idx__server_stream_progress). */
+ * fp4idx__score_out_ready before each write; each part wakes the loop
+ * through the worker's async handle). */
 #define FP4IDX_SCORE_STREAM_MIN ((uint64_t)1 << 20)
 
 /* The leading bytes of launch output `out` that are final (UINT64_MAX: all

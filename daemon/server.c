@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "budget.h"
 #include "commands.h"
 #include "daemon.h"
@@ -24,7 +25,6 @@ static void fp4idx__server_flush(fp4idx_conn_t *c);
 static void fp4idx__server_conn_close(fp4idx_conn_t *c);
 static void fp4idx__server_update_reading(fp4idx_conn_t *c);
 static void fp4idx__server_pump(fp4idx_conn_t *c);
-static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop);
 static void fp4idx__server_check_stopped(fp4idx_server_t *srv);
 
 void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame) {
@@ -42,6 +42,9 @@ void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_fra
 void fp4idx__server_req_free(fp4idx_req_t *req) {
   if (!req) return;
   if (req->fd >= 0) close(req->fd);
+  if (req->call.fd >= 0) close(req->call.fd);
+  fp4idx_request_clear(&req->dreq);
+  free(req->dmsg);
   free(req->body);
   free(req->resp);
   free(req->payloads);
@@ -328,10 +331,6 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
   }
 }
 
-void fp4idx__server_stream_progress(fp4idx_server_t *srv) {
-  if (srv->worker) fp4idx__worker_kick(srv->worker);
-}
-
 void fp4idx__server_flush_streams(fp4idx_server_t *srv) {
   if (!srv->streaming) return;
   for (fp4idx_conn_t *c = srv->conns; c; c = c->next)
@@ -497,11 +496,13 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     /* The bulk lane for a connection that pipelines (more requests wait
      * behind this one) or leaves replies unread; all its requests in flight
      * share one lane, so they run in its order (worker.h). */
-    if (c->pending == 1 && fp4idx__cmd_loop_op(r->body, r->body_len)) {
+    if (c->pending == 1 && fp4idx__cmd_loop_op(&r->dreq, r->call.rc, r->body_len)) {
       /* hello/info/stats with nothing else in flight or unwritten: answered
        * here, no worker hop (so no wake time and no queue), under the same
        * budget check as a dispatch; its reply is held like a worker's. */
-      fp4idx__server_run((fp4idx_job_t *[]){&r->job}, 1, 1);
+      r->call.fd = r->fd;
+      r->fd = -1;
+      fp4idx__batch_on_loop(r);
       r->done = 1;
       if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
       fp4idx__budget_hold(c, -(int64_t)r->body_len, (int64_t)r->wire_len);
@@ -513,6 +514,8 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     r->job.bulk = c->bulk;
     c->inflight++;
     fp4idx__stats_queue(&((fp4idx_daemon_t *)c->srv->data)->stats, +1);
+    r->call.fd = r->fd; /* closed by the command layer */
+    r->fd = -1;
     fp4idx__direct_arm(c, r);
     fp4idx__worker_submit(c->srv->worker, &r->job);
   }
@@ -535,7 +538,7 @@ static void fp4idx__server_bad_frame(fp4idx_conn_t *c, int status, const char *m
                    (unsigned long long)c->id, msg);
   c->eof = 1;
   fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (r) r->fd = -1;
+  if (r) r->fd = r->call.fd = -1;
   if (!r || fp4idx__cmd_error_frame(status, msg, &r->resp, &r->resp_len)) {
     free(r);
     fp4idx__server_conn_close(c);
@@ -595,197 +598,6 @@ static void fp4idx__server_collect_fds(fp4idx_conn_t *c) {
   }
 }
 
-static void fp4idx__server_out_free(void *arg, void *p) {
-  (void)arg;
-  fp4idx__score_out_release(p);
-}
-
-/* Hands a reply to its request (the server writes it). */
-static void fp4idx__server_req_reply(fp4idx_req_t *req, fp4idx_cmd_reply_t *reply) {
-  if (reply->deferred) { /* not run: its body stays for the next try */
-    req->deferred = 1;
-    req->t_done_us = 0;
-    return;
-  }
-  req->resp = reply->frame;
-  req->resp_len = reply->frame_len;
-  req->payloads = reply->payloads;
-  req->npayloads = reply->npayloads;
-  req->wire_len = reply->total_len;
-  req->out = reply->out;
-  req->out_free = fp4idx__server_out_free;
-  req->out_free_arg = NULL;
-  /* The body (and the views into it) are not needed any more; body_len
-   * stays, for the budget's release in req_done. */
-  free(req->body);
-  req->body = NULL;
-  if (!req->resp) req->close_after = 1; /* could not even encode an error */
-  /* The encoder's buffer grows by doubling: give back the slack, since the
-   * reply may wait a long time for a client that does not read, and the
-   * buffer budget counts it. Shrinking keeps the block in place. */
-  uint8_t *fit = req->resp ? realloc(req->resp, req->resp_len) : NULL;
-  if (fit) req->resp = fit;
-  req->t_done_us = fp4idx__stats_now_us();
-}
-
-/* One finished request of a batch: its reply goes to the request, and
- * (on the worker) the request to the loop at once. */
-typedef struct fp4idx__server_done_s {
-  fp4idx_req_t *req;
-  fp4idx_cmd_reply_t *reply;
-  fp4idx_worker_t *worker;  /* NULL on the loop */
-} fp4idx__server_done_t;
-
-static void fp4idx__server_req_finished(void *arg) {
-  fp4idx__server_done_t *f = arg;
-  fp4idx__server_req_reply(f->req, f->reply);
-  if (f->worker) {
-    fp4idx__direct_try(f->req); /* the reply leaves now when nothing is ahead of it */
-    fp4idx__worker_post(f->worker, &f->req->job); /* req may go now */
-  }
-}
-
-/* The command layer's admit callback (worker thread): the buffer budget's
- * word on the reply of the request at arg. */
-static fp4idx_cmd_admit_t fp4idx__server_req_admit(void *arg, uint64_t bytes, char *msg,
-                                                   size_t msgcap) {
-  fp4idx_req_t *req = arg;
-  switch (fp4idx__budget_admit(req->conn->srv, bytes, &req->reserved, msg, msgcap)) {
-  case FP4IDX_BUDGET_ADMITTED:
-    return FP4IDX_CMD_ADMIT_OK;
-  case FP4IDX_BUDGET_LATER:
-    req->defer_bytes = bytes;
-    return FP4IDX_CMD_ADMIT_LATER;
-  default:
-    return FP4IDX_CMD_ADMIT_NEVER;
-  }
-}
-
-/* A batch of requests from fp4idx__server_prepare to its end: the command
- * jobs, their replies and clock readings, and where each reply goes. */
-typedef struct fp4idx__server_batch_s {
-  fp4idx_cmd_batch_t *cb;
-  fp4idx_cmd_job_t *cj;
-  fp4idx_cmd_reply_t *replies;
-  fp4idx_stage_times_t *times;
-  fp4idx__server_done_t *done;
-} fp4idx__server_batch_t;
-
-static void fp4idx__server_batch_free(fp4idx__server_batch_t *b) {
-  free(b->cj);
-  free(b->replies);
-  free(b->times);
-  free(b->done);
-  free(b);
-}
-
-/* The command jobs of the requests jobs[0..n) (on_loop: one the loop
- * answers itself). NULL when out of memory. */
-static fp4idx__server_batch_t *fp4idx__server_prepare(fp4idx_job_t **jobs, int n, int on_loop) {
-  fp4idx__server_batch_t *b = calloc(1, sizeof *b);
-  if (b) {
-    b->cj = calloc((size_t)n, sizeof *b->cj);
-    b->replies = calloc((size_t)n, sizeof *b->replies);
-    b->times = calloc((size_t)n, sizeof *b->times);
-    b->done = calloc((size_t)n, sizeof *b->done);
-  }
-  if (!b || !b->cj || !b->replies || !b->times || !b->done) {
-    if (b) fp4idx__server_batch_free(b);
-    return NULL;
-  }
-  fp4idx_req_t *first = jobs[0]->data;
-  struct fp4idx_daemon_s *d = first->conn->srv->data;
-  double tq = fp4idx__stats_now_us();
-  for (int i = 0; i < n; i++) {
-    fp4idx_req_t *req = jobs[i]->data;
-    if (!on_loop) fp4idx__stats_queue(&d->stats, -1); /* running now */
-    b->times[i].us[FP4IDX_STAGE_READ] = req->t0_us - req->t_first_us;
-    b->done[i] = (fp4idx__server_done_t){.req = req, .reply = &b->replies[i],
-                                         .worker = on_loop ? NULL : first->conn->srv->worker};
-    b->cj[i] = (fp4idx_cmd_job_t){.body = req->body, .len = req->body_len,
-                                  .regions = req->conn->regions, .fd = req->fd,
-                                  .t0_us = req->t0_us, .tq_us = tq, .times = &b->times[i],
-                                  .reply = &b->replies[i],
-                                  .finished = fp4idx__server_req_finished, .arg = &b->done[i],
-                                  .admit = fp4idx__server_req_admit, .admit_arg = req};
-    req->fd = -1; /* closed by the command layer */
-  }
-  return b;
-}
-
-/* Out of memory before anything ran: each request gets no reply (its
- * connection closes), as the command layer does when it runs out. */
-static void fp4idx__server_unprepared(fp4idx_job_t **jobs, int n, int on_loop) {
-  fp4idx__log_error("out of memory for a batch of %d requests", n);
-  for (int i = 0; i < n; i++) {
-    fp4idx_req_t *req = jobs[i]->data;
-    if (req->fd >= 0) close(req->fd);
-    req->fd = -1;
-    fp4idx_cmd_reply_t none;
-    memset(&none, 0, sizeof none);
-    fp4idx__server_done_t f = {.req = req, .reply = &none,
-                               .worker = on_loop ? NULL : req->conn->srv->worker};
-    fp4idx__server_req_finished(&f);
-  }
-}
-
-/* The requests queued back to back when the worker took them (worker.h),
- * or (on_loop) one the loop answers itself, from body to response frame;
- * neighbouring scores become one launch (fp4idx__cmd_execute_batch), and
- * each reply leaves as soon as it is ready. */
-static void fp4idx__server_run(fp4idx_job_t **jobs, int n, int on_loop) {
-  fp4idx__server_batch_t *b = fp4idx__server_prepare(jobs, n, on_loop);
-  if (!b) {
-    fp4idx__server_unprepared(jobs, n, on_loop);
-    return;
-  }
-  struct fp4idx_daemon_s *d = ((fp4idx_req_t *)jobs[0]->data)->conn->srv->data;
-  fp4idx__cmd_execute_batch(d, b->cj, n);
-  fp4idx__server_batch_free(b);
-}
-
-/* The worker's pipeline (worker.h batch_begin / batch_end): everything but
- * the scores' device work runs in begin; end waits for it and replies. */
-typedef struct fp4idx__server_begun_s {
-  struct fp4idx_daemon_s *d;
-  fp4idx__server_batch_t *b;
-} fp4idx__server_begun_t;
-
-static void *fp4idx__server_req_begin(fp4idx_job_t **jobs, int n) {
-  struct fp4idx_daemon_s *d = ((fp4idx_req_t *)jobs[0]->data)->conn->srv->data;
-  fp4idx__server_batch_t *b = fp4idx__server_prepare(jobs, n, 0);
-  fp4idx__server_begun_t *g = b ? malloc(sizeof *g) : NULL;
-  if (!g) {
-    if (b) fp4idx__server_batch_free(b);
-    fp4idx__server_unprepared(jobs, n, 0);
-    return NULL;
-  }
-  b->cb = fp4idx__cmd_batch_begin(d, b->cj, n);
-  if (!b->cb) { /* every job finished already */
-    fp4idx__server_batch_free(b);
-    free(g);
-    return NULL;
-  }
-  g->d = d;
-  g->b = b;
-  return g;
-}
-
-static void fp4idx__server_req_end(void *state) {
-  fp4idx__server_begun_t *g = state;
-  fp4idx__cmd_batch_end(g->d, g->b->cb);
-  fp4idx__server_batch_free(g->b);
-  free(g);
-}
-
-static void fp4idx__server_req_batch(fp4idx_job_t **jobs, int n) {
-  fp4idx__server_run(jobs, n, 0);
-}
-
-static void fp4idx__server_req_work(fp4idx_job_t *job) {
-  fp4idx__server_run(&job, 1, 0);
-}
-
 static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
   fp4idx_req_t *req = job->data;
   fp4idx__busypoll_kick(req->conn->srv->busypoll);
@@ -805,7 +617,7 @@ static void fp4idx__server_track_frame(fp4idx_conn_t *c) {
  * body (and the fd that came with it) to a request and queue it. */
 static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
   fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (r) r->fd = -1;
+  if (r) r->fd = r->call.fd = -1;
   if (!r || fp4idx_frame_reader_take(&c->fr, &r->body, &r->body_len)) {
     free(r);
     fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
@@ -816,15 +628,27 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
   fp4idx__budget_hold(c, (int64_t)r->body_len - (int64_t)c->fr_held, 0);
   c->fr_held = 0;
   fp4idx__budget_release_grant(c);
-  r->job.work = fp4idx__server_req_work;
-  r->job.batch = fp4idx__server_req_batch;
-  r->job.batch_begin = fp4idx__server_req_begin;
-  r->job.batch_end = fp4idx__server_req_end;
+  r->job.work = fp4idx__batch_work;
+  r->job.batch = fp4idx__batch_run;
+  r->job.batch_begin = fp4idx__batch_begin;
+  r->job.batch_end = fp4idx__batch_end;
   r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
   r->t0_us = fp4idx__stats_now_us();
   r->t_first_us = c->in_frame ? c->t_frame_us : r->t0_us;
   c->in_frame = 0;
+  /* Decoded once, here: the batcher and the loop's own answer use it. */
+  fp4idx_cmd_call_t *call = &r->call;
+  char msg[FP4IDX_CMD_MSG] = "";
+  call->rc = fp4idx_decode_request(r->body, r->body_len, &r->dreq, msg, sizeof msg);
+  if (call->rc && msg[0]) r->dmsg = strdup(msg); /* without it the reply says the status */
+  call->req = &r->dreq;
+  call->len = r->body_len;
+  call->regions = c->regions;
+  call->fd = -1;
+  call->t0_us = r->t0_us;
+  call->td_us = fp4idx__stats_now_us();
+  call->read_us = r->t0_us - r->t_first_us;
   fp4idx__server_enqueue(c, r);
   /* No pump here: the caller parses every frame the read brought first, so
    * the lane choice sees whether more requests wait (pipelining). */

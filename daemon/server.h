@@ -3,14 +3,14 @@
  * The request path on the loop thread, in a straight line:
  *   fp4idx__server_read_cb -> fp4idx__server_parse (the codec's incremental
  *   frame reader, state on the connection; "need more bytes" is a normal
- *   return; bodies are read straight into their buffer) ->
- *   fp4idx__worker_submit (fp4idx__cmd_execute_batch on the worker thread,
- *   over what is queued back to back: neighbouring scores share a launch;
- *   hello/info/stats from an otherwise idle connection are answered right
- *   here instead) -> fp4idx__server_req_done(req) -> fp4idx__server_flush
- *   (writes every finished response at the head of the connection's list,
- *   the frame bytes and the result tensors in one writev, so responses
- *   leave in request order).
+ *   return; bodies are read straight into their buffer) -> the body decoded
+ *   once (req->dreq) -> fp4idx__worker_submit (batch.h on the worker
+ *   thread, over what is queued back to back: neighbouring scores share a
+ *   launch; hello/info/stats from an otherwise idle connection are answered
+ *   right here instead) -> fp4idx__server_req_done(req) ->
+ *   fp4idx__server_flush (writes every finished response at the head of the
+ *   connection's list, the frame bytes and the result tensors in one
+ *   writev, so responses leave in request order).
  *
  * File descriptors: connections are libuv pipes in ipc mode, so the
  * SCM_RIGHTS fds of a "register" request are received with its bytes
@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "commands.h"
 #include "fp4idx_codec.h"
 #include "regions.h"
 #include "stages.h"
@@ -65,6 +66,9 @@ typedef struct fp4idx_req_s {
   uint8_t *body;            /* the frame body (msgpack map), owned */
   size_t body_len;
   int fd;                   /* fd that came with the frame (SCM_RIGHTS), or -1 */
+  fp4idx_request_t dreq;    /* the body decoded, once, on the loop (views into body) */
+  fp4idx_cmd_call_t call;   /* what the command layer works on: call.req = &dreq */
+  char *dmsg;               /* why the decode failed, or NULL (owned) */
   uint8_t *resp;            /* the response frame, 4-byte length first ... */
   size_t resp_len;
   fp4idx_payload_t *payloads; /* ... with these spliced in (writev), owned */
@@ -178,8 +182,8 @@ struct fp4idx_server_s {
   uv_timer_t reaper;           /* closes connections past the timeout */
   int reaper_on;
   uint64_t slow_closed;        /* connections closed by the timeout */
-  /* Set by the daemon. worker: where requests run (fp4idx__cmd_batch_begin/_end
-   * with data as the daemon). conn_event: +1 / -1 on open / close. */
+  /* Set by the daemon. worker: where requests run (batch.h, with data as
+   * the daemon). conn_event: +1 / -1 on open / close. */
   fp4idx_worker_t *worker;
   void (*conn_event)(fp4idx_server_t *srv, int delta);
   /* pressure: 1 when the buffer budget is reached, 0 when it lifts (and at
@@ -189,6 +193,7 @@ struct fp4idx_server_s {
   fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */
   struct fp4idx_busypoll_s *busypoll; /* kicked on reads and replies; may be NULL */
   void *data;                  /* the daemon's */
+  fp4idx_buffered_t *buffered; /* where the budget's figures are published; may be NULL */
   int cuda_device;             /* regions: the CUDA backend's device, or -1 */
   uint64_t streaming;          /* replies being written in parts */
 };
@@ -226,11 +231,6 @@ void fp4idx__server_resume(fp4idx_conn_t *c);
 
 /* Closes c now, dropping unsent replies (the budget's timeout). */
 void fp4idx__server_drop(fp4idx_conn_t *c);
-
-/* Any thread: more of a reply's payload came back from the device
- * (score.h); the loop writes what is there (fp4idx__server_flush_streams,
- * through the worker's wake). */
-void fp4idx__server_stream_progress(fp4idx_server_t *srv);
 
 /* Loop: writes what has come of every reply being written in parts. */
 void fp4idx__server_flush_streams(fp4idx_server_t *srv);

@@ -4,8 +4,8 @@
  * (protocol/PROTOCOL.md, "stats" "stages"). The stages in path order:
  *
  *   read      loop: first byte of the frame seen -> whole frame in memory
- *   queue     loop -> worker: frame complete -> the worker picks it up
- *   decode    worker: strict decode of the frame body
+ *   queue     loop -> worker: frame decoded -> the worker picks it up
+ *   decode    loop: strict decode of the frame body, once, as it completes
  *   execute   worker: the op's host work (checks, cache, staging, and for a
  *             backend that does not time itself, all of its compute)
  *   upload    device backend: host-to-device copies (CUDA events)

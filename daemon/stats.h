@@ -82,4 +82,12 @@ int fp4idx__stats_bucket(double us);
 void fp4idx__stats_snapshot(fp4idx_daemon_stats_t *s, fp4idx_daemon_stats_t *out_copy_no_mutex,
                             double *uptime_s);
 
+/* The buffer budget's figures (budget.h) as the server last published
+ * them, for the stats op and the metrics endpoint: bytes held, the most
+ * held since start, the budget. Written by the loop, read by any thread
+ * (__atomic). */
+typedef struct fp4idx_buffered_s {
+  uint64_t held, peak, budget;
+} fp4idx_buffered_t;
+
 #endif /* FP4IDX_DAEMON_STATS_H */

@@ -692,3 +692,90 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   close(cfd);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
+
+/* 64 clients pipeline at once, each on its own sequence: append, score,
+ * append, score, ..., with every third append carrying a NaN key. Whatever
+ * the daemon batches, each connection's replies come in its request order
+ * (ids), every score sees exactly the appends before it on its connection
+ * (its width), and a refused append (ENONFINITE) changes nothing (all or
+ * nothing: the widths after it stay as they were). */
+Test(reqpath, sixty_four_clients_keep_their_order_and_all_or_nothing) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
+  enum { NC = 64, STEPS = 6, ADD = 3 };
+  int fd[NC];
+  for (int c = 0; c < NC; c++) {
+    fd[c] = fp4idx_test_connect(d.sock);
+    cr_assert_geq(fd[c], 0);
+  }
+  /* every request of every client first, then every reply */
+  for (int c = 0; c < NC; c++) {
+    msgpack_sbuffer all;
+    msgpack_sbuffer_init(&all);
+    for (int j = 0; j < STEPS; j++) {
+      uint64_t seq = 700 + (uint64_t)c, id = 10000u * (uint64_t)c + 2u * (uint64_t)j;
+      frame_t a = append_frame(id + 1, seq, ADD, (uint64_t)(c * 31 + j));
+      if (j % 3 == 2) { /* a NaN in the first key: refused whole */
+        fp4idx_request_t req;
+        uint16_t k[ADD * 128];
+        fill(k, ADD * 128, (uint64_t)j);
+        k[5] = 0x7FC0;
+        memset(&req, 0, sizeof req);
+        req.id = id + 1;
+        req.op = FP4IDX_OP_APPEND;
+        req.u.append.seq = seq;
+        uint64_t shp[2] = {ADD, 128};
+        fp4idx_tensor_init(&req.u.append.keys, FP4IDX_WIRE_BF16, 2, shp, k);
+        free(a.data);
+        a = frame_of(&req);
+      }
+      frame_t s = score_frame(id + 2, seq, (c % 2) ? 4 : HEADS, (c % 3) ? 0 : 2, 1, NULL,
+                              (uint64_t)j);
+      msgpack_sbuffer_write(&all, a.data, a.len);
+      msgpack_sbuffer_write(&all, s.data, s.len);
+      free(a.data);
+      free(s.data);
+    }
+    cr_assert_eq(fp4idx_test_send_all(fd[c], all.data, all.size), 0);
+    msgpack_sbuffer_destroy(&all);
+  }
+  for (int c = 0; c < NC; c++) {
+    uint64_t have = 0;
+    for (int j = 0; j < STEPS; j++) {
+      uint64_t id = 10000u * (uint64_t)c + 2u * (uint64_t)j;
+      unsigned char *body;
+      size_t len;
+      fp4idx_response_t r;
+      cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body, &len), 0);
+      cr_assert_eq(fp4idx_decode_response(body, len, FP4IDX_OP_APPEND, &r, NULL, 0), 0);
+      cr_assert_eq(r.id, id + 1, "client %d step %d: reply out of order", c, j);
+      if (j % 3 == 2) {
+        cr_assert_eq(r.status, FP4IDX_ENONFINITE, "client %d step %d: %s", c, j, r.error);
+      } else {
+        cr_assert_eq(r.status, 0, "client %d step %d: %s", c, j, r.error);
+        have += ADD;
+        cr_assert_eq(r.u.append.length, have, "client %d step %d", c, j);
+      }
+      fp4idx_response_clear(&r);
+      free(body);
+      cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body, &len), 0);
+      cr_assert_eq(fp4idx_decode_response(body, len, FP4IDX_OP_SCORE, &r, NULL, 0), 0);
+      cr_assert_eq(r.id, id + 2, "client %d step %d: reply out of order", c, j);
+      cr_assert_eq(r.status, 0, "client %d step %d: %s", c, j, r.error);
+      uint64_t k = (c % 3) ? 0 : 2;
+      if (k) {
+        int32_t cnt = -1;
+        cr_assert_eq(r.u.score.results[0].counts.shape[0], 1u);
+        memcpy(&cnt, r.u.score.results[0].counts.data, sizeof cnt);
+        cr_assert_eq((uint64_t)cnt, have < k ? have : k,
+                     "client %d step %d: the score saw the wrong appends", c, j);
+      } else
+        cr_assert_eq(r.u.score.results[0].logits.shape[1], have,
+                     "client %d step %d: the score saw the wrong appends", c, j);
+      fp4idx_response_clear(&r);
+      free(body);
+    }
+  }
+  for (int c = 0; c < NC; c++) close(fd[c]);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
