@@ -71,6 +71,20 @@ void fp4idx__stats_to_wire(const fp4idx_daemon_stats_t *snap, fp4idx_stats_t *st
   st->response_bytes = snap->response_bytes;
   st->queue_depth = snap->queue_depth;
   memcpy(st->status_errors, snap->status_errors, sizeof st->status_errors);
+  st->channels = snap->channels;
+  st->channel_calls = snap->channel_calls;
+  st->channel_errors = snap->channel_errors;
+}
+
+void fp4idx__stats_channel(fp4idx_daemon_stats_t *s, int open_delta, int status) {
+  pthread_mutex_lock(&s->mu);
+  if (open_delta > 0) s->channels++;
+  else if (open_delta < 0 && s->channels > 0) s->channels--;
+  if (open_delta == 0) {
+    s->channel_calls++;
+    if (status) s->channel_errors++;
+  }
+  pthread_mutex_unlock(&s->mu);
 }
 
 void fp4idx__stats_queue(fp4idx_daemon_stats_t *s, int delta) {
