@@ -117,6 +117,9 @@ void fp4idx__stats_snapshot(fp4idx_daemon_stats_t *s, fp4idx_daemon_stats_t *out
   out->response_bytes = s->response_bytes;
   memcpy(out->status_errors, s->status_errors, sizeof s->status_errors);
   out->queue_depth = s->queue_depth;
+  out->channels = s->channels;
+  out->channel_calls = s->channel_calls;
+  out->channel_errors = s->channel_errors;
   pthread_mutex_unlock(&s->mu);
   if (uptime_s) *uptime_s = fp4idx__stats_now_us() / 1e6 - s->start_s;
 }
