@@ -36,6 +36,7 @@ typedef struct fp4idx__cmd_s {
   void *scratch;                 /* what resp points into; freed by cleanup */
   void (*cleanup)(void *scratch); /* after the response is encoded */
 } fp4idx__cmd_t;
+#include "channel_cmd.h" /* the channel ops' handlers, in channel.c */
 
 /* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
 

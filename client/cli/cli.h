@@ -161,7 +161,7 @@ const char *fp4idx__fmt_f32(char *buf, float v);
 /* The integer fields of stats, by name, in the order the text and JSON
  * forms print them (connections .. gpu_other_processes). Fills out[] (room for
  * FP4IDX_CLI_STATS_COUNTS) and returns how many. */
-#define FP4IDX_CLI_STATS_COUNTS 17
+#define FP4IDX_CLI_STATS_COUNTS 20
 typedef struct fp4idx_cli_count_s {
   const char *name;
   uint64_t value;

@@ -140,7 +140,8 @@ size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *
       {"gpu_other_processes", s->gpu_other_processes},
       {"buffered_bytes", s->buffered_bytes},
       {"buffered_bytes_peak", s->buffered_bytes_peak},
-      {"buffer_budget", s->buffer_budget}};
+      {"buffer_budget", s->buffer_budget},   {"channels", s->channels},
+      {"channel_calls", s->channel_calls},   {"channel_errors", s->channel_errors}};
   memcpy(out, c, sizeof c);
   return FP4IDX_CLI_STATS_COUNTS;
 }
