@@ -95,7 +95,7 @@ struct fp4idx_client_channel_s {
 };
 
 /* Writes ECONN into every pending (0) completion word. */
-static void fp4idx__channel_release(fp4idx_client_channel_t *ch) {
+static void fp4idx__client_channel_release(fp4idx_client_channel_t *ch) {
   for (uint32_t i = 0; i < ch->nslots; i++) {
     fp4idx_channel_slot_t *s = fp4idx_channel_slot(ch->block, i);
     uint32_t zero = 0, t = __atomic_load_n(&s->desc.ticket, __ATOMIC_RELAXED);
@@ -106,7 +106,7 @@ static void fp4idx__channel_release(fp4idx_client_channel_t *ch) {
 
 /* Waits for the connection to close (or the channel to), then releases the
  * pending calls, and keeps releasing later ones until the channel closes. */
-static void *fp4idx__channel_watch(void *arg) {
+static void *fp4idx__client_channel_watch(void *arg) {
   fp4idx_client_channel_t *ch = arg;
   struct pollfd p[2] = {{.fd = ch->sock, .events = POLLRDHUP}, {.fd = ch->wake[0], .events = POLLIN}};
   int nap_ms = -1;
@@ -118,14 +118,14 @@ static void *fp4idx__channel_watch(void *arg) {
       p[0].fd = -1; /* poll ignores it from now on */
       nap_ms = 1;
     }
-    if (__atomic_load_n(&ch->dead, __ATOMIC_ACQUIRE)) fp4idx__channel_release(ch);
+    if (__atomic_load_n(&ch->dead, __ATOMIC_ACQUIRE)) fp4idx__client_channel_release(ch);
     if (p[1].revents) break;
   }
-  fp4idx__channel_release(ch);
+  fp4idx__client_channel_release(ch);
   return NULL;
 }
 
-static void fp4idx__channel_free(fp4idx_client_channel_t *ch) {
+static void fp4idx__client_channel_free(fp4idx_client_channel_t *ch) {
   if (ch->dblock) fp4idx__cu.host_unregister(ch->block);
   if (ch->block) munmap(ch->block, ch->size);
   if (ch->sock >= 0) close(ch->sock);
@@ -135,7 +135,7 @@ static void fp4idx__channel_free(fp4idx_client_channel_t *ch) {
 
 /* The sealed memfd of the block, mapped into ch, initialised. Returns the
  * fd (the caller closes it) or -1 with the error recorded on c. */
-static int fp4idx__channel_block(fp4idx_client_t *c, fp4idx_client_channel_t *ch) {
+static int fp4idx__client_channel_block(fp4idx_client_t *c, fp4idx_client_channel_t *ch) {
   int fd = memfd_create("fp4idx-channel", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   void *p = MAP_FAILED;
   if (fd < 0 || ftruncate(fd, (off_t)ch->size) != 0 ||
@@ -152,7 +152,7 @@ static int fp4idx__channel_block(fp4idx_client_t *c, fp4idx_client_channel_t *ch
 }
 
 /* Registers the block with the CUDA driver when it has a context here. */
-static fp4idx_status_t fp4idx__channel_map_device(fp4idx_client_t *c,
+static fp4idx_status_t fp4idx__client_channel_map_device(fp4idx_client_t *c,
                                                   fp4idx_client_channel_t *ch) {
   if (!fp4idx__cu_ready()) return FP4IDX_OK; /* host calls only */
   unsigned flags = FP4IDX__CU_MEMHOSTREGISTER_PORTABLE | FP4IDX__CU_MEMHOSTREGISTER_DEVICEMAP;
@@ -182,8 +182,8 @@ fp4idx_status_t fp4idx_client_channel_open(fp4idx_client_t *c, uint32_t slots,
   if (!ch) return fp4idx__client_fail(c, FP4IDX_ENOMEM, "out of memory");
   *ch = (fp4idx_client_channel_t){.c = c, .nslots = slots, .size = fp4idx_channel_block_bytes(slots),
                                   .next_ticket = 1, .sock = -1, .wake = {-1, -1}};
-  int fd = fp4idx__channel_block(c, ch);
-  fp4idx_status_t st = fd < 0 ? FP4IDX_ENOMEM : fp4idx__channel_map_device(c, ch);
+  int fd = fp4idx__client_channel_block(c, ch);
+  fp4idx_status_t st = fd < 0 ? FP4IDX_ENOMEM : fp4idx__client_channel_map_device(c, ch);
   if (st == FP4IDX_OK && (pipe2(ch->wake, O_CLOEXEC) != 0 ||
                           (ch->sock = fcntl(c->fd, F_DUPFD_CLOEXEC, 3)) < 0))
     st = fp4idx__client_fail(c, FP4IDX_ENOMEM, "channel watcher: %s", strerror(errno));
@@ -197,7 +197,7 @@ fp4idx_status_t fp4idx_client_channel_open(fp4idx_client_t *c, uint32_t slots,
     if (st == FP4IDX_OK) ch->id = resp.u.channel_open.channel;
   }
   if (fd >= 0) close(fd);
-  if (st == FP4IDX_OK && pthread_create(&ch->watcher, NULL, fp4idx__channel_watch, ch) != 0) {
+  if (st == FP4IDX_OK && pthread_create(&ch->watcher, NULL, fp4idx__client_channel_watch, ch) != 0) {
     fp4idx_request_t req = {.op = FP4IDX_OP_CHANNEL_CLOSE};
     req.u.channel_close.channel = ch->id;
     fp4idx_response_t resp;
@@ -205,7 +205,7 @@ fp4idx_status_t fp4idx_client_channel_open(fp4idx_client_t *c, uint32_t slots,
     st = fp4idx__client_fail(c, FP4IDX_ENOMEM, "cannot start the channel watcher");
   }
   if (st != FP4IDX_OK) {
-    fp4idx__channel_free(ch);
+    fp4idx__client_channel_free(ch);
     return st;
   }
   c->channels++;
@@ -215,7 +215,7 @@ fp4idx_status_t fp4idx_client_channel_open(fp4idx_client_t *c, uint32_t slots,
 
 /* The descriptor of a call, checked here as far as it can be without the
  * daemon. */
-static fp4idx_status_t fp4idx__channel_desc(fp4idx_client_channel_t *ch,
+static fp4idx_status_t fp4idx__client_channel_desc(fp4idx_client_channel_t *ch,
                                             const fp4idx_client_channel_call_t *call,
                                             uint32_t width, uint32_t k,
                                             fp4idx_channel_desc_t *d) {
@@ -236,7 +236,7 @@ static fp4idx_status_t fp4idx__channel_desc(fp4idx_client_channel_t *ch,
 
 /* The call by the calling thread: CPU stores, then a wait on the word (the
  * watcher writes ECONN into it when the connection goes). */
-static fp4idx_status_t fp4idx__channel_host_call(fp4idx_client_channel_t *ch,
+static fp4idx_status_t fp4idx__client_channel_host_call(fp4idx_client_channel_t *ch,
                                                  fp4idx_channel_slot_t *s,
                                                  const fp4idx_channel_desc_t *d) {
   __atomic_store_n(&s->completion, 0u, __ATOMIC_RELAXED);
@@ -254,7 +254,7 @@ static fp4idx_status_t fp4idx__channel_host_call(fp4idx_client_channel_t *ch,
 
 /* The call as stream operations: reset the completion word, write the
  * descriptor (ten 64-bit words), ring, wait. */
-static fp4idx_status_t fp4idx__channel_stream_call(fp4idx_client_channel_t *ch, void *stream,
+static fp4idx_status_t fp4idx__client_channel_stream_call(fp4idx_client_channel_t *ch, void *stream,
                                                    uint32_t slot,
                                                    const fp4idx_channel_desc_t *d) {
   if (!ch->dblock)
@@ -278,12 +278,12 @@ static fp4idx_status_t fp4idx__channel_stream_call(fp4idx_client_channel_t *ch, 
   return fp4idx__client_fail(ch->c, FP4IDX_OK, NULL);
 }
 
-static fp4idx_status_t fp4idx__channel_call(fp4idx_client_channel_t *ch, void *stream,
+static fp4idx_status_t fp4idx__client_channel_call(fp4idx_client_channel_t *ch, void *stream,
                                             const fp4idx_client_channel_call_t *call,
                                             uint32_t width, uint32_t k, uint32_t *ticket) {
   if (ch == NULL) return FP4IDX_EINVAL;
   fp4idx_channel_desc_t d;
-  fp4idx_status_t st = fp4idx__channel_desc(ch, call, width, k, &d);
+  fp4idx_status_t st = fp4idx__client_channel_desc(ch, call, width, k, &d);
   if (st != FP4IDX_OK) return st;
   if (__atomic_load_n(&ch->dead, __ATOMIC_ACQUIRE))
     return fp4idx__client_fail(ch->c, FP4IDX_ECONN, "the channel's connection is closed");
@@ -293,21 +293,21 @@ static fp4idx_status_t fp4idx__channel_call(fp4idx_client_channel_t *ch, void *s
   if (ticket) *ticket = t;
   uint32_t slot = fp4idx_channel_slot_of(t, ch->nslots);
   if (stream == FP4IDX_CLIENT_CHANNEL_HOST)
-    return fp4idx__channel_host_call(ch, fp4idx_channel_slot(ch->block, slot), &d);
-  return fp4idx__channel_stream_call(ch, stream, slot, &d);
+    return fp4idx__client_channel_host_call(ch, fp4idx_channel_slot(ch->block, slot), &d);
+  return fp4idx__client_channel_stream_call(ch, stream, slot, &d);
 }
 
 fp4idx_status_t fp4idx_client_channel_score(fp4idx_client_channel_t *ch, void *stream,
                                             const fp4idx_client_channel_call_t *call,
                                             uint32_t width, uint32_t *ticket) {
-  return fp4idx__channel_call(ch, stream, call, width, 0, ticket);
+  return fp4idx__client_channel_call(ch, stream, call, width, 0, ticket);
 }
 
 fp4idx_status_t fp4idx_client_channel_topk(fp4idx_client_channel_t *ch, void *stream,
                                            const fp4idx_client_channel_call_t *call, uint32_t k,
                                            uint32_t *ticket) {
   if (ch && k == 0) return fp4idx__client_fail(ch->c, FP4IDX_EINVAL, "invalid argument: k 0");
-  return fp4idx__channel_call(ch, stream, call, 0, k, ticket);
+  return fp4idx__client_channel_call(ch, stream, call, 0, k, ticket);
 }
 
 fp4idx_status_t fp4idx_client_channel_status(const fp4idx_client_channel_t *ch, uint32_t ticket) {
@@ -341,6 +341,6 @@ fp4idx_status_t fp4idx_client_channel_close(fp4idx_client_channel_t *ch) {
   }
   pthread_join(ch->watcher, NULL); /* it releases the pending calls last */
   c->channels--;
-  fp4idx__channel_free(ch);
+  fp4idx__client_channel_free(ch);
   return st;
 }

@@ -26,7 +26,7 @@
  * the connection's regions), exactly what the socket's decoder makes of a
  * `score` request naming regions; the compute side takes it with the
  * connection's region table and returns the status a `score` reply would
- * carry (fp4idx__channel_run_fn). channel_run.c is today's compute side.
+ * carry (fp4idx__channel_run_fn). channel_run.c is the compute side.
  *
  * Threads: the channel set's mutex guards the set, each channel's taken
  * slots and its job state; the block is touched by the watcher (doorbells,
@@ -102,8 +102,8 @@ int fp4idx__channel_open(fp4idx_channels_t *cs, fp4idx_regions_t *rs, int fd,
 /* The `channel_close` op. Worker thread. FP4IDX_OK or FP4IDX_ENOREGION. */
 int fp4idx__channel_close(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t cap);
 
-/* Today's compute side (channel_run.c): the call as a `score` request
- * through the command path. */
+/* The compute side (channel_run.c): the call as the score plan of one
+ * entry, checked, launched and collected on the worker, no reply frame. */
 int fp4idx__channel_run_score(struct fp4idx_daemon_s *d, fp4idx_regions_t *rs,
                               const fp4idx_channel_call_t *call, char *msg, size_t cap);
 

@@ -553,7 +553,7 @@ static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
   int erc = rc;
-  if (rc == FP4IDX_OK) {
+  if (rc == FP4IDX_OK && !call->no_frame) {
     erc = fp4idx__cmd_encode(resp, &out, reply);
     if (erc) {
       rc = erc;
@@ -572,7 +572,7 @@ static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
     free(reply->payloads);
     reply->payloads = NULL;
     reply->npayloads = 0;
-    erc = fp4idx_encode_error(&out, req->id, rc, call->msg);
+    erc = call->no_frame ? FP4IDX_OK : fp4idx_encode_error(&out, req->id, rc, call->msg);
   }
   if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
     reply->frame_len = out.size;
@@ -590,7 +590,8 @@ static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
 
   double tf = fp4idx__stats_now_us();
   fp4idx__stats_record(&d->stats, req->op, rc, tf - call->t0_us);
-  fp4idx__stats_request(&d->stats, req, rc, call->len + FP4IDX_FRAME_HEADER, reply->total_len);
+  fp4idx__stats_request(&d->stats, req, rc,
+                        call->no_frame ? 0 : call->len + FP4IDX_FRAME_HEADER, reply->total_len);
   fp4idx_stage_times_t t = {0};
   t.us[FP4IDX_STAGE_READ] = call->read_us;
   fp4idx__cmd_stage_times(&t, call->t0_us, call->td_us, call->tq_us, call->te_us, tf, timing);
