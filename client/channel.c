@@ -25,6 +25,8 @@ typedef int (*fp4idx__cu_devptr_fn)(unsigned long long *, void *, unsigned);
 typedef int (*fp4idx__cu_unreg_fn)(void *);
 typedef int (*fp4idx__cu_w32_fn)(void *, unsigned long long, uint32_t, unsigned);
 typedef int (*fp4idx__cu_w64_fn)(void *, unsigned long long, uint64_t, unsigned);
+typedef int (*fp4idx__cu_sync_fn)(void);
+typedef int (*fp4idx__cu_push_fn)(void *);
 
 #define FP4IDX__CU_MEMHOSTREGISTER_PORTABLE 0x01u
 #define FP4IDX__CU_MEMHOSTREGISTER_DEVICEMAP 0x02u
@@ -40,6 +42,9 @@ static struct {
   fp4idx__cu_unreg_fn host_unregister;
   fp4idx__cu_w32_fn write32, wait32;
   fp4idx__cu_w64_fn write64;
+  fp4idx__cu_sync_fn ctx_synchronize;
+  fp4idx__cu_push_fn ctx_push;
+  fp4idx__cu_ctx_fn ctx_pop;
 } fp4idx__cu = {.once = PTHREAD_ONCE_INIT};
 
 /* The newest name of a driver entry point first (_v2 since CUDA 11.7 for
@@ -65,7 +70,13 @@ static void fp4idx__cu_load(void) {
       (fp4idx__cu_w32_fn)fp4idx__cu_sym(h, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
   fp4idx__cu.write64 =
       (fp4idx__cu_w64_fn)fp4idx__cu_sym(h, "cuStreamWriteValue64_v2", "cuStreamWriteValue64");
-  fp4idx__cu.ok = fp4idx__cu.init && fp4idx__cu.ctx_get_current && fp4idx__cu.host_register &&
+  fp4idx__cu.ctx_synchronize = (fp4idx__cu_sync_fn)fp4idx__cu_sym(h, NULL, "cuCtxSynchronize");
+  fp4idx__cu.ctx_push = (fp4idx__cu_push_fn)fp4idx__cu_sym(h, "cuCtxPushCurrent_v2",
+                                                          "cuCtxPushCurrent");
+  fp4idx__cu.ctx_pop = (fp4idx__cu_ctx_fn)fp4idx__cu_sym(h, "cuCtxPopCurrent_v2",
+                                                        "cuCtxPopCurrent");
+  fp4idx__cu.ok = fp4idx__cu.ctx_synchronize && fp4idx__cu.ctx_push && fp4idx__cu.ctx_pop &&
+                  fp4idx__cu.init && fp4idx__cu.ctx_get_current && fp4idx__cu.host_register &&
                   fp4idx__cu.host_device_pointer && fp4idx__cu.host_unregister &&
                   fp4idx__cu.write32 && fp4idx__cu.wait32 && fp4idx__cu.write64 &&
                   fp4idx__cu.init(0) == 0;
@@ -87,6 +98,8 @@ struct fp4idx_client_channel_s {
   uint8_t *block;              /* this process's mapping */
   size_t size;
   unsigned long long dblock;   /* its device address, 0 without CUDA */
+  void *ctx;                   /* the CUDA context current at open (with dblock) */
+  uint32_t released;           /* pending calls the last release completed (watcher) */
   uint32_t next_ticket;        /* atomic */
   int sock;                    /* a dup of the connection's socket (watcher) */
   int wake[2];                 /* pipe: close -> watcher */
@@ -94,14 +107,17 @@ struct fp4idx_client_channel_s {
   int dead;                    /* the connection is gone (atomic) */
 };
 
-/* Writes ECONN into every pending (0) completion word. */
-static void fp4idx__client_channel_release(fp4idx_client_channel_t *ch) {
+/* Writes ECONN into every pending (0) completion word; returns how many. */
+static uint32_t fp4idx__client_channel_release(fp4idx_client_channel_t *ch) {
+  uint32_t n = 0;
   for (uint32_t i = 0; i < ch->nslots; i++) {
     fp4idx_channel_slot_t *s = fp4idx_channel_slot(ch->block, i);
     uint32_t zero = 0, t = __atomic_load_n(&s->desc.ticket, __ATOMIC_RELAXED);
-    __atomic_compare_exchange_n(&s->completion, &zero, fp4idx_channel_completion(t, FP4IDX_ECONN),
-                                0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    n += __atomic_compare_exchange_n(&s->completion, &zero,
+                                     fp4idx_channel_completion(t, FP4IDX_ECONN), 0,
+                                     __ATOMIC_RELEASE, __ATOMIC_RELAXED);
   }
+  return n;
 }
 
 /* Waits for the connection to close (or the channel to), then releases the
@@ -121,8 +137,19 @@ static void *fp4idx__client_channel_watch(void *arg) {
     if (__atomic_load_n(&ch->dead, __ATOMIC_ACQUIRE)) fp4idx__client_channel_release(ch);
     if (p[1].revents) break;
   }
-  fp4idx__client_channel_release(ch);
+  ch->released = fp4idx__client_channel_release(ch); /* read after the join */
   return NULL;
+}
+
+/* A stream may still be waiting on a word the close just completed: the
+ * device must have read it before the block is unregistered, so the
+ * channel's context is synchronized first (only then: it waits for all of
+ * the context's work). */
+static void fp4idx__client_channel_settle(fp4idx_client_channel_t *ch) {
+  void *was = NULL;
+  if (!ch->dblock || !ch->released || !ch->ctx || fp4idx__cu.ctx_push(ch->ctx) != 0) return;
+  (void)fp4idx__cu.ctx_synchronize();
+  (void)fp4idx__cu.ctx_pop(&was);
 }
 
 static void fp4idx__client_channel_free(fp4idx_client_channel_t *ch) {
@@ -159,6 +186,7 @@ static fp4idx_status_t fp4idx__client_channel_map_device(fp4idx_client_t *c,
   int r = fp4idx__cu.host_register(ch->block, ch->size, flags);
   if (r != 0)
     return fp4idx__client_fail(c, FP4IDX_EDEVICE, "cuMemHostRegister of the block: error %d", r);
+  (void)fp4idx__cu.ctx_get_current(&ch->ctx);
   r = fp4idx__cu.host_device_pointer(&ch->dblock, ch->block, 0);
   if (r != 0 || !ch->dblock) {
     fp4idx__cu.host_unregister(ch->block);
@@ -340,6 +368,7 @@ fp4idx_status_t fp4idx_client_channel_close(fp4idx_client_channel_t *ch) {
   while (write(ch->wake[1], &one, 1) < 0 && errno == EINTR) {
   }
   pthread_join(ch->watcher, NULL); /* it releases the pending calls last */
+  fp4idx__client_channel_settle(ch);
   c->channels--;
   fp4idx__client_channel_free(ch);
   return st;

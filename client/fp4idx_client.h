@@ -561,7 +561,9 @@ uint64_t fp4idx_client_channel_device_block(const fp4idx_client_channel_t *ch);
  * FP4IDX_ECONN into every pending completion word, stops the watcher,
  * unregisters and unmaps the block, frees ch. Streams must have no call of
  * the channel still to come (synchronize them first: a call already
- * waiting is released with ECONN). Returns what the daemon answered
+ * waiting is released with ECONN, and then the channel's CUDA context is
+ * synchronized before the block is unregistered, so that the stream has
+ * read its completion word). Returns what the daemon answered
  * (FP4IDX_OK when not connected); ch is freed either way. */
 fp4idx_status_t fp4idx_client_channel_close(fp4idx_client_channel_t *ch);
 
