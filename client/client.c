@@ -256,6 +256,18 @@ fp4idx_status_t fp4idx_client_sharing(fp4idx_client_t *c, fp4idx_client_sharing_
   return FP4IDX_OK;
 }
 
+fp4idx_status_t fp4idx_client_channels(fp4idx_client_t *c, uint64_t *open) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (open == NULL) return bad_arg(c, "open is NULL");
+  fp4idx_request_t req = {.op = FP4IDX_OP_INFO};
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  *open = x.resp.u.info.channels;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 /* ---- keys ---------------------------------------------------------------- */
 
 /* The wire dtype and shape [n,128] or [n,68] of an append's keys. */

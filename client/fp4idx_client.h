@@ -187,6 +187,13 @@ typedef struct fp4idx_client_sharing_s {
   uint64_t other_processes;     /* other processes with a context on the GPU */
 } fp4idx_client_sharing_t;
 
+/* The channels open on the daemon now, of every connection (info's
+ * "channels"; 0 from a daemon that does not report it), from one info
+ * request.
+ * Takes: c connected; open (required).
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (open NULL); connection errors. */
+fp4idx_status_t fp4idx_client_channels(fp4idx_client_t *c, uint64_t *open);
+
 /* The GPU sharing mode, from one info request.
  * Takes: c connected; out (required).
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (out NULL); connection errors. */

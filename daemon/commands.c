@@ -70,6 +70,9 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   const fp4idx_sharing_t *sh = fp4idx__daemon_sharing(d);
   snprintf(in->gpu_sharing, sizeof in->gpu_sharing, "%s", fp4idx__sharing_name(sh->mode));
   in->gpu_other_processes = sh->other_processes;
+  pthread_mutex_lock(&d->stats.mu); /* info may run on the loop */
+  in->channels = d->stats.channels;
+  pthread_mutex_unlock(&d->stats.mu);
   return FP4IDX_OK;
 }
 

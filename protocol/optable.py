@@ -109,7 +109,10 @@ stays open; the client may retry with another version or disconnect)."""),
         F("gpu_other_processes", "uint", since=2,
           doc="processes other than the daemon that hold a compute context on its GPU "
               "(under MPS the other clients; the MPS server is not counted); 0 for "
-              '`"unknown"` and `"none"`. Optional: 0 when absent')],
+              '`"unknown"` and `"none"`. Optional: 0 when absent'),
+        F("channels", "uint", since=2,
+          doc='channels open now, of every connection ("Channels"; `stats` counts their '
+              'calls). Optional: 0 when absent')],
        resp_type="fp4idx_info_t"),
 
     OP("append", ["MUTATES"],

@@ -143,10 +143,15 @@ Test(channel, topk_and_logits_equal_the_socket_and_repeat_round_the_ring) {
   cr_assert_eq(st->channel_calls, 10u);
   cr_assert_eq(st->channel_errors, 0u);
   fp4idx_client_free(st);
+  uint64_t open = 0;
+  CHECK(s.c, fp4idx_client_channels(s.c, &open)); /* info's "channels" */
+  cr_assert_eq(open, 1u);
   CHECK(s.c, fp4idx_client_channel_close(ch));
   CHECK(s.c, fp4idx_client_stats(s.c, &st));
   cr_assert_eq(st->channels, 0u);
   fp4idx_client_free(st);
+  CHECK(s.c, fp4idx_client_channels(s.c, &open));
+  cr_assert_eq(open, 0u);
   free(ref);
   teardown(&s);
 }

@@ -178,7 +178,7 @@ int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int jso
  * "latency_buckets":[{"le_us","count"}]}] (per-bucket counts, the last
  * bound +inf written as null). Returns 0 or -1 (write error). */
 int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
-                            const fp4idx_client_sharing_t *sh);
+                            const fp4idx_client_sharing_t *sh, uint64_t channels);
 int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s);
 
 /* Width of the terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. */

@@ -158,7 +158,7 @@ int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int jso
 }
 
 int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
-                            const fp4idx_client_sharing_t *sh) {
+                            const fp4idx_client_sharing_t *sh, uint64_t channels) {
   fputs("{\"server\":", f);
   json_str(f, in->server);
   fprintf(f, ",\"protocol\":%u,\"backend\":", in->version);
@@ -172,7 +172,8 @@ int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
           (unsigned long long)in->pages_free, (unsigned long long)in->sequences,
           (unsigned long long)in->max_frame);
   json_str(f, sh->mode);
-  fprintf(f, ",\"gpu_other_processes\":%llu}\n", (unsigned long long)sh->other_processes);
+  fprintf(f, ",\"gpu_other_processes\":%llu,\"channels\":%llu}\n",
+          (unsigned long long)sh->other_processes, (unsigned long long)channels);
   return ferror(f) ? -1 : 0;
 }
 
