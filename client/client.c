@@ -256,6 +256,18 @@ fp4idx_status_t fp4idx_client_sharing(fp4idx_client_t *c, fp4idx_client_sharing_
   return FP4IDX_OK;
 }
 
+fp4idx_status_t fp4idx_client_channels(fp4idx_client_t *c, uint64_t *open) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (open == NULL) return bad_arg(c, "open is NULL");
+  fp4idx_request_t req = {.op = FP4IDX_OP_INFO};
+  exchange_t x;
+  fp4idx_status_t st = roundtrip(c, &req, &x);
+  if (st != FP4IDX_OK) return st;
+  *open = x.resp.u.info.channels;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 /* ---- keys ---------------------------------------------------------------- */
 
 /* The wire dtype and shape [n,128] or [n,68] of an append's keys. */
@@ -352,15 +364,20 @@ static fp4idx_status_t roundtrip_empty(fp4idx_client_t *c,
   return FP4IDX_OK;
 }
 
-fp4idx_status_t fp4idx__client_call(fp4idx_client_t *c, fp4idx_request_t *req,
-                                    fp4idx_response_t *resp) {
+fp4idx_status_t fp4idx__client_call_fd(fp4idx_client_t *c, fp4idx_request_t *req, int fd,
+                                       fp4idx_response_t *resp) {
   exchange_t x;
-  fp4idx_status_t st = roundtrip(c, req, &x);
+  fp4idx_status_t st = roundtrip_fd(c, req, fd, &x);
   if (st != FP4IDX_OK) return st;
   *resp = x.resp;
   resp->owned_ = NULL; /* integer fields only: nothing points into x */
   exchange_done(&x);
   return FP4IDX_OK;
+}
+
+fp4idx_status_t fp4idx__client_call(fp4idx_client_t *c, fp4idx_request_t *req,
+                                    fp4idx_response_t *resp) {
+  return fp4idx__client_call_fd(c, req, -1, resp);
 }
 
 fp4idx_status_t fp4idx_client_list(fp4idx_client_t *c, uint64_t cursor,
@@ -869,6 +886,9 @@ fp4idx_status_t fp4idx_client_stats(fp4idx_client_t *c,
   s->buffered_bytes = in->buffered_bytes;
   s->buffered_bytes_peak = in->buffered_bytes_peak;
   s->buffer_budget = in->buffer_budget;
+  s->channels = in->channels;
+  s->channel_calls = in->channel_calls;
+  s->channel_errors = in->channel_errors;
   s->nops = (uint32_t)in->nops;
   s->ops = (fp4idx_client_op_stats_t *)(block + align8(sizeof *s));
   s->nstages = (uint32_t)in->nstages;

@@ -21,6 +21,7 @@ struct fp4idx_client_s {
   int busy_poll_us;       /* spin on recv this long before sleeping in poll */
   uint64_t next_id;       /* id of the next request */
   uint64_t max_frame;     /* daemon's request limit once known, else 0 */
+  int channels;           /* channels open on this connection (channel.c) */
   fp4idx_status_t last_status;
   char last_error[512];
 };
@@ -88,5 +89,10 @@ fp4idx_status_t fp4idx__client_recv_score(fp4idx_client_t *c, uint64_t id, uint6
  * a connection error, with the message recorded on c. */
 fp4idx_status_t fp4idx__client_call(fp4idx_client_t *c, fp4idx_request_t *req,
                                     fp4idx_response_t *resp);
+
+/* The same with `fd` (>= 0) passed as SCM_RIGHTS with the frame (host
+ * regions, channel control blocks); -1: none. */
+fp4idx_status_t fp4idx__client_call_fd(fp4idx_client_t *c, fp4idx_request_t *req, int fd,
+                                       fp4idx_response_t *resp);
 
 #endif

@@ -109,6 +109,9 @@ fp4idx_client_t *fp4idx_client_new(void) {
 }
 
 void fp4idx__client_disconnect(fp4idx_client_t *c) {
+  /* with channels open, shutdown first: each channel's watcher holds a dup
+   * of the socket, and the daemon must see this side close */
+  if (c->fd >= 0 && c->channels > 0) shutdown(c->fd, SHUT_RDWR);
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
   c->max_frame = 0;

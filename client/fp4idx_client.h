@@ -187,6 +187,13 @@ typedef struct fp4idx_client_sharing_s {
   uint64_t other_processes;     /* other processes with a context on the GPU */
 } fp4idx_client_sharing_t;
 
+/* The channels open on the daemon now, of every connection (info's
+ * "channels"; 0 from a daemon that does not report it), from one info
+ * request.
+ * Takes: c connected; open (required).
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (open NULL); connection errors. */
+fp4idx_status_t fp4idx_client_channels(fp4idx_client_t *c, uint64_t *open);
+
 /* The GPU sharing mode, from one info request.
  * Takes: c connected; out (required).
  * Returns: FP4IDX_OK; FP4IDX_EINVAL (out NULL); connection errors. */
@@ -457,6 +464,116 @@ static inline fp4idx_status_t fp4idx_client_region_register_device(
 }
 #endif
 
+/* ---- channels: calls made by a CUDA stream ------------------------------- */
+
+/* A channel (protocol/PROTOCOL.md "Channels") lets a CUDA stream call the
+ * daemon with no host round trip, so that the call can sit inside a
+ * captured CUDA graph: fp4idx_client_channel_score / _topk enqueue on the
+ * stream the writes of a slot's descriptor and doorbell and a wait for the
+ * slot's completion word; the daemon runs the score on the channel's
+ * regions and writes the completion word after the outputs. This library
+ * does not link CUDA: the driver is loaded at run time
+ * (dlopen("libcuda.so.1")), and streams are passed as void * (a CUstream or
+ * cudaStream_t; NULL, the legacy default stream, is allowed).
+ *
+ * Replays: a captured call writes the same values each time the graph is
+ * replayed, and the daemon takes each ring as a new call. What changes per
+ * step -- q, w, lens -- must be in the regions, updated by the caller's
+ * kernels before the call (the offsets in the descriptor are fixed).
+ *
+ * Failures never hang a stream: a bad call completes with its error; a
+ * thread of the channel watches the connection and, once it is closed (the
+ * daemon died, or fp4idx_client_close), writes every pending completion
+ * word with FP4IDX_ECONN, and keeps doing so for later calls until
+ * fp4idx_client_channel_close. A stream's wait ends in every case; read the
+ * call's status with fp4idx_client_channel_status. */
+typedef struct fp4idx_client_channel_s fp4idx_client_channel_t;
+
+/* One call. Offsets are bytes in the channel's regions (see
+ * fp4idx_client_channel_open); every tensor is C-ordered. */
+typedef struct fp4idx_client_channel_call_s {
+  uint64_t seq;              /* the sequence to score */
+  uint32_t rows;             /* R, 1..65536 */
+  uint32_t heads;            /* H, 1..128 */
+  uint64_t q_offset;         /* q bf16 [R,H,128] in the q region (multiple of 2) */
+  uint64_t w_offset;         /* w bf16 [R,H] in the w region (multiple of 2) */
+  int64_t lens_offset;       /* lens i32 [R] in the lens region, or -1: none */
+  uint64_t logits_offset;    /* out: f32 [R,W] (score) or [R,k] (topk) */
+  uint64_t positions_offset; /* out, topk: i32 [R,k] */
+  uint64_t counts_offset;    /* out, topk: i32 [R] */
+} fp4idx_client_channel_call_t;
+
+/* Opens a channel of `slots` slots (1..1024; calls that may be in flight
+ * together need a slot each, calls of one stream take one at a time) whose
+ * calls read q, w and lens from regions q_region, w_region, lens_region (0:
+ * calls pass no lens) and write into out_region -- regions registered on c
+ * (CUDA regions for calls by a GPU stream; host regions work too). The
+ * control block is a sealed memfd mapped here and registered with the CUDA
+ * driver (cuMemHostRegister) when one can be loaded; without a driver the
+ * channel opens for host calls only (stream NULL with
+ * FP4IDX_CLIENT_CHANNEL_HOST, below).
+ * Returns: FP4IDX_OK with *out (release it with
+ *   fp4idx_client_channel_close); FP4IDX_EINVAL; FP4IDX_ENOMEM (memfd,
+ *   mmap, thread); FP4IDX_EDEVICE (the driver refused to register the
+ *   block); the daemon's FP4IDX_ENOREGION (a region not registered on c),
+ *   FP4IDX_EREGION, FP4IDX_E2BIG (more than 4 channels), FP4IDX_ESHAPE (slots
+ *   out of range); connection errors. */
+fp4idx_status_t fp4idx_client_channel_open(fp4idx_client_t *c, uint32_t slots,
+                                           uint64_t q_region, uint64_t w_region,
+                                           uint64_t lens_region, uint64_t out_region,
+                                           fp4idx_client_channel_t **out);
+
+/* `stream` value for a call made by the calling thread instead of a CUDA
+ * stream: it writes the slot with CPU stores and waits (spinning, then
+ * napping) for the completion word; for hosts without a GPU and tests. */
+#define FP4IDX_CLIENT_CHANNEL_HOST ((void *)(intptr_t)-1)
+
+/* Enqueues on `stream` a full-logits call: logits f32 [R,width] at
+ * call->logits_offset of the output region, width = W (max(lens), or the
+ * sequence's length without lens; ESHAPE otherwise, as a region score).
+ * The stream continues once the call completed. *ticket (may be NULL)
+ * names the call for fp4idx_client_channel_status.
+ * Returns: FP4IDX_OK once enqueued (the call's own status comes with its
+ *   completion word); FP4IDX_EINVAL (bad argument, checked here: rows,
+ *   heads, NULL); FP4IDX_ENODEV (a stream given and no CUDA driver);
+ *   FP4IDX_EDEVICE (the driver refused a stream operation); FP4IDX_ECONN
+ *   (the channel is closed or its connection lost). With
+ *   FP4IDX_CLIENT_CHANNEL_HOST the call has completed on return, and the
+ *   return value is its status. */
+fp4idx_status_t fp4idx_client_channel_score(fp4idx_client_channel_t *ch, void *stream,
+                                            const fp4idx_client_channel_call_t *call,
+                                            uint32_t width, uint32_t *ticket);
+
+/* The same for a top-k call: positions i32 [R,k], logits f32 [R,k], counts
+ * i32 [R] at the call's offsets (k in 1..1048576). */
+fp4idx_status_t fp4idx_client_channel_topk(fp4idx_client_channel_t *ch, void *stream,
+                                           const fp4idx_client_channel_call_t *call,
+                                           uint32_t k, uint32_t *ticket);
+
+/* The status of the latest call with `ticket`, read from its completion
+ * word (host side; after the stream passed the call, e.g. after a
+ * synchronize). Returns: the call's status (FP4IDX_OK or the daemon's
+ * error, FP4IDX_ECONN when the channel or connection closed first);
+ * FP4IDX_EINVAL when the call has not completed (or ch is NULL). */
+fp4idx_status_t fp4idx_client_channel_status(const fp4idx_client_channel_t *ch,
+                                             uint32_t ticket);
+
+/* Device pointer (as a 64-bit integer) of the control block's mapping in
+ * the CUDA address space, for kernels that write a descriptor field or read
+ * a completion word themselves; 0 without CUDA. Slot i starts at
+ * 64 + 128 i (PROTOCOL.md "Channels"). */
+uint64_t fp4idx_client_channel_device_block(const fp4idx_client_channel_t *ch);
+
+/* Closes the channel: asks the daemon to close it (when connected), writes
+ * FP4IDX_ECONN into every pending completion word, stops the watcher,
+ * unregisters and unmaps the block, frees ch. Streams must have no call of
+ * the channel still to come (synchronize them first: a call already
+ * waiting is released with ECONN, and then the channel's CUDA context is
+ * synchronized before the block is unregistered, so that the stream has
+ * read its completion word). Returns what the daemon answered
+ * (FP4IDX_OK when not connected); ch is freed either way. */
+fp4idx_status_t fp4idx_client_channel_close(fp4idx_client_channel_t *ch);
+
 /* ---- stats ---------------------------------------------------------------- */
 
 /* Per-op counters. Latency histogram: hist[i] requests took <= bounds_us[i]
@@ -511,6 +628,10 @@ typedef struct fp4idx_client_stats_s {
                                       not run, replies not yet written out */
   uint64_t buffered_bytes_peak;    /* the most buffered_bytes has been */
   uint64_t buffer_budget;          /* --buffer-budget, bytes */
+  /* Channels (0 from daemons without them): */
+  uint64_t channels;               /* open now */
+  uint64_t channel_calls;          /* calls completed since start */
+  uint64_t channel_errors;         /* of which with an error status */
 } fp4idx_client_stats_t;
 
 /* Daemon counters.

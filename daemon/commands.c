@@ -36,6 +36,7 @@ typedef struct fp4idx__cmd_s {
   void *scratch;                 /* what resp points into; freed by cleanup */
   void (*cleanup)(void *scratch); /* after the response is encoded */
 } fp4idx__cmd_t;
+#include "channel_cmd.h" /* the channel ops' handlers, in channel.c */
 
 /* ---- ops: one handler per row of FP4IDX_OP_MAP -------------------------- */
 
@@ -69,6 +70,9 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   const fp4idx_sharing_t *sh = fp4idx__daemon_sharing(d);
   snprintf(in->gpu_sharing, sizeof in->gpu_sharing, "%s", fp4idx__sharing_name(sh->mode));
   in->gpu_other_processes = sh->other_processes;
+  pthread_mutex_lock(&d->stats.mu); /* info may run on the loop */
+  in->channels = d->stats.channels;
+  pthread_mutex_unlock(&d->stats.mu);
   return FP4IDX_OK;
 }
 
@@ -552,7 +556,7 @@ static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
   msgpack_sbuffer out;
   msgpack_sbuffer_init(&out);
   int erc = rc;
-  if (rc == FP4IDX_OK) {
+  if (rc == FP4IDX_OK && !call->no_frame) {
     erc = fp4idx__cmd_encode(resp, &out, reply);
     if (erc) {
       rc = erc;
@@ -571,7 +575,7 @@ static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
     free(reply->payloads);
     reply->payloads = NULL;
     reply->npayloads = 0;
-    erc = fp4idx_encode_error(&out, req->id, rc, call->msg);
+    erc = call->no_frame ? FP4IDX_OK : fp4idx_encode_error(&out, req->id, rc, call->msg);
   }
   if ((erc == FP4IDX_OK || rc != FP4IDX_OK) && out.size) {
     reply->frame_len = out.size;
@@ -589,7 +593,8 @@ static void fp4idx__cmd_done(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call,
 
   double tf = fp4idx__stats_now_us();
   fp4idx__stats_record(&d->stats, req->op, rc, tf - call->t0_us);
-  fp4idx__stats_request(&d->stats, req, rc, call->len + FP4IDX_FRAME_HEADER, reply->total_len);
+  fp4idx__stats_request(&d->stats, req, rc,
+                        call->no_frame ? 0 : call->len + FP4IDX_FRAME_HEADER, reply->total_len);
   fp4idx_stage_times_t t = {0};
   t.us[FP4IDX_STAGE_READ] = call->read_us;
   fp4idx__cmd_stage_times(&t, call->t0_us, call->td_us, call->tq_us, call->te_us, tf, timing);

@@ -75,6 +75,10 @@ typedef struct fp4idx_cmd_call_s {
   double t0_us, td_us, tq_us, te_us, read_us;
   fp4idx_score_job_t *score;     /* a score's plan (fp4idx__cmd_exec returned 1) */
   fp4idx_cmd_reply_t *reply;     /* the answer, once final */
+  /* 1: a call that came without a frame and wants none back (a channel
+   * call, channel.h): its status is call->rc with call->msg, reply stays
+   * empty, and stats count no wire bytes for it */
+  int no_frame;
 } fp4idx_cmd_call_t;
 
 /* Runs call's handler (worker thread; the loop for a loop op). Returns 0

@@ -49,6 +49,7 @@ static void fp4idx__daemon_server_stopped(fp4idx_server_t *srv) {
   /* Every connection is closed, so every request has been answered; jobs
    * from hooks may still be queued: stop runs them first. */
   fp4idx__worker_stop(&d->worker);
+  fp4idx__channels_stop(&d->channels); /* every channel closed with its connection */
   if (d->hooks.shutdown) d->hooks.shutdown(d, d->hooks.arg);
   uv_close((uv_handle_t *)&d->sig_int, NULL);
   uv_close((uv_handle_t *)&d->sig_term, NULL);
@@ -207,6 +208,9 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server->busypoll = &d->busypoll;
   d->worker.spin_us = spin;
   d->worker.hold_spin = &d->busypoll.on;
+  rc = fp4idx__channels_init(&d->channels, &d->loop, &d->worker, &d->stats, d,
+                             fp4idx__channel_run_score);
+  if (rc) goto err;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
    * that comes as soon as a client can connect must stop gracefully, not
    * kill the process with the socket file left behind. */
@@ -290,6 +294,7 @@ static void fp4idx__daemon_walk_close(uv_handle_t *h, void *arg) {
 void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   if (!d) return;
   if (d->worker.started) fp4idx__worker_stop(&d->worker);
+  fp4idx__channels_stop(&d->channels);
   if (d->loop_ok) {
     /* Close whatever is left (listeners that never served, etc). */
     uv_walk(&d->loop, fp4idx__daemon_walk_close, NULL);

@@ -23,6 +23,7 @@
 
 #include "busypoll.h"
 #include "cache.h"
+#include "channel.h"
 #include "config.h"
 #include "engine.h"
 #include "sharing.h"
@@ -81,6 +82,7 @@ struct fp4idx_daemon_s {
   fp4idx_busypoll_t busypoll;   /* the loop polls while work is near */
   fp4idx_daemon_stats_t stats;
   fp4idx_stages_t stages;       /* time per stage of the request path */
+  fp4idx_channels_t channels;   /* open channels and their watcher */
   /* The cache's counts as of the last request the worker finished, for
    * requests answered on the loop (info, stats) and for the metrics
    * endpoint's thread: written by the worker after each request, read

@@ -47,9 +47,8 @@ static void fp4idx__regions_log_added(const fp4idx_regions_t *rs, const fp4idx_r
                    r->pinned ? ", pinned" : "");
 }
 
-int fp4idx__regions_add_host(fp4idx_regions_t *rs, int fd, uint64_t size, uint64_t *id,
-                             char *msg, size_t cap) {
-  int rc = FP4IDX_OK;
+int fp4idx__memfd_map(int fd, uint64_t size, void **base, char *msg, size_t cap) {
+  *base = NULL;
   if (fd < 0)
     return fp4idx__fail(msg, cap, FP4IDX_EREGION,
                         "a host region needs its memfd sent with SCM_RIGHTS in the same "
@@ -74,14 +73,27 @@ int fp4idx__regions_add_host(fp4idx_regions_t *rs, int fd, uint64_t size, uint64
                         "size %" PRIu64 " is larger than the memfd (%lld bytes)", size,
                         (long long)st.st_size);
   if (size > SIZE_MAX) return fp4idx__fail(msg, cap, FP4IDX_E2BIG, "size too large");
-  fp4idx_region_t *r = fp4idx__regions_slot(rs, size, &rc, msg, cap);
-  if (!r) return rc;
-  void *base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED)
+  void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
     return fp4idx__fail(msg, cap, FP4IDX_EREGION,
                         "cannot map the memfd read-write: %s (is it sealed against "
                         "writes?)",
                         strerror(errno));
+  *base = p;
+  return FP4IDX_OK;
+}
+
+int fp4idx__regions_add_host(fp4idx_regions_t *rs, int fd, uint64_t size, uint64_t *id,
+                             char *msg, size_t cap) {
+  int rc = FP4IDX_OK;
+  void *base = NULL;
+  rc = fp4idx__memfd_map(fd, size, &base, msg, cap);
+  if (rc) return rc;
+  fp4idx_region_t *r = fp4idx__regions_slot(rs, size, &rc, msg, cap);
+  if (!r) {
+    munmap(base, (size_t)size);
+    return rc;
+  }
   *r = (fp4idx_region_t){.id = ++rs->next_id, .kind = FP4IDX_REGION_HOST, .base = base,
                          .size = size};
   /* Pinned pages let the CUDA backend's copies go straight in and out. A
@@ -150,6 +162,8 @@ int fp4idx__regions_remove(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t 
 }
 
 void fp4idx__regions_clear(fp4idx_regions_t *rs) {
+  if (rs->on_clear) rs->on_clear(rs); /* its channels first: they use the regions */
+  rs->on_clear = NULL;
   for (unsigned i = 0; i < FP4IDX_PROTO_MAX_REGIONS; i++)
     if (rs->r[i].id) fp4idx__region_release(rs, &rs->r[i]);
 }

@@ -44,6 +44,11 @@ typedef struct fp4idx_regions_s {
   gid_t gid;
   int cuda_device;     /* the daemon's CUDA device, -1 on the CPU backend */
   fp4idx_job_t release; /* the job that frees the table when the connection closes */
+  /* The connection's channels (channel.h), closed by fp4idx__regions_clear
+   * through on_clear before the regions go (worker thread). */
+  struct fp4idx_channel_s *channels;
+  uint64_t next_channel_id; /* channel ids are never reused on a connection */
+  void (*on_clear)(struct fp4idx_regions_s *rs);
 } fp4idx_regions_t;
 
 /* Initialises an empty table for connection conn_id; cuda_device is the
@@ -72,7 +77,13 @@ int fp4idx__regions_add_cuda(fp4idx_regions_t *rs, const void *handle, size_t ha
 /* Releases region `id`. FP4IDX_OK or FP4IDX_ENOREGION. */
 int fp4idx__regions_remove(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t cap);
 
-/* Releases every region (the connection closed). */
+/* Checks that fd is a memfd sealed with F_SEAL_SHRINK and at least `size`
+ * bytes long, and maps `size` bytes of it shared and read-write into *base
+ * (the caller munmaps it). Returns FP4IDX_OK, FP4IDX_EREGION (the reason in
+ * msg) or FP4IDX_E2BIG (size above SIZE_MAX). */
+int fp4idx__memfd_map(int fd, uint64_t size, void **base, char *msg, size_t cap);
+
+/* Releases every region (the connection closed), its channels first. */
 void fp4idx__regions_clear(fp4idx_regions_t *rs);
 
 /* Checks a reference (t->region != 0) named `what` in messages: the region

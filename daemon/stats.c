@@ -71,6 +71,20 @@ void fp4idx__stats_to_wire(const fp4idx_daemon_stats_t *snap, fp4idx_stats_t *st
   st->response_bytes = snap->response_bytes;
   st->queue_depth = snap->queue_depth;
   memcpy(st->status_errors, snap->status_errors, sizeof st->status_errors);
+  st->channels = snap->channels;
+  st->channel_calls = snap->channel_calls;
+  st->channel_errors = snap->channel_errors;
+}
+
+void fp4idx__stats_channel(fp4idx_daemon_stats_t *s, int open_delta, int status) {
+  pthread_mutex_lock(&s->mu);
+  if (open_delta > 0) s->channels++;
+  else if (open_delta < 0 && s->channels > 0) s->channels--;
+  if (open_delta == 0) {
+    s->channel_calls++;
+    if (status) s->channel_errors++;
+  }
+  pthread_mutex_unlock(&s->mu);
 }
 
 void fp4idx__stats_queue(fp4idx_daemon_stats_t *s, int delta) {
@@ -103,6 +117,9 @@ void fp4idx__stats_snapshot(fp4idx_daemon_stats_t *s, fp4idx_daemon_stats_t *out
   out->response_bytes = s->response_bytes;
   memcpy(out->status_errors, s->status_errors, sizeof s->status_errors);
   out->queue_depth = s->queue_depth;
+  out->channels = s->channels;
+  out->channel_calls = s->channel_calls;
+  out->channel_errors = s->channel_errors;
   pthread_mutex_unlock(&s->mu);
   if (uptime_s) *uptime_s = fp4idx__stats_now_us() / 1e6 - s->start_s;
 }

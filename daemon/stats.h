@@ -44,6 +44,9 @@ typedef struct fp4idx_daemon_stats_s {
   uint64_t response_bytes;      /* response frames, length prefix included */
   uint64_t status_errors[FP4IDX_STATS_STATUSES]; /* by -status; [0] unused */
   uint64_t queue_depth;         /* requests received, not yet on the worker */
+  uint64_t channels;            /* channels open now */
+  uint64_t channel_calls;       /* channel calls completed */
+  uint64_t channel_errors;      /* of which with an error status */
 } fp4idx_daemon_stats_t;
 
 /* Wire name of an op, "unknown" for FP4IDX_OP_NONE. */
@@ -71,6 +74,10 @@ void fp4idx__stats_to_wire(const fp4idx_daemon_stats_t *snap, fp4idx_stats_t *st
 
 /* +1 when a request is queued for the worker, -1 when the worker takes it. */
 void fp4idx__stats_queue(fp4idx_daemon_stats_t *s, int delta);
+
+/* Channels: open_delta +1 / -1 when one opens / closes; 0 for a completed
+ * call with its status. */
+void fp4idx__stats_channel(fp4idx_daemon_stats_t *s, int open_delta, int status);
 
 /* +1 / -1 open connections. */
 void fp4idx__stats_conn(fp4idx_daemon_stats_t *s, int delta);

@@ -78,6 +78,8 @@ extern "C" {
 #define FP4IDX_PROTO_MAX_REGIONS 16u               /* regions per connection */
 #define FP4IDX_PROTO_MAX_REGION_BYTES ((uint64_t)64 << 30) /* their bytes */
 #define FP4IDX_PROTO_CUDA_HANDLE 64u   /* bytes of a cudaIpcMemHandle_t */
+#define FP4IDX_PROTO_MAX_CHANNEL_SLOTS 1024u /* "slots" of channel_open */
+#define FP4IDX_PROTO_MAX_CHANNELS 4u   /* channels per connection */
 #define FP4IDX_PROTO_MAX_STATUSES 64u /* "errors_by_status": codes 0..-63 */
 
 /* Fixed sizes of the NUL-terminated strings of decoded responses; longer

@@ -109,7 +109,10 @@ stays open; the client may retry with another version or disconnect)."""),
         F("gpu_other_processes", "uint", since=2,
           doc="processes other than the daemon that hold a compute context on its GPU "
               "(under MPS the other clients; the MPS server is not counted); 0 for "
-              '`"unknown"` and `"none"`. Optional: 0 when absent')],
+              '`"unknown"` and `"none"`. Optional: 0 when absent'),
+        F("channels", "uint", since=2,
+          doc='channels open now, of every connection ("Channels"; `stats` counts their '
+              'calls). Optional: 0 when absent')],
        resp_type="fp4idx_info_t"),
 
     OP("append", ["MUTATES"],
@@ -326,6 +329,11 @@ with E2BIG ("Large responses")."""),
           doc="the most `buffered_bytes` has been since start"),
         F("buffer_budget", "uint", since=2,
           doc="the buffer budget (`--buffer-budget`), bytes"),
+        F("channels", "uint", since=2, doc="channels open now (\"Channels\")"),
+        F("channel_calls", "uint", since=2,
+          doc="channel calls completed since start (each also counts as a `score`)"),
+        F("channel_errors", "uint", since=2,
+          doc="of which completed with an error status"),
         F("errors_by_status", "more", type="map", since=2,
           decl=["/* status name -> count, held by -code (index 0 unused); names this",
                 " * build does not know are skipped when decoding */",
@@ -485,4 +493,42 @@ prefix is cached before appending after it or forking from it.""",
        [F("seq", "uint", required=True, doc=SEQ_KNOWN)],
        [F("length", "uint", doc="the keys the sequence holds (positions `0 .. length-1`)")],
        client="length", py="value"),
+
+    OP("channel_open", [],
+       """Opens a channel: stream-ordered score calls that a client's CUDA stream
+makes with no host round trip (see "Channels"). The control block, a sealed
+memfd, comes with the request as SCM_RIGHTS, like a host `register`; the
+calls read q, w and lens from, and write their results into, regions this
+connection registered.""",
+       [F("slots", "u32", required=True, min=1, max="FP4IDX_PROTO_MAX_CHANNEL_SLOTS",
+          range_err="shape", doc="slots of the control block, 1..1024 (ESHAPE otherwise)",
+          cdoc="1..FP4IDX_PROTO_MAX_CHANNEL_SLOTS"),
+        F("size", "uint", required=True, min=1, range_err="min",
+          doc="bytes of the control block, `64 + 128 * slots` or more (0: EPROTO)",
+          cdoc="bytes of the control block"),
+        F("q_region", "uint", required=True, doc="the region calls read `q` from"),
+        F("w_region", "uint", required=True, doc="the region calls read `w` from"),
+        F("out_region", "uint", required=True, doc="the region calls write their results into"),
+        F("lens_region", "uint", pack="nonzero",
+          doc="the region calls read `lens` from; absent (0): calls may not pass lens",
+          cdoc="0: calls pass no lens")],
+       [F("channel", "uint",
+          doc="the channel's id: 1, 2, ... per connection, never reused on it"),
+        F("slots", "uint", doc="slots of the control block")],
+       request_more="""The fd must be a memfd (`MFD_ALLOW_SEALING`) sealed with `F_SEAL_SHRINK`,
+not sealed against writes, exactly `size` bytes long, holding a block the
+client initialised for `slots` slots (layout in "Channels"). Otherwise
+EREGION (no fd, not a sealed memfd, a size or header that does not match).
+A region id that this connection did not register: ENOREGION. With the
+CUDA backend the daemon pins its mapping of the block (`cudaHostRegister`).""",
+       notes="""More than 4 channels on one connection: E2BIG. Each channel_open is logged
+with the peer's `SO_PEERCRED` (pid, uid, gid). A channel belongs to its
+connection and is closed when it closes."""),
+
+    OP("channel_close", [],
+       """Closes a channel: the daemon stops watching its doorbells, completes every
+call it has taken and not yet answered with ECONN, and unmaps the block.
+ENOREGION when this connection holds no such channel.""",
+       [F("channel", "uint", required=True, doc="a channel of this connection")],
+       [], py="none"),
 ]

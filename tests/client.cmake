@@ -38,6 +38,12 @@ if(TARGET fp4idx_daemon_harness)
     LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads
     LABELS daemon client)
   set_tests_properties(test_client_regions PROPERTIES TIMEOUT 300)
+  # Channels on the CPU backend, calls made by the host: results equal the
+  # socket's, bad calls, refusals, isolation, a killed daemon, an exiting client.
+  fp4idx_add_test(test_client_channel SOURCES test_client_channel.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads
+    LABELS daemon client)
+  set_tests_properties(test_client_channel PROPERTIES TIMEOUT 300)
 endif()
 
 # README.md's library example, compiled against the build tree's

@@ -29,4 +29,10 @@ if(TARGET fp4idx_cuda AND TARGET fp4idx_daemon_harness)
     LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util CUDA::cudart
     LABELS gpu daemon)
   set_tests_properties(test_cuda_regions PROPERTIES TIMEOUT 600)
+  # Channels called by a CUDA stream (cuStreamWriteValue / WaitValue, a
+  # captured graph), against the socket's bytes. Skips without a GPU.
+  fp4idx_add_test(test_cuda_channel SOURCES test_cuda_channel.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util CUDA::cudart
+    LABELS gpu daemon)
+  set_tests_properties(test_cuda_channel PROPERTIES TIMEOUT 900)
 endif()

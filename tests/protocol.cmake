@@ -11,6 +11,8 @@ fp4idx_add_test(test_protocol_reject
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_reject.c ${_proto_util} LIBS fp4idx_protocol)
 fp4idx_add_test(test_protocol_fuzz
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_fuzz.c ${_proto_util} LIBS fp4idx_protocol)
+fp4idx_add_test(test_protocol_channel
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_channel.c LIBS fp4idx_protocol)
 fp4idx_add_test(test_protocol_spec
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_spec.c ${_proto_util} LIBS fp4idx_protocol)
 # the spec test reads PROTOCOL.md (status table, limits, hex transcript)

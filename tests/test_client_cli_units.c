@@ -613,12 +613,13 @@ Test(json, info_and_stats_escape_strings) {
   char *mem = NULL;
   size_t mlen = 0;
   FILE *f = open_memstream(&mem, &mlen);
-  cr_assert_eq(fp4idx__write_info_json(f, &in, &sh), 0);
+  cr_assert_eq(fp4idx__write_info_json(f, &in, &sh, 3), 0);
   fclose(f);
   cr_expect(strstr(mem, "\"server\":\"fp4idxd \\\"x\\\"\\\\\"") != NULL, "%s", mem);
   cr_expect(strstr(mem, "\"device\":\"a\\u0009b\"") != NULL, "%s", mem);
   cr_expect(strstr(mem, "\"page_size\":64,") != NULL, "%s", mem);
-  cr_expect(strstr(mem, "\"gpu_sharing\":\"time_slice\",\"gpu_other_processes\":2}") != NULL,
+  cr_expect(strstr(mem, "\"gpu_sharing\":\"time_slice\",\"gpu_other_processes\":2,"
+                       "\"channels\":3}") != NULL,
             "%s", mem);
   free(mem);
 }

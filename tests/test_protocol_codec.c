@@ -987,6 +987,11 @@ static bool sample_request(fp4idx_op_t op, fp4idx_request_t *r,
     case FP4IDX_OP_UNREGISTER:
       r->u.unregister.region = 12;
       return true;
+    case FP4IDX_OP_CHANNEL_OPEN:
+      r->u.channel_open = (fp4idx_channel_open_req_t){.slots = 64, .size = 64 + 64 * 128,
+                                                      .q_region = 1, .w_region = 1,
+                                                      .out_region = 2, .lens_region = 3};
+      return true;
     case FP4IDX_OP_INFO: case FP4IDX_OP_STATS: case FP4IDX_OP_SAVE:
       return true;
     default: return fp4idx__op_plain(op);

@@ -57,7 +57,7 @@ run_tests default test_daemon_errors test_daemon_reqpath test_daemon_concurrency
   test_daemon_golden test_daemon_fork test_daemon_list test_daemon_exposure \
   test_daemon_nonfinite test_daemon_metrics test_daemon_log test_daemon_memory \
   test_daemon_tailloss test_daemon_closes test_daemon_powercut test_service_daemon test_client_e2e \
-  test_client_cli test_client_oom test_client_regions
+  test_client_cli test_client_oom test_client_regions test_client_channel
 # the Python client's suite too (its daemons are this one)
 if (FP4IDX_CLI="$TESTS/client/fp4idx-cli" FP4IDX_GOLDEN_DIR="$PWD/tests/golden" \
     PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$PWD/client/python" \
@@ -77,7 +77,8 @@ export FP4IDXD=$(cd "$DIR" && pwd)/fp4idxd-busy-poll
 printf '#!/bin/sh\nexec "%s" --busy-poll-us 100 "$@"\n' "$real" > "$FP4IDXD"
 chmod +x "$FP4IDXD"
 run_tests busy-poll test_daemon_errors test_daemon_concurrency test_daemon_golden \
-  test_daemon_fork test_daemon_tailloss test_service_daemon test_client_e2e test_client_regions
+  test_daemon_fork test_daemon_tailloss test_service_daemon test_client_e2e test_client_regions \
+  test_client_channel
 if ls "$logs"/report.* > /dev/null 2>&1; then
   echo "tests/tsan_daemon.sh: ThreadSanitizer reports:"
   cat "$logs"/report.*

@@ -161,7 +161,7 @@ const char *fp4idx__fmt_f32(char *buf, float v);
 /* The integer fields of stats, by name, in the order the text and JSON
  * forms print them (connections .. gpu_other_processes). Fills out[] (room for
  * FP4IDX_CLI_STATS_COUNTS) and returns how many. */
-#define FP4IDX_CLI_STATS_COUNTS 17
+#define FP4IDX_CLI_STATS_COUNTS 20
 typedef struct fp4idx_cli_count_s {
   const char *name;
   uint64_t value;
@@ -178,7 +178,7 @@ int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int jso
  * "latency_buckets":[{"le_us","count"}]}] (per-bucket counts, the last
  * bound +inf written as null). Returns 0 or -1 (write error). */
 int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
-                            const fp4idx_client_sharing_t *sh);
+                            const fp4idx_client_sharing_t *sh, uint64_t channels);
 int fp4idx__write_stats_json(FILE *f, const fp4idx_client_stats_t *s);
 
 /* Width of the terminal on fd (TIOCGWINSZ), else $COLUMNS, else 80. */

@@ -125,7 +125,7 @@ int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv) {
            "Prints the daemon's version, backend, device and pool.\n"
            "  --format json  one object: server, protocol, backend, device,\n"
            "                 page_size, pages_total, pages_free, sequences,\n"
-           "                 max_frame, gpu_sharing, gpu_other_processes\n"
+           "                 max_frame, gpu_sharing, gpu_other_processes, channels\n"
            "gpu_sharing: mps, time_slice (other processes take turns with it:\n"
            "milliseconds of wait; run MPS), exclusive, unknown (no NVML) or none (CPU).");
       return 0;
@@ -144,24 +144,27 @@ int fp4idx__cli_info(fp4idx_cli_t *cli, int argc, char **argv) {
   if (st) return st;
   fp4idx_client_info_t in;
   fp4idx_client_sharing_t sh;
+  uint64_t channels = 0;
   st = fp4idx_client_info(c, &in);
   if (st == 0) st = fp4idx_client_sharing(c, &sh);
+  if (st == 0) st = fp4idx_client_channels(c, &channels);
   if (st) {
     fail_from_client(cli, c, st);
     goto out;
   }
   if (json) {
-    fp4idx__write_info_json(stdout, &in, &sh);
+    fp4idx__write_info_json(stdout, &in, &sh, channels);
     goto out;
   }
   printf("server: %s\nprotocol: %u\nbackend: %s\ndevice: %s\n"
          "page_size: %llu\npages_total: %llu\npages_free: %llu\n"
-         "sequences: %llu\nmax_frame: %llu\ngpu_sharing: %s\ngpu_other_processes: %llu\n",
+         "sequences: %llu\nmax_frame: %llu\ngpu_sharing: %s\ngpu_other_processes: %llu\n"
+         "channels: %llu\n",
          in.server, in.version, in.backend, in.device,
          (unsigned long long)in.page_size, (unsigned long long)in.pages_total,
          (unsigned long long)in.pages_free, (unsigned long long)in.sequences,
          (unsigned long long)in.max_frame, sh.mode[0] ? sh.mode : "not reported",
-         (unsigned long long)sh.other_processes);
+         (unsigned long long)sh.other_processes, (unsigned long long)channels);
 out:
   fp4idx_client_close(c);
   return st;

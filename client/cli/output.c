@@ -140,7 +140,8 @@ size_t fp4idx__stats_counts(const fp4idx_client_stats_t *s, fp4idx_cli_count_t *
       {"gpu_other_processes", s->gpu_other_processes},
       {"buffered_bytes", s->buffered_bytes},
       {"buffered_bytes_peak", s->buffered_bytes_peak},
-      {"buffer_budget", s->buffer_budget}};
+      {"buffer_budget", s->buffer_budget},   {"channels", s->channels},
+      {"channel_calls", s->channel_calls},   {"channel_errors", s->channel_errors}};
   memcpy(out, c, sizeof c);
   return FP4IDX_CLI_STATS_COUNTS;
 }
@@ -157,7 +158,7 @@ int fp4idx__write_status_errors(FILE *f, const fp4idx_client_stats_t *s, int jso
 }
 
 int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
-                            const fp4idx_client_sharing_t *sh) {
+                            const fp4idx_client_sharing_t *sh, uint64_t channels) {
   fputs("{\"server\":", f);
   json_str(f, in->server);
   fprintf(f, ",\"protocol\":%u,\"backend\":", in->version);
@@ -171,7 +172,8 @@ int fp4idx__write_info_json(FILE *f, const fp4idx_client_info_t *in,
           (unsigned long long)in->pages_free, (unsigned long long)in->sequences,
           (unsigned long long)in->max_frame);
   json_str(f, sh->mode);
-  fprintf(f, ",\"gpu_other_processes\":%llu}\n", (unsigned long long)sh->other_processes);
+  fprintf(f, ",\"gpu_other_processes\":%llu,\"channels\":%llu}\n",
+          (unsigned long long)sh->other_processes, (unsigned long long)channels);
   return ferror(f) ? -1 : 0;
 }
 

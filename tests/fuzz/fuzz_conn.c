@@ -535,6 +535,30 @@ static void gen_region_op(buf_t *b, uint64_t id) {
   }
 }
 
+/* channel_open without the control block's fd (the fuzzer passes none): a
+ * refusal (ENOREGION for regions it never registered, EREGION for the
+ * missing fd or a short size, ESHAPE for slots out of range), or
+ * channel_close of a channel never opened (ENOREGION). */
+static void gen_channel_op(buf_t *b, uint64_t id) {
+  if (chance(50)) {
+    mp_map(b, 3);
+    mp_kv_uint(b, "id", id);
+    mp_str(b, "op"), mp_str(b, "channel_close");
+    mp_kv_uint(b, "channel", rn(3));
+    return;
+  }
+  int lens = chance(50);
+  mp_map(b, 7 + lens);
+  mp_kv_uint(b, "id", id);
+  mp_str(b, "op"), mp_str(b, "channel_open");
+  mp_kv_uint(b, "slots", chance(10) ? 2000 : rn(9));
+  mp_kv_uint(b, "size", chance(50) ? 64 + 128 * rn(9) : rn(4) * 4096);
+  mp_kv_uint(b, "q_region", rn(3));
+  mp_kv_uint(b, "w_region", rn(3));
+  mp_kv_uint(b, "out_region", rn(3));
+  if (lens) mp_kv_uint(b, "lens_region", rn(3));
+}
+
 /* One valid request body (valid msgpack; the daemon may still refuse it). */
 static void gen_request(buf_t *b, uint64_t id) {
   switch (rn(20)) {
@@ -550,6 +574,7 @@ static void gen_request(buf_t *b, uint64_t id) {
   case 16: gen_list(b, id); break;
   case 17: gen_plain(b, id, chance(50) ? "save" : "frobnicate"); break;
   case 18: gen_region_op(b, id); break;
+  case 19: gen_channel_op(b, id); break;
   default: gen_plain(b, id, "info"); break;
   }
 }

@@ -1,0 +1,313 @@
+/* test_client_channel.c -- channels (PROTOCOL.md "Channels") against the
+ * real fp4idxd on the CPU backend, with calls made by the host
+ * (FP4IDX_CLIENT_CHANNEL_HOST: the same block, descriptor, doorbell and
+ * completion word a CUDA stream writes): results equal the socket's bytes,
+ * calls round the ring again and again give the same bytes, a bad call
+ * completes with its status and the channel goes on, channel_open's
+ * refusals, a channel cannot name another connection's regions, a killed
+ * daemon releases a waiting call with ECONN, and a client that exits with
+ * its channel open leaves the daemon with no channel. The CUDA stream path
+ * (cuStreamWriteValue/WaitValue) needs a GPU and has no test yet. */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_internal.h" /* fp4idx__client_call_fd: channel_open by hand */
+#include "daemon_harness.h"
+#include "fp4idx_channel.h"
+#include "fp4idx_client.h"
+#include "test_util.h"
+
+static fp4idx_test_daemon_t daemon_;
+
+static void start(void) {
+  cr_assert_eq(fp4idx_test_daemon_start(&daemon_, NULL), 0, "fp4idxd did not start");
+}
+
+static void stop(void) {
+  if (daemon_.pid) fp4idx_test_daemon_stop(&daemon_);
+}
+
+TestSuite(channel, .init = start, .fini = stop);
+
+#define CHECK(c, call)                                                                   \
+  do {                                                                                   \
+    int st_ = (call);                                                                    \
+    cr_assert_eq(st_, FP4IDX_OK, "%s: %s (%s)", #call, fp4idx_client_last_error(c),      \
+                 fp4idx_status_name(st_));                                               \
+  } while (0)
+
+#define HOST FP4IDX_CLIENT_CHANNEL_HOST
+
+enum { N = 2000, R = 4, H = 8, K = 32 };
+
+static fp4idx_client_t *open_client(void) {
+  fp4idx_client_t *c = fp4idx_client_new();
+  cr_assert_not_null(c);
+  cr_assert_eq(fp4idx_client_connect(c, daemon_.sock), FP4IDX_OK, "%s",
+               fp4idx_client_last_error(c));
+  return c;
+}
+
+static void fill_bf16(uint16_t *v, size_t n, uint64_t seed, int lo, int hi) {
+  fp4idx_test_rng_t rng;
+  fp4idx_test_rng_seed(&rng, seed);
+  for (size_t i = 0; i < n; i++)
+    v[i] = fp4idx_test_f64_to_bf16((double)fp4idx_test_rng_range(&rng, lo, hi) / 8.0);
+}
+
+/* A sequence of N keys, and one host region holding q, w, lens (inputs)
+ * and room for outputs; the layout of a call in it. */
+typedef struct {
+  fp4idx_client_t *c;
+  uint64_t region;
+  uint8_t *mem;
+  size_t size;
+  fp4idx_client_channel_call_t call;
+  uint16_t q[R * H * 128], w[R * H];
+  int32_t lens[R];
+} setup_t;
+
+#define OUT_AT 65536u
+
+static void setup(setup_t *s, uint64_t seq) {
+  s->c = open_client();
+  uint16_t *keys = malloc((size_t)N * 128 * 2);
+  fill_bf16(keys, (size_t)N * 128, seq, -12, 12);
+  CHECK(s->c, fp4idx_client_append_bf16(s->c, seq, keys, N, FP4IDX_ROUNDING_RNE, NULL, NULL));
+  free(keys);
+  fill_bf16(s->q, sizeof s->q / 2, 2, -8, 8);
+  fill_bf16(s->w, sizeof s->w / 2, 3, 0, 8);
+  int32_t lens[R] = {N, N - 1, 17, N / 2};
+  memcpy(s->lens, lens, sizeof lens);
+  s->size = OUT_AT + (size_t)R * N * 4;
+  void *base = NULL;
+  CHECK(s->c, fp4idx_client_region_create(s->c, s->size, &s->region, &base));
+  s->mem = base;
+  memcpy(s->mem, s->q, sizeof s->q);
+  memcpy(s->mem + 32768, s->w, sizeof s->w);
+  memcpy(s->mem + 40960, s->lens, sizeof s->lens);
+  s->call = (fp4idx_client_channel_call_t){
+      .seq = seq, .rows = R, .heads = H, .q_offset = 0, .w_offset = 32768,
+      .lens_offset = 40960, .logits_offset = OUT_AT,
+      .positions_offset = OUT_AT + R * K * 4, .counts_offset = OUT_AT + 2 * R * K * 4};
+}
+
+static void teardown(setup_t *s) {
+  CHECK(s->c, fp4idx_client_region_destroy(s->c, s->region, s->mem, s->size));
+  fp4idx_client_close(s->c);
+}
+
+static fp4idx_client_channel_t *open_channel(setup_t *s, uint32_t slots) {
+  fp4idx_client_channel_t *ch = NULL;
+  CHECK(s->c, fp4idx_client_channel_open(s->c, slots, s->region, s->region, s->region,
+                                         s->region, &ch));
+  return ch;
+}
+
+Test(channel, topk_and_logits_equal_the_socket_and_repeat_round_the_ring) {
+  setup_t s;
+  setup(&s, 11);
+  int32_t pos[R * K], cnt[R];
+  float val[R * K];
+  CHECK(s.c, fp4idx_client_topk(s.c, 11, H, R, s.q, s.w, s.lens, K, pos, val, cnt));
+  float *ref = malloc((size_t)R * N * 4);
+  uint32_t width = 0;
+  CHECK(s.c, fp4idx_client_score_into(s.c, 11, H, R, s.q, s.w, s.lens, ref, (size_t)R * N,
+                                      &width));
+  fp4idx_client_channel_t *ch = open_channel(&s, 3);
+  for (int i = 0; i < 10; i++) { /* 10 calls over 3 slots, alternating kinds */
+    uint32_t t = 0;
+    memset(s.mem + OUT_AT, 0xAB, s.size - OUT_AT);
+    if (i % 2 == 0) {
+      CHECK(s.c, fp4idx_client_channel_topk(ch, HOST, &s.call, K, &t));
+      cr_assert_eq(memcmp(s.mem + s.call.positions_offset, pos, sizeof pos), 0, "call %d", i);
+      cr_assert_eq(memcmp(s.mem + s.call.logits_offset, val, sizeof val), 0, "call %d", i);
+      cr_assert_eq(memcmp(s.mem + s.call.counts_offset, cnt, sizeof cnt), 0, "call %d", i);
+    } else {
+      CHECK(s.c, fp4idx_client_channel_score(ch, HOST, &s.call, width, &t));
+      cr_assert_eq(memcmp(s.mem + OUT_AT, ref, (size_t)R * width * 4), 0, "call %d", i);
+    }
+    cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK);
+  }
+  fp4idx_client_stats_t *st = NULL;
+  CHECK(s.c, fp4idx_client_stats(s.c, &st));
+  cr_assert_eq(st->channels, 1u);
+  cr_assert_eq(st->channel_calls, 10u);
+  cr_assert_eq(st->channel_errors, 0u);
+  fp4idx_client_free(st);
+  uint64_t open = 0;
+  CHECK(s.c, fp4idx_client_channels(s.c, &open)); /* info's "channels" */
+  cr_assert_eq(open, 1u);
+  CHECK(s.c, fp4idx_client_channel_close(ch));
+  CHECK(s.c, fp4idx_client_stats(s.c, &st));
+  cr_assert_eq(st->channels, 0u);
+  fp4idx_client_free(st);
+  CHECK(s.c, fp4idx_client_channels(s.c, &open));
+  cr_assert_eq(open, 0u);
+  free(ref);
+  teardown(&s);
+}
+
+Test(channel, a_bad_call_completes_with_its_status_and_the_channel_goes_on) {
+  setup_t s;
+  setup(&s, 12);
+  fp4idx_client_channel_t *ch = open_channel(&s, 2);
+  fp4idx_client_channel_call_t bad = s.call;
+  uint32_t t = 0;
+  bad.seq = 999; /* unknown sequence: the score path's check */
+  cr_assert_eq(fp4idx_client_channel_topk(ch, HOST, &bad, K, &t), FP4IDX_ENOSEQ);
+  cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_ENOSEQ);
+  bad = s.call, bad.q_offset = 1; /* misaligned: the descriptor check */
+  cr_assert_eq(fp4idx_client_channel_topk(ch, HOST, &bad, K, &t), FP4IDX_EREGION);
+  bad = s.call, bad.counts_offset = s.size; /* outside the region */
+  cr_assert_eq(fp4idx_client_channel_topk(ch, HOST, &bad, K, &t), FP4IDX_EREGION);
+  bad = s.call, bad.logits_offset = 0; /* over q */
+  cr_assert_eq(fp4idx_client_channel_topk(ch, HOST, &bad, K, &t), FP4IDX_EREGION);
+  cr_assert_eq(fp4idx_client_channel_score(ch, HOST, &s.call, N - 1, &t), FP4IDX_ESHAPE);
+  int32_t big[R] = {N + 1, 0, 0, 0}; /* lens above the length */
+  memcpy(s.mem + 40960, big, sizeof big);
+  cr_assert_eq(fp4idx_client_channel_topk(ch, HOST, &s.call, K, &t), FP4IDX_ERANGE);
+  memcpy(s.mem + 40960, s.lens, sizeof s.lens);
+  CHECK(s.c, fp4idx_client_channel_topk(ch, HOST, &s.call, K, &t));
+  CHECK(s.c, fp4idx_client_channel_close(ch));
+  teardown(&s);
+}
+
+/* channel_open by hand: fd, slots and regions as given. */
+static int raw_open(fp4idx_client_t *c, int fd, uint32_t slots, uint64_t size, uint64_t q,
+                    uint64_t out) {
+  fp4idx_request_t req = {.op = FP4IDX_OP_CHANNEL_OPEN};
+  req.u.channel_open = (fp4idx_channel_open_req_t){.slots = slots, .size = size,
+                                                   .q_region = q, .w_region = q,
+                                                   .out_region = out};
+  fp4idx_response_t resp;
+  return fp4idx__client_call_fd(c, &req, fd, &resp);
+}
+
+static int block_fd(uint32_t slots, int seal, int init) {
+  size_t n = fp4idx_channel_block_bytes(slots);
+  int fd = memfd_create("test-channel", MFD_ALLOW_SEALING);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(ftruncate(fd, (off_t)n), 0);
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  cr_assert_neq(p, MAP_FAILED);
+  if (init) fp4idx_channel_block_init(p, n, slots);
+  munmap(p, n);
+  if (seal) cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  return fd;
+}
+
+Test(channel, open_refuses_bad_blocks_unknown_regions_and_a_fifth_channel) {
+  setup_t s;
+  setup(&s, 13);
+  uint64_t n = fp4idx_channel_block_bytes(4);
+  cr_assert_eq(raw_open(s.c, -1, 4, n, s.region, s.region), FP4IDX_EREGION);
+  int fd = block_fd(4, 0, 1); /* not sealed */
+  cr_assert_eq(raw_open(s.c, fd, 4, n, s.region, s.region), FP4IDX_EREGION);
+  close(fd);
+  fd = block_fd(4, 1, 0); /* not initialised: bad magic */
+  cr_assert_eq(raw_open(s.c, fd, 4, n, s.region, s.region), FP4IDX_EREGION);
+  cr_assert(strstr(fp4idx_client_last_error(s.c), "magic"), "%s", fp4idx_client_last_error(s.c));
+  close(fd);
+  fd = block_fd(4, 1, 1);
+  cr_assert_eq(raw_open(s.c, fd, 8, n, s.region, s.region), FP4IDX_EREGION); /* slots lie */
+  cr_assert_eq(raw_open(s.c, fd, 4, n, s.region + 7, s.region), FP4IDX_ENOREGION);
+  cr_assert_eq(raw_open(s.c, fd, 4, n, s.region, 0), FP4IDX_ENOREGION);
+  cr_assert_eq(raw_open(s.c, fd, 4, n - 1, s.region, s.region), FP4IDX_EREGION);
+  close(fd);
+  fp4idx_client_channel_t *chs[4];
+  for (int i = 0; i < 4; i++) chs[i] = open_channel(&s, 1);
+  fd = block_fd(1, 1, 1);
+  cr_assert_eq(raw_open(s.c, fd, 1, fp4idx_channel_block_bytes(1), s.region, s.region),
+               FP4IDX_E2BIG);
+  close(fd);
+  fp4idx_client_channel_t *x = NULL;
+  cr_assert_eq(fp4idx_client_channel_open(s.c, 0, 1, 1, 0, 1, &x), FP4IDX_EINVAL);
+  for (int i = 0; i < 4; i++) CHECK(s.c, fp4idx_client_channel_close(chs[i]));
+  fp4idx_request_t req = {.op = FP4IDX_OP_CHANNEL_CLOSE};
+  req.u.channel_close.channel = 1; /* closed already */
+  fp4idx_response_t resp;
+  cr_assert_eq(fp4idx__client_call(s.c, &req, &resp), FP4IDX_ENOREGION);
+  teardown(&s);
+}
+
+Test(channel, a_channel_cannot_name_another_connections_regions) {
+  setup_t a, b;
+  setup(&a, 14);
+  setup(&b, 15);
+  fp4idx_client_channel_t *ch = NULL;
+  /* b's region ids are numbered on b's connection: a's id means nothing there */
+  cr_assert_eq(fp4idx_client_channel_open(b.c, 2, a.region + 1, a.region + 1, 0, a.region + 1,
+                                          &ch),
+               FP4IDX_ENOREGION);
+  teardown(&a);
+  teardown(&b);
+}
+
+typedef struct {
+  fp4idx_client_channel_t *ch;
+  fp4idx_client_channel_call_t call;
+  int status;
+} host_call_t;
+
+static void *host_call(void *arg) {
+  host_call_t *h = arg;
+  h->status = fp4idx_client_channel_topk(h->ch, HOST, &h->call, K, NULL);
+  return NULL;
+}
+
+Test(channel, a_killed_daemon_releases_a_waiting_call_with_econn) {
+  setup_t s;
+  setup(&s, 16);
+  fp4idx_client_channel_t *ch = open_channel(&s, 2);
+  /* the daemon cannot serve: the call waits until the kill releases it */
+  cr_assert_eq(fp4idx_test_daemon_kill(&daemon_, SIGSTOP), 0);
+  host_call_t h = {.ch = ch, .call = s.call, .status = 1};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, host_call, &h), 0);
+  cr_assert_eq(fp4idx_test_daemon_kill(&daemon_, SIGKILL), 0);
+  cr_assert_eq(pthread_join(th, NULL), 0);
+  cr_assert_eq(h.status, FP4IDX_ECONN);
+  /* later calls fail at once, and closing works without a daemon */
+  cr_assert_eq(fp4idx_client_channel_topk(ch, HOST, &s.call, K, NULL), FP4IDX_ECONN);
+  fp4idx_client_channel_close(ch);
+  fp4idx_test_daemon_wait(&daemon_, 10000);
+  daemon_.pid = 0;
+  munmap(s.mem, s.size);
+  fp4idx_client_close(s.c);
+}
+
+Test(channel, a_client_that_exits_with_a_channel_open_leaves_no_channel) {
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    setup_t s;
+    setup(&s, 17);
+    open_channel(&s, 2);
+    _exit(0); /* without closing the channel or the connection */
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  fp4idx_client_t *c = open_client();
+  /* the daemon closes the child's channel when it sees the connection
+   * close, which may come after this connection's first request: ask
+   * until it has */
+  fp4idx_client_stats_t *st = NULL;
+  for (;;) {
+    CHECK(c, fp4idx_client_stats(c, &st));
+    uint64_t open = st->channels;
+    fp4idx_client_free(st);
+    if (open == 0) break;
+  }
+  cr_assert(fp4idx_test_daemon_alive(&daemon_));
+  fp4idx_client_close(c);
+}
