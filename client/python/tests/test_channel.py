@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 import fp4idx
 from fp4idx import channel as chmod
 from fp4idx.regions import Ref
+from conftest import stop_daemon, wait_until
 
 N, R, H, K = 900, 4, 8, 32
 PKG = os.path.dirname(os.path.dirname(os.path.abspath(fp4idx.__file__)))
@@ -72,28 +72,6 @@ def same(got, want):
 def counters(c):
     s = c.stats()
     return s["channel_calls"], s["channel_errors"]
-
-
-def wait_until(cond, what, deadline_s=30):
-    end = time.monotonic() + deadline_s
-    while not cond():
-        assert time.monotonic() < end, what
-        time.sleep(0.001)
-
-
-def stop_daemon(d):
-    """SIGSTOP, and until every thread of the daemon has stopped (kill
-    returns before the signal has taken effect)."""
-    os.kill(d.proc.pid, signal.SIGSTOP)
-    task = f"/proc/{d.proc.pid}/task"
-
-    def stopped():
-        states = []
-        for t in os.listdir(task):
-            with open(f"{task}/{t}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        return all(st in ("T", "t") for st in states)
-    wait_until(stopped, "the daemon did not stop")
 
 
 def wait_rung(ch, th, slot=0):
@@ -295,9 +273,7 @@ def assert_no_channel_left(d):
     """The daemon closes a channel when it sees its connection close, which
     may come after another connection's first request: ask until it has."""
     with fp4idx.Client(d.socket, timeout=60) as c:
-        end = time.monotonic() + 30
-        while c.stats()["channels"]:
-            assert time.monotonic() < end, "the daemon kept the channel"
+        wait_until(lambda: c.stats()["channels"] == 0, "the daemon kept the channel")
         assert d.proc.poll() is None
 
 
