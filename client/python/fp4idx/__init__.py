@@ -7,8 +7,9 @@
         pos, val, cnt = c.topk(7, q, w, 16)
 
 Client (blocking, pipeline()), AsyncClient (asyncio), ShardedClient (several
-daemons), zero-copy regions (Client.region, Client.register_cuda), and one
-exception class per status code, all under fp4idx.Error.
+daemons), zero-copy regions (Client.region, Client.register_cuda), channels
+whose calls a CUDA stream or graph makes (Client.channel), and one exception
+class per status code, all under fp4idx.Error.
 """
 from .errors import *  # noqa: F401,F403  (the exception classes)
 from .errors import Error, error_for
@@ -17,6 +18,7 @@ from .aio import AsyncClient, AsyncPipeline
 from .sharded import ShardedClient
 from .arrays import bf16_bits
 from .regions import Ref, Region
+from .channel import Channel
 from .wire import default_socket
 
 __version__ = "0.1.0"
@@ -24,4 +26,4 @@ __version__ = "0.1.0"
 from . import errors as _errors
 
 __all__ = ["Client", "Pipeline", "AsyncClient", "AsyncPipeline", "ShardedClient",
-           "Region", "Ref", "bf16_bits", "default_socket", *_errors.__all__]
+           "Region", "Ref", "Channel", "bf16_bits", "default_socket", *_errors.__all__]

@@ -135,12 +135,12 @@ def wire(dtype, a):
             "data": memoryview(a).cast("B") if a.size else b""}
 
 
-def region_ref(x, table, want):
+def region_ref(x, table, want, sync=True):
     """Input `x` -> a region reference map when it lies in a region of
     `table` (the connection's regions; None: none), else None (x goes
     through the socket). `want`: the wire dtype x is sent as. A Ref is
     sent as it is. RegionError for an array in a region that cannot be
-    named as `want` (regions.find_array)."""
+    named as `want` (regions.find_array). sync: see regions.find_tensor."""
     if isinstance(x, regions.Ref):
         return x.wire()
     if table is None:
@@ -148,7 +148,7 @@ def region_ref(x, table, want):
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type == "cuda":
-            return regions.find_tensor(table, x, want)
+            return regions.find_tensor(table, x, want, sync)
         x = x.detach()
         if x.dtype == torch.bfloat16:
             x = x.view(torch.int16).numpy().view(np.uint16)

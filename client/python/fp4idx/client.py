@@ -9,6 +9,7 @@ import select
 import socket as _socket
 import time
 
+from . import channel as _channel
 from . import ops, regions, wire
 from .errors import BY_NAME, Error, error_for
 from .methods import Methods, Queue, Scan, first_error
@@ -40,6 +41,7 @@ class Client(Methods, Scan):
         self._sock = None
         self._enc = wire.Encoder()
         self._regions = regions.Table(self._unregister)
+        self._channels = []   # open channels of this connection (channel.Channel)
         self._guard = _Guard(self)
         self._reset_buffer(1 << 16)
         self.connect()
@@ -69,8 +71,16 @@ class Client(Methods, Scan):
     def close(self):
         """Closes the connection (a later call connects again). The daemon
         releases this connection's regions: their Region objects are closed
-        (their numpy views stay readable until dropped)."""
+        (their numpy views stay readable until dropped). Open channels are
+        lost: their pending calls complete with ECONN (close them too)."""
         if self._sock is not None:
+            if self._channels:
+                # each channel's watcher holds a dup of the socket: shut it
+                # down so that the daemon and the watchers see it close
+                try:
+                    self._sock.shutdown(_socket.SHUT_RDWR)
+                except OSError:
+                    pass
             self._sock.close()
             self._sock = None
         self._start = self._end = 0
@@ -124,6 +134,28 @@ class Client(Methods, Scan):
         rid = self._run(ops.register_cuda(handle, size, device))
         return self._regions.add(regions.Region(self._regions, rid, "cuda", size, base,
                                                 owner=owner))
+
+    # ---- channels (PROTOCOL.md "Channels") ----------------------------------
+    def channel(self, stream=None, region=None, *, q=None, w=None, lens=None, out=None,
+                slots=64):
+        """-> a Channel (fp4idx.channel): score calls that a CUDA stream
+        makes with no host round trip, usable inside torch.cuda.graph.
+
+        stream: the torch stream the calls go on (None: the current stream
+        of each call, which is the capturing one inside torch.cuda.graph),
+        or "host" for calls made by this thread with CPU stores (hosts
+        without a GPU, tests). region: the registered Region the calls read
+        q, w, lens from and write outputs into (None: this connection's
+        only open region); q=, w=, lens=, out= name another region for one
+        of them (lens=False: calls pass no lens). slots: 1..1024; calls in
+        flight together need a slot each, and a slot keeps the status of
+        its latest call (64: one decode step of 61 layers checked at once).
+        Raises: InvalidArgument, NoDevice (no torch CUDA for a stream),
+        DeviceError (the driver refused to register the block), the
+        daemon's NoRegion / RegionError / TooBig (more than 4 channels),
+        connection errors."""
+        bind = _channel._bindings(self._regions, region, q, w, lens, out)
+        return _channel.Channel(self, stream, bind, slots)
 
     def _unregister(self, rid):
         if self._sock is None:  # the connection closed: the daemon let go already

@@ -64,14 +64,15 @@ class Ref:
                 "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def memfd(size):
+def memfd(size, name="fp4idx-region", seals=_SEALS):
     """-> an fd of a new memfd of `size` bytes sealed as the daemon requires
-    (MFD_ALLOW_SEALING, ftruncate, F_SEAL_SHRINK | F_SEAL_SEAL)."""
+    (MFD_ALLOW_SEALING, ftruncate, `seals`: F_SEAL_SHRINK | F_SEAL_SEAL
+    unless told)."""
     flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
-    fd = os.memfd_create("fp4idx-region", flags)
+    fd = os.memfd_create(name, flags)
     try:
         os.ftruncate(fd, size)
-        fcntl.fcntl(fd, _F_ADD_SEALS, _SEALS)
+        fcntl.fcntl(fd, _F_ADD_SEALS, seals)
     except OSError:
         os.close(fd)
         raise
@@ -391,9 +392,11 @@ _TORCH_WIRE = {"bfloat16": "bf16", "float32": "f32", "int32": "i32", "uint8": "u
                "bool": "u8"}
 
 
-def find_tensor(table, t, want):
+def find_tensor(table, t, want, sync=True):
     """torch CUDA tensor `t` -> a reference map when it lies in a CUDA region
-    of `table`, else None. RegionError as find_array."""
+    of `table`, else None. RegionError as find_array. sync: wait for the
+    current stream first (a socket request; a channel call is ordered by
+    its stream instead)."""
     if table is None or not table.regions or t.numel() == 0:
         return None
     nbytes = t.numel() * t.element_size()
@@ -411,7 +414,8 @@ def find_tensor(table, t, want):
                             f"{t.element_size()} bytes")
     # The daemon is another process: no stream orders its access after the
     # kernels that wrote this tensor (or still read an out= tensor) here.
-    sys.modules["torch"].cuda.current_stream(t.device).synchronize()
+    if sync:
+        sys.modules["torch"].cuda.current_stream(t.device).synchronize()
     return {"region": r.id, "offset": off, "dtype": want, "shape": list(t.shape)}
 
 

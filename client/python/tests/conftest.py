@@ -7,6 +7,7 @@ the installed one when there is one (ctest puts this checkout first on
 PYTHONPATH), else this checkout's.
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,3 +132,28 @@ def cli(sock, *args, check=True):
     if check and p.returncode != 0:
         raise AssertionError(f"fp4idx-cli {args}: {p.stderr.decode()}")
     return p
+
+
+def wait_until(cond, what, deadline_s=30):
+    """Until cond() holds (an event another thread or process makes
+    happen); fails with `what` after deadline_s, so a lost event cannot
+    hang the suite."""
+    end = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.001)
+
+
+def stop_daemon(d):
+    """SIGSTOP daemon `d`, and until every thread of it has stopped (kill
+    returns before the signal has taken effect)."""
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    task = f"/proc/{d.proc.pid}/task"
+
+    def stopped():
+        states = []
+        for t in os.listdir(task):
+            with open(f"{task}/{t}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        return all(st in ("T", "t") for st in states)
+    wait_until(stopped, "the daemon did not stop")
