@@ -108,8 +108,13 @@ typedef struct fp4idx_budget_view_s {
 } fp4idx_budget_view_t;
 void fp4idx__budget_view(const fp4idx_server_t *srv, fp4idx_budget_view_t *out);
 
-/* Starts / stops the timer that closes connections past the timeout. */
-void fp4idx__budget_start(fp4idx_server_t *srv);
-void fp4idx__budget_stop(fp4idx_server_t *srv);
+/* io's thread: starts / stops io's timer that closes its connections past
+ * the timeout. */
+void fp4idx__budget_start(fp4idx_ioloop_t *io);
+void fp4idx__budget_stop(fp4idx_ioloop_t *io);
+
+/* io's thread: the walks of io's connections (not skip) that a message asks
+ * for (server.h FP4IDX_IO_RESUME, _RETRY, _GRANT; other bits ignored). */
+void fp4idx__budget_walk(fp4idx_ioloop_t *io, unsigned what, fp4idx_conn_t *skip);
 
 #endif /* FP4IDX_DAEMON_BUDGET_H */
