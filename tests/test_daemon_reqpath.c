@@ -741,6 +741,8 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   for (int c = 0; c < NC; c++) close(fd[c]);
   close(qfd);
   close(cfd);
+  unlink(held);
+  unlink(release);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
 
