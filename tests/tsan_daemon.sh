@@ -72,12 +72,24 @@ fi
 # and worker (busypoll.h, worker.c) run too; the tests' own --busy-poll-us
 # comes later and wins. A subset: the big scores of the others pass the
 # tests' receive timeout with two threads spinning on two cores under TSan.
+# Two I/O loops here, so that the loops' shared polling count runs too.
 real=$FP4IDXD
 export FP4IDXD=$(cd "$DIR" && pwd)/fp4idxd-busy-poll
-printf '#!/bin/sh\nexec "%s" --busy-poll-us 100 "$@"\n' "$real" > "$FP4IDXD"
+printf '#!/bin/sh\nexec "%s" --busy-poll-us 100 --io-threads 2 "$@"\n' "$real" > "$FP4IDXD"
 chmod +x "$FP4IDXD"
 run_tests busy-poll test_daemon_errors test_daemon_concurrency test_daemon_golden \
   test_daemon_fork test_daemon_tailloss test_service_daemon test_client_e2e test_client_regions
+# ... and with four I/O loops (server.h; the default on this machine is
+# one), so connections live on three threads besides the main loop: the
+# hand-off, the worker's replies to each loop, the budget's shared counters
+# and messages, the stop and close_all reaching every loop.
+export FP4IDXD=$(cd "$DIR" && pwd)/fp4idxd-io-loops
+printf '#!/bin/sh\nexec "%s" --io-threads 4 "$@"\n' "$real" > "$FP4IDXD"
+chmod +x "$FP4IDXD"
+run_tests io-loops test_daemon_errors test_daemon_reqpath test_daemon_concurrency \
+  test_daemon_closes test_daemon_fork test_daemon_list test_daemon_exposure \
+  test_daemon_nonfinite test_daemon_metrics test_service_daemon test_client_e2e \
+  test_client_regions
 if ls "$logs"/report.* > /dev/null 2>&1; then
   echo "tests/tsan_daemon.sh: ThreadSanitizer reports:"
   cat "$logs"/report.*
