@@ -86,12 +86,12 @@ int fp4idx__budget_may_dispatch(const fp4idx_conn_t *c);
 fp4idx_budget_admit_t fp4idx__budget_admit(fp4idx_server_t *srv, uint64_t bytes,
                                            uint64_t *reserved, char *msg, size_t msgcap);
 
-/* Loop thread: gives back `bytes` reserved by fp4idx__budget_admit and lets
+/* c's loop: gives back `bytes` reserved by fp4idx__budget_admit and lets
  * the connections whose reply waits try again (c: the caller's own, which
  * resumes itself). */
 void fp4idx__budget_unreserve(fp4idx_conn_t *c, uint64_t bytes);
 
-/* Loop thread: 1 when a reply of `bytes` would be admitted now. */
+/* Any loop: 1 when a reply of `bytes` would be admitted now. */
 int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes);
 
 /* c is gone or finished its frame: frees the grant for another connection. */

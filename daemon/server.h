@@ -1,6 +1,6 @@
 /* server.h -- the Unix socket: listening, connections, framing, ordering.
  *
- * The request path on the loop thread, in a straight line:
+ * The request path on the connection's I/O loop, in a straight line:
  *   fp4idx__server_read_cb -> fp4idx__server_parse (the codec's incremental
  *   frame reader, state on the connection; "need more bytes" is a normal
  *   return; bodies are read straight into their buffer) -> the body decoded
@@ -341,7 +341,7 @@ int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r);
 size_t fp4idx__server_wire_bufs(const fp4idx_req_t *r, size_t from, size_t to, uv_buf_t *bufs);
 
 /* The response of `req` is set (req->resp, resp_len, payloads, wire_len,
- * close_after): loop thread. */
+ * close_after): the connection's loop. */
 void fp4idx__server_req_done(fp4idx_req_t *req);
 
 /* Frees a request and its buffers (used by the daemon on paths that never

@@ -50,7 +50,8 @@ typedef struct fp4idx_jobq_s {
 
 struct fp4idx_job_s {
   void (*work)(fp4idx_job_t *job); /* on the worker thread */
-  void (*done)(fp4idx_job_t *job); /* on the loop thread, after work; may free job */
+  /* on the loop of job->home (else the worker's), after work; may free job */
+  void (*done)(fp4idx_job_t *job);
   /* Optional. Jobs with the same non-NULL batch function that sit next to
    * each other in the queue when the worker takes the first of them run as
    * ONE call batch(jobs, n) (n >= 1, queue order) instead of work() each:
