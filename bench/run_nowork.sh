@@ -27,6 +27,8 @@
 # table is printed last.
 # EXTRA: more options for the bench, after these (later ones win), e.g. a
 # quick run: RUNS=1 EXTRA="-n 200 -w 20 -b 20 --conc-calls 20 -r 1".
+# DAEMON_ARGS: more options for the spawned daemon (e.g. "--io-threads 4"),
+# through a wrapper script in $OUT that fp4idx-bench-socket spawns as -d.
 set -u
 BUILD=${1:?usage: run_nowork.sh BUILD_DIR}
 OUT=${OUT:-/tmp/nowork}
@@ -38,6 +40,13 @@ for f in "$DAEMON" "$BENCH"; do
   [ -x "$f" ] || { echo "run_nowork.sh: $f is missing (build BUILD_DIR first)" >&2; exit 1; }
 done
 mkdir -p "$OUT"
+if [ -n "${DAEMON_ARGS:-}" ]; then
+  wrapper=$OUT/fp4idxd-nowork-args
+  printf '#!/bin/sh\nexec "%s" %s "$@"\n' "$(cd "$(dirname "$DAEMON")" && pwd)/fp4idxd-nowork" \
+    "$DAEMON_ARGS" > "$wrapper"
+  chmod +x "$wrapper"
+  DAEMON=$wrapper
+fi
 ARGS=(-d "$DAEMON" --backend nowork --local none --cache-bytes 1G -r 3
       --sections acd -n 2000 -w 200 -b 200 --ctx 16384,400000 --topk 2048
       --clients 1,8,32 --conc-ctx 32768 --conc-topk 512 --conc-calls 200)
@@ -47,6 +56,7 @@ ARGS+=("${EXTRA_A[@]}")
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "daemon options: ${DAEMON_ARGS:-(none)}"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) CPUs"
   echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$OUT/machine.txt"

@@ -86,12 +86,12 @@ int fp4idx__budget_may_dispatch(const fp4idx_conn_t *c);
 fp4idx_budget_admit_t fp4idx__budget_admit(fp4idx_server_t *srv, uint64_t bytes,
                                            uint64_t *reserved, char *msg, size_t msgcap);
 
-/* Loop thread: gives back `bytes` reserved by fp4idx__budget_admit and lets
+/* c's loop: gives back `bytes` reserved by fp4idx__budget_admit and lets
  * the connections whose reply waits try again (c: the caller's own, which
  * resumes itself). */
 void fp4idx__budget_unreserve(fp4idx_conn_t *c, uint64_t bytes);
 
-/* Loop thread: 1 when a reply of `bytes` would be admitted now. */
+/* Any loop: 1 when a reply of `bytes` would be admitted now. */
 int fp4idx__budget_fits(const fp4idx_server_t *srv, uint64_t bytes);
 
 /* c is gone or finished its frame: frees the grant for another connection. */
@@ -108,8 +108,13 @@ typedef struct fp4idx_budget_view_s {
 } fp4idx_budget_view_t;
 void fp4idx__budget_view(const fp4idx_server_t *srv, fp4idx_budget_view_t *out);
 
-/* Starts / stops the timer that closes connections past the timeout. */
-void fp4idx__budget_start(fp4idx_server_t *srv);
-void fp4idx__budget_stop(fp4idx_server_t *srv);
+/* io's thread: starts / stops io's timer that closes its connections past
+ * the timeout. */
+void fp4idx__budget_start(fp4idx_ioloop_t *io);
+void fp4idx__budget_stop(fp4idx_ioloop_t *io);
+
+/* io's thread: the walks of io's connections (not skip) that a message asks
+ * for (server.h FP4IDX_IO_RESUME, _RETRY, _GRANT; other bits ignored). */
+void fp4idx__budget_walk(fp4idx_ioloop_t *io, unsigned what, fp4idx_conn_t *skip);
 
 #endif /* FP4IDX_DAEMON_BUDGET_H */

@@ -16,7 +16,10 @@
  *
  * Chosen once at start from the backend (daemon.c: on for the CUDA backend,
  * whose compute does not need the host's cores; off for the CPU backend,
- * whose threads do), or by --busy-poll-us. Loop thread only.
+ * whose threads do), or by --busy-poll-us. One per event loop (server.h:
+ * each I/O loop has its own); each is used by its loop's thread only, and
+ * all of them count in one shared `polling` word while they poll, which the
+ * worker reads (worker.h hold_spin).
  */
 #ifndef FP4IDX_DAEMON_BUSYPOLL_H
 #define FP4IDX_DAEMON_BUSYPOLL_H
@@ -35,10 +38,11 @@ typedef struct fp4idx_busypoll_s {
   uint64_t writing;        /* replies handed to uv_write, not yet written */
   double last_us;          /* the last kick (fp4idx__stats_now_us clock) */
   const uint64_t *busy;    /* nonzero while work is out (the worker's queued) */
+  int *polling;            /* loops polling now (atomic, shared by all loops); may be NULL */
 } fp4idx_busypoll_t;
 
-/* Initialises bp on loop (inactive). spin_us 0 disables it. busy may be
- * NULL. Returns 0 or a libuv error. */
+/* Initialises bp on loop (inactive; polling NULL: set it after). spin_us 0
+ * disables it. busy may be NULL. Returns 0 or a libuv error. */
 int fp4idx__busypoll_init(fp4idx_busypoll_t *bp, uv_loop_t *loop, int spin_us,
                           const uint64_t *busy);
 

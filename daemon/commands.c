@@ -67,10 +67,11 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   in->sequences = __atomic_load_n(&d->pub.sequences, __ATOMIC_ACQUIRE);
   in->max_frame = d->cfg.max_frame;
   in->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
-  const fp4idx_sharing_t *sh = fp4idx__daemon_sharing(d);
-  snprintf(in->gpu_sharing, sizeof in->gpu_sharing, "%s", fp4idx__sharing_name(sh->mode));
-  in->gpu_other_processes = sh->other_processes;
-  pthread_mutex_lock(&d->stats.mu); /* info may run on the loop */
+  fp4idx_sharing_t sh;
+  fp4idx__daemon_sharing(d, &sh);
+  snprintf(in->gpu_sharing, sizeof in->gpu_sharing, "%s", fp4idx__sharing_name(sh.mode));
+  in->gpu_other_processes = sh.other_processes;
+  pthread_mutex_lock(&d->stats.mu); /* info may run on any I/O loop */
   in->channels = d->stats.channels;
   pthread_mutex_unlock(&d->stats.mu);
   return FP4IDX_OK;
@@ -285,9 +286,10 @@ static int fp4idx__cmd_stats(fp4idx__cmd_t *c) {
   st->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
   snprintf(st->backend, sizeof st->backend, "%s", d->desc.name);
   snprintf(st->device, sizeof st->device, "%s", d->desc.device);
-  const fp4idx_sharing_t *gs = fp4idx__daemon_sharing(d);
-  snprintf(st->gpu_sharing, sizeof st->gpu_sharing, "%s", fp4idx__sharing_name(gs->mode));
-  st->gpu_other_processes = gs->other_processes;
+  fp4idx_sharing_t gs;
+  fp4idx__daemon_sharing(d, &gs);
+  snprintf(st->gpu_sharing, sizeof st->gpu_sharing, "%s", fp4idx__sharing_name(gs.mode));
+  st->gpu_other_processes = gs.other_processes;
   st->buffered_bytes = __atomic_load_n(&d->buffered.held, __ATOMIC_ACQUIRE);
   st->buffered_bytes_peak = __atomic_load_n(&d->buffered.peak, __ATOMIC_ACQUIRE);
   st->buffer_budget = __atomic_load_n(&d->buffered.budget, __ATOMIC_ACQUIRE);

@@ -121,6 +121,9 @@ static void fp4idx__config_usage(FILE *out) {
     "                         and the worker poll for N us instead of sleeping\n"
     "                         (0 = off; default 200 with the CUDA backend, 0\n"
     "                         with the CPU backend, which needs the cores)\n"
+    "      --io-threads N     event loops serving the connections, each on its\n"
+    "                         own thread (1..64; default min(4, cores/4), at\n"
+    "                         least 1; 1 = the main loop alone)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -146,6 +149,7 @@ static const struct option fp4idx__config_options[] = {
     {"buffer-timeout", required_argument, NULL, 'T'},
     {"allow-data-loss", no_argument, NULL, 'A'},
     {"busy-poll-us", required_argument, NULL, 'P'},
+    {"io-threads", required_argument, NULL, 'I'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0}};
@@ -291,8 +295,13 @@ static int fp4idx__config_listen_option(fp4idx_config_t *cfg, int o, const char 
   }
 }
 
+int fp4idx__config_io_threads_default(long cores) {
+  long n = cores / 4;
+  return n < 1 ? 1 : n > 4 ? 4 : (int)n;
+}
+
 /* How connections and requests are served: --buffer-budget,
- * --buffer-timeout, --busy-poll-us. */
+ * --buffer-timeout, --busy-poll-us, --io-threads. */
 static int fp4idx__config_serving_option(fp4idx_config_t *cfg, int o, const char *arg,
                                          FILE *err) {
   char *end = NULL;
@@ -316,6 +325,15 @@ static int fp4idx__config_serving_option(fp4idx_config_t *cfg, int o, const char
         return FP4IDX_EINVAL;
       }
       cfg->buffer_timeout_s = t;
+      return FP4IDX_OK;
+    case 'I':
+      errno = 0;
+      v = strtol(arg, &end, 10);
+      if (errno || end == arg || *end || v < 1 || v > 64) {
+        fprintf(err, "fp4idxd: --io-threads: '%s' is not a number of loops in 1..64\n", arg);
+        return FP4IDX_EINVAL;
+      }
+      cfg->io_threads = (int)v;
       return FP4IDX_OK;
     default: /* 'P' */
       errno = 0;
@@ -352,7 +370,7 @@ int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
       case 's': case 'O': case 'G': case 'M':
         rc = fp4idx__config_listen_option(cfg, o, optarg, err);
         break;
-      case 'B': case 'T': case 'P':
+      case 'B': case 'T': case 'P': case 'I':
         rc = fp4idx__config_serving_option(cfg, o, optarg, err);
         break;
       case 'h':

@@ -28,7 +28,7 @@ static void fp4idx__daemon_pages_changed(void *arg, uint64_t id, const int32_t *
 
 static void fp4idx__daemon_pressure(fp4idx_server_t *srv, int on) {
   fp4idx_daemon_t *d = srv->data;
-  fp4idx__worker_pause_bulk(&d->worker, on && !srv->stopping);
+  fp4idx__worker_pause_bulk(&d->worker, on && !__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE));
 }
 
 static void fp4idx__daemon_conn_event(fp4idx_server_t *srv, int delta) {
@@ -50,6 +50,7 @@ static void fp4idx__daemon_server_stopped(fp4idx_server_t *srv) {
    * from hooks may still be queued: stop runs them first. */
   fp4idx__worker_stop(&d->worker);
   fp4idx__channels_stop(&d->channels); /* every channel closed with its connection */
+  fp4idx__server_io_quit(srv); /* the other loops' threads end */
   if (d->hooks.shutdown) d->hooks.shutdown(d, d->hooks.arg);
   uv_close((uv_handle_t *)&d->sig_int, NULL);
   uv_close((uv_handle_t *)&d->sig_term, NULL);
@@ -60,7 +61,8 @@ void fp4idx__daemon_stop(fp4idx_daemon_t *d) {
   if (d->stopping) return;
   d->stopping = 1;
   fp4idx__log_info("stopping: finishing %llu queued request(s), %llu connection(s) open",
-                   (unsigned long long)d->worker.queued, (unsigned long long)d->server->n_conns);
+                   (unsigned long long)__atomic_load_n(&d->worker.queued, __ATOMIC_ACQUIRE),
+                   (unsigned long long)__atomic_load_n(&d->server->n_conns, __ATOMIC_ACQUIRE));
   if (d->hooks.stopping) d->hooks.stopping(d, d->hooks.arg);
   fp4idx__server_stop(d->server);
 }
@@ -71,7 +73,7 @@ static void fp4idx__daemon_signal_cb(uv_signal_t *h, int signum) {
     /* A second signal: stop waiting for clients that do not read their
      * last replies (requests on the worker still finish). */
     fp4idx__log_warn("signal %d again: closing %llu connection(s) without flushing", signum,
-                     (unsigned long long)d->server->n_conns);
+                     (unsigned long long)__atomic_load_n(&d->server->n_conns, __ATOMIC_ACQUIRE));
     fp4idx__server_close_all(d->server);
     return;
   }
@@ -102,7 +104,7 @@ static void fp4idx__daemon_sharing_read(fp4idx_daemon_t *d) {
   int had = d->sharing.valid;
   fp4idx__sharing_decide(&in, &d->sharing.now);
   d->sharing.valid = 1;
-  d->sharing.at_ms = uv_now(&d->loop);
+  d->sharing.at_us = fp4idx__stats_now_us();
   const fp4idx_sharing_t *s = &d->sharing.now;
   __atomic_store_n(&d->sharing.published, s->other_processes << 8 | (uint64_t)s->mode,
                    __ATOMIC_RELEASE);
@@ -118,13 +120,19 @@ static void fp4idx__daemon_sharing_read(fp4idx_daemon_t *d) {
 }
 
 static void fp4idx__daemon_sharing_tick(uv_timer_t *t) {
-  fp4idx__daemon_sharing_read(t->data);
+  fp4idx_daemon_t *d = t->data;
+  pthread_mutex_lock(&d->sharing.mu);
+  fp4idx__daemon_sharing_read(d);
+  pthread_mutex_unlock(&d->sharing.mu);
 }
 
-const fp4idx_sharing_t *fp4idx__daemon_sharing(fp4idx_daemon_t *d) {
-  if (!d->sharing.valid || uv_now(&d->loop) - d->sharing.at_ms >= FP4IDX_SHARING_FRESH_MS)
+void fp4idx__daemon_sharing(fp4idx_daemon_t *d, fp4idx_sharing_t *out) {
+  pthread_mutex_lock(&d->sharing.mu);
+  if (!d->sharing.valid ||
+      fp4idx__stats_now_us() - d->sharing.at_us >= FP4IDX_SHARING_FRESH_MS * 1e3)
     fp4idx__daemon_sharing_read(d);
-  return &d->sharing.now;
+  *out = d->sharing.now;
+  pthread_mutex_unlock(&d->sharing.mu);
 }
 
 void fp4idx__daemon_sharing_published(fp4idx_daemon_t *d, fp4idx_sharing_mode_t *mode,
@@ -148,6 +156,11 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
     return FP4IDX_EINTERNAL;
   }
   d->loop_ok = 1;
+  if (pthread_mutex_init(&d->sharing.mu, NULL)) {
+    rc = FP4IDX_ENOMEM;
+    goto err;
+  }
+  d->sharing_ok = 1;
   rc = fp4idx__stats_init(&d->stats);
   if (rc) goto err;
   d->stats_ok = 1;
@@ -198,16 +211,17 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->server->on_stopped = fp4idx__daemon_server_stopped;
   d->worker.data = d;
   d->worker.on_wake = fp4idx__daemon_worker_wake;
-  /* Busy polling, chosen once from the backend (busypoll.h). */
+  /* Busy polling, chosen once from the backend (busypoll.h), on every I/O
+   * loop (server.h), their number from the cores unless --io-threads. */
   int spin = d->cfg.busy_poll_us >= 0 ? d->cfg.busy_poll_us
                                       : (strcmp(d->desc.name, "cuda") == 0 ? 200 : 0);
-  if (fp4idx__busypoll_init(&d->busypoll, &d->loop, spin, &d->worker.queued)) {
-    rc = FP4IDX_EINTERNAL;
-    goto err;
-  }
-  d->server->busypoll = &d->busypoll;
+  int n_io = d->cfg.io_threads > 0 ? d->cfg.io_threads
+                                   : fp4idx__config_io_threads_default(sysconf(_SC_NPROCESSORS_ONLN));
+  d->cfg.io_threads = n_io;
+  rc = fp4idx__server_io_init(d->server, n_io, spin, &d->worker.queued);
+  if (rc) goto err;
   d->worker.spin_us = spin;
-  d->worker.hold_spin = &d->busypoll.on;
+  d->worker.hold_spin = &d->server->polling;
   rc = fp4idx__channels_init(&d->channels, &d->loop, &d->worker, &d->stats, d,
                              fp4idx__channel_run_score);
   if (rc) goto err;
@@ -276,11 +290,12 @@ int fp4idx__daemon_run(fp4idx_daemon_t *d) {
     fp4idx__log_error("cannot start the worker thread");
     return 1;
   }
+  if (fp4idx__server_io_start(d->server)) return 1; /* fini joins what started */
   fp4idx__log_info("fp4idxd %s ready: backend %s, page size %d, %lld pages, max frame %llu, "
-                   "buffer budget %llu MiB",
+                   "buffer budget %llu MiB, %d I/O loop(s)",
                    FP4IDXD_VERSION_STRING, d->desc.name, d->cfg.page_size,
                    (long long)d->cache.n_pages, (unsigned long long)d->cfg.max_frame,
-                   (unsigned long long)(d->cfg.buffer_budget >> 20));
+                   (unsigned long long)(d->cfg.buffer_budget >> 20), d->cfg.io_threads);
   if (d->hooks.ready) d->hooks.ready(d, d->hooks.arg);
   uv_run(&d->loop, UV_RUN_DEFAULT);
   return d->exit_code;
@@ -295,6 +310,7 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   if (!d) return;
   if (d->worker.started) fp4idx__worker_stop(&d->worker);
   fp4idx__channels_stop(&d->channels);
+  if (d->server) fp4idx__server_io_fini(d->server);
   if (d->loop_ok) {
     /* Close whatever is left (listeners that never served, etc). */
     uv_walk(&d->loop, fp4idx__daemon_walk_close, NULL);
@@ -311,6 +327,9 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   d->stats_ok = 0;
   if (d->stages_ok) fp4idx__stages_destroy(&d->stages);
   d->stages_ok = 0;
+  if (d->server) pthread_mutex_destroy(&d->server->budget_mu);
   free(d->server);
   d->server = NULL;
+  if (d->sharing_ok) pthread_mutex_destroy(&d->sharing.mu);
+  d->sharing_ok = 0;
 }

@@ -17,11 +17,11 @@
 #ifndef FP4IDX_DAEMON_DAEMON_H
 #define FP4IDX_DAEMON_DAEMON_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
-#include "busypoll.h"
 #include "cache.h"
 #include "channel.h"
 #include "config.h"
@@ -79,7 +79,6 @@ struct fp4idx_daemon_s {
   fp4idx_worker_t worker;
   struct fp4idx_server_s *server; /* the socket side (server.h), owned */
   fp4idx_buffered_t buffered;   /* the buffer budget's figures, as the server publishes them */
-  fp4idx_busypoll_t busypoll;   /* the loop polls while work is near */
   fp4idx_daemon_stats_t stats;
   fp4idx_stages_t stages;       /* time per stage of the request path */
   fp4idx_channels_t channels;   /* open channels and their watcher */
@@ -92,10 +91,12 @@ struct fp4idx_daemon_s {
   } pub;
   /* How the GPU is shared (sharing.h), as last read: at start, every
    * FP4IDX_SHARING_PERIOD_MS by a timer, and by info and stats when older
-   * than FP4IDX_SHARING_FRESH_MS. Loop thread only, but `published`. */
+   * than FP4IDX_SHARING_FRESH_MS (any loop, the worker): under mu, but
+   * `published`. */
   struct {
+    pthread_mutex_t mu;
     fp4idx_sharing_t now;
-    uint64_t at_ms;            /* uv_now of the reading */
+    double at_us;              /* fp4idx__stats_now_us of the reading */
     int valid, warned;         /* warned: the time-slice warning was logged */
     /* The mode and other_processes of `now` in one word (other_processes
      * << 8 | mode), so that any thread reads both of one reading
@@ -108,7 +109,7 @@ struct fp4idx_daemon_s {
   int started;                  /* startup hook ran */
   int stopping;
   int exit_code;
-  int loop_ok, stats_ok, cache_ok, stages_ok;
+  int loop_ok, stats_ok, cache_ok, stages_ok, sharing_ok;
 };
 
 /* Builds the daemon from cfg: engine (backend choice, pool), cache, stats,
@@ -137,10 +138,10 @@ void fp4idx__daemon_stop(fp4idx_daemon_t *d);
  * periodic snapshot; the job may touch d->cache and the engine). */
 void fp4idx__daemon_submit(fp4idx_daemon_t *d, fp4idx_job_t *job);
 
-/* The GPU sharing mode, read again first when older than
- * FP4IDX_SHARING_FRESH_MS (an NVML query, tens of microseconds). Loop
+/* The GPU sharing mode into *out, read again first when older than
+ * FP4IDX_SHARING_FRESH_MS (an NVML query, tens of microseconds). Any
  * thread. */
-const fp4idx_sharing_t *fp4idx__daemon_sharing(fp4idx_daemon_t *d);
+void fp4idx__daemon_sharing(fp4idx_daemon_t *d, fp4idx_sharing_t *out);
 
 /* The loop's last reading of the GPU sharing mode: at most 10 s old on a
  * GPU (the sharing timer's period), "none" on the CPU backend. Any thread,

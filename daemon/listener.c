@@ -158,11 +158,12 @@ static void fp4idx__listener_connection_cb(uv_stream_t *l, int status) {
     return;
   }
   uint64_t cap = fp4idx__listener_conn_cap(srv);
-  if (srv->n_conns >= cap) {
+  uint64_t open_now = __atomic_load_n(&srv->n_conns, __ATOMIC_ACQUIRE);
+  if (open_now >= cap) {
     char why[160];
     if (cap < FP4IDX_SERVER_MAX_CONNS)
       snprintf(why, sizeof why, "%llu connections open, all that the fd limit allows",
-               (unsigned long long)srv->n_conns);
+               (unsigned long long)open_now);
     else
       snprintf(why, sizeof why, "too many connections (%d)", FP4IDX_SERVER_MAX_CONNS);
     fp4idx__listener_reject(srv, l, why);

@@ -35,6 +35,7 @@ void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_fra
   srv->socket_mode = FP4IDX_SERVER_SOCKET_MODE;
   srv->socket_gid = -1;
   srv->spare_fd = -1;
+  pthread_mutex_init(&srv->budget_mu, NULL);
   srv->budget = fp4idx__budget_default(0);
   srv->buffer_timeout_us = FP4IDX_BUDGET_TIMEOUT_DEFAULT_S * 1e6;
 }
@@ -59,8 +60,26 @@ void fp4idx__server_req_free(fp4idx_req_t *req) {
 static void fp4idx__server_regions_work(fp4idx_job_t *job) { fp4idx__regions_clear(job->data); }
 static void fp4idx__server_regions_done(fp4idx_job_t *job) { free(job->data); }
 
+/* Loop 0: an accepted connection counts from here (in stats too), whichever
+ * loop it goes to, until fp4idx__server_conn_gone. */
+static void fp4idx__server_conn_counted(fp4idx_server_t *srv) {
+  __atomic_add_fetch(&srv->n_conns, 1, __ATOMIC_ACQ_REL);
+  if (srv->conn_event) srv->conn_event(srv, +1);
+}
+
+void fp4idx__server_conn_gone(fp4idx_ioloop_t *io) {
+  fp4idx_server_t *srv = io->srv;
+  /* The last one tells loop 0, whatever this loop knows of a stop: the
+   * stop may be on its way to it. */
+  if (srv->conn_event) srv->conn_event(srv, -1);
+  if (__atomic_sub_fetch(&srv->n_conns, 1, __ATOMIC_ACQ_REL) != 0) return;
+  if (io->index == 0) fp4idx__server_check_stopped(srv);
+  else fp4idx__server_io_post(&srv->io[0], FP4IDX_IO_CHECK);
+}
+
 static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
   fp4idx_server_t *srv = c->srv;
+  fp4idx_ioloop_t *io = c->io;
   for (int i = 0; i < c->nfds; i++) close(c->fds[i]);
   if (c->regions) {
     fp4idx_job_t *job = &c->regions->release;
@@ -76,14 +95,12 @@ static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
   }
   fp4idx__budget_hold(c, -(int64_t)c->held_in, -(int64_t)c->held_out);
   fp4idx__budget_release_grant(c);
-  if (c->prev) c->prev->next = c->next; else srv->conns = c->next;
+  if (c->prev) c->prev->next = c->next; else io->conns = c->next;
   if (c->next) c->next->prev = c->prev;
-  srv->n_conns--;
   fp4idx_frame_reader_free(&c->fr);
   free(c->scratch);
   free(c);
-  if (srv->conn_event) srv->conn_event(srv, -1);
-  fp4idx__server_check_stopped(srv);
+  fp4idx__server_conn_gone(io);
 }
 
 /* Drops request r (unlinked by the caller) with what it held. */
@@ -94,9 +111,9 @@ static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
   int64_t out = r->done && (!r->write_started || r->streaming) ? (int64_t)r->wire_len : 0;
   if (r->streaming) {
     r->streaming = 0;
-    c->srv->streaming--;
+    __atomic_sub_fetch(&c->io->streaming, 1, __ATOMIC_RELEASE);
     c->out_bytes -= r->wire_len;
-    fp4idx__busypoll_writing(c->srv->busypoll, -1);
+    fp4idx__busypoll_writing(&c->io->busypoll, -1);
   }
   fp4idx__budget_hold(c, -in - (int64_t)FP4IDX_SERVER_REQ_BYTES, -out);
   c->pending--;
@@ -108,7 +125,7 @@ static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
 static void fp4idx__server_defer_clear(fp4idx_conn_t *c) {
   if (!c->defer_bytes) return;
   c->defer_bytes = 0;
-  c->srv->n_deferred--;
+  __atomic_sub_fetch(&c->srv->n_deferred, 1, __ATOMIC_ACQ_REL);
 }
 
 static void fp4idx__server_close_cb(uv_handle_t *h) {
@@ -158,7 +175,7 @@ void fp4idx__server_drop(fp4idx_conn_t *c) {
 /* Closes a connection that has nothing left to do: the peer is done sending
  * (or the daemon is stopping) and every response is written. */
 static void fp4idx__server_maybe_close(fp4idx_conn_t *c) {
-  if (!c->closing && (c->eof || c->srv->stopping) && c->pending == 0)
+  if (!c->closing && (c->eof || c->io->stopping) && c->pending == 0)
     fp4idx__server_conn_close(c);
 }
 
@@ -177,7 +194,7 @@ static void fp4idx__server_written(fp4idx_req_t *r, int status) {
     fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WRITE, c->progress_us - r->t_write_us);
   int close_after = r->close_after;
   fp4idx__budget_hold(c, -(int64_t)FP4IDX_SERVER_REQ_BYTES, -(int64_t)r->wire_len);
-  fp4idx__busypoll_writing(c->srv->busypoll, -1);
+  fp4idx__busypoll_writing(&c->io->busypoll, -1);
   fp4idx__server_req_free(r);
   if (c->closing) {
     return; /* close_cb finishes the cleanup */
@@ -216,7 +233,7 @@ static void fp4idx__server_part_cb(uv_write_t *wr, int status) {
   if (r->parts > 0) return;
   if (r->sent < r->wire_len && !r->part_status && !r->conn->closing) return;
   r->streaming = 0;
-  r->conn->srv->streaming--;
+  __atomic_sub_fetch(&r->conn->io->streaming, 1, __ATOMIC_RELEASE);
   fp4idx__server_written(r, r->part_status          ? r->part_status
                             : r->sent < r->wire_len ? UV_ECANCELED
                                                     : 0);
@@ -317,11 +334,11 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
     }
     if (!r->write_started) {
       r->write_started = 1;
-      fp4idx__busypoll_writing(c->srv->busypoll, +1);
+      fp4idx__busypoll_writing(&c->io->busypoll, +1);
       c->out_bytes += r->wire_len;
       if (!whole) {
         r->streaming = 1;
-        c->srv->streaming++;
+        __atomic_add_fetch(&c->io->streaming, 1, __ATOMIC_RELEASE);
       }
     }
     if (!whole) r->parts++;
@@ -331,11 +348,19 @@ static void fp4idx__server_flush(fp4idx_conn_t *c) {
   }
 }
 
-void fp4idx__server_flush_streams(fp4idx_server_t *srv) {
-  if (!srv->streaming) return;
-  for (fp4idx_conn_t *c = srv->conns; c; c = c->next)
+/* io's thread: writes what has come of its replies written in parts. */
+static void fp4idx__server_flush_streams_of(fp4idx_ioloop_t *io) {
+  if (!io->streaming) return;
+  for (fp4idx_conn_t *c = io->conns; c; c = c->next)
     if (c->head && c->head->streaming && c->head->sent < c->head->wire_len)
       fp4idx__server_flush(c);
+}
+
+void fp4idx__server_flush_streams(fp4idx_server_t *srv) {
+  fp4idx__server_flush_streams_of(&srv->io[0]);
+  for (int i = 1; i < srv->n_io; i++)
+    if (__atomic_load_n(&srv->io[i].streaming, __ATOMIC_ACQUIRE))
+      fp4idx__server_io_post(&srv->io[i], FP4IDX_IO_STREAMS);
 }
 
 /* Unlinks req from closed connection c and drops it (with what it holds);
@@ -362,7 +387,7 @@ static void fp4idx__server_req_deferred(fp4idx_req_t *req) {
   req->deferred = 0;
   req->dispatched = 0;
   c->inflight--;
-  c->srv->deferred++;
+  __atomic_add_fetch(&c->srv->deferred, 1, __ATOMIC_RELAXED);
   if (c->closed) {
     fp4idx__server_req_orphan(c, req); /* its body is still held: drop gives it back */
     return;
@@ -371,7 +396,7 @@ static void fp4idx__server_req_deferred(fp4idx_req_t *req) {
   c->undispatched = req;
   fp4idx__server_defer_clear(c);
   c->defer_bytes = req->defer_bytes ? req->defer_bytes : 1;
-  c->srv->n_deferred++;
+  __atomic_add_fetch(&c->srv->n_deferred, 1, __ATOMIC_ACQ_REL);
   fp4idx__log_debug("connection %llu: a reply of %llu bytes waits for the buffer budget",
                     (unsigned long long)c->id, (unsigned long long)c->defer_bytes);
   fp4idx__server_resume(c);
@@ -401,7 +426,7 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
                    ? fp4idx__direct_disarm(c)
                    : FP4IDX_DIRECT_IDLE;
   if (direct != FP4IDX_DIRECT_DONE) req->direct_sent = 0, req->direct_failed = 0;
-  c->srv->admitting -= req->admitting;
+  __atomic_sub_fetch(&c->srv->admitting, req->admitting, __ATOMIC_ACQ_REL);
   req->admitting = 0;
   if (req->deferred) {
     fp4idx__server_req_deferred(req);
@@ -490,7 +515,7 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
     r->dispatched = 1;
     if (c->defer_bytes) { /* a waiting reply tries again: its room is taken until it is back */
       r->admitting = c->defer_bytes;
-      c->srv->admitting += r->admitting;
+      __atomic_add_fetch(&c->srv->admitting, r->admitting, __ATOMIC_ACQ_REL);
     }
     fp4idx__server_defer_clear(c);
     /* The bulk lane for a connection that pipelines (more requests wait
@@ -579,7 +604,7 @@ static void fp4idx__server_collect_fds(fp4idx_conn_t *c) {
   while (uv_pipe_pending_count(&c->pipe) > 0) {
     uv_pipe_t *p = malloc(sizeof *p);
     int fd = -1;
-    if (!p || uv_pipe_init(c->srv->loop, p, 0)) {
+    if (!p || uv_pipe_init(c->io->loop, p, 0)) {
       free(p);
       return; /* libuv closes what is still queued when the pipe closes */
     }
@@ -600,7 +625,7 @@ static void fp4idx__server_collect_fds(fp4idx_conn_t *c) {
 
 static void fp4idx__server_req_job_done(fp4idx_job_t *job) {
   fp4idx_req_t *req = job->data;
-  fp4idx__busypoll_kick(req->conn->srv->busypoll);
+  fp4idx__busypoll_kick(&req->conn->io->busypoll);
   fp4idx__server_req_done(req);
 }
 
@@ -634,6 +659,7 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
   r->job.batch_end = fp4idx__batch_end;
   r->job.done = fp4idx__server_req_job_done;
   r->job.data = r;
+  r->job.home = &c->io->done; /* back to this loop */
   r->t0_us = fp4idx__stats_now_us();
   r->t_first_us = c->in_frame ? c->t_frame_us : r->t0_us;
   c->in_frame = 0;
@@ -722,7 +748,7 @@ static void fp4idx__server_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t
     fp4idx__server_maybe_close(c);
     return;
   }
-  fp4idx__busypoll_kick(c->srv->busypoll);
+  fp4idx__busypoll_kick(&c->io->busypoll);
   c->rx_pos += (uint64_t)nread;
   fp4idx__server_collect_fds(c);
   if (buf->base == (char *)c->scratch) {
@@ -743,9 +769,9 @@ static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
   if (c->closing) return;
   /* Bytes left over from an earlier read go first (they may fill the caps
    * again); the socket is read only when none are left. */
-  if (c->in_len > 0 && !c->eof && !c->srv->stopping) fp4idx__server_parse(c);
+  if (c->in_len > 0 && !c->eof && !c->io->stopping) fp4idx__server_parse(c);
   if (c->closing) return;
-  int want = !c->eof && !c->srv->stopping && c->in_len == 0 && fp4idx__budget_may_read(c);
+  int want = !c->eof && !c->io->stopping && c->in_len == 0 && fp4idx__budget_may_read(c);
   if (want && !c->reading) {
     if (uv_read_start((uv_stream_t *)&c->pipe, fp4idx__server_alloc_cb,
                       fp4idx__server_read_cb) == 0)
@@ -758,32 +784,35 @@ static void fp4idx__server_update_reading(fp4idx_conn_t *c) {
 
 /* ---- accepting (the listener side is in listener.c) --------------------- */
 
-int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
+/* A new connection of io, its pipe initialised on io's loop (not yet
+ * open); NULL without memory. */
+static fp4idx_conn_t *fp4idx__server_conn_new(fp4idx_ioloop_t *io) {
+  fp4idx_server_t *srv = io->srv;
   fp4idx_conn_t *c = calloc(1, sizeof *c);
   /* ipc mode: libuv reads with recvmsg and keeps SCM_RIGHTS fds for us */
   if (!c || !(c->scratch = malloc(FP4IDX_SERVER_SCRATCH)) ||
-      !(c->regions = calloc(1, sizeof *c->regions)) || uv_pipe_init(srv->loop, &c->pipe, 1)) {
+      !(c->regions = calloc(1, sizeof *c->regions)) || uv_pipe_init(io->loop, &c->pipe, 1)) {
     if (c) free(c->scratch), free(c->regions);
     free(c);
-    return FP4IDX_ENOMEM;
+    return NULL;
   }
   c->srv = srv;
+  c->io = io;
   c->pipe.data = c;
-  c->id = ++srv->next_conn_id;
+  c->id = __atomic_add_fetch(&srv->next_conn_id, 1, __ATOMIC_RELAXED);
   c->progress_us = fp4idx__stats_now_us();
   fp4idx_frame_reader_init(&c->fr, (uint32_t)srv->max_frame);
-  c->next = srv->conns;
-  if (srv->conns) srv->conns->prev = c;
-  srv->conns = c;
-  srv->n_conns++;
-  if (srv->conn_event) srv->conn_event(srv, +1);
+  c->next = io->conns;
+  if (io->conns) io->conns->prev = c;
+  io->conns = c;
   fp4idx__regions_init(c->regions, c->id, srv->cuda_device);
-  fp4idx__budget_start(srv);
-  if (uv_accept(l, (uv_stream_t *)&c->pipe)) {
-    fp4idx__server_conn_close(c);
-    return FP4IDX_OK; /* the peer left before we took it: nothing to report */
-  }
-  /* who connected, for the log line of each register */
+  fp4idx__budget_start(io);
+  return c;
+}
+
+/* c's pipe is open: who connected (for the log line of each register),
+ * then reading starts. */
+static void fp4idx__server_conn_ready(fp4idx_conn_t *c) {
   uv_os_fd_t sfd;
   struct ucred cred;
   socklen_t clen = sizeof cred;
@@ -793,21 +822,91 @@ int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
     c->regions->uid = cred.uid;
     c->regions->gid = cred.gid;
   }
-  fp4idx__log_debug("connection %llu opened", (unsigned long long)c->id);
-  fp4idx__server_update_reading(c);
+  fp4idx__log_debug("connection %llu opened on I/O loop %d", (unsigned long long)c->id,
+                    c->io->index);
+  fp4idx__server_resume(c); /* reads; or, on a stopping loop, closes at once */
+}
+
+void fp4idx__server_conn_open(fp4idx_ioloop_t *io, int fd) {
+  fp4idx_conn_t *c = fp4idx__server_conn_new(io);
+  if (!c) {
+    fp4idx__log_error("out of memory for a connection");
+    close(fd);
+    fp4idx__server_conn_gone(io);
+    return;
+  }
+  if (uv_pipe_open(&c->pipe, fd)) {
+    close(fd);
+    fp4idx__server_conn_close(c);
+    return;
+  }
+  fp4idx__server_conn_ready(c);
+}
+
+int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l) {
+  fp4idx_ioloop_t *io = &srv->io[srv->next_io++ % (unsigned)srv->n_io];
+  if (io->index != 0) {
+    /* Another loop's: taken here, its fd handed over (a libuv handle
+     * belongs to one loop; the fd is the only thing that moves). */
+    uv_pipe_t *p = malloc(sizeof *p);
+    if (!p || uv_pipe_init(srv->loop, p, 0)) {
+      free(p);
+      return FP4IDX_ENOMEM;
+    }
+    uv_os_fd_t raw;
+    int fd = -1;
+    if (uv_accept(l, (uv_stream_t *)p) == 0 && uv_fileno((uv_handle_t *)p, &raw) == 0)
+      fd = fcntl(raw, F_DUPFD_CLOEXEC, 3);
+    uv_close((uv_handle_t *)p, fp4idx__server_pending_fd_close_cb);
+    if (fd < 0) return FP4IDX_OK; /* the peer left before we took it: nothing to report */
+    fp4idx__server_conn_counted(srv);
+    fp4idx__server_io_handoff(io, fd);
+    return FP4IDX_OK;
+  }
+  fp4idx_conn_t *c = fp4idx__server_conn_new(io);
+  if (!c) return FP4IDX_ENOMEM;
+  fp4idx__server_conn_counted(srv);
+  if (uv_accept(l, (uv_stream_t *)&c->pipe)) {
+    fp4idx__server_conn_close(c);
+    return FP4IDX_OK; /* the peer left before we took it: nothing to report */
+  }
+  fp4idx__server_conn_ready(c);
   return FP4IDX_OK;
 }
 
 /* ---- stopping ----------------------------------------------------------- */
 
+/* io's thread: a message's walk over its connections. */
+static void fp4idx__server_io_stop(fp4idx_ioloop_t *io) {
+  io->stopping = 1;
+  for (fp4idx_conn_t *c = io->conns, *next; c; c = next) {
+    next = c->next;
+    fp4idx__server_resume(c); /* stops reading (stopping is set); idle ones close */
+  }
+}
+
+static void fp4idx__server_io_close_all(fp4idx_ioloop_t *io) {
+  for (fp4idx_conn_t *c = io->conns; c; c = c->next) fp4idx__server_drop(c);
+}
+
+void fp4idx__server_io_msg(fp4idx_ioloop_t *io, unsigned flags) {
+  fp4idx__budget_walk(io, flags, NULL);
+  if (flags & FP4IDX_IO_STOP) fp4idx__server_io_stop(io);
+  if (flags & FP4IDX_IO_CLOSE_ALL) fp4idx__server_io_close_all(io);
+  if (flags & FP4IDX_IO_CHECK) fp4idx__server_check_stopped(io->srv);
+  fp4idx__server_flush_streams_of(io); /* streams, and parts that came with a reply */
+}
+
 void fp4idx__server_close_all(fp4idx_server_t *srv) {
-  for (fp4idx_conn_t *c = srv->conns; c; c = c->next) fp4idx__server_drop(c);
+  fp4idx__server_io_close_all(&srv->io[0]);
+  for (int i = 1; i < srv->n_io; i++) fp4idx__server_io_post(&srv->io[i], FP4IDX_IO_CLOSE_ALL);
 }
 
 static void fp4idx__server_check_stopped(fp4idx_server_t *srv) {
-  if (srv->stopping == 1 && srv->listeners_open == 0 && srv->n_conns == 0) {
-    srv->stopping = 2; /* report once */
-    fp4idx__budget_stop(srv);
+  if (srv->stopping == 1 && srv->listeners_open == 0 &&
+      __atomic_load_n(&srv->n_conns, __ATOMIC_ACQUIRE) == 0) {
+    __atomic_store_n(&srv->stopping, 2, __ATOMIC_RELEASE); /* report once */
+    fp4idx__budget_stop(&srv->io[0]);
     if (srv->on_stopped) srv->on_stopped(srv);
   }
 }
@@ -820,7 +919,7 @@ static void fp4idx__server_listener_close_cb(uv_handle_t *h) {
 
 void fp4idx__server_stop(fp4idx_server_t *srv) {
   if (srv->stopping) return;
-  srv->stopping = 1;
+  __atomic_store_n(&srv->stopping, 1, __ATOMIC_RELEASE);
   /* What was received is answered: no lane waits from here on. */
   if (srv->pressure) srv->pressure(srv, 0);
   if (srv->spare_fd >= 0) close(srv->spare_fd);
@@ -834,9 +933,7 @@ void fp4idx__server_stop(fp4idx_server_t *srv) {
     srv->listeners[i].data = srv;
     uv_close((uv_handle_t *)&srv->listeners[i], fp4idx__server_listener_close_cb);
   }
-  for (fp4idx_conn_t *c = srv->conns, *next; c; c = next) {
-    next = c->next;
-    fp4idx__server_resume(c); /* stops reading (stopping is set); idle ones close */
-  }
+  fp4idx__server_io_stop(&srv->io[0]);
+  for (int i = 1; i < srv->n_io; i++) fp4idx__server_io_post(&srv->io[i], FP4IDX_IO_STOP);
   fp4idx__server_check_stopped(srv);
 }

@@ -1,6 +1,6 @@
 /* server.h -- the Unix socket: listening, connections, framing, ordering.
  *
- * The request path on the loop thread, in a straight line:
+ * The request path on the connection's I/O loop, in a straight line:
  *   fp4idx__server_read_cb -> fp4idx__server_parse (the codec's incremental
  *   frame reader, state on the connection; "need more bytes" is a normal
  *   return; bodies are read straight into their buffer) -> the body decoded
@@ -26,14 +26,30 @@
  * pipelining gains only the hand-off; and a client that does not read then
  * has at most one reply coming that it will not read).
  * Above all connections sits the global buffer budget (budget.c).
+ *
+ * I/O loops (ioloop.c, --io-threads N): connections are spread over N
+ * event loops, loop 0 the daemon's main loop and loops 1..N-1 each on its
+ * own thread. The listener accepts on loop 0 and hands each connection to
+ * the next loop in turn (its fd, through that loop's queue and wake-up);
+ * from then on everything of the connection -- reads, framing, decoding,
+ * dispatch, replies, the direct write's arming, close -- happens on its
+ * loop, and the worker sends each finished request back to that loop
+ * (job.home). What all loops share is atomic or behind a lock: the buffer
+ * budget's counters and its pressure (budget.c; a loop that changes them
+ * walks its own connections and posts the others a message), the
+ * connection count, stats and stages (their own locks). Loop 0 alone owns
+ * the listeners, signals, stop and close_all, which reach the other loops
+ * as messages (FP4IDX_IO_*).
  */
 #ifndef FP4IDX_DAEMON_SERVER_H
 #define FP4IDX_DAEMON_SERVER_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
+#include "busypoll.h"
 #include "commands.h"
 #include "fp4idx_codec.h"
 #include "regions.h"
@@ -55,9 +71,46 @@
 /* fds kept free below RLIMIT_NOFILE besides the connections (listener.c) */
 #define FP4IDX_LISTENER_RESERVE_FDS 32
 #define FP4IDX_SERVER_SOCKET_MODE 0660
+#define FP4IDX_SERVER_MAX_IO 64  /* most I/O loops (--io-threads) */
 
 typedef struct fp4idx_server_s fp4idx_server_t;
 typedef struct fp4idx_conn_s fp4idx_conn_t;
+
+/* Messages to an I/O loop (fp4idx__server_io_post): what it does, for its
+ * own connections, when it wakes. */
+enum {
+  FP4IDX_IO_RESUME = 1u << 0,    /* the budget's pressure lifted: resume every connection */
+  FP4IDX_IO_RETRY = 1u << 1,     /* bytes were released: waiting replies try again */
+  FP4IDX_IO_GRANT = 1u << 2,     /* the frame grant is free: partial frames may take it */
+  FP4IDX_IO_STREAMS = 1u << 3,   /* parts of replies written in parts came back */
+  FP4IDX_IO_STOP = 1u << 4,      /* stop reading; close each connection once drained */
+  FP4IDX_IO_CLOSE_ALL = 1u << 5, /* close every connection now (dropping replies) */
+  FP4IDX_IO_CHECK = 1u << 6,     /* (loop 0) a connection of a stopping loop closed */
+  FP4IDX_IO_QUIT = 1u << 7       /* close the loop's handles: its thread ends */
+};
+
+/* One event loop serving a share of the connections (see above). */
+typedef struct fp4idx_ioloop_s {
+  fp4idx_server_t *srv;
+  int index;                   /* 0: the daemon's main loop */
+  uv_loop_t *loop;             /* &own, or the main loop for loop 0 */
+  uv_loop_t own;
+  pthread_t thread;
+  int thread_on;               /* the thread runs (loops 1..) */
+  int loop_ok, wake_ok;        /* own initialised; wake initialised (not yet closed) */
+  uv_async_t wake;             /* messages, handed connections, finished requests */
+  fp4idx_jobq_t done;          /* its connections' requests back from the worker */
+  pthread_mutex_t mu;          /* guards flags and fds */
+  unsigned flags;              /* FP4IDX_IO_* posted and not yet handled */
+  int *fds;                    /* connections handed over, not yet opened */
+  size_t nfds, capfds;
+  fp4idx_conn_t *conns;        /* its connections (its thread only) */
+  int stopping;                /* its thread only */
+  uint64_t streaming;          /* replies being written in parts (atomic: loop 0 reads) */
+  fp4idx_busypoll_t busypoll;  /* its thread only */
+  uv_timer_t reaper;           /* closes its connections past the timeout (budget.c) */
+  int reaper_on;
+} fp4idx_ioloop_t;
 
 /* One request frame and, once done, its response frame. */
 typedef struct fp4idx_req_s {
@@ -106,7 +159,8 @@ typedef struct fp4idx_req_s {
 struct fp4idx_conn_s {
   uv_pipe_t pipe;
   fp4idx_server_t *srv;
-  fp4idx_conn_t *prev, *next;  /* server's list */
+  fp4idx_ioloop_t *io;         /* the loop that owns it */
+  fp4idx_conn_t *prev, *next;  /* its loop's list */
   uint64_t id;                 /* for logs */
   fp4idx_frame_reader_t fr;     /* framing state (the codec's reader) */
   int in_frame;                /* bytes of a frame not yet dispatched were read */
@@ -146,20 +200,23 @@ struct fp4idx_conn_s {
 };
 
 struct fp4idx_server_s {
-  uv_loop_t *loop;
+  uv_loop_t *loop;             /* the main loop (loop 0's) */
   uint64_t max_frame;
   uv_pipe_t listeners[FP4IDX_SERVER_MAX_LISTENERS];
   int n_listeners;
   int listeners_open;          /* not yet closed */
   char path[108];              /* socket file we bound (unlinked at stop) */
-  fp4idx_conn_t *conns;
-  uint64_t n_conns;
-  uint64_t next_conn_id;
-  int stopping;
+  fp4idx_ioloop_t *io;         /* [n_io], fp4idx__server_io_init */
+  int n_io;
+  unsigned next_io;            /* the loop the next connection goes to (loop 0) */
+  int polling;                 /* loops busy polling now (atomic; the worker's hold_spin) */
+  uint64_t n_conns;            /* open, and handed to a loop (atomic) */
+  uint64_t next_conn_id;       /* atomic */
+  int stopping;                /* loop 0 writes; atomic where others read */
   /* the socket file (listener.c): set after init, before listening */
   int socket_mode;             /* default FP4IDX_SERVER_SOCKET_MODE */
   long socket_gid;             /* -1: the daemon's group */
-  /* fd budget and refusals (listener.c) */
+  /* fd budget and refusals (listener.c, loop 0) */
   int fds_planned;
   uint64_t base_fds;           /* open when listening started */
   int spare_fd;                /* released to drain the backlog at EMFILE */
@@ -167,39 +224,62 @@ struct fp4idx_server_s {
   uint64_t refused_unlogged;   /* refusals since that line */
   uv_pipe_t reject_pipe;       /* refuses a connection without malloc */
   int reject_busy;
-  /* the buffer budget (budget.c): set after init, before listening */
+  /* the buffer budget (budget.c): set after init, before listening; the
+   * counters are atomic (every loop and the worker use them), the pressure
+   * changes under budget_mu */
   uint64_t budget;             /* bytes; 0 = FP4IDX_BUDGET_MIN */
   double buffer_timeout_us;    /* close a full, unread connection after this */
+  pthread_mutex_t budget_mu;
   uint64_t held;               /* bytes held over all connections */
   uint64_t held_out;           /* the replies' share of held */
-  uint64_t held_peak;          /* the most held has been (loop writes, any reads) */
-  uint64_t reserved;           /* admitted replies being built (any thread) */
+  uint64_t held_peak;          /* the most held has been */
+  uint64_t reserved;           /* admitted replies being built */
   uint64_t n_deferred;         /* connections whose next reply waits to fit */
-  uint64_t admitting;          /* their bounds, dispatched and not yet back (loop) */
+  uint64_t admitting;          /* their bounds, dispatched and not yet back */
   uint64_t deferred;           /* replies made to wait, since the start */
   int over_budget;             /* held reached budget (until below 7/8) */
   fp4idx_conn_t *grant;        /* may finish its frame while over budget */
-  uv_timer_t reaper;           /* closes connections past the timeout */
-  int reaper_on;
   uint64_t slow_closed;        /* connections closed by the timeout */
   /* Set by the daemon. worker: where requests run (batch.h, with data as
-   * the daemon). conn_event: +1 / -1 on open / close. */
+   * the daemon). conn_event: +1 / -1 on open / close (any loop). */
   fp4idx_worker_t *worker;
   void (*conn_event)(fp4idx_server_t *srv, int delta);
   /* pressure: 1 when the buffer budget is reached, 0 when it lifts (and at
-   * stop); the daemon holds the worker's bulk lane meanwhile. May be NULL. */
+   * stop); the daemon holds the worker's bulk lane meanwhile. Any loop,
+   * under budget_mu. May be NULL. */
   void (*pressure)(fp4idx_server_t *srv, int on);
-  void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop */
+  void (*on_stopped)(fp4idx_server_t *srv); /* all closed after stop (loop 0) */
   fp4idx_stages_t *stages;     /* where wake and write times go; may be NULL */
-  struct fp4idx_busypoll_s *busypoll; /* kicked on reads and replies; may be NULL */
   void *data;                  /* the daemon's */
   fp4idx_buffered_t *buffered; /* where the budget's figures are published; may be NULL */
   int cuda_device;             /* regions: the CUDA backend's device, or -1 */
-  uint64_t streaming;          /* replies being written in parts */
 };
 
 /* Initializes an idle server on `loop` (no listener yet). */
 void fp4idx__server_init(fp4idx_server_t *srv, uv_loop_t *loop, uint64_t max_frame);
+
+/* I/O loops (ioloop.c). Creates n (1..FP4IDX_SERVER_MAX_IO) loops, loop 0
+ * on srv->loop, each with its busy polling (spin_us, busy: busypoll.h);
+ * their threads start with fp4idx__server_io_start. FP4IDX_OK,
+ * FP4IDX_EINVAL, FP4IDX_ENOMEM, FP4IDX_EINTERNAL (a libuv call failed). */
+int fp4idx__server_io_init(fp4idx_server_t *srv, int n, int spin_us, const uint64_t *busy);
+/* Starts the threads of loops 1..n-1. FP4IDX_OK or FP4IDX_EINTERNAL. */
+int fp4idx__server_io_start(fp4idx_server_t *srv);
+/* Loop 0, once every connection is closed: closes each loop's handles and
+ * joins its thread. */
+void fp4idx__server_io_quit(fp4idx_server_t *srv);
+/* Frees the loops (after quit, or after a start that failed). */
+void fp4idx__server_io_fini(fp4idx_server_t *srv);
+/* Any thread: posts `flags` (FP4IDX_IO_*) to io and wakes it. */
+void fp4idx__server_io_post(fp4idx_ioloop_t *io, unsigned flags);
+/* Loop 0: hands the accepted connection fd to io (which owns it from here). */
+void fp4idx__server_io_handoff(fp4idx_ioloop_t *io, int fd);
+/* io's thread: what it was posted, and the connections handed to it. */
+void fp4idx__server_io_msg(fp4idx_ioloop_t *io, unsigned flags);
+void fp4idx__server_conn_open(fp4idx_ioloop_t *io, int fd);
+/* io's thread: one connection (opened, or handed to io) is gone from the
+ * count; the last one lets loop 0 see whether a stop is complete. */
+void fp4idx__server_conn_gone(fp4idx_ioloop_t *io);
 
 /* Binds and listens on `path` (listener.c): creates the parent folder if
  * missing (0700, or 0755 as root), refuses with FP4IDX_EEXIST when another
@@ -232,12 +312,14 @@ void fp4idx__server_resume(fp4idx_conn_t *c);
 /* Closes c now, dropping unsent replies (the budget's timeout). */
 void fp4idx__server_drop(fp4idx_conn_t *c);
 
-/* Loop: writes what has come of every reply being written in parts. */
+/* Loop 0: writes what has come of every reply being written in parts (its
+ * own connections; the other loops are posted FP4IDX_IO_STREAMS). */
 void fp4idx__server_flush_streams(fp4idx_server_t *srv);
 
-/* Accepts the pending connection of listener l as a new connection and
- * starts reading it (listener.c calls it below the caps). FP4IDX_OK, or
- * FP4IDX_ENOMEM with nothing accepted. */
+/* Accepts the pending connection of listener l as a new connection of the
+ * next I/O loop in turn and starts reading it there (listener.c calls it
+ * below the caps; loop 0). FP4IDX_OK, or FP4IDX_ENOMEM with nothing
+ * accepted. */
 int fp4idx__server_conn_accept(fp4idx_server_t *srv, uv_stream_t *l);
 /* Stops accepting (closes the listeners, unlinks the socket file), stops
  * reading, lets every connection finish its in-flight requests and flush,
@@ -259,7 +341,7 @@ int64_t fp4idx__server_wire_ready(const fp4idx_req_t *r);
 size_t fp4idx__server_wire_bufs(const fp4idx_req_t *r, size_t from, size_t to, uv_buf_t *bufs);
 
 /* The response of `req` is set (req->resp, resp_len, payloads, wire_len,
- * close_after): loop thread. */
+ * close_after): the connection's loop. */
 void fp4idx__server_req_done(fp4idx_req_t *req);
 
 /* Frees a request and its buffers (used by the daemon on paths that never

@@ -8,18 +8,39 @@
 #include "fp4idx_status.h"
 #include "log.h"
 
+/* The done callbacks of the finished jobs from j on, in order. */
+static void fp4idx__worker_run_done(fp4idx_worker_t *w, fp4idx_job_t *j) {
+  while (j) {
+    fp4idx_job_t *next = j->next;
+    __atomic_sub_fetch(&w->queued, 1, __ATOMIC_ACQ_REL);
+    j->done(j); /* may free j */
+    j = next;
+  }
+}
+
 static void fp4idx__worker_drain_done(fp4idx_worker_t *w) {
   pthread_mutex_lock(&w->mu);
   fp4idx_job_t *j = w->done_head;
   w->done_head = w->done_tail = NULL;
   pthread_mutex_unlock(&w->mu);
-  while (j) {
-    fp4idx_job_t *next = j->next;
-    w->queued--;
-    j->done(j); /* may free j */
-    j = next;
-  }
-  if (w->queued == 0 && w->on_idle) w->on_idle(w);
+  fp4idx__worker_run_done(w, j);
+  if (__atomic_load_n(&w->queued, __ATOMIC_ACQUIRE) == 0 && w->on_idle) w->on_idle(w);
+}
+
+int fp4idx__jobq_init(fp4idx_jobq_t *q, uv_async_t *wake) {
+  q->head = q->tail = NULL;
+  q->wake = wake;
+  return pthread_mutex_init(&q->mu, NULL) ? FP4IDX_ENOMEM : FP4IDX_OK;
+}
+
+void fp4idx__jobq_destroy(fp4idx_jobq_t *q) { pthread_mutex_destroy(&q->mu); }
+
+void fp4idx__worker_drain_home(fp4idx_worker_t *w, fp4idx_jobq_t *q) {
+  pthread_mutex_lock(&q->mu);
+  fp4idx_job_t *j = q->head;
+  q->head = q->tail = NULL;
+  pthread_mutex_unlock(&q->mu);
+  fp4idx__worker_run_done(w, j);
 }
 
 static void fp4idx__worker_async_cb(uv_async_t *h) {
@@ -171,6 +192,16 @@ void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
     for (int i = 0; i < w->runs[r].n; i++)
       if (w->runs[r].jobs[i] == job) w->runs[r].posted[i] = 1;
   job->next = NULL;
+  fp4idx_jobq_t *q = job->home;
+  if (q) { /* read before the push: from then on the job may be gone */
+    uv_async_t *wake = q->wake;
+    pthread_mutex_lock(&q->mu);
+    if (q->tail) q->tail->next = job; else q->head = job;
+    q->tail = job;
+    pthread_mutex_unlock(&q->mu);
+    uv_async_send(wake);
+    return;
+  }
   pthread_mutex_lock(&w->mu);
   if (w->done_tail) w->done_tail->next = job; else w->done_head = job;
   w->done_tail = job;
@@ -211,7 +242,7 @@ err_mu:
 
 void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job) {
   job->next = NULL;
-  w->queued++;
+  __atomic_add_fetch(&w->queued, 1, __ATOMIC_ACQ_REL);
   pthread_mutex_lock(&w->mu);
   fp4idx_job_t **head = job->bulk ? &w->bulk_head : &w->todo_head;
   fp4idx_job_t **tail = job->bulk ? &w->bulk_tail : &w->todo_tail;

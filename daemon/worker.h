@@ -37,9 +37,21 @@
 #define FP4IDX_WORKER_MAX_BATCH 256
 
 typedef struct fp4idx_job_s fp4idx_job_t;
+
+/* Where finished jobs wait for their done callback: a list under a lock and
+ * the uv_async_t that wakes the loop that runs them. The worker has its
+ * own (on the loop it was started on); a job may name another (job->home:
+ * the I/O loop that owns a request's connection, server.h). */
+typedef struct fp4idx_jobq_s {
+  pthread_mutex_t mu;
+  fp4idx_job_t *head, *tail;  /* guarded by mu */
+  uv_async_t *wake;           /* sent after each push */
+} fp4idx_jobq_t;
+
 struct fp4idx_job_s {
   void (*work)(fp4idx_job_t *job); /* on the worker thread */
-  void (*done)(fp4idx_job_t *job); /* on the loop thread, after work; may free job */
+  /* on the loop of job->home (else the worker's), after work; may free job */
+  void (*done)(fp4idx_job_t *job);
   /* Optional. Jobs with the same non-NULL batch function that sit next to
    * each other in the queue when the worker takes the first of them run as
    * ONE call batch(jobs, n) (n >= 1, queue order) instead of work() each:
@@ -59,6 +71,9 @@ struct fp4idx_job_s {
   fp4idx_job_t *next;              /* queue link, owned by the worker */
   void *data;                      /* the submitter's */
   int bulk;                        /* 1: the bulk lane (see above) */
+  /* where done runs: NULL, the worker's own loop; else the loop whose
+   * queue this is, which drains it with fp4idx__worker_drain_home */
+  fp4idx_jobq_t *home;
 };
 
 #define FP4IDX_WORKER_BULK_EVERY 4
@@ -78,7 +93,8 @@ typedef struct fp4idx_worker_s {
   int stopping;            /* guarded by mu; set atomically (the spin reads it without) */
   int sleeping;            /* the worker waits on cv (mu) */
   int started;
-  uint64_t queued;         /* jobs submitted and not yet done (loop thread) */
+  uint64_t queued;         /* jobs submitted and not yet done (atomic: loops submit and
+                            * drain, busy polling reads it) */
   uint64_t batches, batched_jobs; /* batch calls and the jobs in them (worker) */
   /* the batches being run (two: one begun and not ended, one running),
    * and which of their jobs were posted (worker) */
@@ -106,7 +122,8 @@ typedef struct fp4idx_worker_s {
  * FP4IDX_ENOMEM / FP4IDX_EINTERNAL (thread or handle creation failed). */
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop);
 
-/* Queues a job on the lane job->bulk says (loop thread only). job->work and
+/* Queues a job on the lane job->bulk says (any loop thread: one that runs
+ * done callbacks, the worker's own or a job's home). job->work and
  * job->done must be set. */
 void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
 
@@ -115,6 +132,16 @@ void fp4idx__worker_submit(fp4idx_worker_t *w, fp4idx_job_t *job);
  * returns, so that it does not wait for its neighbours. The job may be
  * freed by its done callback from then on: do not touch it again. */
 void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job);
+
+/* Initialises q (empty), woken through `wake` (an initialised uv_async_t
+ * whose callback calls fp4idx__worker_drain_home). FP4IDX_OK or
+ * FP4IDX_ENOMEM. */
+int fp4idx__jobq_init(fp4idx_jobq_t *q, uv_async_t *wake);
+void fp4idx__jobq_destroy(fp4idx_jobq_t *q);
+
+/* The loop of q: runs the done callback of every job finished into q, in
+ * the order they finished. */
+void fp4idx__worker_drain_home(fp4idx_worker_t *w, fp4idx_jobq_t *q);
 
 /* Any thread: wakes the loop, which calls w->on_wake (coalesced with other
  * wakes, as uv_async_send is). */

@@ -53,6 +53,14 @@ foreach(t golden errors concurrency lifecycle memory list fork exposure budget c
   # socket timeouts (10 s) make a stuck daemon fail a test, not hang it.
   set_tests_properties(test_daemon_${t} PROPERTIES TIMEOUT 300)
 endforeach()
+# fp4idxd-hold (test only): fp4idxd whose first backend read holds the
+# worker until the test releases it (tests/fp4idxd_hold.c), so that
+# test_daemon_reqpath orders its events without sleeping.
+add_executable(fp4idxd-hold fp4idxd_hold.c)
+target_link_libraries(fp4idxd-hold PRIVATE fp4idxd_program fp4idx_backend m)
+target_compile_definitions(test_daemon_reqpath PRIVATE
+  FP4IDXD_HOLD_PATH="$<TARGET_FILE:fp4idxd-hold>")
+add_dependencies(test_daemon_reqpath fp4idxd-hold)
 # "length", through the codec and the C client's generated call.
 fp4idx_add_test(test_daemon_length
   SOURCES test_daemon_length.c ${CMAKE_CURRENT_SOURCE_DIR}/test_protocol_util.c

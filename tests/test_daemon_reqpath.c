@@ -9,10 +9,13 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <fcntl.h>
 
 #include "daemon_harness.h"
 #include "fp4idx_format.h"
@@ -288,9 +291,14 @@ static void *quitter_main(void *arg) {
   return NULL;
 }
 
-Test(reqpath, a_client_leaving_mid_batch_harms_no_other) {
+/* Clients that send and leave at once, beside clients that read, over
+ * io_threads I/O loops: every reader gets the bytes of one at a time. */
+static void leaving_mid_batch(const char *io_threads) {
   fp4idx_test_daemon_t d;
-  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "32M", "--page-size", "16", NULL}), 0);
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "32M", "--page-size",
+                                                             "16", "--io-threads", io_threads,
+                                                             NULL}),
+               0);
   int fd = fp4idx_test_connect(d.sock);
   cr_assert_geq(fd, 0);
   load_seqs(fd);
@@ -333,6 +341,12 @@ Test(reqpath, a_client_leaving_mid_batch_harms_no_other) {
     for (int j = 0; j < PER_CONN; j++) free(want[c][j]);
   close(fd);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+Test(reqpath, a_client_leaving_mid_batch_harms_no_other) { leaving_mid_batch("1"); }
+
+Test(reqpath, a_client_leaving_mid_batch_harms_no_other_on_four_io_loops) {
+  leaving_mid_batch("4");
 }
 
 /* stats counters of op or stage `name` in a list (NULL if absent). */
@@ -624,17 +638,55 @@ Test(reqpath, many_score_runs_in_one_batch_all_answered) {
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
 
+/* The daemon's stats queue_depth: requests handed to the worker and not
+ * yet begun (stats from an idle connection is answered by the loop, so
+ * this answers while the worker is held). */
+static uint64_t queue_depth(int fd) {
+  fp4idx_request_t req;
+  memset(&req, 0, sizeof req);
+  req.op = FP4IDX_OP_STATS;
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  cr_assert_eq(fp4idx_test_call(fd, &req, &resp, &body), 0);
+  cr_assert_eq(resp.status, 0, "%s", resp.error);
+  uint64_t n = resp.u.stats.queue_depth;
+  fp4idx_response_clear(&resp);
+  free(body);
+  return n;
+}
+
+/* One byte through the FIFO at path (tests/fp4idxd_hold.c). */
+static void fifo_byte(const char *path, int write_it) {
+  int fd = open(path, write_it ? O_WRONLY : O_RDONLY);
+  cr_assert_geq(fd, 0, "%s", path);
+  char b = 'h';
+  cr_assert_eq(write_it ? write(fd, &b, 1) : read(fd, &b, 1), 1, "%s", path);
+  close(fd);
+}
+
 /* A run of queued scores, each checked just before its launch takes it
  * and answered as soon as that launch is collected (score.h): every reply
  * is the one the request gets alone, a bad request among them fails alone,
  * and the valid ones went to the device as one launch. The worker is held
- * by a read of a long sequence so that the others queue into one batch. */
+ * (fp4idxd-hold: its first backend read waits for the test) while the
+ * scores queue behind it; the test sees the worker inside the read, sends
+ * the scores, sees all of them queued (stats), then lets the worker go: the
+ * order of events is the test's, whatever the scheduler does. */
 Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   fp4idx_test_daemon_t d;
+  setenv("FP4IDXD", FP4IDXD_HOLD_PATH, 1);
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
-  enum { BIG = 60000, NC = 11, BAD = 4 };
-  int cfd = fp4idx_test_connect(d.sock), fd[NC];
+  unsetenv("FP4IDXD");
+  /* the hold's FIFOs (opened by the daemon at its first read) */
+  char held[sizeof d.sock + 16], release[sizeof d.sock + 16];
+  snprintf(held, sizeof held, "%s.held", d.sock);
+  snprintf(release, sizeof release, "%s.release", d.sock);
+  cr_assert_eq(mkfifo(held, 0600), 0);
+  cr_assert_eq(mkfifo(release, 0600), 0);
+  enum { BIG = 600, NC = 11, BAD = 4 };
+  int cfd = fp4idx_test_connect(d.sock), qfd = fp4idx_test_connect(d.sock), fd[NC];
   cr_assert_geq(cfd, 0);
+  cr_assert_geq(qfd, 0);
   load_big(cfd, BIG);
   load_seqs(cfd);
   for (int c = 0; c < NC; c++) {
@@ -647,19 +699,17 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   for (int c = 0; c < NC; c++)
     f[c] = score_frame(200 + (uint64_t)c, c == BAD ? 777 : 1 + (uint64_t)(c % NSEQ), HEADS, 7,
                        ROWS, NULL, 40 + (uint64_t)c);
-  /* The hold: a read of 60,000 keys as f32 (31 MB back), which no score
-   * joins. The pause lets the loop queue it before any score (the loop
-   * takes ready connections in the order they became ready); the scores
-   * then queue behind it while it runs (milliseconds: a device-to-host
-   * copy and the reply on the CUDA backend, the decode on the CPU one).
-   * A score hold would not do: a score queued before the worker took it
-   * joined its run (CPU backend), and on the GPU it is over in tens of us,
-   * before the scores arrive. */
+  /* The hold: a read, which no score joins; the worker is inside it once
+   * the held byte comes. */
   frame_t hold = read_frame(5, 9);
   cr_assert_eq(fp4idx_test_send_all(cfd, hold.data, hold.len), 0);
   free(hold.data);
-  usleep(1000);
+  fifo_byte(held, 0);
   for (int c = 0; c < NC; c++) cr_assert_eq(fp4idx_test_send_all(fd[c], f[c].data, f[c].len), 0);
+  /* every score handed to the worker, none begun (the worker is held) */
+  uint64_t q;
+  while ((q = queue_depth(qfd)) < NC) cr_assert_leq(q, (uint64_t)NC);
+  fifo_byte(release, 1);
   unsigned char *body[NC];
   size_t len[NC];
   for (int c = 0; c < NC; c++) cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body[c], &len[c]), 0);
@@ -687,95 +737,156 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
     free(f[c].data);
   }
   /* 10 valid of 11 queued, one launch */
-  cr_expect(log_has(&d, "one launch for 10 score requests"), "the 10 valid ones were not one launch");
+  cr_assert(log_has(&d, "one launch for 10 score requests"), "the 10 valid ones were not one launch");
   for (int c = 0; c < NC; c++) close(fd[c]);
+  close(qfd);
   close(cfd);
+  unlink(held);
+  unlink(release);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+/* Client c's STEPS appends and scores, back to back, on sequence 700 + c
+ * (every third append carries a NaN: refused whole). */
+enum { NC64 = 64, STEPS = 6, ADD = 3 };
+static void send_steps(int fd, int c) {
+  msgpack_sbuffer all;
+  msgpack_sbuffer_init(&all);
+  for (int j = 0; j < STEPS; j++) {
+    uint64_t seq = 700 + (uint64_t)c, id = 10000u * (uint64_t)c + 2u * (uint64_t)j;
+    frame_t a = append_frame(id + 1, seq, ADD, (uint64_t)(c * 31 + j));
+    if (j % 3 == 2) { /* a NaN in the first key: refused whole */
+      fp4idx_request_t req;
+      uint16_t k[ADD * 128];
+      fill(k, ADD * 128, (uint64_t)j);
+      k[5] = 0x7FC0;
+      memset(&req, 0, sizeof req);
+      req.id = id + 1;
+      req.op = FP4IDX_OP_APPEND;
+      req.u.append.seq = seq;
+      uint64_t shp[2] = {ADD, 128};
+      fp4idx_tensor_init(&req.u.append.keys, FP4IDX_WIRE_BF16, 2, shp, k);
+      free(a.data);
+      a = frame_of(&req);
+    }
+    frame_t sc = score_frame(id + 2, seq, (c % 2) ? 4 : HEADS, (c % 3) ? 0 : 2, 1, NULL,
+                             (uint64_t)j);
+    msgpack_sbuffer_write(&all, a.data, a.len);
+    msgpack_sbuffer_write(&all, sc.data, sc.len);
+    free(a.data);
+    free(sc.data);
+  }
+  cr_assert_eq(fp4idx_test_send_all(fd, all.data, all.size), 0);
+  msgpack_sbuffer_destroy(&all);
+}
+
+/* Reads client c's replies of steps [from, to), checking each: its order
+ * (ids), the append's status and length, the score's width (exactly the
+ * appends before it: all or nothing). *have: keys appended so far. With
+ * until_eof the daemon may close after any reply (a stop answers what it
+ * received: a frame not yet read is not); returns the steps read whole;
+ * else every reply is required. */
+static int recv_steps(int fd, int c, int from, int to, uint64_t *have, int until_eof) {
+  int j = from;
+  for (; j < to; j++) {
+    uint64_t id = 10000u * (uint64_t)c + 2u * (uint64_t)j;
+    unsigned char *body;
+    size_t len;
+    fp4idx_response_t r;
+    if (until_eof && fp4idx_test_recv_frame(fd, &body, &len) != 0) break;
+    if (!until_eof) cr_assert_eq(fp4idx_test_recv_frame(fd, &body, &len), 0);
+    cr_assert_eq(fp4idx_decode_response(body, len, FP4IDX_OP_APPEND, &r, NULL, 0), 0);
+    cr_assert_eq(r.id, id + 1, "client %d step %d: reply out of order", c, j);
+    if (j % 3 == 2) {
+      cr_assert_eq(r.status, FP4IDX_ENONFINITE, "client %d step %d: %s", c, j, r.error);
+    } else {
+      cr_assert_eq(r.status, 0, "client %d step %d: %s", c, j, r.error);
+      *have += ADD;
+      cr_assert_eq(r.u.append.length, *have, "client %d step %d", c, j);
+    }
+    fp4idx_response_clear(&r);
+    free(body);
+    if (until_eof && fp4idx_test_recv_frame(fd, &body, &len) != 0) break;
+    if (!until_eof) cr_assert_eq(fp4idx_test_recv_frame(fd, &body, &len), 0);
+    cr_assert_eq(fp4idx_decode_response(body, len, FP4IDX_OP_SCORE, &r, NULL, 0), 0);
+    cr_assert_eq(r.id, id + 2, "client %d step %d: reply out of order", c, j);
+    cr_assert_eq(r.status, 0, "client %d step %d: %s", c, j, r.error);
+    uint64_t k = (c % 3) ? 0 : 2;
+    if (k) {
+      int32_t cnt = -1;
+      cr_assert_eq(r.u.score.results[0].counts.shape[0], 1u);
+      memcpy(&cnt, r.u.score.results[0].counts.data, sizeof cnt);
+      cr_assert_eq((uint64_t)cnt, *have < k ? *have : k,
+                   "client %d step %d: the score saw the wrong appends", c, j);
+    } else
+      cr_assert_eq(r.u.score.results[0].logits.shape[1], *have,
+                   "client %d step %d: the score saw the wrong appends", c, j);
+    fp4idx_response_clear(&r);
+    free(body);
+  }
+  return j;
 }
 
 /* 64 clients pipeline at once, each on its own sequence: append, score,
  * append, score, ..., with every third append carrying a NaN key. Whatever
- * the daemon batches, each connection's replies come in its request order
- * (ids), every score sees exactly the appends before it on its connection
- * (its width), and a refused append (ENONFINITE) changes nothing (all or
- * nothing: the widths after it stay as they were). */
-Test(reqpath, sixty_four_clients_keep_their_order_and_all_or_nothing) {
+ * the daemon batches, and whichever I/O loop serves each connection, each
+ * connection's replies come in its request order (ids), every score sees
+ * exactly the appends before it on its connection (its width), and a
+ * refused append (ENONFINITE) changes nothing (all or nothing: the widths
+ * after it stay as they were). */
+static void sixty_four_clients(const char *io_threads) {
   fp4idx_test_daemon_t d;
-  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
-  enum { NC = 64, STEPS = 6, ADD = 3 };
-  int fd[NC];
-  for (int c = 0; c < NC; c++) {
+  cr_assert_eq(fp4idx_test_daemon_start(
+                   &d, (const char *[]){"--cache-bytes", "64M", "--io-threads", io_threads, NULL}),
+               0);
+  int fd[NC64];
+  for (int c = 0; c < NC64; c++) {
     fd[c] = fp4idx_test_connect(d.sock);
     cr_assert_geq(fd[c], 0);
   }
   /* every request of every client first, then every reply */
-  for (int c = 0; c < NC; c++) {
-    msgpack_sbuffer all;
-    msgpack_sbuffer_init(&all);
-    for (int j = 0; j < STEPS; j++) {
-      uint64_t seq = 700 + (uint64_t)c, id = 10000u * (uint64_t)c + 2u * (uint64_t)j;
-      frame_t a = append_frame(id + 1, seq, ADD, (uint64_t)(c * 31 + j));
-      if (j % 3 == 2) { /* a NaN in the first key: refused whole */
-        fp4idx_request_t req;
-        uint16_t k[ADD * 128];
-        fill(k, ADD * 128, (uint64_t)j);
-        k[5] = 0x7FC0;
-        memset(&req, 0, sizeof req);
-        req.id = id + 1;
-        req.op = FP4IDX_OP_APPEND;
-        req.u.append.seq = seq;
-        uint64_t shp[2] = {ADD, 128};
-        fp4idx_tensor_init(&req.u.append.keys, FP4IDX_WIRE_BF16, 2, shp, k);
-        free(a.data);
-        a = frame_of(&req);
-      }
-      frame_t s = score_frame(id + 2, seq, (c % 2) ? 4 : HEADS, (c % 3) ? 0 : 2, 1, NULL,
-                              (uint64_t)j);
-      msgpack_sbuffer_write(&all, a.data, a.len);
-      msgpack_sbuffer_write(&all, s.data, s.len);
-      free(a.data);
-      free(s.data);
-    }
-    cr_assert_eq(fp4idx_test_send_all(fd[c], all.data, all.size), 0);
-    msgpack_sbuffer_destroy(&all);
-  }
-  for (int c = 0; c < NC; c++) {
+  for (int c = 0; c < NC64; c++) send_steps(fd[c], c);
+  for (int c = 0; c < NC64; c++) {
     uint64_t have = 0;
-    for (int j = 0; j < STEPS; j++) {
-      uint64_t id = 10000u * (uint64_t)c + 2u * (uint64_t)j;
-      unsigned char *body;
-      size_t len;
-      fp4idx_response_t r;
-      cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body, &len), 0);
-      cr_assert_eq(fp4idx_decode_response(body, len, FP4IDX_OP_APPEND, &r, NULL, 0), 0);
-      cr_assert_eq(r.id, id + 1, "client %d step %d: reply out of order", c, j);
-      if (j % 3 == 2) {
-        cr_assert_eq(r.status, FP4IDX_ENONFINITE, "client %d step %d: %s", c, j, r.error);
-      } else {
-        cr_assert_eq(r.status, 0, "client %d step %d: %s", c, j, r.error);
-        have += ADD;
-        cr_assert_eq(r.u.append.length, have, "client %d step %d", c, j);
-      }
-      fp4idx_response_clear(&r);
-      free(body);
-      cr_assert_eq(fp4idx_test_recv_frame(fd[c], &body, &len), 0);
-      cr_assert_eq(fp4idx_decode_response(body, len, FP4IDX_OP_SCORE, &r, NULL, 0), 0);
-      cr_assert_eq(r.id, id + 2, "client %d step %d: reply out of order", c, j);
-      cr_assert_eq(r.status, 0, "client %d step %d: %s", c, j, r.error);
-      uint64_t k = (c % 3) ? 0 : 2;
-      if (k) {
-        int32_t cnt = -1;
-        cr_assert_eq(r.u.score.results[0].counts.shape[0], 1u);
-        memcpy(&cnt, r.u.score.results[0].counts.data, sizeof cnt);
-        cr_assert_eq((uint64_t)cnt, have < k ? have : k,
-                     "client %d step %d: the score saw the wrong appends", c, j);
-      } else
-        cr_assert_eq(r.u.score.results[0].logits.shape[1], have,
-                     "client %d step %d: the score saw the wrong appends", c, j);
-      fp4idx_response_clear(&r);
-      free(body);
-    }
+    recv_steps(fd[c], c, 0, STEPS, &have, 0);
   }
-  for (int c = 0; c < NC; c++) close(fd[c]);
+  for (int c = 0; c < NC64; c++) close(fd[c]);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+Test(reqpath, sixty_four_clients_keep_their_order_and_all_or_nothing) {
+  sixty_four_clients("1");
+}
+
+Test(reqpath, sixty_four_clients_on_four_io_loops_keep_their_order_and_all_or_nothing) {
+  sixty_four_clients("4");
+}
+
+/* SIGTERM with 64 clients spread over 4 I/O loops, each with requests in
+ * flight: every loop stops reading, answers what it received and closes.
+ * Each client sees its replies in order, correct, whole pairs (append and
+ * the score received with it), then the end; the daemon exits 0. Every
+ * client has its first pair back before the signal, so every loop is busy
+ * when it comes. */
+Test(reqpath, sigterm_drains_every_io_loop) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(
+                   &d, (const char *[]){"--cache-bytes", "64M", "--io-threads", "4", NULL}),
+               0);
+  int fd[NC64];
+  uint64_t have[NC64] = {0};
+  for (int c = 0; c < NC64; c++) {
+    fd[c] = fp4idx_test_connect(d.sock);
+    cr_assert_geq(fd[c], 0);
+  }
+  for (int c = 0; c < NC64; c++) send_steps(fd[c], c);
+  for (int c = 0; c < NC64; c++) recv_steps(fd[c], c, 0, 1, &have[c], 0);
+  cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGTERM), 0);
+  for (int c = 0; c < NC64; c++) {
+    recv_steps(fd[c], c, 1, STEPS, &have[c], 1);
+    cr_assert_eq(fp4idx_test_peer_closed(fd[c], 10000), 1, "client %d: not closed after the stop", c);
+    close(fd[c]);
+  }
+  cr_assert_eq(fp4idx_test_daemon_wait(&d, 10000), 0, "the daemon did not drain and exit 0");
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }

@@ -20,7 +20,10 @@
 #
 # Environment: CONNFUZZ_SEED (replay a seed), CONNFUZZ_CONNS (default 32),
 # CONNFUZZ_MODE (mixed, the default, or lies: mostly length lies),
-# CONNFUZZ_ARGS (more fuzz_conn options), ASAN_OPTIONS / UBSAN_OPTIONS /
+# CONNFUZZ_ARGS (more fuzz_conn options), CONNFUZZ_IO_THREADS (the
+# daemon's --io-threads, default 4: connections spread over the main loop
+# and three threads, the hand-off and cross-loop messages under fire),
+# ASAN_OPTIONS / UBSAN_OPTIONS /
 # LSAN_OPTIONS (defaults as in .ci/run).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -54,7 +57,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$daemon" --socket "$sock" --backend cpu --cache-bytes 16M --buffer-budget 16M \
-  --max-frame 4M --buffer-timeout 3 --log-level warn >"$dlog" 2>&1 &
+  --max-frame 4M --buffer-timeout 3 --io-threads "${CONNFUZZ_IO_THREADS:-4}" \
+  --log-level warn >"$dlog" 2>&1 &
 dpid=$!
 for _ in $(seq 300); do
   [[ -S "$sock" ]] && break
