@@ -356,7 +356,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // previous kernel has completed and its writes are visible, as ordinary
   // stream order would (a no-op when launched without the attribute).
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#ifndef FP4IDX_SCORE_EARLY
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   __syncthreads();
 
   const int64_t T = prm.total_tiles;
@@ -374,6 +376,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
         const int32_t maxlen = warp_maxlen(sq.lens + wk.row0, wk.nrows, lane);
         const int nact = (int)(visible_end(wk, maxlen, cur, seg_end) - cur);
+#ifdef FP4IDX_SCORE_EARLY
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the pool: after the previous grid
+#endif
         produce(prm, sq, cur - wk.tile_begin, nact, j, ring, full, empty, lane);
         j += (uint32_t)nact;
         cur = seg_end;
@@ -481,6 +486,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       for (int r = 0; r < nrows; r++) maxlen = max(maxlen, lens_s[r]);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q, S -> wgmma
       consumers_sync();
+#ifdef FP4IDX_SCORE_EARLY
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");  // stores: after the previous grid
+#endif
 
       // Visible tiles [cur, act_end): this warpgroup's are those whose block
       // index j + i is wg mod kConsumers (the producer's numbering).
