@@ -39,6 +39,11 @@
  *     pointers ONCE for all three consumers; the producer reads the
  *     lengths itself and runs ahead, so the first tiles' keys load under
  *     the staging. Tiles past every row's visible count only get -inf.
+ *     A plan of one work whose descriptor the caller copied into the
+ *     parameters (has_seq0: the backend does for every one-work call)
+ *     reads neither the work list nor the descriptors, and the producer's
+ *     first page ids load beside the lengths: the first tile's keys are two
+ *     dependent loads and a bulk copy away (four loads before).
  *   - Launched with programmatic stream serialization (PDL): barrier setup
  *     and the v/hp table run under the previous kernel's tail, every
  *     global access comes after griddepcontrol.wait.
@@ -363,9 +368,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
   // previous kernel has completed and its writes are visible, as ordinary
   // stream order would (a no-op when launched without the attribute).
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#ifndef FP4IDX_SCORE_EARLY
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
   __syncthreads();
 
   const int64_t T = prm.total_tiles;
@@ -387,9 +390,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
         const int32_t pid0 = page_ids(prm, sq, tile0, (int)(seg_end - cur), lane);
         const int32_t maxlen = warp_maxlen(sq.lens + wk.row0, wk.nrows, lane);
         const int nact = (int)(visible_end(wk, maxlen, cur, seg_end) - cur);
-#ifdef FP4IDX_SCORE_EARLY
-        asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the pool: after the previous grid
-#endif
         produce(prm, sq, tile0, nact, pid0, j, ring, full, empty, lane);
         j += (uint32_t)nact;
         cur = seg_end;
@@ -497,9 +497,6 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       for (int r = 0; r < nrows; r++) maxlen = max(maxlen, lens_s[r]);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q, S -> wgmma
       consumers_sync();
-#ifdef FP4IDX_SCORE_EARLY
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");  // stores: after the previous grid
-#endif
 
       // Visible tiles [cur, act_end): this warpgroup's are those whose block
       // index j + i is wg mod kConsumers (the producer's numbering).

@@ -64,10 +64,7 @@ constexpr int kMaxK = FP4IDX_CUDA_TOPK_CLUSTER_K;
 // Keys past k the candidate list may hold: a digit pass whose bin would
 // overflow k by at most this much ends the select (the bin is taken whole
 // and the counting rank drops ranks >= k), so the usual row needs one pass.
-#ifndef FP4IDX_TOPK_KEXTRA  // benchmark-only builds may set another
-#define FP4IDX_TOPK_KEXTRA 2048
-#endif
-constexpr int kExtra = FP4IDX_TOPK_KEXTRA;
+constexpr int kExtra = 2048;
 constexpr size_t kStatic = 2048;        // static shared memory the kernel may take
 constexpr int kNB1 = 4096, kNB2 = 4096, kNB3 = 256;  // digits: key bits 31-20, 19-8, 7-0
 // Warp-scan storage: a few hundred bytes of static shared memory, so the
