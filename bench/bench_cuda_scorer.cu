@@ -15,8 +15,16 @@
  * names this build in the output and the CSV's scorer column (default: the
  * scorer's name), so that two builds run one after the other (the previous
  * kernel as baseline) land in one table and one plot.
+ * --ctx N (repeatable): instead of the five cases, 4 rows x 32 heads at
+ * context N each (the short contexts' fixed cost against N).
+ * --grid N: the plan's grid replaced by N blocks (at most the plan's tiles;
+ * the blocks' split of the tiles follows), to time grid sizes.
+ * --floor: first, a graph of 20 empty kernels of the scorer's block shape
+ * (132 blocks x 512 threads), with and without programmatic dependent
+ * launch: the launch floor under every kernel of a graph.
  *
- *   fp4idx-bench-cuda [--check] [--case N]... [--csv FILE] [--label NAME]
+ *   fp4idx-bench-cuda [--check] [--case N]... [--ctx N]... [--grid N] [--floor]
+ *                     [--csv FILE] [--label NAME]
  *   fp4idx-bench-cuda --topk [--check] [--csv FILE]   (bench_cuda_topk.cu)
  */
 #include <algorithm>
@@ -24,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -65,6 +74,16 @@ uint16_t eighths(int m) {  // bf16 of k/8, k uniform in [-m, m]
   return fp4idx_f32_to_bf16((float)k / 8.0f);
 }
 
+// --floor: an empty kernel (it waits for the previous grid, as a PDL
+// kernel must before touching memory).
+__global__ void empty_kernel(int *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  if (p && threadIdx.x == 1024) *p = 0;
+}
+
 double median3(double a, double b, double c) {
   double v[3] = {a, b, c};
   std::sort(v, v + 3);
@@ -75,17 +94,21 @@ double median3(double a, double b, double c) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "--topk")) return fp4idx_bench_topk_main(argc - 1, argv + 1);
-  int check = 0;
+  int check = 0, grid = 0, floor_run = 0;
   std::vector<int> only;
+  std::vector<int64_t> ctxs;
   const char *csv = nullptr, *label = nullptr;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
     else if (!strcmp(argv[i], "--case") && i + 1 < argc) only.push_back(atoi(argv[++i]));
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--label") && i + 1 < argc) label = argv[++i];
+    else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctxs.push_back(atoll(argv[++i]));
+    else if (!strcmp(argv[i], "--grid") && i + 1 < argc) grid = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--floor")) floor_run = 1;
     else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--case N]... [--csv FILE]"
-                      " [--label NAME]\n");
+      fprintf(stderr, "usage: fp4idx-bench-cuda [--check] [--case N]... [--ctx N]... [--grid N]"
+                      " [--floor] [--csv FILE] [--label NAME]\n");
       return 2;
     }
   }
@@ -106,9 +129,51 @@ int main(int argc, char **argv) {
   struct Row { const Case *c; const char *scorer; double hot, cold, floor, tf; const char *chk; };
   std::vector<Row> table;
 
-  for (int ci = 0; ci < (int)(sizeof kCases / sizeof kCases[0]); ci++) {
+  if (floor_run) {
+    for (int pdl = 0; pdl < 2; pdl++) {
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      cudaLaunchAttribute at;
+      at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(prop.multiProcessorCount);
+      cfg.blockDim = dim3(512);
+      cfg.stream = st;
+      cfg.attrs = &at;
+      cfg.numAttrs = pdl;
+      TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+      for (int i = 0; i < kCalls; i++) TCK(cudaLaunchKernelEx(&cfg, empty_kernel, (int *)nullptr));
+      TCK(cudaStreamEndCapture(st, &g));
+      TCK(cudaGraphInstantiate(&ge, g, 0));
+      double run[kRuns];
+      for (int r = 0; r < kRuns; r++) {
+        TCK(cudaGraphLaunch(ge, st));
+        TCK(cudaEventRecord(e0, st));
+        for (int i = 0; i < kReplays; i++) TCK(cudaGraphLaunch(ge, st));
+        TCK(cudaEventRecord(e1, st));
+        TCK(cudaEventSynchronize(e1));
+        float ms;
+        TCK(cudaEventElapsedTime(&ms, e0, e1));
+        run[r] = 1e3 * ms / (kCalls * kReplays);
+      }
+      printf("floor: empty kernel %d x 512 in a graph, %s PDL: %.2f us a launch\n",
+             prop.multiProcessorCount, pdl ? "with" : "without", median3(run[0], run[1], run[2]));
+      TCK(cudaGraphExecDestroy(ge));
+      TCK(cudaGraphDestroy(g));
+    }
+  }
+  std::vector<Case> cases(kCases, kCases + sizeof kCases / sizeof kCases[0]);
+  std::vector<std::string> names;
+  if (!ctxs.empty()) {
+    cases.clear();
+    for (int64_t n : ctxs) names.push_back("h32_ctx" + std::to_string(n));
+    for (size_t i = 0; i < ctxs.size(); i++)
+      cases.push_back(Case{names[i].c_str(), 1, 4, 32, ctxs[i], 0.0});
+  }
+  for (int ci = 0; ci < (int)cases.size(); ci++) {
     if (!only.empty() && std::find(only.begin(), only.end(), ci) == only.end()) continue;
-    const Case &c = kCases[ci];
+    const Case &c = cases[ci];
     const int S = c.seqs, R = c.rows, H = c.heads;
     const int64_t n = c.ctx, pages_per_seq = (n + kPage - 1) / kPage;
     const int64_t n_pages = pages_per_seq * S;
@@ -196,6 +261,11 @@ int main(int argc, char **argv) {
       prm.seqs = dseq;
       prm.works = dworks;
       prm.log2_page = 6;
+      if (nw == 1) {  // as the backend does (backend_cuda.c)
+        prm.has_seq0 = 1;
+        prm.seq0 = hs[works[0].seq];
+      }
+      if (grid > 0) prm.grid = (int32_t)std::min<int64_t>(grid, prm.total_tiles);
 
       double t[2] = {0, 0};
       for (int cold = 0; cold < 2; cold++) {
@@ -257,9 +327,9 @@ int main(int argc, char **argv) {
                got.size(), chk);
       }
       table.push_back(Row{&c, scn, t[0], t[1], floor_us, flop / (t[0] * 1e-6) / 1e12, chk});
-      printf("%-18s %s hot %8.2f us  cold %8.2f us  floor %6.2f us  x%5.1f floor  %6.1f TFLOP/s"
+      printf("%-18s %s grid %3d hot %8.2f us  cold %8.2f us  floor %6.2f us  x%5.1f floor  %6.1f TFLOP/s"
              "  SGLang %7.1f us (x%.1f faster)\n",
-             c.name, scn, t[0], t[1], floor_us, t[0] / floor_us, flop / (t[0] * 1e-6) / 1e12,
+             c.name, scn, prm.grid, t[0], t[1], floor_us, t[0] / floor_us, flop / (t[0] * 1e-6) / 1e12,
              c.sglang_us, c.sglang_us / t[0]);
       fflush(stdout);
       if (cf)

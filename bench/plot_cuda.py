@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""plot_cuda.py [CSV] [PNG] -- time per call against context for the CUDA
+"""plot_cuda.py [CSV] [PNG] [GPU] -- time per call against context for the CUDA
 scorer (fp4idx-bench-cuda --csv; one line per value of the scorer column,
 e.g. a baseline build's CSV and the new one's concatenated), with the
 SGLang Triton figures and the physical floor of the method in
-docs/RESULTS.md. Defaults: docs/cuda_h200.csv -> docs/cuda_h200.png."""
+docs/RESULTS.md (SGLang's and the floor are the H200's). Defaults:
+docs/cuda_h200.csv -> docs/cuda_h200.png, GPU H200 (the title's)."""
 import csv
 import os
 import sys
@@ -16,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 docs = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
 src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(docs, "cuda_h200.csv")
 dst = sys.argv[2] if len(sys.argv) > 2 else os.path.join(docs, "cuda_h200.png")
+gpu = sys.argv[3] if len(sys.argv) > 3 else "H200"
 rows = list(csv.DictReader(open(src)))
 # Older CSVs have no scorer column: one scorer, called v1.
 for r in rows:
@@ -47,7 +49,7 @@ for k, sc in enumerate(scorers):
 ax.loglog([16384, 100000, 400000], [4, 7, 20], "v", color="C3", label="goal (issue 9)")
 ax.set_xlabel("context (keys)")
 ax.set_ylabel("us per call (median of 3 x 10 graph replays)")
-ax.set_title("FP4 index scorer, R=4 rows x 32 heads, one H200")
+ax.set_title("FP4 index scorer, R=4 rows x 32 heads, one %s" % gpu)
 ax.grid(True, which="both", alpha=0.3)
 ax.legend(fontsize=7, loc="lower right")
 fig.tight_layout()

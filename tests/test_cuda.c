@@ -438,15 +438,28 @@ Test(cuda_graph, replay_with_new_lengths, .timeout = 600) {
   cr_assert_eq(fp4idx_cuda_score_plan(scorer, H, 1, &rows, &width, 132, works, 8, &prm), 1);
   cudaMemcpy(dworks, works, sizeof works[0], cudaMemcpyHostToDevice);
   prm.pool = pool; prm.seqs = dseq; prm.works = dworks; prm.log2_page = 6;
+  cr_assert_eq(prm.has_seq0, 0, "the planner leaves the descriptor in memory");
   cr_assert_eq(cudaStreamSynchronize(st), cudaSuccess);
+  float *got = malloc(sizeof(float) * R * W), *want = malloc(sizeof(float) * R * W);
+  const int32_t sets[3][4] = {{5000, 4999, 4998, 4997}, {0, 1, 64, 65}, {63, 2500, 4096, 5000}};
+  /* Twice: the descriptor read from memory, then from the parameters
+   * (has_seq0); there the sm_90a kernel must not read the works or the
+   * descriptors, which are poisoned (the mma.sync kernel reads them). */
+  for (int from_params = 0; from_params < 2; from_params++) {
+  if (from_params) {
+    prm.has_seq0 = 1;
+    prm.seq0 = hs;
+    if (scorer == FP4IDX_CUDA_SCORER_WGMMA) {
+      cr_assert_eq(cudaMemset(dseq, 0xff, sizeof hs), cudaSuccess);
+      cr_assert_eq(cudaMemset(dworks, 0xff, sizeof works[0]), cudaSuccess);
+    }
+  }
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   cr_assert_eq(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), cudaSuccess);
   cr_assert_eq(fp4idx_cuda_score_launch(&prm, st), 0);
   cr_assert_eq(cudaStreamEndCapture(st, &graph), cudaSuccess);
   cr_assert_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  float *got = malloc(sizeof(float) * R * W), *want = malloc(sizeof(float) * R * W);
-  const int32_t sets[3][4] = {{5000, 4999, 4998, 4997}, {0, 1, 64, 65}, {63, 2500, 4096, 5000}};
   for (int i = 0; i < 3; i++) {
     cr_assert_eq(cudaMemcpyAsync(dlens, sets[i], R * 4, cudaMemcpyHostToDevice, st), cudaSuccess);
     cr_assert_eq(cudaMemsetAsync(dout, 0x7f, (size_t)R * W * 4, st), cudaSuccess); /* poison */
@@ -455,10 +468,12 @@ Test(cuda_graph, replay_with_new_lengths, .timeout = 600) {
     cr_assert_eq(cudaStreamSynchronize(st), cudaSuccess);
     cr_assert_eq(fp4idx_test_ref_score(tc.packed, n, H, R, tc.q, tc.w, sets[i], NULL, W, want), 0);
     int64_t diff = fp4idx_test_count_diff(got, want, R * W);
-    cr_assert_eq(diff, 0, "replay %d: %lld logits differ", i, (long long)diff);
+    cr_assert_eq(diff, 0, "descriptor from %s, replay %d: %lld logits differ",
+                 from_params ? "the parameters" : "memory", i, (long long)diff);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  }
   cudaFree(pool); cudaFree(dpacked); cudaFree(dslots); cudaFree(dpages); cudaFree(dlens);
   cudaFree(dq); cudaFree(dw); cudaFree(dout); cudaFree(dseq); cudaFree(dworks);
   cudaStreamDestroy(st);

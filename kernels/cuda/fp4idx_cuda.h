@@ -94,6 +94,13 @@ typedef struct fp4idx_cuda_score_params_s {
   int32_t tile_keys;  /* 64: wgmma kernel; 32: mma.sync kernel (planner) */
   int32_t scorer;     /* fp4idx_cuda_scorer_t the plan was made for */
   int64_t total_tiles;
+  /* Optional, for a plan of one work (n_works == 1): has_seq0 = 1 and seq0
+   * a copy of that work's descriptor (seqs[works[0].seq]); the sm_90a
+   * kernel then reads neither works nor seqs from memory (two dependent
+   * loads less before the first tile). has_seq0 = 0: both from memory. */
+  int32_t has_seq0;
+  int32_t _pad0;
+  fp4idx_cuda_seq_t seq0;
 } fp4idx_cuda_score_params_t;
 
 /* Host-side plan for scorer `scorer`: for n_seqs sequences with rows[i]

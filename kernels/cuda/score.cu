@@ -446,6 +446,9 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
   const int32_t nt_valid = (max_rows * hp) / 8;
   const int sm90 = scorer == FP4IDX_CUDA_SCORER_WGMMA;
   p->n_works = nw;
+  p->has_seq0 = 0;  // the caller's to set (fp4idx_cuda.h)
+  p->_pad0 = 0;
+  memset(&p->seq0, 0, sizeof p->seq0);
   p->heads = heads;
   p->hp = hp;
   p->tile_keys = sm90 ? 64 : kMmaTileKeys;

@@ -39,6 +39,11 @@
  *     pointers ONCE for all three consumers; the producer reads the
  *     lengths itself and runs ahead, so the first tiles' keys load under
  *     the staging. Tiles past every row's visible count only get -inf.
+ *     A plan of one work whose descriptor the caller copied into the
+ *     parameters (has_seq0: the backend does for every one-work call)
+ *     reads neither the work list nor the descriptors, and the producer's
+ *     first page ids load beside the lengths: the first tile's keys are two
+ *     dependent loads and a bulk copy away (four loads before).
  *   - Launched with programmatic stream serialization (PDL): barrier setup
  *     and the v/hp table run under the previous kernel's tail, every
  *     global access comes after griddepcontrol.wait.
@@ -244,20 +249,27 @@ __device__ __forceinline__ int64_t visible_end(const fp4idx_cuda_work_t &wk, int
   return e > cur ? e : cur;
 }
 
+// Lane l's page id of tile tile0 + l of the work (whole-page tiles only;
+// 0 past n tiles or for smaller pages): 32 tiles' ids in one round trip.
+__device__ __forceinline__ int32_t page_ids(const fp4idx_cuda_score_params_t &prm,
+                                            const fp4idx_cuda_seq_t &sq, int64_t tile0, int n,
+                                            int lane) {
+  if (prm.log2_page < 6 || lane >= n) return 0;
+  return __ldg(sq.pages + ((((int32_t)(tile0 + lane)) * kSm90TileKeys) >> prm.log2_page));
+}
+
 // The producer warp: tiles [cur, cur + nact) of the work (block tile index
-// j0..), each into stage j % kStages once the consumers freed it.
+// j0..), each into stage j % kStages once the consumers freed it; pid0:
+// page_ids of its first 32 tiles (or more: ids past nact are not used).
 __device__ __forceinline__ void produce(const fp4idx_cuda_score_params_t &prm,
                                         const fp4idx_cuda_seq_t &sq, int64_t tile0, int nact,
-                                        uint32_t j0, uint32_t ring, uint32_t full, uint32_t empty,
-                                        int lane) {
+                                        int32_t pid0, uint32_t j0, uint32_t ring, uint32_t full,
+                                        uint32_t empty, int lane) {
   const int32_t log2p = prm.log2_page, width = (int32_t)sq.width;
   const uint32_t pmask = (1u << log2p) - 1u;
   const uint64_t page_bytes = (uint64_t)FP4IDX_SLOT_BYTES << log2p;
   for (int i0 = 0; i0 < nact; i0 += 32) {
-    // Page ids of the next 32 tiles (whole-page tiles) in one round trip.
-    int32_t pid = 0;
-    if (log2p >= 6 && i0 + lane < nact)
-      pid = __ldg(sq.pages + ((((int32_t)(tile0 + i0 + lane)) * kSm90TileKeys) >> log2p));
+    const int32_t pid = i0 == 0 ? pid0 : page_ids(prm, sq, tile0 + i0, nact - i0, lane);
     const int n = nact - i0 < 32 ? nact - i0 : 32;
     for (int k = 0; k < n; k++) {
       const uint32_t j = j0 + (uint32_t)(i0 + k), s = j % kStages;
@@ -370,11 +382,15 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
       uint32_t j = 0;  // visible tiles of this block so far
       for (int64_t cur = tb; cur < te;) {
         int64_t seg_end;
-        const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, &seg_end);
-        const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
+        fp4idx_cuda_seq_t sq;
+        const fp4idx_cuda_work_t wk = fp4idx__segment_seq(prm, cur, te, &seg_end, &sq);
+        // The first 32 tiles' page ids load beside the lengths (tiles before
+        // seg_end lie inside the sequence: their pages exist).
+        const int64_t tile0 = cur - wk.tile_begin;
+        const int32_t pid0 = page_ids(prm, sq, tile0, (int)(seg_end - cur), lane);
         const int32_t maxlen = warp_maxlen(sq.lens + wk.row0, wk.nrows, lane);
         const int nact = (int)(visible_end(wk, maxlen, cur, seg_end) - cur);
-        produce(prm, sq, cur - wk.tile_begin, nact, j, ring, full, empty, lane);
+        produce(prm, sq, tile0, nact, pid0, j, ring, full, empty, lane);
         j += (uint32_t)nact;
         cur = seg_end;
       }
@@ -388,8 +404,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1)
     uint32_t j = 0;
     for (int64_t cur = tb; cur < te;) {
       int64_t seg_end;
-      const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, &seg_end);
-      const fp4idx_cuda_seq_t sq = prm.seqs[wk.seq];
+      fp4idx_cuda_seq_t sq;
+      const fp4idx_cuda_work_t wk = fp4idx__segment_seq(prm, cur, te, &seg_end, &sq);
       const int nrows = wk.nrows;
       const int nt_valid = (nrows * prm.hp) >> 3;  // n8 blocks holding real rows
       const int nchunks = (nt_valid * 8 + kN - 1) / kN;

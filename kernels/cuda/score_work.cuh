@@ -30,3 +30,25 @@ __device__ __forceinline__ fp4idx_cuda_work_t fp4idx__segment_of(
   *seg_end = wend < te ? wend : te;
   return prm.works[lo];
 }
+
+// fp4idx__segment_of, and the segment's sequence: from the parameters
+// where the plan is one work whose descriptor the caller copied there
+// (has_seq0), else from memory.
+__device__ __forceinline__ fp4idx_cuda_work_t fp4idx__segment_seq(
+    const fp4idx_cuda_score_params_t &prm, int64_t cur, int64_t te, int64_t *seg_end,
+    fp4idx_cuda_seq_t *sq) {
+  if (prm.has_seq0 && prm.n_works == 1) {
+    *seg_end = te;  // te <= total_tiles, the one work's end
+    *sq = prm.seq0;
+    fp4idx_cuda_work_t wk;
+    wk.tile_begin = 0;
+    wk.seq = 0;
+    wk.row0 = 0;
+    wk.nrows = prm.seq0.rows;
+    wk._pad = 0;
+    return wk;
+  }
+  const fp4idx_cuda_work_t wk = fp4idx__segment_of(prm, cur, te, seg_end);
+  *sq = prm.seqs[wk.seq];
+  return wk;
+}
