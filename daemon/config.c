@@ -122,8 +122,8 @@ static void fp4idx__config_usage(FILE *out) {
     "                         (0 = off; default 200 with the CUDA backend, 0\n"
     "                         with the CPU backend, which needs the cores)\n"
     "      --io-threads N     event loops serving the connections, each on its\n"
-    "                         own thread (1..64; default min(4, cores/4), at\n"
-    "                         least 1; 1 = the main loop alone)\n"
+    "                         own thread (1..64; default 1: the main loop\n"
+    "                         alone)\n"
     "  -h, --help             show this help and exit\n"
     "  -V, --version          show the version and exit\n\n"
     "SIGINT/SIGTERM stop the daemon gracefully (in-flight requests finish;\n"
@@ -293,11 +293,6 @@ static int fp4idx__config_listen_option(fp4idx_config_t *cfg, int o, const char 
       strcpy(cfg->metrics_listen, arg);
       return FP4IDX_OK;
   }
-}
-
-int fp4idx__config_io_threads_default(long cores) {
-  long n = cores / 4;
-  return n < 1 ? 1 : n > 4 ? 4 : (int)n;
 }
 
 /* How connections and requests are served: --buffer-budget,

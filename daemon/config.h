@@ -35,7 +35,7 @@ typedef struct fp4idx_config_s {
   double buffer_timeout_s;        /* --buffer-timeout (default 30) */
   int allow_data_loss;            /* --allow-data-loss: start on a short log */
   int busy_poll_us;               /* --busy-poll-us; -1 = by backend (busypoll.h) */
-  int io_threads;                 /* --io-threads; 0 = fp4idx__config_io_threads_default */
+  int io_threads;                 /* --io-threads; 0 = FP4IDX_CONFIG_IO_THREADS_DEFAULT */
 } fp4idx_config_t;
 
 /* Fills the defaults (socket "" = resolved later, backend auto, device 0,
@@ -50,11 +50,13 @@ void fp4idx__config_defaults(fp4idx_config_t *cfg);
 int fp4idx__config_parse(fp4idx_config_t *cfg, int argc, char **argv,
                          FILE *out, FILE *err);
 
-/* The event loops that serve connections when --io-threads is not given,
- * for a host with `cores` online cores: min(4, cores / 4), at least 1 (one
- * loop keeps up below a few dozen busy clients; the worker and the
- * backend's threads need the other cores). */
-int fp4idx__config_io_threads_default(long cores);
+/* The event loops that serve connections when --io-threads is not given:
+ * one. On the H200 host (16 cores) four loops served 32 and 64 clients
+ * that poll their sockets no faster than one loop did (48 % of one
+ * in-process launch against 55-56 %): the loops' busy polling takes cores
+ * from the worker, which does every request's host work. More loops are a
+ * choice for hosts with cores to spare (docs/RESULTS.md). */
+#define FP4IDX_CONFIG_IO_THREADS_DEFAULT 1
 
 /* Parses a byte count with an optional K/M/G/T suffix (binary units, an
  * optional trailing "B" or "iB"): "64M" = 64 MiB. Returns 0 or -1. */

@@ -212,11 +212,10 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   d->worker.data = d;
   d->worker.on_wake = fp4idx__daemon_worker_wake;
   /* Busy polling, chosen once from the backend (busypoll.h), on every I/O
-   * loop (server.h), their number from the cores unless --io-threads. */
+   * loop (server.h): --io-threads of them, or FP4IDX_CONFIG_IO_THREADS_DEFAULT. */
   int spin = d->cfg.busy_poll_us >= 0 ? d->cfg.busy_poll_us
                                       : (strcmp(d->desc.name, "cuda") == 0 ? 200 : 0);
-  int n_io = d->cfg.io_threads > 0 ? d->cfg.io_threads
-                                   : fp4idx__config_io_threads_default(sysconf(_SC_NPROCESSORS_ONLN));
+  int n_io = d->cfg.io_threads > 0 ? d->cfg.io_threads : FP4IDX_CONFIG_IO_THREADS_DEFAULT;
   d->cfg.io_threads = n_io;
   rc = fp4idx__server_io_init(d->server, n_io, spin, &d->worker.queued);
   if (rc) goto err;

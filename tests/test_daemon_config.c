@@ -163,7 +163,7 @@ Test(config, busy_poll) {
 Test(config, io_threads) {
   fp4idx_config_t cfg;
   cr_assert_eq(parse(&cfg, (const char *[]){NULL}), 0);
-  cr_assert_eq(cfg.io_threads, 0, "0: from the cores at start");
+  cr_assert_eq(cfg.io_threads, 0, "0: FP4IDX_CONFIG_IO_THREADS_DEFAULT at start");
   cr_assert_eq(parse(&cfg, (const char *[]){"--io-threads", "4", NULL}), 0);
   cr_assert_eq(cfg.io_threads, 4);
   cr_assert_eq(parse(&cfg, (const char *[]){"--io-threads", "1", NULL}), 0);
@@ -171,12 +171,6 @@ Test(config, io_threads) {
   cr_assert_eq(parse(&cfg, (const char *[]){"--io-threads", "0", NULL}), FP4IDX_EINVAL);
   cr_assert_eq(parse(&cfg, (const char *[]){"--io-threads", "65", NULL}), FP4IDX_EINVAL);
   cr_assert_eq(parse(&cfg, (const char *[]){"--io-threads", "2x", NULL}), FP4IDX_EINVAL);
-  /* the default: min(4, cores / 4), at least 1 */
-  cr_assert_eq(fp4idx__config_io_threads_default(1), 1);
-  cr_assert_eq(fp4idx__config_io_threads_default(2), 1);
-  cr_assert_eq(fp4idx__config_io_threads_default(8), 2);
-  cr_assert_eq(fp4idx__config_io_threads_default(16), 4);
-  cr_assert_eq(fp4idx__config_io_threads_default(128), 4);
 }
 
 Test(config, buffer_budget_default_follows_ram) {
