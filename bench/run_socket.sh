@@ -45,10 +45,18 @@ read -r -a EXTRA_A <<< "${EXTRA:-}"
 ARGS+=("${EXTRA_A[@]}")
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader \
   > "$OUT/gpu.txt" 2>&1 || echo "no GPU ($BACKEND backend)" > "$OUT/gpu.txt"
+# NEW_ARGS: daemon options for the new daemon only (e.g. "--io-threads 4"),
+# through a wrapper in $OUT that the benchmark spawns; run once per value,
+# PREV given once, to compare settings of one build.
 run() { # NAME DAEMON_DIR
-  local name=$1 dir=$2
-  echo "== $name: $dir/fp4idxd, bench $NEW/fp4idx-bench-socket" | tee "$OUT/$name.log"
-  "$NEW/fp4idx-bench-socket" -d "$dir/fp4idxd" "${ARGS[@]}" --summary "$OUT/$name.summary.csv" \
+  local name=$1 dir=$2 daemon=$2/fp4idxd
+  if [ "$name" = new ] && [ -n "${NEW_ARGS:-}" ]; then
+    daemon=$OUT/fp4idxd-new-args
+    printf '#!/bin/sh\nexec "%s" %s "$@"\n' "$(cd "$dir" && pwd)/fp4idxd" "$NEW_ARGS" > "$daemon"
+    chmod +x "$daemon"
+  fi
+  echo "== $name: $daemon ${NEW_ARGS:+($NEW_ARGS)}, bench $NEW/fp4idx-bench-socket" | tee "$OUT/$name.log"
+  "$NEW/fp4idx-bench-socket" -d "$daemon" "${ARGS[@]}" --summary "$OUT/$name.summary.csv" \
     --csv "$OUT/$name.samples.csv" >> "$OUT/$name.log" 2>&1
   echo "rc=$?" >> "$OUT/$name.log"
   cat "$OUT/$name.log"
