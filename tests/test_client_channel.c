@@ -5,9 +5,10 @@
  * calls round the ring again and again give the same bytes, a bad call
  * completes with its status and the channel goes on, channel_open's
  * refusals, a channel cannot name another connection's regions, a killed
- * daemon releases a waiting call with ECONN, and a client that exits with
+ * daemon releases a waiting call with ECONN, a ring of calls sharing output
+ * slots keeps each slot's later bytes, and a client that exits with
  * its channel open leaves the daemon with no channel. The CUDA stream path
- * (cuStreamWriteValue/WaitValue) needs a GPU and has no test yet. */
+ * (cuStreamWriteValue/WaitValue) needs a GPU: test_cuda_channel.c. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -179,6 +180,112 @@ Test(channel, a_bad_call_completes_with_its_status_and_the_channel_goes_on) {
   CHECK(s.c, fp4idx_client_channel_topk(ch, HOST, &s.call, K, &t));
   CHECK(s.c, fp4idx_client_channel_close(ch));
   teardown(&s);
+}
+
+/* The CUDA graph test's pattern (test_cuda_channel.c) by the host: 40
+ * calls over an 8-slot ring, call i writing output slot i % 31, so calls i
+ * and i + 31 share a slot and the later one's bytes must stay there; the
+ * calls cycle through 8 cases (full logits of a long sequence and small
+ * top-k), so a long call's logits are followed into its slot by a short
+ * top-k (calls 2 and 33, as on the H200). Each call's status is checked
+ * before any bytes are. */
+enum { SH_N = 2, SH_H = 16, SH_CALLS = 40, SH_RING = 8, SH_SLOTS = 31, SH_LONG = 4096 };
+#define SH_W_AT 16384u
+#define SH_OUT_AT 32768u
+#define SH_SLOT ((size_t)2 * SH_LONG * 4)
+
+typedef struct {
+  int seq; /* 0: 64 keys, 1: SH_LONG keys */
+  uint32_t rows, k;
+} sh_case_t;
+
+static const sh_case_t sh_cases[SH_RING] = {{0, 1, 0}, {0, 2, 16}, {1, 1, 0}, {1, 2, 64},
+                                            {1, 2, 0}, {0, 1, 8},  {1, 1, 1}, {0, 2, 0}};
+
+static size_t sh_bytes(const sh_case_t *k, const uint32_t *keys) {
+  return k->k ? (size_t)k->rows * k->k * 8 + (size_t)k->rows * 4
+              : (size_t)k->rows * keys[k->seq] * 4;
+}
+
+Test(channel, calls_sharing_output_slots_round_the_ring_keep_the_later_bytes) {
+  fp4idx_client_t *c = open_client();
+  const uint64_t seqs[2] = {21, 22};
+  const uint32_t keys[2] = {64, SH_LONG};
+  for (int i = 0; i < 2; i++) {
+    uint16_t *kv = malloc((size_t)keys[i] * 128 * 2);
+    cr_assert_not_null(kv);
+    fill_bf16(kv, (size_t)keys[i] * 128, 40 + (uint64_t)i, -12, 12);
+    CHECK(c, fp4idx_client_append_bf16(c, seqs[i], kv, keys[i], FP4IDX_ROUNDING_RNE, NULL,
+                                       NULL));
+    free(kv);
+  }
+  static uint16_t q[SH_N * SH_H * 128], w[SH_N * SH_H];
+  fill_bf16(q, sizeof q / 2, 5, -8, 8);
+  fill_bf16(w, sizeof w / 2, 6, 0, 8);
+  size_t size = SH_OUT_AT + SH_SLOTS * SH_SLOT;
+  uint64_t region = 0;
+  void *base = NULL;
+  CHECK(c, fp4idx_client_region_create(c, size, &region, &base));
+  uint8_t *mem = base;
+  memcpy(mem, q, sizeof q);
+  memcpy(mem + SH_W_AT, w, sizeof w);
+  /* each case's socket answer, laid out as a channel call writes it */
+  uint8_t *want[SH_RING];
+  for (int i = 0; i < SH_RING; i++) {
+    const sh_case_t *k = &sh_cases[i];
+    want[i] = malloc(sh_bytes(k, keys));
+    cr_assert_not_null(want[i]);
+    if (k->k) {
+      size_t rk = (size_t)k->rows * k->k * 4;
+      CHECK(c, fp4idx_client_topk(c, seqs[k->seq], SH_H, k->rows, q, w, NULL, k->k,
+                                  (int32_t *)want[i], (float *)(want[i] + rk),
+                                  (int32_t *)(want[i] + 2 * rk)));
+    } else {
+      uint32_t width = 0;
+      CHECK(c, fp4idx_client_score_into(c, seqs[k->seq], SH_H, k->rows, q, w, NULL,
+                                        (float *)want[i], (size_t)k->rows * keys[k->seq],
+                                        &width));
+      cr_assert_eq(width, keys[k->seq]);
+    }
+  }
+  fp4idx_client_channel_t *ch = NULL;
+  CHECK(c, fp4idx_client_channel_open(c, SH_RING, region, region, 0, region, &ch));
+  for (int round = 0; round < 3; round++) {
+    memset(mem + SH_OUT_AT, 0xC3 + round, SH_SLOTS * SH_SLOT);
+    for (int i = 0; i < SH_CALLS; i++) {
+      const sh_case_t *k = &sh_cases[i % SH_RING];
+      uint64_t at = SH_OUT_AT + (uint64_t)(i % SH_SLOTS) * SH_SLOT;
+      uint64_t rk = (uint64_t)k->rows * k->k * 4;
+      fp4idx_client_channel_call_t a = {
+          .seq = seqs[k->seq], .rows = k->rows, .heads = SH_H, .q_offset = 0,
+          .w_offset = SH_W_AT, .lens_offset = -1, .logits_offset = at + (k->k ? rk : 0),
+          .positions_offset = at, .counts_offset = at + 2 * rk};
+      uint32_t t = 0;
+      int st = k->k ? fp4idx_client_channel_topk(ch, HOST, &a, k->k, &t)
+                    : fp4idx_client_channel_score(ch, HOST, &a, keys[k->seq], &t);
+      cr_assert_eq(st, FP4IDX_OK, "round %d, call %d: %s (%s)", round, i,
+                   fp4idx_status_name(st), fp4idx_client_last_error(c));
+      cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK, "round %d, call %d", round,
+                   i);
+    }
+    for (int i = SH_CALLS - SH_SLOTS; i < SH_CALLS; i++) {
+      const sh_case_t *k = &sh_cases[i % SH_RING];
+      const uint8_t *got = mem + SH_OUT_AT + (size_t)(i % SH_SLOTS) * SH_SLOT;
+      cr_assert_eq(memcmp(got, want[i % SH_RING], sh_bytes(k, keys)), 0,
+                   "round %d, call %d (slot %d, %u keys, rows %u, k %u): the channel's bytes "
+                   "differ from the socket's",
+                   round, i, i % SH_SLOTS, keys[k->seq], k->rows, k->k);
+    }
+  }
+  fp4idx_client_stats_t *st = NULL;
+  CHECK(c, fp4idx_client_stats(c, &st));
+  cr_assert_eq(st->channel_calls, 3u * SH_CALLS);
+  cr_assert_eq(st->channel_errors, 0u);
+  fp4idx_client_free(st);
+  CHECK(c, fp4idx_client_channel_close(ch));
+  for (int i = 0; i < SH_RING; i++) free(want[i]);
+  CHECK(c, fp4idx_client_region_destroy(c, region, mem, size));
+  fp4idx_client_close(c);
 }
 
 /* channel_open by hand: fd, slots and regions as given. */

@@ -357,11 +357,13 @@ Test(cuda_channel, a_captured_graph_of_calls_replays_to_the_same_bytes) {
     cr_assert_not_null(want[i]);
     CK(cudaMemcpy(want[i], at, n, cudaMemcpyDeviceToHost));
   }
-  fp4idx_client_channel_t *ch = open_channel(&s, 8);
+  enum { RING = 8 };
+  fp4idx_client_channel_t *ch = open_channel(&s, RING);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  uint32_t tk[NG];
   CK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < NG; i++) (void)case_enqueue(&s, ch, g[i], i % (OUT_SLOTS - 1));
+  for (int i = 0; i < NG; i++) tk[i] = case_enqueue(&s, ch, g[i], i % (OUT_SLOTS - 1));
   CK(cudaStreamEndCapture(s.stream, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
   /* calls i and i + 31 share an output slot: the later one's bytes stay */
@@ -369,6 +371,19 @@ Test(cuda_channel, a_captured_graph_of_calls_replays_to_the_same_bytes) {
     CK(cudaMemsetAsync(s.dout, 0xC3 + replay, (size_t)(OUT_SLOTS - 1) * OUT_SLOT, s.stream));
     CK(cudaGraphLaunch(exec, s.stream));
     WAIT(s.stream, ch);
+    /* the statuses first, so a failed call is told from wrong bytes: the
+     * last RING calls' completion words are still in the ring, the others'
+     * errors are counted in stats */
+    for (int i = NG - RING; i < NG; i++)
+      cr_assert_eq(fp4idx_client_channel_status(ch, tk[i]), FP4IDX_OK,
+                   "graph replay %d, call %d (ticket %u): %s", replay, i, tk[i],
+                   fp4idx_status_name(fp4idx_client_channel_status(ch, tk[i])));
+    fp4idx_client_stats_t *rs = NULL;
+    CHECK(s.c, fp4idx_client_stats(s.c, &rs));
+    uint64_t calls = rs->channel_calls, errors = rs->channel_errors;
+    fp4idx_client_free(rs);
+    cr_assert_eq(errors, 0u, "graph replay %d: %" PRIu64 " of %" PRIu64 " calls erred", replay,
+                 errors, calls);
     for (int i = 0; i < NG; i++) {
       if (i + (OUT_SLOTS - 1) < NG) continue; /* overwritten by a later call */
       char what[64];
