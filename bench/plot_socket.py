@@ -60,6 +60,8 @@ def num(x):
 
 def plot_summary(args, out):
     runs = [load_summary(p) for p in args[:2]]
+    # each file is named in the legend by its name without the extension
+    names = [os.path.splitext(os.path.basename(p))[0] for p in args[:2]]
     fig, (ax_s, ax_c) = plt.subplots(1, 2, figsize=(15, 6))
     cmap = plt.get_cmap("tab10")
     single = [r for r in runs[0] if r["section"] == "single"]
@@ -79,8 +81,8 @@ def plot_summary(args, out):
             bottom = [b + x for b, x in zip(bottom, v)]
         p50 = [num(rows[(r["ctx"], r["topk"])]["p50_us"]) if (r["ctx"], r["topk"]) in rows
                else float("nan") for r in single]
-        ax_s.plot(xs, p50, "k^" if ri else "ko", label="client round trip p50" +
-                  (" (2nd file)" if ri else ""))
+        ax_s.plot(xs, p50, "k^" if ri else "ko",
+                  label=f"client round trip p50 ({names[ri]}{', hatched' if ri else ''})")
     ax_s.set_xticks([i + width * (len(runs) - 1) / 2 for i in range(len(single))])
     ax_s.set_xticklabels(labels, fontsize=8)
     ax_s.set_yscale("log")
@@ -92,10 +94,9 @@ def plot_summary(args, out):
         conc = [r for r in rows if r["section"] == "concurrent"]
         n = [int(r["clients"]) for r in conc]
         ax_c.plot(n, [num(r["requests_per_s"]) for r in conc], "o-" if ri == 0 else "o--",
-                  color="tab:blue", label="through the daemon" + (" (2nd file)" if ri else ""))
+                  color="tab:blue", label=f"through the daemon ({names[ri]})")
         ax_c.plot(n, [num(r["inprocess_per_s"]) for r in conc], "s-" if ri == 0 else "s--",
-                  color="tab:green", label="one in-process launch of all N" +
-                  (" (2nd file)" if ri else ""))
+                  color="tab:green", label=f"one in-process launch of all N ({names[ri]})")
     ax_c.set_xscale("log", base=2)
     ax_c.set_xlabel("concurrent clients N (each its own sequence)")
     ax_c.set_ylabel("score requests per second (all clients)")
