@@ -42,6 +42,7 @@
 #include "fp4idx_cuda.h"
 #include "fp4idx_format.h"
 #include "bench_cuda_check.h"
+#include "bench_cuda_graph.h"
 
 namespace {
 
@@ -84,12 +85,6 @@ __global__ void empty_kernel(int *p) {
   if (p && threadIdx.x == 1024) *p = 0;
 }
 
-double median3(double a, double b, double c) {
-  double v[3] = {a, b, c};
-  std::sort(v, v + 3);
-  return v[1];
-}
-
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -123,16 +118,11 @@ int main(int argc, char **argv) {
   if (cf) fprintf(cf, "case,seqs,rows,heads,ctx,hot_us,cold_us,floor_us,tflops,sglang_us,scorer\n");
   cudaStream_t st;
   TCK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  TCK(cudaEventCreate(&e0));
-  TCK(cudaEventCreate(&e1));
   struct Row { const Case *c; const char *scorer; double hot, cold, floor, tf; const char *chk; };
   std::vector<Row> table;
 
   if (floor_run) {
     for (int pdl = 0; pdl < 2; pdl++) {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
       cudaLaunchAttribute at;
       at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       at.val.programmaticStreamSerializationAllowed = 1;
@@ -142,25 +132,11 @@ int main(int argc, char **argv) {
       cfg.stream = st;
       cfg.attrs = &at;
       cfg.numAttrs = pdl;
-      TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-      for (int i = 0; i < kCalls; i++) TCK(cudaLaunchKernelEx(&cfg, empty_kernel, (int *)nullptr));
-      TCK(cudaStreamEndCapture(st, &g));
-      TCK(cudaGraphInstantiate(&ge, g, 0));
-      double run[kRuns];
-      for (int r = 0; r < kRuns; r++) {
-        TCK(cudaGraphLaunch(ge, st));
-        TCK(cudaEventRecord(e0, st));
-        for (int i = 0; i < kReplays; i++) TCK(cudaGraphLaunch(ge, st));
-        TCK(cudaEventRecord(e1, st));
-        TCK(cudaEventSynchronize(e1));
-        float ms;
-        TCK(cudaEventElapsedTime(&ms, e0, e1));
-        run[r] = 1e3 * ms / (kCalls * kReplays);
-      }
+      const double us = bench_time_graph(st, kCalls, kReplays, kRuns, [&] {
+        return cudaLaunchKernelEx(&cfg, empty_kernel, (int *)nullptr);
+      });
       printf("floor: empty kernel %d x 512 in a graph, %s PDL: %.2f us a launch\n",
-             prop.multiProcessorCount, pdl ? "with" : "without", median3(run[0], run[1], run[2]));
-      TCK(cudaGraphExecDestroy(ge));
-      TCK(cudaGraphDestroy(g));
+             prop.multiProcessorCount, pdl ? "with" : "without", us);
     }
   }
   std::vector<Case> cases(kCases, kCases + sizeof kCases / sizeof kCases[0]);
@@ -269,30 +245,12 @@ int main(int argc, char **argv) {
 
       double t[2] = {0, 0};
       for (int cold = 0; cold < 2; cold++) {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-        for (int i = 0; i < kCalls; i++) {
+        int call = 0;  // cold: the launches of the graph cycle through kCaches pools
+        t[cold] = bench_time_graph(st, kCalls, kReplays, kRuns, [&] {
           fp4idx_cuda_score_params_t p = prm;
-          p.pool = dpool[cold ? i % kCaches : 0];
-          if (fp4idx_cuda_score_launch(&p, st)) return 1;
-        }
-        TCK(cudaStreamEndCapture(st, &g));
-        TCK(cudaGraphInstantiate(&ge, g, 0));
-        double run[kRuns];
-        for (int r = 0; r < kRuns; r++) {
-          TCK(cudaGraphLaunch(ge, st));  // warm-up replay
-          TCK(cudaEventRecord(e0, st));
-          for (int i = 0; i < kReplays; i++) TCK(cudaGraphLaunch(ge, st));
-          TCK(cudaEventRecord(e1, st));
-          TCK(cudaEventSynchronize(e1));
-          float ms;
-          TCK(cudaEventElapsedTime(&ms, e0, e1));
-          run[r] = 1e3 * ms / (kCalls * kReplays);
-        }
-        t[cold] = median3(run[0], run[1], run[2]);
-        TCK(cudaGraphExecDestroy(ge));
-        TCK(cudaGraphDestroy(g));
+          p.pool = dpool[cold ? call++ % kCaches : 0];
+          return fp4idx_cuda_score_launch(&p, st);
+        });
       }
       const char *chk = "-";
       if (check) {

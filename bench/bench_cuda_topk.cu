@@ -35,6 +35,7 @@
 #include "fp4idx_cuda.h"
 #include "fp4idx_format.h"
 #include "bench_cuda_check.h"
+#include "bench_cuda_graph.h"
 
 namespace {
 
@@ -74,35 +75,10 @@ uint16_t tk_eighths(int m) {
   return fp4idx_f32_to_bf16((float)v / 8.0f);
 }
 
-// Median of 3 runs of (warm-up + 10 timed replays of a 20-launch graph).
+// The graph method of bench_cuda_graph.h with this file's counts.
 template <typename F>
 double time_graph(cudaStream_t st, F launch) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  cudaEvent_t e0, e1;
-  TCK(cudaEventCreate(&e0));
-  TCK(cudaEventCreate(&e1));
-  TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < kCalls; i++) FCK(launch());
-  TCK(cudaStreamEndCapture(st, &g));
-  TCK(cudaGraphInstantiate(&ge, g, 0));
-  double run[kRuns];
-  for (int r = 0; r < kRuns; r++) {
-    TCK(cudaGraphLaunch(ge, st));
-    TCK(cudaEventRecord(e0, st));
-    for (int i = 0; i < kReplays; i++) TCK(cudaGraphLaunch(ge, st));
-    TCK(cudaEventRecord(e1, st));
-    TCK(cudaEventSynchronize(e1));
-    float ms;
-    TCK(cudaEventElapsedTime(&ms, e0, e1));
-    run[r] = 1e3 * ms / (kCalls * kReplays);
-  }
-  TCK(cudaGraphExecDestroy(ge));
-  TCK(cudaGraphDestroy(g));
-  TCK(cudaEventDestroy(e0));
-  TCK(cudaEventDestroy(e1));
-  std::sort(run, run + kRuns);
-  return run[kRuns / 2];
+  return bench_time_graph(st, kCalls, kReplays, kRuns, launch);
 }
 
 // Host reference of one row: (pos, logit bits) and the count.
