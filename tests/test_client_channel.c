@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "client_internal.h" /* fp4idx__client_call_fd: channel_open by hand */
+#include "client_check.h"
 #include "daemon_harness.h"
 #include "fp4idx_channel.h"
 #include "fp4idx_client.h"
@@ -37,13 +38,6 @@ static void stop(void) {
 }
 
 TestSuite(channel, .init = start, .fini = stop);
-
-#define CHECK(c, call)                                                                   \
-  do {                                                                                   \
-    int st_ = (call);                                                                    \
-    cr_assert_eq(st_, FP4IDX_OK, "%s: %s (%s)", #call, fp4idx_client_last_error(c),      \
-                 fp4idx_status_name(st_));                                               \
-  } while (0)
 
 #define HOST FP4IDX_CLIENT_CHANNEL_HOST
 

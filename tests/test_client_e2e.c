@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_check.h"
 #include "daemon_harness.h"
 #include "fp4idx_client.h"
 #include "test_util.h"
@@ -42,13 +43,6 @@ static fp4idx_client_t *open_client(void) {
                fp4idx_client_last_error(c));
   return c;
 }
-
-#define CHECK(c, call)                                                   \
-  do {                                                                   \
-    int st_ = (call);                                                    \
-    cr_assert_eq(st_, FP4IDX_OK, "%s: %s (%s)", #call,                   \
-                 fp4idx_client_last_error(c), fp4idx_status_name(st_));  \
-  } while (0)
 
 /* A golden scorer case, loaded from tests/golden. */
 typedef struct {

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "client_check.h"
 #include "daemon_harness.h"
 #include "fp4idx_client.h"
 #include "test_util.h"
@@ -34,13 +35,6 @@ static void stop(void) {
 }
 
 TestSuite(regions, .init = start, .fini = stop);
-
-#define CHECK(c, call)                                                                   \
-  do {                                                                                   \
-    int st_ = (call);                                                                    \
-    cr_assert_eq(st_, FP4IDX_OK, "%s: %s (%s)", #call, fp4idx_client_last_error(c),      \
-                 fp4idx_status_name(st_));                                               \
-  } while (0)
 
 static fp4idx_client_t *open_client(void) {
   fp4idx_client_t *c = fp4idx_client_new();

@@ -26,18 +26,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "client_check.h"
 #include "daemon_harness.h"
 #include "fp4idx_client.h"
 #include "test_util.h"
 
 #define CK(x) cr_assert_eq((x), cudaSuccess, "%s: %s", #x, cudaGetErrorString(x))
-#define CHECK(c, call)                                                                   \
-  do {                                                                                   \
-    int st_ = (call);                                                                    \
-    cr_assert_eq(st_, FP4IDX_OK, "%s: %s (%s)", #call, fp4idx_client_last_error(c),      \
-                 fp4idx_status_name(st_));                                               \
-  } while (0)
-
 /* The longest any stream may take to pass a call, however slow the GPU. */
 #define WAIT_MS 60000
 
