@@ -272,13 +272,6 @@ int fp4idx__channel_close(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t c
                       "channel %" PRIu64 " is not open on this connection", id);
 }
 
-/* The size of region `id` of rs, or 0 when it is not registered. */
-static uint64_t fp4idx__channel_region_size(const fp4idx_regions_t *rs, uint64_t id) {
-  for (unsigned i = 0; id && i < FP4IDX_PROTO_MAX_REGIONS; i++)
-    if (rs->r[i].id == id) return rs->r[i].size;
-  return 0;
-}
-
 /* The regions of req, resolved on rs into ch->bind. */
 static int fp4idx__channel_bind(const fp4idx_regions_t *rs, const fp4idx_channel_open_req_t *req,
                                 fp4idx_channel_bind_t *b, char *msg, size_t cap) {
@@ -293,8 +286,9 @@ static int fp4idx__channel_bind(const fp4idx_regions_t *rs, const fp4idx_channel
                                .out_region = req->out_region, .lens_region = req->lens_region};
   for (int i = 0; i < 4; i++) {
     if (i == 3 && want[i].id == 0) break; /* no lens region */
-    *want[i].size = fp4idx__channel_region_size(rs, want[i].id);
-    if (*want[i].size == 0)
+    const fp4idx_region_t *r = fp4idx__regions_find(rs, want[i].id);
+    *want[i].size = r ? r->size : 0;
+    if (!r)
       return fp4idx__fail(msg, cap, FP4IDX_ENOREGION,
                           "%s: region %" PRIu64 " is not registered on this connection",
                           want[i].what, want[i].id);

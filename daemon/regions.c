@@ -151,12 +151,18 @@ static void fp4idx__region_release(fp4idx_regions_t *rs, fp4idx_region_t *r) {
   memset(r, 0, sizeof *r);
 }
 
-int fp4idx__regions_remove(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t cap) {
+const fp4idx_region_t *fp4idx__regions_find(const fp4idx_regions_t *rs, uint64_t id) {
   for (unsigned i = 0; rs && id && i < FP4IDX_PROTO_MAX_REGIONS; i++)
-    if (rs->r[i].id == id) {
-      fp4idx__region_release(rs, &rs->r[i]);
-      return FP4IDX_OK;
-    }
+    if (rs->r[i].id == id) return &rs->r[i];
+  return NULL;
+}
+
+int fp4idx__regions_remove(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t cap) {
+  const fp4idx_region_t *r = fp4idx__regions_find(rs, id);
+  if (r) {
+    fp4idx__region_release(rs, &rs->r[r - rs->r]);
+    return FP4IDX_OK;
+  }
   return fp4idx__fail(msg, cap, FP4IDX_ENOREGION,
                       "region %" PRIu64 " is not registered on this connection", id);
 }
@@ -171,9 +177,7 @@ void fp4idx__regions_clear(fp4idx_regions_t *rs) {
 int fp4idx__regions_check(const fp4idx_regions_t *rs, const fp4idx_tensor_t *t,
                           const char *what, const fp4idx_region_t **out, char *msg,
                           size_t cap) {
-  const fp4idx_region_t *r = NULL;
-  for (unsigned i = 0; rs && i < FP4IDX_PROTO_MAX_REGIONS; i++)
-    if (rs->r[i].id == t->region) r = &rs->r[i];
+  const fp4idx_region_t *r = fp4idx__regions_find(rs, t->region);
   if (!r)
     return fp4idx__fail(msg, cap, FP4IDX_ENOREGION,
                         "%s: region %" PRIu64 " is not registered on this connection", what,

@@ -86,6 +86,9 @@ int fp4idx__memfd_map(int fd, uint64_t size, void **base, char *msg, size_t cap)
 /* Releases every region (the connection closed), its channels first. */
 void fp4idx__regions_clear(fp4idx_regions_t *rs);
 
+/* The region registered as `id` on rs, or NULL (also for id 0 and rs NULL). */
+const fp4idx_region_t *fp4idx__regions_find(const fp4idx_regions_t *rs, uint64_t id);
+
 /* Checks a reference (t->region != 0) named `what` in messages: the region
  * exists on this connection (FP4IDX_ENOREGION; also when rs is NULL), the
  * offset is a multiple of the dtype's size and [offset, offset + nbytes)
