@@ -163,14 +163,12 @@ static void fp4idx__client_channel_free(fp4idx_client_channel_t *ch) {
 /* The sealed memfd of the block, mapped into ch, initialised. Returns the
  * fd (the caller closes it) or -1 with the error recorded on c. */
 static int fp4idx__client_channel_block(fp4idx_client_t *c, fp4idx_client_channel_t *ch) {
-  int fd = memfd_create("fp4idx-channel", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  void *p = MAP_FAILED;
-  if (fd < 0 || ftruncate(fd, (off_t)ch->size) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      (p = mmap(NULL, ch->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+  void *p = NULL;
+  int fd = fp4idx__client_memfd_map("fp4idx-channel", ch->size,
+                                    F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, &p);
+  if (fd < 0) {
     fp4idx__client_fail(c, FP4IDX_ENOMEM, "cannot make the channel's control block: %s",
                         strerror(errno));
-    if (fd >= 0) close(fd);
     return -1;
   }
   ch->block = p;

@@ -683,6 +683,21 @@ fp4idx_status_t fp4idx_client_region_register_fd(fp4idx_client_t *c, int fd,
   return register_region(c, &req, fd, region);
 }
 
+int fp4idx__client_memfd_map(const char *name, size_t size, unsigned seals, void **ptr) {
+  int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  void *p = MAP_FAILED;
+  if (ftruncate(fd, (off_t)size) != 0 || fcntl(fd, F_ADD_SEALS, (int)seals) != 0 ||
+      (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  *ptr = p;
+  return fd;
+}
+
 fp4idx_status_t fp4idx_client_region_create(fp4idx_client_t *c, size_t size,
                                             uint64_t *region, void **ptr) {
   if (c == NULL) return FP4IDX_EINVAL;
@@ -690,21 +705,11 @@ fp4idx_status_t fp4idx_client_region_create(fp4idx_client_t *c, size_t size,
     return bad_arg(c, "size 0, region or ptr NULL");
   *ptr = NULL;
   *region = 0;
-  int fd = memfd_create("fp4idx-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void *p = NULL;
+  int fd = fp4idx__client_memfd_map("fp4idx-region", size, F_SEAL_SHRINK | F_SEAL_SEAL, &p);
   if (fd < 0)
-    return fp4idx__client_fail(c, FP4IDX_ENOMEM, "memfd_create: %s",
+    return fp4idx__client_fail(c, FP4IDX_ENOMEM, "cannot make a %zu-byte region: %s", size,
                                strerror(errno));
-  void *p = MAP_FAILED;
-  if (ftruncate(fd, (off_t)size) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0 ||
-      (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-          MAP_FAILED) {
-    int e = errno;
-    close(fd);
-    return fp4idx__client_fail(c, FP4IDX_ENOMEM,
-                               "cannot make a %zu-byte region: %s", size,
-                               strerror(e));
-  }
   fp4idx_status_t st = fp4idx_client_region_register_fd(c, fd, size, region);
   close(fd); /* both sides hold their own mapping now */
   if (st != FP4IDX_OK) {

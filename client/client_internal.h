@@ -35,6 +35,12 @@ fp4idx_status_t fp4idx__client_fail(fp4idx_client_t *c, fp4idx_status_t st,
 /* Closes the socket (keeps the handle). */
 void fp4idx__client_disconnect(fp4idx_client_t *c);
 
+/* A memfd of `size` bytes (named `name`), sealed with `seals` (F_SEAL_*),
+ * mapped shared into *ptr: what a host region or a channel's control block
+ * is. Returns the fd (the caller closes it once the daemon has it), or -1
+ * with errno set and nothing left open or mapped. */
+int fp4idx__client_memfd_map(const char *name, size_t size, unsigned seals, void **ptr);
+
 /* Absolute deadline in ms of CLOCK_MONOTONIC for a call starting now
  * (INT64_MAX without a timeout). */
 int64_t fp4idx__client_deadline(const fp4idx_client_t *c);
