@@ -19,11 +19,7 @@ static void fp4idx__worker_run_done(fp4idx_worker_t *w, fp4idx_job_t *j) {
 }
 
 static void fp4idx__worker_drain_done(fp4idx_worker_t *w) {
-  pthread_mutex_lock(&w->mu);
-  fp4idx_job_t *j = w->done_head;
-  w->done_head = w->done_tail = NULL;
-  pthread_mutex_unlock(&w->mu);
-  fp4idx__worker_run_done(w, j);
+  fp4idx__worker_drain_home(w, &w->done);
   if (__atomic_load_n(&w->queued, __ATOMIC_ACQUIRE) == 0 && w->on_idle) w->on_idle(w);
 }
 
@@ -192,23 +188,16 @@ void fp4idx__worker_post(fp4idx_worker_t *w, fp4idx_job_t *job) {
     for (int i = 0; i < w->runs[r].n; i++)
       if (w->runs[r].jobs[i] == job) w->runs[r].posted[i] = 1;
   job->next = NULL;
-  fp4idx_jobq_t *q = job->home;
-  if (q) { /* read before the push: from then on the job may be gone */
-    uv_async_t *wake = q->wake;
-    pthread_mutex_lock(&q->mu);
-    if (q->tail) q->tail->next = job; else q->head = job;
-    q->tail = job;
-    pthread_mutex_unlock(&q->mu);
-    uv_async_send(wake);
-    return;
-  }
-  pthread_mutex_lock(&w->mu);
-  if (w->done_tail) w->done_tail->next = job; else w->done_head = job;
-  w->done_tail = job;
-  pthread_mutex_unlock(&w->mu);
+  fp4idx_jobq_t *q = job->home ? job->home : &w->done;
+  /* read before the push: from then on the job may be gone */
+  uv_async_t *wake = q->wake;
+  pthread_mutex_lock(&q->mu);
+  if (q->tail) q->tail->next = job; else q->head = job;
+  q->tail = job;
+  pthread_mutex_unlock(&q->mu);
   /* Outside the lock, so the loop's drain never waits on us; the send
-   * coalesces and the loop takes the whole done list. */
-  uv_async_send(&w->async);
+   * coalesces and the loop takes the whole list. */
+  uv_async_send(wake);
 }
 
 int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
@@ -226,13 +215,16 @@ int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
   w->loop = loop;
   if (pthread_mutex_init(&w->mu, NULL)) return FP4IDX_ENOMEM;
   if (pthread_cond_init(&w->cv, NULL)) goto err_mu;
-  if (uv_async_init(loop, &w->async, fp4idx__worker_async_cb)) goto err_cv;
+  if (fp4idx__jobq_init(&w->done, &w->async)) goto err_cv;
+  if (uv_async_init(loop, &w->async, fp4idx__worker_async_cb)) goto err_done;
   w->async.data = w;
   if (pthread_create(&w->thread, NULL, fp4idx__worker_main, w)) goto err_async;
   w->started = 1;
   return FP4IDX_OK;
 err_async:
   uv_close((uv_handle_t *)&w->async, NULL);
+err_done:
+  fp4idx__jobq_destroy(&w->done);
 err_cv:
   pthread_cond_destroy(&w->cv);
 err_mu:
@@ -279,6 +271,7 @@ void fp4idx__worker_stop(fp4idx_worker_t *w) {
   w->started = 0;
   fp4idx__worker_drain_done(w);
   uv_close((uv_handle_t *)&w->async, NULL);
+  fp4idx__jobq_destroy(&w->done);
   pthread_cond_destroy(&w->cv);
   pthread_mutex_destroy(&w->mu);
 }

@@ -89,7 +89,7 @@ typedef struct fp4idx_worker_s {
   fp4idx_job_t *bulk_head, *bulk_tail;  /* bulk lane, guarded by mu */
   int normal_streak;       /* normal jobs run while bulk ones waited (mu) */
   int bulk_paused;         /* the bulk lane waits (mu) */
-  fp4idx_job_t *done_head, *done_tail;  /* guarded by mu */
+  fp4idx_jobq_t done;      /* finished jobs without a home, for the worker's loop */
   int stopping;            /* guarded by mu; set atomically (the spin reads it without) */
   int sleeping;            /* the worker waits on cv (mu) */
   int started;
