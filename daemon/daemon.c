@@ -300,11 +300,6 @@ int fp4idx__daemon_run(fp4idx_daemon_t *d) {
   return d->exit_code;
 }
 
-static void fp4idx__daemon_walk_close(uv_handle_t *h, void *arg) {
-  (void)arg;
-  if (!uv_is_closing(h)) uv_close(h, NULL);
-}
-
 void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   if (!d) return;
   if (d->worker.started) fp4idx__worker_stop(&d->worker);
@@ -312,8 +307,7 @@ void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   if (d->server) fp4idx__server_io_fini(d->server);
   if (d->loop_ok) {
     /* Close whatever is left (listeners that never served, etc). */
-    uv_walk(&d->loop, fp4idx__daemon_walk_close, NULL);
-    uv_run(&d->loop, UV_RUN_DEFAULT);
+    fp4idx__server_loop_close_all(&d->loop);
     if (d->server && d->server->path[0]) unlink(d->server->path);
     uv_loop_close(&d->loop);
     d->loop_ok = 0;

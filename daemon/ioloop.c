@@ -139,14 +139,18 @@ static void fp4idx__io_walk_close(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
+void fp4idx__server_loop_close_all(uv_loop_t *loop) {
+  uv_walk(loop, fp4idx__io_walk_close, NULL);
+  uv_run(loop, UV_RUN_DEFAULT);
+}
+
 void fp4idx__server_io_fini(fp4idx_server_t *srv) {
   if (!srv->io) return;
   fp4idx__server_io_quit(srv);
   for (int i = 0; i < srv->n_io; i++) {
     fp4idx_ioloop_t *io = &srv->io[i];
     if (io->loop_ok) {
-      uv_walk(io->loop, fp4idx__io_walk_close, NULL);
-      uv_run(io->loop, UV_RUN_DEFAULT);
+      fp4idx__server_loop_close_all(io->loop);
       uv_loop_close(io->loop);
       io->loop_ok = 0;
     }

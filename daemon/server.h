@@ -270,6 +270,10 @@ int fp4idx__server_io_start(fp4idx_server_t *srv);
 void fp4idx__server_io_quit(fp4idx_server_t *srv);
 /* Frees the loops (after quit, or after a start that failed). */
 void fp4idx__server_io_fini(fp4idx_server_t *srv);
+
+/* Closes every handle of `loop` not closing yet and runs the loop until
+ * their close callbacks ran (before uv_loop_close). */
+void fp4idx__server_loop_close_all(uv_loop_t *loop);
 /* Any thread: posts `flags` (FP4IDX_IO_*) to io and wakes it. */
 void fp4idx__server_io_post(fp4idx_ioloop_t *io, unsigned flags);
 /* Loop 0: hands the accepted connection fd to io (which owns it from here). */
