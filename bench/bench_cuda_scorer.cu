@@ -237,10 +237,7 @@ int main(int argc, char **argv) {
       prm.seqs = dseq;
       prm.works = dworks;
       prm.log2_page = 6;
-      if (nw == 1) {  // as the backend does (backend_cuda.c)
-        prm.has_seq0 = 1;
-        prm.seq0 = hs[works[0].seq];
-      }
+      fp4idx_cuda_score_use_seq0(&prm, works.data(), hs.data());
       if (grid > 0) prm.grid = (int32_t)std::min<int64_t>(grid, prm.total_tiles);
 
       double t[2] = {0, 0};

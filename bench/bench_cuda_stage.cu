@@ -107,10 +107,7 @@ extern "C" int fp4idx_bench_cuda_stage(fp4idx_backend_t *b, const fp4idx_backend
   prm.seqs = (const fp4idx_cuda_seq_t *)(d + o_descs);
   prm.works = (const fp4idx_cuda_work_t *)(d + o_works);
   prm.log2_page = log2p;
-  if (nw == 1) {  // as the backend does (backend_cuda.c)
-    prm.has_seq0 = 1;
-    prm.seq0 = descs[works[0].seq];
-  }
+  fp4idx_cuda_score_use_seq0(&prm, works.data(), descs);
   s->prm = prm;
   return FP4IDX_OK;
 fail:

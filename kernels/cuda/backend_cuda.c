@@ -709,10 +709,7 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
   L->prm.seqs = (const fp4idx_cuda_seq_t *)(in + L->o_descs);
   L->prm.works = (const fp4idx_cuda_work_t *)(in + L->o_works);
   L->prm.log2_page = c->log2p;
-  if (L->nw == 1) {  /* the kernel takes the one work's descriptor from its parameters */
-    L->prm.has_seq0 = 1;
-    L->prm.seq0 = descs[L->works[0].seq];
-  }
+  fp4idx_cuda_score_use_seq0(&L->prm, L->works, descs);
 }
 
 /* The call's device work as data: the upload, the scorer

@@ -115,6 +115,13 @@ int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads, int32_t n
                            fp4idx_cuda_work_t *works, int32_t max_works,
                            fp4idx_cuda_score_params_t *p);
 
+/* For a plan of one work (p->n_works == 1): copies that work's descriptor,
+ * descs[works[0].seq] (host copies of what p->seqs holds on the device),
+ * into p->seq0 and sets p->has_seq0, so the kernel reads neither from
+ * memory before its first tile. Any other plan: nothing changes. */
+void fp4idx_cuda_score_use_seq0(fp4idx_cuda_score_params_t *p, const fp4idx_cuda_work_t *works,
+                                const fp4idx_cuda_seq_t *descs);
+
 /* Enqueues the scorer the plan was made for. p->pool, seqs, works must be
  * set (device pointers). The sm_90a scorer is launched with programmatic
  * stream serialization: it may start while the previous kernel of the

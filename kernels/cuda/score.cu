@@ -478,6 +478,14 @@ extern "C" int fp4idx_cuda_score_plan(fp4idx_cuda_scorer_t scorer, int32_t heads
   return nw;
 }
 
+extern "C" void fp4idx_cuda_score_use_seq0(fp4idx_cuda_score_params_t *p,
+                                          const fp4idx_cuda_work_t *works,
+                                          const fp4idx_cuda_seq_t *descs) {
+  if (p->n_works != 1) return;
+  p->has_seq0 = 1;
+  p->seq0 = descs[works[0].seq];
+}
+
 extern "C" int fp4idx_cuda_score_describe(const fp4idx_cuda_score_params_t *p,
                                           fp4idx_cuda_launch_t *l) {
   if (!l) return FP4IDX_EINVAL;
