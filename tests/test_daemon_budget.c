@@ -91,16 +91,6 @@ static int *open_bad(const fp4idx_test_daemon_t *d, int n, const unsigned char *
 #define N_BAD 1000
 #define BAD_REQS 64
 
-/* Under AddressSanitizer freed blocks wait in a quarantine (256 MB by
- * default) and count in RSS: keep it small for the daemon spawned next, so
- * RSS measures what the daemon holds. No effect on other builds. */
-static void small_asan_quarantine(void) {
-  const char *o = getenv("ASAN_OPTIONS");
-  char buf[512];
-  snprintf(buf, sizeof buf, "%s%squarantine_size_mb=4", o ? o : "", o && *o ? ":" : "");
-  setenv("ASAN_OPTIONS", buf, 1);
-}
-
 /* Two measures of what the daemon holds, checked after each load below:
  *   - its own count (stats: buffered_bytes_peak), in every build, against
  *     the bound budget.h states;
@@ -133,7 +123,7 @@ static void check_held(int ctl, long grew_mib, long rss_bound_mib, uint64_t coun
 
 Test(daemon_budget, non_reading_clients_hold_no_more_than_the_budget) {
   raise_nofile(N_BAD + 64);
-  small_asan_quarantine();
+  fp4idx_test_small_asan_quarantine();
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--buffer-budget", "32M",
                                                               "--log-level", "info", NULL}),
@@ -342,7 +332,7 @@ static void *big_reader(void *arg) {
 }
 
 Test(daemon_budget, pipelined_large_replies_stay_within_the_budget) {
-  small_asan_quarantine();
+  fp4idx_test_small_asan_quarantine();
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--buffer-budget", "32M",
                                                               "--buffer-timeout", "600",
@@ -447,7 +437,7 @@ Test(daemon_budget, a_reply_larger_than_the_budget_is_refused_with_a_way_out) {
 
 Test(daemon_budget, a_thousand_unread_2_mib_replies_stay_within_the_budget) {
   raise_nofile(MANY_CONNS + 64);
-  small_asan_quarantine();
+  fp4idx_test_small_asan_quarantine();
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--buffer-budget", "32M",
                                                               "--buffer-timeout", "600",

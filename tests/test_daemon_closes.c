@@ -50,6 +50,7 @@ static void store_keys(uint64_t seq, uint64_t n) {
 }
 
 static void setup(void) {
+  fp4idx_test_small_asan_quarantine(); /* the RSS bound below measures the daemon */
   cr_assert_eq(fp4idx_test_daemon_start(&g_d, (const char *[]){"--buffer-budget", "16M",
                                                                 "--buffer-timeout", "600",
                                                                 "--cache-bytes", "64M",

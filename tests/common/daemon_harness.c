@@ -189,6 +189,13 @@ int fp4idx_test_daemon_stop(fp4idx_test_daemon_t *d) {
   return code;
 }
 
+void fp4idx_test_small_asan_quarantine(void) {
+  const char *o = getenv("ASAN_OPTIONS");
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s%squarantine_size_mb=4", o ? o : "", o && *o ? ":" : "");
+  setenv("ASAN_OPTIONS", buf, 1);
+}
+
 long fp4idx_test_proc_kib(pid_t pid, const char *field) {
   char path[64], line[256];
   long kib = -1;
