@@ -196,6 +196,11 @@ void fp4idx_test_small_asan_quarantine(void) {
   setenv("ASAN_OPTIONS", buf, 1);
 }
 
+int fp4idx_test_daemon_under_tsan(void) {
+  const char *s = getenv("FP4IDX_TEST_DAEMON_SANITIZER");
+  return s && !strcmp(s, "thread");
+}
+
 long fp4idx_test_proc_kib(pid_t pid, const char *field) {
   char path[64], line[256];
   long kib = -1;

@@ -80,6 +80,13 @@ long fp4idx_test_proc_kib(pid_t pid, const char *field);
  * ASAN_OPTIONS; no effect on other builds. */
 void fp4idx_test_small_asan_quarantine(void);
 
+/* 1 when the daemon under test is built with ThreadSanitizer (the tests
+ * themselves are not: tests/tsan_daemon.sh says so by setting
+ * FP4IDX_TEST_DAEMON_SANITIZER=thread), else 0. Its shadow and
+ * synchronization metadata grow with every address and lock the daemon
+ * touches, by tens of MiB, so an RSS bound does not measure the daemon. */
+int fp4idx_test_daemon_under_tsan(void);
+
 /* Prints the daemon log to stderr (for failing tests). */
 void fp4idx_test_daemon_dump_log(const fp4idx_test_daemon_t *d);
 
