@@ -74,9 +74,10 @@ static void fp4idx__batch_reply(fp4idx_req_t *req, fp4idx_worker_t *w) {
   req->call.score = NULL;
   req->call.reply = NULL;
   /* The body (and the decoded views into it) are not needed any more;
-   * body_len stays, for the budget's release in req_done. */
+   * body_held stays, for the budget's release in req_done. */
   fp4idx_request_clear(&req->dreq);
-  free(req->body);
+  free(req->body_mem);
+  req->body_mem = NULL;
   req->body = NULL;
   if (!req->resp) req->close_after = 1; /* could not even encode an error */
   /* The encoder's buffer grows by doubling: give back the slack, since the

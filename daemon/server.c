@@ -46,7 +46,7 @@ void fp4idx__server_req_free(fp4idx_req_t *req) {
   if (req->call.fd >= 0) close(req->call.fd);
   fp4idx_request_clear(&req->dreq);
   free(req->dmsg);
-  free(req->body);
+  free(req->body_mem);
   free(req->resp);
   free(req->payloads);
   if (req->out && req->out_free) req->out_free(req->out_free_arg, req->out);
@@ -105,7 +105,7 @@ static void fp4idx__server_conn_free(fp4idx_conn_t *c) {
 
 /* Drops request r (unlinked by the caller) with what it held. */
 static void fp4idx__server_req_drop(fp4idx_conn_t *c, fp4idx_req_t *r) {
-  int64_t in = r->done ? 0 : (int64_t)r->body_len;
+  int64_t in = r->done ? 0 : (int64_t)r->body_held;
   /* a reply cut off while written in parts (no part left in flight) gives
    * back what its last part's callback would have */
   int64_t out = r->done && (!r->write_started || r->streaming) ? (int64_t)r->wire_len : 0;
@@ -441,7 +441,7 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
   /* The body is gone (the worker freed it); the reply is held until it is
    * written out. */
   if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
-  fp4idx__budget_hold(c, -(int64_t)req->body_len, (int64_t)req->wire_len);
+  fp4idx__budget_hold(c, -(int64_t)req->body_held, (int64_t)req->wire_len);
   /* The reply is held now: its reservation goes (after the hold, so that an
    * admission meanwhile sees it counted at least once). */
   uint64_t reserved = req->reserved;
@@ -449,7 +449,7 @@ void fp4idx__server_req_done(fp4idx_req_t *req) {
   fp4idx__budget_unreserve(c, reserved);
   if (c->closed) {
     /* The connection is gone: unlink and drop the response. */
-    req->body_len = 0; /* already released above */
+    req->body_held = 0; /* already released above */
     fp4idx__server_req_orphan(c, req);
     return;
   }
@@ -530,7 +530,7 @@ static void fp4idx__server_pump(fp4idx_conn_t *c) {
       fp4idx__batch_on_loop(r);
       r->done = 1;
       if (!c->held_out) c->progress_us = fp4idx__stats_now_us();
-      fp4idx__budget_hold(c, -(int64_t)r->body_len, (int64_t)r->wire_len);
+      fp4idx__budget_hold(c, -(int64_t)r->body_held, (int64_t)r->wire_len);
       if (c->srv->stages) fp4idx__stages_add(c->srv->stages, FP4IDX_STAGE_WAKE, 0);
       fp4idx__server_flush(c);
       continue;
@@ -638,19 +638,12 @@ static void fp4idx__server_track_frame(fp4idx_conn_t *c) {
   c->fr_held = cap;
 }
 
-/* A whole frame is in the reader, ending at stream position `end`: hand its
- * body (and the fd that came with it) to a request and queue it. */
-static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
-  fp4idx_req_t *r = calloc(1, sizeof *r);
-  if (r) r->fd = r->call.fd = -1;
-  if (!r || fp4idx_frame_reader_take(&c->fr, &r->body, &r->body_len)) {
-    free(r);
-    fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
-    return;
-  }
+/* Request r has its body (the frame that ends at stream position `end`):
+ * give it the fd that came with it, decode it and queue it. */
+static void fp4idx__server_queue_frame(fp4idx_conn_t *c, fp4idx_req_t *r, uint64_t end) {
   fp4idx__server_take_fd(c, r, end);
   /* The frame's bytes move from the reader to the request. */
-  fp4idx__budget_hold(c, (int64_t)r->body_len - (int64_t)c->fr_held, 0);
+  fp4idx__budget_hold(c, (int64_t)r->body_held - (int64_t)c->fr_held, 0);
   c->fr_held = 0;
   fp4idx__budget_release_grant(c);
   r->job.work = fp4idx__batch_work;
@@ -680,6 +673,51 @@ static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
    * the lane choice sees whether more requests wait (pipelining). */
 }
 
+/* A whole frame is in the reader, ending at stream position `end`: its
+ * body goes to a new request. */
+static void fp4idx__server_take_frame(fp4idx_conn_t *c, uint64_t end) {
+  fp4idx_req_t *r = calloc(1, sizeof *r);
+  if (r) r->fd = r->call.fd = -1;
+  if (!r || fp4idx_frame_reader_take(&c->fr, &r->body, &r->body_len)) {
+    free(r);
+    fp4idx__server_bad_frame(c, FP4IDX_ENOMEM, "out of memory for a request");
+    return;
+  }
+  r->body_mem = r->body;
+  r->body_held = r->body_len;
+  fp4idx__server_queue_frame(c, r, end);
+}
+
+/* The unparsed bytes of the scratch buffer are one whole frame of at least
+ * FP4IDX_SERVER_ADOPT_MIN body bytes (frame_reader_whole): the request
+ * takes the buffer, shrunk to the frame's end, as its body, and the
+ * connection reads into a fresh one. Returns 0 (nothing taken: feed the
+ * bytes) when they are not such a frame or memory is short. */
+static int fp4idx__server_adopt_frame(fp4idx_conn_t *c) {
+  int64_t n = fp4idx_frame_reader_whole(&c->fr, c->scratch + c->in_off, c->in_len);
+  if (n < FP4IDX_SERVER_ADOPT_MIN) return 0;
+  uint8_t *fresh = malloc(FP4IDX_SERVER_SCRATCH);
+  fp4idx_req_t *r = fresh ? calloc(1, sizeof *r) : NULL;
+  if (!r) {
+    free(fresh);
+    return 0;
+  }
+  r->fd = r->call.fd = -1;
+  const size_t at = c->in_off + FP4IDX_FRAME_HEADER, held = at + (size_t)n;
+  const uint64_t end = c->scratch_pos + c->in_off + c->in_len;
+  uint8_t *mem = realloc(c->scratch, held); /* shrinking: in place */
+  r->body_held = mem ? held : FP4IDX_SERVER_SCRATCH;
+  if (!mem) mem = c->scratch;
+  r->body_mem = mem;
+  r->body = mem + at;
+  r->body_len = (size_t)n;
+  c->scratch = fresh;
+  c->scratch_pos = end;
+  c->in_off = c->in_len = 0;
+  fp4idx__server_queue_frame(c, r, end);
+  return 1;
+}
+
 /* The reader refused a frame header (E2BIG / ENOMEM): reply and close. */
 static void fp4idx__server_frame_error(fp4idx_conn_t *c, int rc) {
   char msg[160];
@@ -702,6 +740,7 @@ static void fp4idx__server_parse(fp4idx_conn_t *c) {
       c->in_frame = 1;
       c->t_frame_us = fp4idx__stats_now_us();
     }
+    if (fp4idx__server_adopt_frame(c)) break;
     int rc = fp4idx_frame_reader_feed(&c->fr, c->scratch + c->in_off, c->in_len, &used);
     c->in_off += used;
     c->in_len -= used;

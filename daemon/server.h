@@ -62,6 +62,12 @@
 #define FP4IDX_SERVER_MAX_INFLIGHT 1
 #define FP4IDX_SERVER_MAX_OUT_BYTES ((size_t)64 << 20)
 #define FP4IDX_SERVER_SCRATCH 65536
+/* A whole frame of at least this many body bytes that ends a read into the
+ * scratch buffer becomes its request's body in place: the request takes the
+ * buffer (shrunk to the frame's end) and the connection a fresh one, so the
+ * frame is not copied (a 64-key score's 33 kB frame, say). Smaller frames
+ * are copied: cheaper than a new buffer. */
+#define FP4IDX_SERVER_ADOPT_MIN 16384
 /* What one request costs beside its body and its reply: its own struct and
  * the allocator's header. Counted against the buffer budget while it lives,
  * so that many small pipelined requests cannot hold more than the budget
@@ -116,8 +122,10 @@ typedef struct fp4idx_ioloop_s {
 typedef struct fp4idx_req_s {
   fp4idx_job_t job;         /* job.data = this request */
   fp4idx_conn_t *conn;
-  uint8_t *body;            /* the frame body (msgpack map), owned */
+  uint8_t *body;            /* the frame body (msgpack map), in body_mem */
   size_t body_len;
+  void *body_mem;           /* the allocation body points into, owned (free()) */
+  size_t body_held;         /* its bytes, as the budget counts them */
   int fd;                   /* fd that came with the frame (SCM_RIGHTS), or -1 */
   fp4idx_request_t dreq;    /* the body decoded, once, on the loop (views into body) */
   fp4idx_cmd_call_t call;   /* what the command layer works on: call.req = &dreq */

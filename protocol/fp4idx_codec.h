@@ -278,6 +278,16 @@ int fp4idx_frame_reader_space(fp4idx_frame_reader_t *r, void **buf,
  * more is needed, FP4IDX_EINVAL if n exceeds that space. */
 int fp4idx_frame_reader_commit(fp4idx_frame_reader_t *r, size_t n);
 
+/* Whether data[0..len) is exactly one whole frame (header and body) that
+ * the reader, between frames, accepts as it is: returns its body length N
+ * (the body is at data + FP4IDX_FRAME_HEADER), or -1 when the reader is
+ * inside a frame, the bytes are not one whole frame (fewer, or more: the
+ * next frame's begin), or N is over max_frame. Consumes nothing and
+ * changes nothing: a caller that keeps the bytes as the body (no copy)
+ * skips feed for them; on -1 it feeds them as usual (feed reports the
+ * errors). */
+int64_t fp4idx_frame_reader_whole(const fp4idx_frame_reader_t *r, const void *data, size_t len);
+
 /* Sets *cap to the bytes currently allocated for the body in progress (0
  * between frames). For tests and memory accounting. Returns 0 or
  * FP4IDX_EINVAL (an argument NULL). */

@@ -124,6 +124,16 @@ int fp4idx_frame_reader_commit(fp4idx_frame_reader_t *r, size_t n) {
   return reader_complete(r) ? 1 : 0;
 }
 
+int64_t fp4idx_frame_reader_whole(const fp4idx_frame_reader_t *r, const void *data,
+                                  size_t len) {
+  if (r == NULL || data == NULL || r->error || r->hdr_have || r->body != NULL ||
+      len < FP4IDX_FRAME_HEADER)
+    return -1;
+  uint32_t n = fp4idx_frame_header_get(data);
+  if (n > r->max_frame || len - FP4IDX_FRAME_HEADER != n) return -1;
+  return (int64_t)n;
+}
+
 int fp4idx_frame_reader_capacity(const fp4idx_frame_reader_t *r,
                                  size_t *cap) {
   if (r == NULL || cap == NULL) return FP4IDX_EINVAL;

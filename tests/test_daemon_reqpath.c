@@ -890,3 +890,96 @@ Test(reqpath, sigterm_drains_every_io_loop) {
   cr_assert_eq(fp4idx_test_daemon_wait(&d, 10000), 0, "the daemon did not drain and exit 0");
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }
+
+/* Big frames (4 rows x 32 heads: a 33 kB body, which a read of the scratch
+ * buffer holds whole and the daemon takes as the body in place) give the
+ * same replies whether each comes alone, cut in two writes, four in one
+ * write, or followed in the same write by a small request; the budget's
+ * count is back where it was idle after each way. */
+static void recv_same(int fd, unsigned char *const *want, const size_t *want_len, int n,
+                      const char *way) {
+  for (int i = 0; i < n; i++) {
+    unsigned char *body;
+    size_t len;
+    cr_assert_eq(fp4idx_test_recv_frame(fd, &body, &len), 0, "%s: reply %d", way, i);
+    cr_assert_eq(len, want_len[i], "%s: reply %d is %zu bytes, alone %zu", way, i, len,
+                 want_len[i]);
+    cr_assert_eq(memcmp(body, want[i], len), 0, "%s: reply %d differs from alone", way, i);
+    free(body);
+  }
+}
+
+/* The budget's count of held bytes (the stats request's own included). */
+static uint64_t buffered(int fd) {
+  uint64_t held = 0, peak = 0, budget = 0;
+  cr_assert_eq(fp4idx_test_buffered(fd, &held, &peak, &budget), 0);
+  return held;
+}
+
+static void buffered_is_back(int fd, uint64_t idle, const char *way) {
+  uint64_t held = buffered(fd);
+  cr_assert_eq(held, idle, "%s: %llu bytes counted as held, %llu idle", way,
+               (unsigned long long)held, (unsigned long long)idle);
+}
+
+Test(reqpath, big_frames_give_the_same_bytes_however_they_arrive) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
+  enum { NF = 4 };
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
+  load_seqs(fd);
+  const uint64_t idle = buffered(fd);
+  frame_t f[NF];
+  unsigned char *want[NF + 1];
+  size_t want_len[NF + 1];
+  int32_t lens[4] = {KEYS, KEYS / 2, 7, 0};
+  for (int i = 0; i < NF; i++) {
+    f[i] = score_frame((uint64_t)(i + 1), 1 + (uint64_t)i, 32, i % 2 ? 16 : 0, 4,
+                       i == 2 ? lens : NULL, 40 + (uint64_t)i);
+    cr_assert_gt(f[i].len, 16384 + 4u, "frame %d is %zu bytes: not a big one", i, f[i].len);
+    cr_assert_lt(f[i].len, 65536u, "frame %d is %zu bytes: over one read", i, f[i].len);
+    cr_assert_eq(fp4idx_test_send_all(fd, f[i].data, f[i].len), 0);
+    cr_assert_eq(fp4idx_test_recv_frame(fd, &want[i], &want_len[i]), 0);
+  }
+  fp4idx_request_t info;
+  memset(&info, 0, sizeof info);
+  info.id = 77;
+  info.op = FP4IDX_OP_INFO;
+  frame_t small = frame_of(&info);
+  cr_assert_eq(fp4idx_test_send_all(fd, small.data, small.len), 0);
+  cr_assert_eq(fp4idx_test_recv_frame(fd, &want[NF], &want_len[NF]), 0);
+  buffered_is_back(fd, idle, "alone");
+  /* cut in two writes: header and 1000 bytes, then the rest */
+  for (int i = 0; i < NF; i++) {
+    cr_assert_eq(fp4idx_test_send_all(fd, f[i].data, 1004), 0);
+    cr_assert_eq(fp4idx_test_send_all(fd, f[i].data + 1004, f[i].len - 1004), 0);
+    recv_same(fd, &want[i], &want_len[i], 1, "cut in two");
+  }
+  buffered_is_back(fd, idle, "cut in two");
+  /* four in one write */
+  size_t all_len = 0;
+  for (int i = 0; i < NF; i++) all_len += f[i].len;
+  char *all = malloc(all_len + small.len);
+  cr_assert_not_null(all);
+  size_t at = 0;
+  for (int i = 0; i < NF; i++) memcpy(all + at, f[i].data, f[i].len), at += f[i].len;
+  cr_assert_eq(fp4idx_test_send_all(fd, all, all_len), 0);
+  recv_same(fd, want, want_len, NF, "four in one write");
+  buffered_is_back(fd, idle, "four in one write");
+  /* each followed by the small request in the same write */
+  for (int i = 0; i < NF; i++) {
+    memcpy(all, f[i].data, f[i].len);
+    memcpy(all + f[i].len, small.data, small.len);
+    cr_assert_eq(fp4idx_test_send_all(fd, all, f[i].len + small.len), 0);
+    recv_same(fd, &want[i], &want_len[i], 1, "followed by a small one");
+    recv_same(fd, &want[NF], &want_len[NF], 1, "the small one after a big one");
+  }
+  buffered_is_back(fd, idle, "followed by a small one");
+  free(all);
+  for (int i = 0; i <= NF; i++) free(want[i]);
+  for (int i = 0; i < NF; i++) free(f[i].data);
+  free(small.data);
+  close(fd);
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}

@@ -271,3 +271,40 @@ Test(frame, feed_small_pieces_bounded_buffer) {
   free(s);
   fp4idx_frame_reader_free(&r);
 }
+
+/* frame_reader_whole: exactly one whole frame the reader accepts as it is,
+ * and only between frames; it changes nothing. */
+Test(frame, whole_names_exactly_one_whole_frame_between_frames) {
+  unsigned char s[400];
+  size_t n = make_stream(s); /* frames of 5, 0 and 300 bytes */
+  fp4idx_frame_reader_t r;
+  cr_assert_eq(fp4idx_frame_reader_init(&r, 1000), 0);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s, 9), 5);       /* the first frame */
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s + 9, 4), 0);   /* the empty one */
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s + 13, 304), 300);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s, 8), -1);      /* short of its end */
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s, 10), -1);     /* the next frame begins */
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s, n), -1);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s, 3), -1);      /* no whole header */
+  cr_assert_eq(fp4idx_frame_reader_whole(NULL, s, 9), -1);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, NULL, 9), -1);
+  /* over max_frame: left to feed, which says E2BIG */
+  fp4idx_frame_reader_t small;
+  cr_assert_eq(fp4idx_frame_reader_init(&small, 299), 0);
+  cr_assert_eq(fp4idx_frame_reader_whole(&small, s + 13, 304), -1);
+  size_t used;
+  cr_assert_eq(fp4idx_frame_reader_feed(&small, s + 13, 304, &used), FP4IDX_E2BIG);
+  /* inside a frame: the reader's bytes come first */
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s, 2, &used), 0);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s + 9, 4), -1);
+  cr_assert_eq(fp4idx_frame_reader_feed(&r, s + 2, 7, &used), 1);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s + 9, 4), -1); /* a frame not taken */
+  unsigned char *body;
+  size_t blen;
+  cr_assert_eq(fp4idx_frame_reader_take(&r, &body, &blen), 0);
+  cr_assert_eq(blen, 5u);
+  free(body);
+  cr_assert_eq(fp4idx_frame_reader_whole(&r, s + 9, 4), 0); /* between frames again */
+  fp4idx_frame_reader_free(&r);
+  fp4idx_frame_reader_free(&small);
+}
