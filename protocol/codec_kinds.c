@@ -59,8 +59,12 @@ int fp4idx__pack_refused(int rc) { return rc == FP4IDX_E2BIG ? FP4IDX_E2BIG : FP
 
 int fp4idx__packed(int rc) { return rc != 0 ? FP4IDX_ENOMEM : 0; }
 
+/* v is a char[cap] that holds at most cap - 1 bytes and its NUL, as the
+ * decoder (fp4idx__get_strcpy) gives it back: an unterminated buffer packs
+ * its first cap - 1 bytes. */
 int fp4idx__pack_kv_fixstr(msgpack_packer *pk, const char *k, const char *v, size_t cap) {
-  return fp4idx__pack_cstr(pk, k) | fp4idx__pack_strn(pk, v, fp4idx__bounded_len(v, cap));
+  return fp4idx__pack_cstr(pk, k) |
+         fp4idx__pack_strn(pk, v, cap ? fp4idx__bounded_len(v, cap - 1) : 0);
 }
 
 /* Arrays (and maps) of entries in responses: codec_internal.h. */

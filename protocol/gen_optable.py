@@ -514,6 +514,18 @@ def plain_request(op):
     return True
 
 
+# Response kinds whose decoder takes every value their packer writes: a
+# number, a bool, or a string the packer bounds to the decoder's cap.
+SCALAR_RESP_KINDS = {"uint", "u32", "bool", "num", "fixstr"}
+
+
+def scalar_response(op):
+    """True when every field of op's response is of SCALAR_RESP_KINDS: what
+    its packer writes decodes by construction (fp4idx_encode_response skips
+    decoding it again)."""
+    return all(f["kind"] in SCALAR_RESP_KINDS for f in op["response"])
+
+
 def gen_codec():
     L = ["/* codec_gen.c -- each op's fields on the wire <-> its C struct, " + BANNER + ".",
          " * Requests decode strictly and in the order of the op's fields (which fixes",
@@ -531,6 +543,12 @@ def gen_codec():
     L.append("  switch (op) {")
     for op in OPS:
         if plain_request(op):
+            L.append("    case FP4IDX_OP_%s: return true;" % op["name"].upper())
+    L += ["    default: return false;", "  }", "}", ""]
+    L.append("bool fp4idx__resp_scalar(fp4idx_op_t op) {")
+    L.append("  switch (op) {")
+    for op in OPS:
+        if scalar_response(op):
             L.append("    case FP4IDX_OP_%s: return true;" % op["name"].upper())
     L += ["    default: return false;", "  }", "}"]
     return "\n".join(L) + "\n"
@@ -571,7 +589,11 @@ def gen_internal():
             L.append("int fp4idx__%s_%s_more_pack(msgpack_packer *pk, const %s *s);" % (n, d, t))
     L += ["", "/* True when a zeroed request struct of op is a valid request (all its fields",
           " * scalars that take 0): the codec tests build those generically. */",
-          "bool fp4idx__op_plain(fp4idx_op_t op);", "", "#endif /* FP4IDX_CODEC_GEN_H */"]
+          "bool fp4idx__op_plain(fp4idx_op_t op);", "",
+          "/* True when every field of op's response is a number, a bool or a string its",
+          " * packer bounds to the decoder's cap: what the packer writes decodes by",
+          " * construction, so fp4idx_encode_response does not decode it again. */",
+          "bool fp4idx__resp_scalar(fp4idx_op_t op);", "", "#endif /* FP4IDX_CODEC_GEN_H */"]
     return "\n".join(L) + "\n"
 
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec_internal.h" /* fp4idx__op_plain */
+#include "codec_internal.h" /* fp4idx__op_plain, fp4idx__resp_scalar */
 #include "fp4idx_codec.h"
 #include "test_protocol_util.h"
 
@@ -1026,6 +1026,43 @@ Test(codec, every_op_encodes_what_decodes) {
     msgpack_sbuffer_destroy(&a);
     msgpack_sbuffer_destroy(&b);
   }
+}
+
+/* fp4idx_encode_response does not decode again the responses that are all
+ * scalars (fp4idx__resp_scalar): each of them, its every byte 0x01 (numbers
+ * nonzero, bools true, fixed strings filled to their buffer's end with no
+ * NUL), decodes, and encodes again to the same bytes; "hello", "info" and
+ * "append" are among them, "score", "read", "stats" and "list" are not. */
+Test(codec, scalar_responses_decode_as_packed) {
+  cr_assert(fp4idx__resp_scalar(FP4IDX_OP_HELLO) && fp4idx__resp_scalar(FP4IDX_OP_INFO) &&
+            fp4idx__resp_scalar(FP4IDX_OP_APPEND));
+  cr_assert(!fp4idx__resp_scalar(FP4IDX_OP_SCORE) && !fp4idx__resp_scalar(FP4IDX_OP_READ) &&
+            !fp4idx__resp_scalar(FP4IDX_OP_STATS) && !fp4idx__resp_scalar(FP4IDX_OP_LIST));
+  int n = 0;
+  for (int op = FP4IDX_OP_NONE + 1; op < FP4IDX_OP__COUNT; op++) {
+    if (!fp4idx__resp_scalar((fp4idx_op_t)op)) continue;
+    n++;
+    fp4idx_response_t in, out;
+    memset(&in, 0, sizeof in);
+    memset(&in.u, 0x01, sizeof in.u);
+    in.id = 5;
+    in.op = (fp4idx_op_t)op;
+    msgpack_sbuffer a, b;
+    msgpack_sbuffer_init(&a);
+    msgpack_sbuffer_init(&b);
+    cr_assert_eq(fp4idx_encode_response(&a, &in), 0, "%s", fp4idx_op_name((fp4idx_op_t)op));
+    char msg[256] = "";
+    cr_assert_eq(fp4idx_decode_response(a.data + 4, a.size - 4, (fp4idx_op_t)op, &out, msg,
+                                        sizeof msg),
+                 0, "%s: %s", fp4idx_op_name((fp4idx_op_t)op), msg);
+    cr_assert_eq(fp4idx_encode_response(&b, &out), 0);
+    cr_assert(a.size == b.size && memcmp(a.data, b.data, a.size) == 0,
+              "%s: decoded and encoded again, the bytes differ", fp4idx_op_name((fp4idx_op_t)op));
+    fp4idx_response_clear(&out);
+    msgpack_sbuffer_destroy(&a);
+    msgpack_sbuffer_destroy(&b);
+  }
+  cr_assert_geq(n, 3);
 }
 
 Test(codec, fork_request_and_response) {
