@@ -33,6 +33,7 @@ typedef struct fp4idx__cmd_s {
   fp4idx_regions_t *regions;     /* the connection's regions (NULL: none) */
   int fd;                        /* fd that came with the request, or -1 */
   fp4idx_score_job_t *plan;      /* score: where its checked job goes (NULL: replay) */
+  int inputs_finite;             /* fp4idx_cmd_call_t's */
   void *scratch;                 /* what resp points into; freed by cleanup */
   void (*cleanup)(void *scratch); /* after the response is encoded */
 } fp4idx__cmd_t;
@@ -159,7 +160,8 @@ out:
 static int fp4idx__cmd_score(fp4idx__cmd_t *c) {
   if (!c->plan)
     return fp4idx__fail(c->msg, FP4IDX_CMD_MSG, FP4IDX_EINVAL, "score is not a logged op");
-  *c->plan = (fp4idx_score_job_t){.req = c->req, .regions = c->regions, .msg = c->msg,
+  *c->plan = (fp4idx_score_job_t){.req = c->req, .regions = c->regions,
+                                  .inputs_finite = c->inputs_finite, .msg = c->msg,
                                   .msgcap = FP4IDX_CMD_MSG};
   return fp4idx__score_check(c->d, c->plan);
 }
@@ -614,7 +616,8 @@ int fp4idx__cmd_exec(fp4idx_daemon_t *d, fp4idx_cmd_call_t *call) {
   memset(&resp, 0, sizeof resp);
   memset(call->score, 0, sizeof *call->score);
   fp4idx__cmd_t c = {.d = d, .req = call->req, .resp = &resp, .msg = call->msg,
-                     .regions = call->regions, .fd = call->fd, .plan = call->score};
+                     .regions = call->regions, .fd = call->fd, .plan = call->score,
+                     .inputs_finite = call->inputs_finite};
   if (call->rc == FP4IDX_OK) {
     call->rc = fp4idx__cmd_call(&c);
     if (call->rc == FP4IDX_OK && call->req->op == FP4IDX_OP_SCORE) return 1; /* a plan */

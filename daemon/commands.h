@@ -79,6 +79,9 @@ typedef struct fp4idx_cmd_call_s {
    * call, channel.h): its status is call->rc with call->msg, reply stays
    * empty, and stats count no wire bytes for it */
   int no_frame;
+  /* 1: the loop found every q and w in the frame finite
+   * (fp4idx__score_inputs_finite): the worker's check skips them */
+  int inputs_finite;
 } fp4idx_cmd_call_t;
 
 /* Runs call's handler (worker thread; the loop for a loop op). Returns 0

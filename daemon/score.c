@@ -62,6 +62,17 @@ void fp4idx__score_job_clear(fp4idx_score_job_t *j) {
 
 /* Checks one request against the cache and its regions and points its
  * backend sequences at its inputs. rc 0 or the request's error. */
+int fp4idx__score_inputs_finite(const fp4idx_request_t *req) {
+  if (req->op != FP4IDX_OP_SCORE) return 0;
+  for (size_t i = 0; i < req->u.score.nseqs; i++) {
+    fp4idx_score_seq_t s = req->u.score.seqs[i];
+    if (s.q.region) s.q.nbytes = 0; /* a region's: the worker snapshots and scans it */
+    if (s.w.region) s.w.nbytes = 0;
+    if (fp4idx_score_seq_finite(&s, NULL, 0)) return 0;
+  }
+  return 1;
+}
+
 int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   const fp4idx_score_req_t *sr = &j->req->u.score;
   size_t n = sr->nseqs;
@@ -113,7 +124,11 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
     view.lens.data = in[2];
     view.mask.data = in[3];
     uint64_t width = 0;
-    rc = fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
+    /* q and w from the frame are scanned on the loop (inputs_finite) */
+    rc = j->inputs_finite && !s->q.region && !s->w.region
+             ? fp4idx_score_seq_check_shape(&view, (uint64_t)cs->n_keys, &width, detail,
+                                            sizeof detail)
+             : fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
     if (rc == FP4IDX_OK) rc = fp4idx_score_out_check(s, width, sr->topk, detail, sizeof detail);
     if (rc)
       return fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",

@@ -40,6 +40,7 @@ typedef struct fp4idx_score_job_s {
   /* in */
   const fp4idx_request_t *req;   /* a decoded "score" */
   const fp4idx_regions_t *regions; /* the connection's (references), or NULL */
+  int inputs_finite;             /* fp4idx__score_inputs_finite said 1 for req */
   char *msg;                     /* error detail, msgcap bytes */
   size_t msgcap;
   /* out: rc 0 and results[nresults] (views into out), or rc < 0 and msg */
@@ -60,10 +61,18 @@ typedef struct fp4idx_score_job_s {
   int alone;                     /* writes into regions: launched by itself */
 } fp4idx_score_job_t;
 
-/* Checks j (req, regions, msg and msgcap set, the rest zero) against the
- * cache and its regions and points its backend sequences at its inputs.
- * Returns and sets j->rc: FP4IDX_OK, or the request's error with j->msg. */
+/* Checks j (req, regions, msg and msgcap set, inputs_finite, the rest
+ * zero) against the cache and its regions and points its backend sequences
+ * at its inputs. Returns and sets j->rc: FP4IDX_OK, or the request's error
+ * with j->msg. */
 int fp4idx__score_check(struct fp4idx_daemon_s *d, fp4idx_score_job_t *j);
+
+/* 1 when every q and w that decoded "score" request req carries in its
+ * frame (not in a region) is finite, else 0. Reads only the frame, so the
+ * I/O loop runs it after the decode: the worker's fp4idx__score_check
+ * then scans only what comes from regions. A 0 changes nothing: the check
+ * finds the same error at the same place as without it. */
+int fp4idx__score_inputs_finite(const fp4idx_request_t *req);
 
 /* The bytes a checked job's results take in a launch's output buffer. */
 uint64_t fp4idx__score_out_bytes(const fp4idx_score_job_t *j);

@@ -661,6 +661,8 @@ static void fp4idx__server_queue_frame(fp4idx_conn_t *c, fp4idx_req_t *r, uint64
   char msg[FP4IDX_CMD_MSG] = "";
   call->rc = fp4idx_decode_request(r->body, r->body_len, &r->dreq, msg, sizeof msg);
   if (call->rc && msg[0]) r->dmsg = strdup(msg); /* without it the reply says the status */
+  /* q and w scanned here, off the worker, which every loop feeds */
+  if (call->rc == FP4IDX_OK) call->inputs_finite = fp4idx__score_inputs_finite(&r->dreq);
   call->req = &r->dreq;
   call->len = r->body_len;
   call->regions = c->regions;

@@ -139,10 +139,8 @@ static size_t fp4idx__first_nonfinite_bf16(const void *data, size_t n) {
   return n;
 }
 
-int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
-                           uint64_t *width, char *msg, size_t cap) {
-  uint64_t w = nkeys;
-  if (s == NULL || width == NULL) return FP4IDX_EINVAL;
+int fp4idx_score_seq_finite(const fp4idx_score_seq_t *s, char *msg, size_t cap) {
+  if (s == NULL) return FP4IDX_EINVAL;
   /* A NaN or inf in q or w would make logits NaN, which no order of top-k
    * can rank (PROTOCOL.md, score). */
   size_t nq = (size_t)s->q.nbytes / 2, nw = (size_t)s->w.nbytes / 2;
@@ -163,6 +161,13 @@ int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                         (unsigned long long)s->seq, bad / heads, bad % heads,
                         (fp4idx_load_bf16(s->w.data, bad) & 0x7fu) ? "NaN" : "inf");
   }
+  return 0;
+}
+
+int fp4idx_score_seq_check_shape(const fp4idx_score_seq_t *s, uint64_t nkeys, uint64_t *width,
+                                 char *msg, size_t cap) {
+  uint64_t w = nkeys;
+  if (s == NULL || width == NULL) return FP4IDX_EINVAL;
   if (fp4idx_tensor_present(&s->lens)) {
     w = 0;
     for (uint32_t r = 0; r < s->rows; r++) {
@@ -186,6 +191,13 @@ int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                                                         : "keys of the seq");
   *width = w;
   return 0;
+}
+
+int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
+                           uint64_t *width, char *msg, size_t cap) {
+  if (s == NULL || width == NULL) return FP4IDX_EINVAL;
+  int rc = fp4idx_score_seq_finite(s, msg, cap);
+  return rc ? rc : fp4idx_score_seq_check_shape(s, nkeys, width, msg, cap);
 }
 
 /* One "out" reference against the result it receives: dtype, then shape. */

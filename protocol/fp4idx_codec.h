@@ -419,6 +419,17 @@ void fp4idx_request_clear(fp4idx_request_t *req);
 int fp4idx_score_seq_check(const fp4idx_score_seq_t *s, uint64_t nkeys,
                            uint64_t *width, char *msg, size_t msgcap);
 
+/* The two halves of fp4idx_score_seq_check, which runs them in this order:
+ * fp4idx_score_seq_finite checks every value of q and w finite (0 or
+ * FP4IDX_ENONFINITE naming the first; EINVAL for s NULL);
+ * fp4idx_score_seq_check_shape checks lens and the mask against nkeys and
+ * sets *width (0, ERANGE, ESHAPE or EINVAL). The daemon scans q and w that
+ * came in the frame on its I/O loop and, when they are finite, checks the
+ * rest on its worker with the second alone. */
+int fp4idx_score_seq_finite(const fp4idx_score_seq_t *s, char *msg, size_t msgcap);
+int fp4idx_score_seq_check_shape(const fp4idx_score_seq_t *s, uint64_t nkeys, uint64_t *width,
+                                 char *msg, size_t msgcap);
+
 /* Checks the "out" references of a decoded score entry against its result
  * (daemon side, once W is known from fp4idx_score_seq_check): without topk
  * out_logits must be f32 [R,W]; with topk out_positions i32 [R,k],

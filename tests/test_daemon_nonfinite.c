@@ -147,3 +147,57 @@ Test(daemon_nonfinite, packed_keys_need_scale_bytes_1_to_254) {
   cr_assert_eq(fp4idx_test_read(g_fd, 9, 0, N, back, &got), 0);
   cr_assert_eq(memcmp(back, keys, sizeof keys), 0, "stored as sent");
 }
+
+/* The order of a score's checks does not depend on where q and w are
+ * scanned (the daemon scans those of the frame on its I/O loop): an unknown
+ * sequence is told before a NaN; a NaN before a length out of range in the
+ * same entry; an entry's length out of range before a NaN in a later
+ * entry. */
+static int score_two(uint64_t seq0, const int32_t *lens0, const uint16_t *q0, const uint16_t *q1,
+                     const uint16_t *w, char *msg, size_t cap) {
+  fp4idx_request_t req;
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  fp4idx_score_seq_t s[2];
+  memset(&req, 0, sizeof req);
+  memset(s, 0, sizeof s);
+  req.id = 78;
+  req.op = FP4IDX_OP_SCORE;
+  req.u.score.heads = H;
+  req.u.score.seqs = s;
+  req.u.score.nseqs = 2;
+  uint64_t qs[3] = {R, H, 128}, ws[2] = {R, H}, ls[1] = {R};
+  const uint16_t *qv[2] = {q0, q1};
+  for (int i = 0; i < 2; i++) {
+    s[i].seq = i ? 1 : seq0;
+    s[i].rows = R;
+    cr_assert_eq(fp4idx_tensor_init(&s[i].q, FP4IDX_WIRE_BF16, 3, qs, qv[i]), 0);
+    cr_assert_eq(fp4idx_tensor_init(&s[i].w, FP4IDX_WIRE_BF16, 2, ws, w), 0);
+  }
+  if (lens0) cr_assert_eq(fp4idx_tensor_init(&s[0].lens, FP4IDX_WIRE_I32, 1, ls, lens0), 0);
+  cr_assert_eq(fp4idx_test_call(g_fd, &req, &resp, &body), 0);
+  int rc = resp.status;
+  snprintf(msg, cap, "%s", rc ? resp.error : "");
+  fp4idx_response_clear(&resp);
+  free(body);
+  return rc;
+}
+
+Test(daemon_nonfinite, the_checks_keep_their_order) {
+  unsigned char keys[N * 68];
+  packed_keys(keys, N);
+  cr_assert_eq(fp4idx_test_append(g_fd, 1, FP4IDX_WIRE_U8, N, keys, NULL, NULL), 0);
+  static uint16_t q[R * H * 128], nan_q[R * H * 128], w[R * H];
+  char msg[256];
+  query(q, w);
+  query(nan_q, w);
+  nan_q[7] = 0x7fc0;
+  const int32_t long_lens[R] = {N + 1, 1}, ok_lens[R] = {N, 1};
+  cr_assert_eq(score_two(1, ok_lens, q, q, w, msg, sizeof msg), 0, "%s", msg);
+  cr_assert_eq(score_two(99, NULL, nan_q, q, w, msg, sizeof msg), FP4IDX_ENOSEQ, "%s", msg);
+  cr_assert_eq(score_two(1, long_lens, nan_q, q, w, msg, sizeof msg), FP4IDX_ENONFINITE, "%s",
+               msg);
+  cr_assert_eq(score_two(1, long_lens, q, nan_q, w, msg, sizeof msg), FP4IDX_ERANGE, "%s", msg);
+  cr_assert_eq(score_two(1, ok_lens, q, nan_q, w, msg, sizeof msg), FP4IDX_ENONFINITE, "%s", msg);
+  cr_assert_not_null(strstr(msg, "seqs[1]"), "the NaN of the second entry: \"%s\"", msg);
+}

@@ -893,6 +893,21 @@ Test(codec, score_seq_check) {
   fp4idx_tensor_init(&s.mask, FP4IDX_WIRE_U8, 2, (uint64_t[]){3, 8}, mask);
   cr_assert_eq(fp4idx_score_seq_check(&s, 100, &width, msg, 256), FP4IDX_ESHAPE);
   cr_assert_eq(fp4idx_score_seq_check(NULL, 1, &width, NULL, 0), FP4IDX_EINVAL);
+  /* its halves: the finite scan alone, the rest alone */
+  fp4idx_tensor_init(&s.mask, FP4IDX_WIRE_U8, 2, (uint64_t[]){3, 9}, mask);
+  q[200] = 0x7fc0; /* NaN */
+  lens[2] = 13;    /* over 12 keys */
+  cr_assert_eq(fp4idx_score_seq_check(&s, 12, &width, msg, 256), FP4IDX_ENONFINITE);
+  cr_assert_eq(fp4idx_score_seq_finite(&s, msg, 256), FP4IDX_ENONFINITE);
+  cr_assert(strstr(msg, "q[1,0,72] is NaN") != NULL, "%s", msg);
+  cr_assert_eq(fp4idx_score_seq_check_shape(&s, 12, &width, msg, 256), FP4IDX_ERANGE);
+  lens[2] = 9;
+  cr_assert_eq(fp4idx_score_seq_check_shape(&s, 12, &width, msg, 256), 0, "q is not scanned");
+  cr_assert_eq(width, 9u);
+  q[200] = 0;
+  cr_assert_eq(fp4idx_score_seq_finite(&s, msg, 256), 0);
+  cr_assert_eq(fp4idx_score_seq_finite(NULL, msg, 256), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_score_seq_check_shape(NULL, 1, &width, NULL, 0), FP4IDX_EINVAL);
 }
 
 Test(codec, names_and_tensor_init) {
