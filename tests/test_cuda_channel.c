@@ -273,16 +273,44 @@ static uint32_t case_enqueue(setting_t *s, fp4idx_client_channel_t *ch, const ca
   return t;
 }
 
+/* Where got and want (n bytes of case k's outputs) first differ, in words:
+ * the offset, the output it falls in, the two 32-bit words there, how many
+ * bytes differ and how many of got's hold `fill` (never written). */
+static void describe_diff(const case_t *k, const uint8_t *got, const uint8_t *want, size_t n,
+                          int fill, char *out, size_t cap) {
+  size_t first = n, differ = 0, filled = 0;
+  for (size_t b = 0; b < n; b++) {
+    if (got[b] != want[b]) {
+      differ++;
+      if (first == n) first = b;
+    }
+    if (fill >= 0 && got[b] == (uint8_t)fill) filled++;
+  }
+  size_t rk = (size_t)k->rows * k->k * 4, w = first & ~(size_t)3;
+  const char *part = !k->k ? "logits" : first < rk ? "positions" : first < 2 * rk ? "values" : "counts";
+  uint32_t g = 0, x = 0;
+  memcpy(&g, got + w, w + 4 <= n ? 4 : n - w);
+  memcpy(&x, want + w, w + 4 <= n ? 4 : n - w);
+  snprintf(out, cap,
+           "first at byte %zu of %zu (%s), word there 0x%08x, the socket's 0x%08x; %zu bytes "
+           "differ, %zu hold the fill 0x%02x",
+           first, n, part, g, x, differ, filled, fill & 0xff);
+}
+
+/* fill: the byte the slot held before the call (-1: unknown). */
 static void expect_slot(setting_t *s, const case_t *k, int slot, const uint8_t *want,
-                        const char *what, int i) {
+                        const char *what, int i, int fill) {
   size_t n = case_bytes(k);
   uint8_t *got = malloc(n);
   cr_assert_not_null(got);
   CK(cudaMemcpy(got, (uint8_t *)s->dout + (size_t)slot * OUT_SLOT, n, cudaMemcpyDeviceToHost));
-  cr_assert_eq(memcmp(got, want, n), 0,
-               "%s, case %d (%u keys, rows %u, heads %u, k %u, lens %d): the channel's bytes "
-               "differ from the socket's",
-               what, i, seq_keys[k->seq], k->rows, k->heads, k->k, k->use_lens);
+  if (memcmp(got, want, n) != 0) {
+    char why[256];
+    describe_diff(k, got, want, n, fill, why, sizeof why);
+    cr_assert_fail("%s, case %d (%u keys, rows %u, heads %u, k %u, lens %d, slot %d): the "
+                   "channel's bytes differ from the socket's: %s",
+                   what, i, seq_keys[k->seq], k->rows, k->heads, k->k, k->use_lens, slot, why);
+  }
   free(got);
 }
 
@@ -303,7 +331,7 @@ Test(cuda_channel, calls_equal_the_socket_bytes) {
     WAIT(s.stream, ch);
     cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK, "case %d: %s", i,
                  fp4idx_status_name(fp4idx_client_channel_status(ch, t)));
-    expect_slot(&s, k, 0, want, "one call", i);
+    expect_slot(&s, k, 0, want, "one call", i, 0xA5);
     free(want);
   }
   fp4idx_client_stats_t *st = NULL;
@@ -382,7 +410,7 @@ Test(cuda_channel, a_captured_graph_of_calls_replays_to_the_same_bytes) {
       if (i + (OUT_SLOTS - 1) < NG) continue; /* overwritten by a later call */
       char what[64];
       snprintf(what, sizeof what, "graph replay %d", replay);
-      expect_slot(&s, g[i], i % (OUT_SLOTS - 1), want[i], what, i);
+      expect_slot(&s, g[i], i % (OUT_SLOTS - 1), want[i], what, i, 0xC3 + replay);
     }
   }
   fp4idx_client_stats_t *st = NULL;
@@ -420,7 +448,7 @@ Test(cuda_channel, a_bad_descriptor_completes_with_its_error_and_the_stream_goes
   /* slots are reused round the ring: only the last two tickets are readable */
   cr_assert_eq(fp4idx_client_channel_status(ch, t[3]), want_st[3]);
   cr_assert_eq(fp4idx_client_channel_status(ch, t[4]), FP4IDX_OK);
-  expect_slot(&s, k, 0, want, "after bad calls", 6);
+  expect_slot(&s, k, 0, want, "after bad calls", 6, 0xA5);
   /* each bad call alone, its status read before the ring comes round */
   for (int i = 0; i < 4; i++) {
     CHECK(s.c, fp4idx_client_channel_topk(ch, s.stream, &bad[i], k->k, &t[i]));
