@@ -54,6 +54,14 @@ typedef struct fp4idx__fields_s {
  * table does not hold is a bug in the codec: it is reported as absent. */
 const msgpack_object *fp4idx__fv(const fp4idx__fields_t *fs, const char *name);
 
+/* Returns the value of the field at position i of the name table (NULL when
+ * absent, nil, or i is past it): the generated decoders know where each of
+ * their fields is (gen_optable.py field_at), so they skip fp4idx__fv's
+ * search by name. */
+static inline const msgpack_object *fp4idx__fv_at(const fp4idx__fields_t *fs, size_t i) {
+  return i < fs->n ? fs->f[i].val : NULL;
+}
+
 /* Returns the value of key `name` of map `map` (first match), or NULL. */
 const msgpack_object *fp4idx__map_get(const msgpack_object *map,
                                       const char *name);

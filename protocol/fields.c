@@ -26,6 +26,7 @@ int fp4idx__map_fields(const msgpack_object *map, const char *path,
                        fp4idx__field_t *fields, size_t n, bool strict,
                        char *msg, size_t cap) {
   bool seen[32] = {false};
+  size_t next = 0;
 
   if (n > 32) return fp4idx__fail(msg, cap, FP4IDX_EINTERNAL, "too many fields");
   for (size_t f = 0; f < n; f++) fields[f].val = NULL;
@@ -38,9 +39,17 @@ int fp4idx__map_fields(const msgpack_object *map, const char *path,
       return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
                           "%s: map key %u is not a string",
                           path[0] ? path : "message", i);
-    size_t f;
-    for (f = 0; f < n; f++)
-      if (str_is(&kv->key, fields[f].name)) break;
+    /* keys mostly come in the table's order (every packer here writes
+     * them so): the search starts after the last key's field, and wraps */
+    size_t f = n, k;
+    for (k = 0; k < n; k++) {
+      size_t at = (next + k) % n;
+      if (str_is(&kv->key, fields[at].name)) {
+        f = at;
+        next = at + 1;
+        break;
+      }
+    }
     if (f == n) {
       if (!strict) continue;
       int klen = kv->key.via.str.size > 64 ? 64 : (int)kv->key.via.str.size;

@@ -226,6 +226,18 @@ def enum_names(f):
     return ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
+# The fields a decoder is given (fp4idx__map_named with the op table's
+# req_fields / resp_fields, ops.c): "id", "op" then the request's fields, or
+# "id", "status", "error" then the response's, in the table's order.
+LEAD_FIELDS = {"request": 2, "response": 3}
+
+
+def field_at(op, direction, f):
+    """Where field f of op's request or response is in what its decoder is
+    given: it reads it there (fp4idx__fv_at) instead of by name."""
+    return LEAD_FIELDS[direction] + [g["name"] for g in op[direction]].index(f["name"])
+
+
 def gen_req_decode(op):
     fs = op["request"]
     L = ["int fp4idx__%s_req_decode(const fp4idx__fields_t *f, fp4idx_request_t *req," % op["name"],
@@ -244,11 +256,12 @@ def gen_req_decode(op):
         L.append("  /* %s: %s%s */" % (n, k, ", required" if req else ""))
         if k == "enum" and "default" in f:
             L.append("  s->%s = %s;" % (m, f["default"]))
+        at = field_at(op, "request", f)
         if req:
-            L.append("  v = fp4idx__fv(f, %s);" % nm)
+            L.append("  v = fp4idx__fv_at(f, %d); /* %s */" % (at, n))
             open_ = []
         else:
-            L.append("  if ((v = fp4idx__fv(f, %s)) != NULL) {" % nm)
+            L.append("  if ((v = fp4idx__fv_at(f, %d)) != NULL) { /* %s */" % (at, n))
             open_ = ["  }"]
         ind = "  " if req else "    "
         if k == "uint":
@@ -415,11 +428,11 @@ def entries_decode(f, ind):
          ind + "  fp4idx__path_index(path, sizeof path, %s, i);" % c_str(n),
          ind + "  if ((rc = fp4idx__map_fields(&v->via.array.ptr[i], path, ef, %d, false, msg, cap)))" % len(ef),
          ind + "    return rc;"]
-    for e in ef:
+    for ei, e in enumerate(ef):
         en = c_str(e["name"])
-        get = "fp4idx__get_uint(fp4idx__fv(&es, %s), path, %s, &e->%s, msg, cap)" % (en, en, cname(e))
+        get = "fp4idx__get_uint(fp4idx__fv_at(&es, %d), path, %s, &e->%s, msg, cap)" % (ei, en, cname(e))
         if e.get("since"):
-            L.append(ind + "  if (fp4idx__fv(&es, %s) != NULL && (rc = %s)) return rc;" % (en, get))
+            L.append(ind + "  if (fp4idx__fv_at(&es, %d) != NULL && (rc = %s)) return rc;" % (ei, get))
         else:
             L.append(ind + "  if ((rc = %s)) return rc;" % get)
     L.append(ind + "}")
@@ -441,12 +454,13 @@ def gen_resp_decode(op):
         if k == "more":
             continue
         opt = bool(f.get("since"))
+        at = field_at(op, "response", f)
         if opt:
             L.append("  /* %s: since version 1 was published, absent from older daemons */" % n)
-            L.append("  if ((v = fp4idx__fv(f, %s)) != NULL) {" % nm)
+            L.append("  if ((v = fp4idx__fv_at(f, %d)) != NULL) {" % at)
             ind, close = "    ", ["  }"]
         else:
-            L.append("  v = fp4idx__fv(f, %s);" % nm)
+            L.append("  v = fp4idx__fv_at(f, %d); /* %s */" % (at, n))
             ind, close = "  ", []
         if k in ("uint",):
             L.append(ind + "if ((rc = fp4idx__get_uint(v, \"\", %s, &s->%s, msg, cap))) return rc;" % (nm, m))
