@@ -100,8 +100,8 @@ static int fp4idx__cmd_append(fp4idx__cmd_t *c) {
    * PROTOCOL.md append) and then stored verbatim, so they must not change
    * in between; bf16/f32 keys are read in place (the quantizer derives the
    * scales once and never stores a value it did not check). */
-  rc = fp4idx__refs_input(c->regions, &a->keys, a->keys.dtype == FP4IDX_WIRE_U8, &keys, &owned,
-                          msg, FP4IDX_CMD_MSG);
+  rc = fp4idx__refs_input(c->regions, &a->keys, a->keys.dtype == FP4IDX_WIRE_U8, 0, &keys,
+                          &owned, msg, FP4IDX_CMD_MSG);
   if (rc == FP4IDX_ENOMEM)
     rc = fp4idx__fail(msg, FP4IDX_CMD_MSG, rc, "out of memory for %" PRId64 " keys", n);
   if (rc == FP4IDX_OK) {

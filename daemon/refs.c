@@ -37,12 +37,12 @@ int fp4idx__refs_check(const fp4idx_regions_t *rs, const fp4idx_ref_t *refs, siz
 }
 
 int fp4idx__refs_input(const fp4idx_regions_t *rs, const fp4idx_tensor_t *t, int copy,
-                       const void **ptr, void **owned, char *msg, size_t cap) {
+                       int any_align, const void **ptr, void **owned, char *msg, size_t cap) {
   const fp4idx_region_t *r = NULL;
   *owned = NULL;
   *ptr = NULL;
   if (t->region == 0) {
-    size_t a = fp4idx_wire_dtype_size(t->dtype);
+    size_t a = any_align ? 1 : fp4idx_wire_dtype_size(t->dtype);
     if (t->nbytes && a && ((uintptr_t)t->data % a) == 0) {
       *ptr = t->data;
       return FP4IDX_OK;

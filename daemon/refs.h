@@ -28,9 +28,10 @@ typedef struct fp4idx_ref_s {
 int fp4idx__refs_check(const fp4idx_regions_t *rs, const fp4idx_ref_t *refs, size_t n, char *msg,
                        size_t cap);
 
-/* An input tensor as an aligned host array in *ptr. Inline bytes are read
- * in place when the frame holds them aligned for their dtype (codec views
- * lie at any byte offset), else copied. A host region is read in place
+/* An input tensor as a host array in *ptr, aligned for its dtype unless
+ * `any_align` (a consumer that reads it bytewise: q and w of a score).
+ * Inline bytes are read in place when the frame holds them so aligned
+ * (codec views lie at any byte offset), else copied. A host region is read in place
  * (its mapping is page-aligned, the offset a multiple of the item size)
  * unless `copy`; a CUDA region is copied to the host. `copy` is for values
  * that are checked and then used (lens are bounds, q and w must be finite,
@@ -38,7 +39,7 @@ int fp4idx__refs_check(const fp4idx_regions_t *rs, const fp4idx_ref_t *refs, siz
  * those are a private snapshot. *owned is what to free (may be NULL).
  * FP4IDX_OK, FP4IDX_ENOMEM, ENOREGION / EREGION (msg says why), EDEVICE. */
 int fp4idx__refs_input(const fp4idx_regions_t *rs, const fp4idx_tensor_t *t, int copy,
-                       const void **ptr, void **owned, char *msg, size_t cap);
+                       int any_align, const void **ptr, void **owned, char *msg, size_t cap);
 
 /* Where the backend may write the results for a checked output reference
  * itself: a host region's address, or NULL (stage them, then

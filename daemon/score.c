@@ -113,7 +113,8 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
     const fp4idx_tensor_t *t[4] = {&s->q, &s->w, &s->lens, &s->mask};
     for (int x = 0; x < 4; x++) {
       if (!fp4idx_tensor_present(t[x])) continue;
-      rc = fp4idx__refs_input(j->regions, t[x], 1, &in[x], &o[x], j->msg, j->msgcap);
+      /* q and w at any alignment: the backends read them bytewise */
+      rc = fp4idx__refs_input(j->regions, t[x], 1, x < 2, &in[x], &o[x], j->msg, j->msgcap);
       if (rc == FP4IDX_ENOMEM)
         return fp4idx__score_fail(j, rc, "out of memory for seqs[%zu]", i);
       if (rc) return j->rc = rc;

@@ -60,8 +60,10 @@ typedef struct fp4idx_backend_seq_s {
   int64_t n_keys;        /* keys the sequence holds */
   int32_t rows;          /* R >= 1 */
   int64_t width;         /* logits columns; max(lens) <= width <= n_keys */
-  const uint16_t *q;     /* [R, H, 128] bf16 bits */
-  const uint16_t *w;     /* [R, H] bf16 bits */
+  const void *q;         /* [R, H, 128] bf16 bits, at any alignment (the
+                            daemon passes them in place from the request's
+                            frame): read with fp4idx_bf16_at */
+  const void *w;         /* [R, H] bf16 bits, at any alignment */
   const int32_t *lens;   /* [R] visible counts, 0 <= lens[r] <= width */
   const uint8_t *mask;   /* [R, width] optional; 0 hides a position; NULL = none */
   uint64_t seq;          /* the sequence's id, meaningful when resident */

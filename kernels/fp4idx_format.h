@@ -92,6 +92,13 @@ FP4IDX_HD uint32_t fp4idx_f32_bits(float f) {
   return u;
 }
 
+/* The bf16 bits of element i of an array at any alignment. */
+FP4IDX_HD uint16_t fp4idx_bf16_at(const void *p, int64_t i) {
+  uint16_t h;
+  memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+  return h;
+}
+
 FP4IDX_HD float fp4idx_bf16_to_f32(uint16_t h) {
   return fp4idx_f32_from_bits((uint32_t)h << 16);
 }

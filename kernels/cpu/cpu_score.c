@@ -196,8 +196,8 @@ static void fp4idx__group_info(const fp4idx_backend_seq_t *sq, int H, int r, int
   memset(gi, 0, sizeof *gi);
   int zero = 1, hi = -100000, lo = 100000, wlo = 100000;
   for (int hh = g * FP4IDX__G; hh < (g + 1) * FP4IDX__G && hh < H; hh++) {
-    const uint16_t *q = sq->q + ((int64_t)r * H + hh) * FP4IDX__D;
-    uint16_t w = sq->w[(int64_t)r * H + hh];
+    const int64_t q0 = ((int64_t)r * H + hh) * FP4IDX__D;
+    uint16_t w = fp4idx_bf16_at(sq->w, (int64_t)r * H + hh);
     if (((w >> 7) & 0xffu) == 0xffu) gi->f64_only = 1;
     if (w & 0x7fffu) {
       zero = 0;
@@ -207,7 +207,7 @@ static void fp4idx__group_info(const fp4idx_backend_seq_t *sq, int H, int r, int
     }
     double s1 = 0;
     for (int i = 0; i < FP4IDX__D; i++) {
-      uint16_t h = q[i];
+      uint16_t h = fp4idx_bf16_at(sq->q, q0 + i);
       if (((h >> 7) & 0xffu) == 0xffu) gi->f64_only = 1;
       if (!(h & 0x7fffu)) continue;
       zero = 0;
@@ -256,8 +256,8 @@ static int fp4idx__score_seq(fp4idx_backend_t *b, const fp4idx_backend_batch_t *
     for (int h = 0; h < H; h++) {
       for (int i = 0; i < FP4IDX__D; i++)
         qf[((int64_t)r * Hp + h) * FP4IDX__D + i] =
-            fp4idx_bf16_to_f32(sq->q[((int64_t)r * H + h) * FP4IDX__D + i]);
-      wf[(int64_t)r * Hp + h] = fp4idx_bf16_to_f32(sq->w[(int64_t)r * H + h]);
+            fp4idx_bf16_to_f32(fp4idx_bf16_at(sq->q, ((int64_t)r * H + h) * FP4IDX__D + i));
+      wf[(int64_t)r * Hp + h] = fp4idx_bf16_to_f32(fp4idx_bf16_at(sq->w, (int64_t)r * H + h));
     }
   for (int r = 0; r < R; r++)
     for (int g = 0; g < ngroups; g++) fp4idx__group_info(sq, H, r, g, &gi[r * ngroups + g]);
