@@ -289,10 +289,14 @@ fp4idx_status_t fp4idx__client_recv_score(fp4idx_client_t *c, uint64_t id, uint6
     fp4idx__client_disconnect(c);
     return fp4idx__client_fail(c, FP4IDX_ENOMEM, "no memory to receive a response");
   }
-  memset(r, 0, sizeof *r);
+  /* the header fields only: buf (4 kB) is written before it is read, and
+   * zeroing it cost a third of a small score's client time */
   r->c = c;
   r->deadline = deadline;
   r->left = n;
+  r->pos = r->len = 0;
+  r->st = FP4IDX_OK;
+  r->msg[0] = '\0';
   int32_t cnt_scratch[64];
   int32_t *cnt_tmp = NULL;
   rs_dest_t dl = {.want = FP4IDX_WIRE_F32, .ndim = 2, .d0 = rows, .d1 = topk, .dst = logits,
