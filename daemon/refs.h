@@ -31,9 +31,9 @@ int fp4idx__refs_check(const fp4idx_regions_t *rs, const fp4idx_ref_t *refs, siz
 /* An input tensor as a host array in *ptr, aligned for its dtype unless
  * `any_align` (a consumer that reads it bytewise: q and w of a score).
  * Inline bytes are read in place when the frame holds them so aligned
- * (codec views lie at any byte offset), else copied. A host region is read in place
- * (its mapping is page-aligned, the offset a multiple of the item size)
- * unless `copy`; a CUDA region is copied to the host. `copy` is for values
+ * (codec views lie at any byte offset), else copied. A host region is
+ * read in place (its mapping is page-aligned, the offset a multiple of the
+ * item size) unless `copy`; a CUDA region is copied to the host. `copy` is for values
  * that are checked and then used (lens are bounds, q and w must be finite,
  * packed keys' scales): the client can rewrite its region at any time, so
  * those are a private snapshot. *owned is what to free (may be NULL).

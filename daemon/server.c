@@ -713,8 +713,7 @@ static int fp4idx__server_adopt_frame(fp4idx_conn_t *c) {
   r->body_mem = mem;
   r->body = mem + at;
   r->body_len = (size_t)n;
-  c->scratch = fresh;
-  c->scratch_pos = end;
+  c->scratch = fresh; /* its position is set by the read that fills it */
   c->in_off = c->in_len = 0;
   fp4idx__server_queue_frame(c, r, end);
   return 1;
