@@ -49,6 +49,11 @@ static void stop_gpu(void) {
   if (gpu_.pid) fp4idx_test_daemon_stop(&gpu_);
 }
 
+/* cudaMemset of device memory and cudaMemcpy from pageable memory return
+ * before the device holds the bytes: the daemon (another process, another
+ * stream) must see them, so the test waits for them first. */
+#define LANDED() CK(cudaDeviceSynchronize())
+
 static int have_gpu(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -149,6 +154,7 @@ static void setting_up(setting_t *s, int with_keys) {
   CK(cudaMalloc(&s->dout, OUT_BYTES));
   CK(cudaMemset(s->din, 0, IN_BYTES));
   CK(cudaMemset(s->dout, 0, OUT_BYTES));
+  LANDED();
   CHECK(s->c, fp4idx_client_region_register_device(s->c, s->din, IN_BYTES, &s->rin));
   CHECK(s->c, fp4idx_client_region_register_device(s->c, s->dout, OUT_BYTES, &s->rout));
   CK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
@@ -233,6 +239,7 @@ static void case_upload(setting_t *s, const case_t *k) {
   CK(cudaMemcpy((uint8_t *)s->din + W_AT, w, (size_t)k->rows * k->heads * 2,
                 cudaMemcpyHostToDevice));
   CK(cudaMemcpy((uint8_t *)s->din + LENS_AT, lens, sizeof lens, cudaMemcpyHostToDevice));
+  LANDED();
 }
 
 /* The socket's answer to a case, written into output slot `slot` of the
@@ -246,6 +253,7 @@ static uint8_t *case_socket(setting_t *s, const case_t *k, int slot) {
   size_t n = case_bytes(k);
   uint8_t *at = (uint8_t *)s->dout + (size_t)slot * OUT_SLOT;
   CK(cudaMemset(at, 0x5A, n));
+  LANDED();
   if (k->k)
     CHECK(s->c, fp4idx_client_topk_region(s->c, a.seq, k->heads, k->rows, q, w,
                                           k->use_lens ? lens : NULL, k->k, s->rout,
@@ -367,6 +375,8 @@ Test(cuda_channel, a_captured_graph_of_calls_replays_to_the_same_bytes) {
     const case_t *k = g[i];
     size_t n = case_bytes(k);
     CK(cudaMemset(at, 0x5A, n));
+    LANDED();
+  LANDED();
     fp4idx_client_channel_call_t a = case_call(k, OUT_SLOTS - 1);
     if (k->k)
       CHECK(s.c, fp4idx_client_topk_region(s.c, a.seq, k->heads, k->rows, s.q, s.w, NULL, k->k,
@@ -461,6 +471,62 @@ Test(cuda_channel, a_bad_descriptor_completes_with_its_error_and_the_stream_goes
   cr_assert_eq(st->channel_errors, 8u);
   cr_assert_eq(st->channel_calls, 9u);
   fp4idx_client_free(st);
+  free(want);
+  CHECK(s.c, fp4idx_client_channel_close(ch));
+  setting_down(&s);
+}
+
+/* Inputs in device memory are snapshotted and checked as a socket's are: a
+ * NaN in q, an inf in w, a lens above the width each complete with their
+ * error and leave the outputs as they were; the good call after them gives
+ * the socket's bytes. */
+Test(cuda_channel, bad_values_in_device_inputs_complete_with_their_error) {
+  if (!have_gpu()) cr_skip_test("no CUDA device");
+  start_gpu();
+  setting_t s;
+  setting_up(&s, 1);
+  fp4idx_client_channel_t *ch = open_channel(&s, 2);
+  const case_t *k = &cases[6]; /* 16,384 keys, 8 rows x 64 heads, top-512, lens */
+  case_upload(&s, k);
+  uint8_t *want = case_socket(&s, k, OUT_SLOTS / 2);
+  fp4idx_client_channel_call_t call = case_call(k, 0);
+  const uint16_t nan = 0x7fc0, inf = 0x7f80;
+  const int32_t wide = (int32_t)seq_keys[k->seq] + 1;
+  struct {
+    size_t at;
+    const void *v;
+    size_t n;
+    int st;
+  } bad[3] = {
+      {(size_t)(3 * k->heads + 5) * 128 * 2 + 2 * 77, &nan, 2, FP4IDX_ENONFINITE}, /* q[3,5,77] */
+      {W_AT + 2 * (size_t)(k->rows * k->heads - 1), &inf, 2, FP4IDX_ENONFINITE},   /* last w */
+      {LENS_AT + 4 * 2, &wide, 4, FP4IDX_ERANGE},                                  /* lens[2] */
+  };
+  for (int i = 0; i < 3; i++) {
+    uint8_t keep[4];
+    CK(cudaMemcpy(keep, (uint8_t *)s.din + bad[i].at, bad[i].n, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy((uint8_t *)s.din + bad[i].at, bad[i].v, bad[i].n, cudaMemcpyHostToDevice));
+    LANDED();
+    CK(cudaMemsetAsync(s.dout, 0xA5, case_bytes(k), s.stream));
+    uint32_t t = 0;
+    CHECK(s.c, fp4idx_client_channel_topk(ch, s.stream, &call, k->k, &t));
+    WAIT(s.stream, ch);
+    cr_assert_eq(fp4idx_client_channel_status(ch, t), bad[i].st, "bad input %d: %s", i,
+                 fp4idx_status_name(fp4idx_client_channel_status(ch, t)));
+    uint8_t *got = malloc(case_bytes(k));
+    cr_assert_not_null(got);
+    CK(cudaMemcpy(got, s.dout, case_bytes(k), cudaMemcpyDeviceToHost));
+    for (size_t b = 0; b < case_bytes(k); b++)
+      cr_assert_eq(got[b], 0xA5, "bad input %d: the failed call wrote output byte %zu", i, b);
+    free(got);
+    CK(cudaMemcpy((uint8_t *)s.din + bad[i].at, keep, bad[i].n, cudaMemcpyHostToDevice));
+    LANDED();
+  }
+  uint32_t t = 0;
+  CHECK(s.c, fp4idx_client_channel_topk(ch, s.stream, &call, k->k, &t));
+  WAIT(s.stream, ch);
+  cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK);
+  expect_slot(&s, k, 0, want, "after bad inputs", 6, -1);
   free(want);
   CHECK(s.c, fp4idx_client_channel_close(ch));
   setting_down(&s);

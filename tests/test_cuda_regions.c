@@ -21,6 +21,11 @@
 #include "test_util.h"
 
 #define CK(x) cr_assert_eq((x), cudaSuccess, "%s", #x)
+/* cudaMemset of device memory and cudaMemcpy from pageable memory return
+ * before the device holds the bytes: the daemon (another process, another
+ * stream) must see them, so the test waits for them first. */
+#define LANDED() CK(cudaDeviceSynchronize())
+
 static int have_gpu(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -98,6 +103,7 @@ Test(cuda_regions, device_buffers_equal_the_cpu_backend) {
   CK(cudaMalloc(&dlog, lbytes));
   CK(cudaMalloc(&dtop, tbytes));
   CK(cudaMemcpy(dkeys, keys, kbytes, cudaMemcpyHostToDevice));
+  LANDED();
   uint64_t rk = 0, rl = 0, rt = 0;
   CHECK(g, fp4idx_client_region_register_device(g, dkeys, kbytes, &rk));
   CHECK(g, fp4idx_client_region_register_device(g, dlog, lbytes, &rl));
@@ -120,6 +126,7 @@ Test(cuda_regions, device_buffers_equal_the_cpu_backend) {
   CHECK(c, fp4idx_client_score_into(c, 1, H, R, q, w, lens, ref, (size_t)R * W, &width));
   cr_assert_eq(width, W);
   CK(cudaMemset(dlog, 0xff, lbytes));
+  LANDED();
   CHECK(g, fp4idx_client_score_region(g, 1, H, R, q, w, lens, W, rl, 0));
   CK(cudaMemcpy(got, dlog, lbytes, cudaMemcpyDeviceToHost));
   cr_assert_eq(fp4idx_test_count_diff(got, ref, (int64_t)R * W), 0,
@@ -157,6 +164,7 @@ Test(cuda_regions, device_buffers_equal_the_cpu_backend) {
   cr_assert_eq(fp4idx_client_region_register_cuda(g, junk, 4096, 0, &bad), FP4IDX_EREGION);
   /* a reference past the end of a device region changes nothing */
   CK(cudaMemset(dlog, 0x11, lbytes));
+  LANDED();
   cr_assert_eq(fp4idx_client_score_region(g, 1, H, R, q, w, lens, W, rl, 4), FP4IDX_EREGION);
   CK(cudaMemcpy(got, dlog, 4096, cudaMemcpyDeviceToHost));
   for (int i = 0; i < 1024; i++) {
