@@ -8,9 +8,9 @@
  *                          (backs off to sleeping when none rang lately);
  *                          takes a rung call: copies its descriptor, writes
  *                          the doorbell back to 0, marks the slot taken,
- *                          wakes the loop
- *   loop                   queues one job per channel with taken calls on
- *                          the worker (in order with the socket's requests)
+ *                          and queues the channel's job on the worker
+ *                          itself (in order with the socket's requests; no
+ *                          loop in between)
  *   worker                 each taken call: fp4idx__channel_call_check (the
  *                          descriptor against the channel's regions -> a
  *                          score request of one entry), then the compute
@@ -38,7 +38,6 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <uv.h>
 
 #include "fp4idx_channel.h"
 #include "fp4idx_codec.h"
@@ -74,20 +73,20 @@ typedef struct fp4idx_channels_s {
   fp4idx_daemon_stats_t *stats; /* the counts of `stats` */
   int thread_started, stopping; /* (mu) */
   pthread_t thread;
-  uv_async_t async;           /* watcher -> loop: calls were taken */
-  int async_ok;
+  int ready;                  /* initialised (fp4idx__channels_stop undoes it) */
   fp4idx_worker_t *worker;
   struct fp4idx_daemon_s *d;
   fp4idx__channel_run_fn run;
 } fp4idx_channels_t;
 
-/* Sets up the channel set on the loop (the watcher thread starts with the
- * first channel). Returns FP4IDX_OK or FP4IDX_EINTERNAL. Loop thread. */
-int fp4idx__channels_init(fp4idx_channels_t *cs, uv_loop_t *loop, fp4idx_worker_t *worker,
+/* Sets up the channel set (the watcher thread starts with the first
+ * channel and queues jobs on `worker`). Returns FP4IDX_OK or
+ * FP4IDX_EINTERNAL. Loop thread. */
+int fp4idx__channels_init(fp4idx_channels_t *cs, fp4idx_worker_t *worker,
                           fp4idx_daemon_stats_t *stats, struct fp4idx_daemon_s *d,
                           fp4idx__channel_run_fn run);
 
-/* Stops the watcher and closes the async handle, once every connection is
+/* Stops the watcher, once every connection is
  * closed and the worker stopped (so every channel is closed). Loop thread. */
 void fp4idx__channels_stop(fp4idx_channels_t *cs);
 

@@ -221,7 +221,7 @@ int fp4idx__daemon_init(fp4idx_daemon_t *d, const fp4idx_config_t *cfg) {
   if (rc) goto err;
   d->worker.spin_us = spin;
   d->worker.hold_spin = &d->server->polling;
-  rc = fp4idx__channels_init(&d->channels, &d->loop, &d->worker, &d->stats, d,
+  rc = fp4idx__channels_init(&d->channels, &d->worker, &d->stats, d,
                              fp4idx__channel_run_score);
   if (rc) goto err;
   /* Signals are caught from here on, before the socket exists: a SIGTERM
