@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,11 +27,33 @@ typedef int (*fp4idx__cu_unreg_fn)(void *);
 typedef int (*fp4idx__cu_w32_fn)(void *, unsigned long long, uint32_t, unsigned);
 typedef int (*fp4idx__cu_w64_fn)(void *, unsigned long long, uint64_t, unsigned);
 typedef int (*fp4idx__cu_sync_fn)(void);
+typedef int (*fp4idx__cu_batch_fn)(void *, unsigned, void *, unsigned);
 typedef int (*fp4idx__cu_push_fn)(void *);
 
 #define FP4IDX__CU_MEMHOSTREGISTER_PORTABLE 0x01u
 #define FP4IDX__CU_MEMHOSTREGISTER_DEVICEMAP 0x02u
 #define FP4IDX__CU_STREAM_WAIT_VALUE_AND 0x2u
+#define FP4IDX__CU_STREAM_MEM_OP_WAIT_VALUE_32 1u
+#define FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_32 2u
+#define FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_64 5u
+
+/* One entry of cuStreamBatchMemOp (CUstreamBatchMemOpParams in cuda.h,
+ * which this file does not need): a 48-byte union whose wait and write
+ * members share this layout; a 32-bit value is the low word of `value`. */
+typedef union fp4idx__cu_memop_u {
+  struct {
+    uint32_t operation;
+    unsigned long long address;
+    uint64_t value;
+    unsigned flags;
+    unsigned long long alias; /* the driver's */
+  } op;
+  uint64_t pad[6];
+} fp4idx__cu_memop_t;
+_Static_assert(sizeof(fp4idx__cu_memop_t) == 48, "CUstreamBatchMemOpParams is 48 bytes");
+_Static_assert(offsetof(fp4idx__cu_memop_t, op.value) == 16 &&
+                   offsetof(fp4idx__cu_memop_t, op.flags) == 24,
+               "CUstreamMemOpWriteValueParams_st layout");
 
 static struct {
   pthread_once_t once;
@@ -42,6 +65,7 @@ static struct {
   fp4idx__cu_unreg_fn host_unregister;
   fp4idx__cu_w32_fn write32, wait32;
   fp4idx__cu_w64_fn write64;
+  fp4idx__cu_batch_fn batch;   /* cuStreamBatchMemOp_v2, or NULL: op by op */
   fp4idx__cu_sync_fn ctx_synchronize;
   fp4idx__cu_push_fn ctx_push;
   fp4idx__cu_ctx_fn ctx_pop;
@@ -70,6 +94,7 @@ static void fp4idx__cu_load(void) {
       (fp4idx__cu_w32_fn)fp4idx__cu_sym(h, "cuStreamWaitValue32_v2", "cuStreamWaitValue32");
   fp4idx__cu.write64 =
       (fp4idx__cu_w64_fn)fp4idx__cu_sym(h, "cuStreamWriteValue64_v2", "cuStreamWriteValue64");
+  fp4idx__cu.batch = (fp4idx__cu_batch_fn)fp4idx__cu_sym(h, NULL, "cuStreamBatchMemOp_v2");
   fp4idx__cu.ctx_synchronize = (fp4idx__cu_sync_fn)fp4idx__cu_sym(h, NULL, "cuCtxSynchronize");
   fp4idx__cu.ctx_push = (fp4idx__cu_push_fn)fp4idx__cu_sym(h, "cuCtxPushCurrent_v2",
                                                           "cuCtxPushCurrent");
@@ -278,8 +303,40 @@ static fp4idx_status_t fp4idx__client_channel_host_call(fp4idx_client_channel_t 
                                                fp4idx_strerror(st));
 }
 
+/* The operations of ops[0..n) as single driver calls, in order: for a
+ * driver without cuStreamBatchMemOp_v2 (or one that refuses the batch).
+ * Returns 0 or the first driver error. */
+static int fp4idx__cu_memops_one_by_one(void *stream, const fp4idx__cu_memop_t *ops,
+                                        unsigned n) {
+  int r = 0;
+  for (unsigned i = 0; r == 0 && i < n; i++) {
+    const unsigned long long a = ops[i].op.address;
+    const uint64_t v = ops[i].op.value;
+    if (ops[i].op.operation == FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_32)
+      r = fp4idx__cu.write32(stream, a, (uint32_t)v, ops[i].op.flags);
+    else if (ops[i].op.operation == FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_64)
+      r = fp4idx__cu.write64(stream, a, v, ops[i].op.flags);
+    else
+      r = fp4idx__cu.wait32(stream, a, (uint32_t)v, ops[i].op.flags);
+  }
+  return r;
+}
+
+static fp4idx__cu_memop_t fp4idx__cu_memop(uint32_t operation, unsigned long long address,
+                                           uint64_t value, unsigned flags) {
+  fp4idx__cu_memop_t m;
+  memset(&m, 0, sizeof m);
+  m.op.operation = operation;
+  m.op.address = address;
+  m.op.value = value;
+  m.op.flags = flags;
+  return m;
+}
+
 /* The call as stream operations: reset the completion word, write the
- * descriptor (ten 64-bit words), ring, wait. */
+ * descriptor (ten 64-bit words), ring, wait. One cuStreamBatchMemOp where
+ * the driver has it (one submission, one graph node when captured), else
+ * the same operations one by one. */
 static fp4idx_status_t fp4idx__client_channel_stream_call(fp4idx_client_channel_t *ch, void *stream,
                                                    uint32_t slot,
                                                    const fp4idx_channel_desc_t *d) {
@@ -289,15 +346,22 @@ static fp4idx_status_t fp4idx__client_channel_stream_call(fp4idx_client_channel_
                                "open): only FP4IDX_CLIENT_CHANNEL_HOST calls");
   unsigned long long base = ch->dblock + FP4IDX_CHANNEL_HEADER_BYTES +
                             (unsigned long long)slot * FP4IDX_CHANNEL_SLOT_BYTES;
-  uint64_t words[sizeof *d / 8];
+  enum { NW = sizeof *d / 8 };
+  uint64_t words[NW];
   memcpy(words, d, sizeof words);
-  int r = fp4idx__cu.write32(stream, base + FP4IDX_CHANNEL_COMPLETION_AT, 0u, 0);
-  for (size_t i = 0; r == 0 && i < sizeof words / sizeof words[0]; i++)
-    r = fp4idx__cu.write64(stream, base + 8u * i, words[i], 0);
-  if (r == 0) r = fp4idx__cu.write32(stream, base + FP4IDX_CHANNEL_DOORBELL_AT, d->ticket, 0);
-  if (r == 0)
-    r = fp4idx__cu.wait32(stream, base + FP4IDX_CHANNEL_COMPLETION_AT, FP4IDX_CHANNEL_DONE,
-                          FP4IDX__CU_STREAM_WAIT_VALUE_AND);
+  fp4idx__cu_memop_t ops[NW + 3];
+  ops[0] = fp4idx__cu_memop(FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                            base + FP4IDX_CHANNEL_COMPLETION_AT, 0u, 0u);
+  for (unsigned i = 0; i < NW; i++)
+    ops[1 + i] = fp4idx__cu_memop(FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_64, base + 8u * i,
+                                  words[i], 0u);
+  ops[NW + 1] = fp4idx__cu_memop(FP4IDX__CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                                 base + FP4IDX_CHANNEL_DOORBELL_AT, d->ticket, 0u);
+  ops[NW + 2] = fp4idx__cu_memop(FP4IDX__CU_STREAM_MEM_OP_WAIT_VALUE_32,
+                                 base + FP4IDX_CHANNEL_COMPLETION_AT, FP4IDX_CHANNEL_DONE,
+                                 FP4IDX__CU_STREAM_WAIT_VALUE_AND);
+  int r = fp4idx__cu.batch ? fp4idx__cu.batch(stream, NW + 3, ops, 0) : -1;
+  if (r != 0) r = fp4idx__cu_memops_one_by_one(stream, ops, NW + 3);
   if (r != 0)
     return fp4idx__client_fail(ch->c, FP4IDX_EDEVICE, "channel call: stream operation: error %d",
                                r);

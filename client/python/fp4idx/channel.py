@@ -60,6 +60,20 @@ MAX_TOPK = 1 << 20
 _HEADER = struct.Struct("<IIIIQ")
 _DESC = struct.Struct("<IIQIIIIQQQQQQ")   # fp4idx_channel_desc_t, 80 bytes
 _SEQ_WORD = 1                             # the descriptor's u64 word holding seq
+# cuStreamBatchMemOp's operations (CUstreamBatchMemOpType).
+_OP_WAIT32, _OP_WRITE32, _OP_WRITE64 = 1, 2, 5
+
+
+class _MemOp(ctypes.Structure):
+    """One CUstreamBatchMemOpParams (cuda.h): a 48-byte union whose wait and
+    write members share this layout; a 32-bit value is the low word."""
+    _fields_ = [("operation", ctypes.c_uint32), ("address", ctypes.c_uint64),
+                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint),
+                ("alias", ctypes.c_uint64), ("pad", ctypes.c_uint64)]
+
+
+assert ctypes.sizeof(_MemOp) == 48
+
 # F_SEAL_GROW as well as the regions' seals: the block never changes size.
 _SEALS = regions._SEALS | 0x0004
 
@@ -136,7 +150,27 @@ class _Driver:
         self.write64 = fn(("cuStreamWriteValue64_v2", "cuStreamWriteValue64"), vp, u64, u64, uint)
         self.wait32 = fn(("cuStreamWaitValue32_v2", "cuStreamWaitValue32"), vp, u64, u32, uint)
         self.memcpy = fn(("cuMemcpyAsync",), u64, u64, ctypes.c_size_t, vp)
+        try:  # one submission for a call's operations where the driver has it
+            self.batch = fn(("cuStreamBatchMemOp_v2",), vp, uint, ctypes.POINTER(_MemOp), uint)
+        except BY_NAME["ENODEV"]:
+            self.batch = None
         self.check(self.init(0), "cuInit")
+
+    def memops(self, stream, ops):
+        """ops, a list of (operation, address, value, flags), on the stream in
+        order: one cuStreamBatchMemOp, or (no batch, or refused) one call
+        each."""
+        if self.batch is not None:
+            arr = (_MemOp * len(ops))(*(_MemOp(o, a, v, f) for o, a, v, f in ops))
+            if self.batch(stream, len(ops), arr, 0) == 0:
+                return
+        for o, a, v, f in ops:
+            if o == _OP_WRITE32:
+                self.check(self.write32(stream, a, v, f), "cuStreamWriteValue32")
+            elif o == _OP_WRITE64:
+                self.check(self.write64(stream, a, v, f), "cuStreamWriteValue64")
+            else:
+                self.check(self.wait32(stream, a, v, f), "cuStreamWaitValue32")
 
     def _fn(self, names, *argtypes):
         for name in names:
@@ -509,17 +543,19 @@ class Channel:
         h = ctypes.c_void_p(stream.cuda_stream)
         base = self._dblock + HEADER_BYTES + slot * SLOT_BYTES
         drv = self._drv
+        head = [(_OP_WRITE32, base + COMPLETION_AT, 0, 0)]
+        head += [(_OP_WRITE64, base + 8 * i, v, 0)
+                 for i, v in enumerate(struct.unpack("<10Q", desc))
+                 if not (seq_ptr and i == _SEQ_WORD)]
+        tail = [(_OP_WRITE32, base + DOORBELL_AT, t, 0),
+                (_OP_WAIT32, base + COMPLETION_AT, DONE, _CU_STREAM_WAIT_VALUE_AND)]
         with drv.pushed(self._ctx):
-            drv.check(drv.write32(h, base + COMPLETION_AT, 0, 0), "cuStreamWriteValue32")
-            for i, v in enumerate(struct.unpack("<10Q", desc)):
-                if not (seq_ptr and i == _SEQ_WORD):
-                    drv.check(drv.write64(h, base + 8 * i, v, 0), "cuStreamWriteValue64")
-            if seq_ptr:
-                drv.check(drv.memcpy(base + 8 * _SEQ_WORD, seq_ptr, 8, h),
-                          "cuMemcpyAsync of seq")
-            drv.check(drv.write32(h, base + DOORBELL_AT, t, 0), "cuStreamWriteValue32")
-            drv.check(drv.wait32(h, base + COMPLETION_AT, DONE, _CU_STREAM_WAIT_VALUE_AND),
-                      "cuStreamWaitValue32")
+            if not seq_ptr:
+                drv.memops(h, head + tail)
+                return
+            drv.memops(h, head)
+            drv.check(drv.memcpy(base + 8 * _SEQ_WORD, seq_ptr, 8, h), "cuMemcpyAsync of seq")
+            drv.memops(h, tail)
 
     # ---- results ---------------------------------------------------------------
     def status(self, ticket):

@@ -30,7 +30,9 @@ STUB = r"""
 #define CTX ((void *)0x1234)
 #define STREAM ((void *)0x5678)
 static int registered;  /* cuMemHostRegister'd bytes, 0 after unregister */
-static int calls[8];    /* init, register, unregister, write32, write64, wait, memcpy, sync */
+static int calls[9];    /* init, register, unregister, write32, write64, wait, memcpy, sync,
+                           batch */
+static int refuse_batch; /* 1: cuStreamBatchMemOp_v2 fails (the caller goes op by op) */
 int cuInit(unsigned f) { calls[0]++; return f ? 1 : 0; }
 int cuDeviceGet(int *d, int ord) { if (ord != 0) return 101; *d = 100; return 0; }
 int cuDevicePrimaryCtxRetain(void **c, int dev) { if (dev != 100) return 101; *c = CTX; return 0; }
@@ -65,11 +67,26 @@ int cuMemcpyAsync(uint64_t dst, uint64_t src, size_t n, void *s) {
   if (s != STREAM) return 1;
   calls[6]++; memcpy((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n); return 0;
 }
+/* CUstreamBatchMemOpParams: operation, address, value, flags, alias, pad */
+typedef struct { uint32_t op; uint64_t address, value; unsigned flags; uint64_t alias, pad; } memop_t;
+int cuStreamBatchMemOp_v2(void *s, unsigned n, memop_t *ops, unsigned f) {
+  calls[8]++;
+  if (refuse_batch || s != STREAM || f || sizeof(memop_t) != 48) return 1;
+  for (unsigned i = 0; i < n; i++) {
+    int rc = ops[i].op == 2 ? cuStreamWriteValue32_v2(s, ops[i].address, (uint32_t)ops[i].value, ops[i].flags)
+           : ops[i].op == 5 ? cuStreamWriteValue64_v2(s, ops[i].address, ops[i].value, ops[i].flags)
+           : ops[i].op == 1 ? cuStreamWaitValue32_v2(s, ops[i].address, (uint32_t)ops[i].value, ops[i].flags)
+           : 1;
+    if (rc) return rc;
+  }
+  return 0;
+}
+void stub_refuse_batch(int on) { refuse_batch = on; }
 int cuGetErrorName(int rc, const char **s) { *s = rc == 1 ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_OTHER"; return 0; }
 int stub_calls(int i) { return calls[i]; }
 int stub_registered(void) { return registered; }
 """
-INIT, REGISTER, UNREGISTER, WRITE32, WRITE64, WAIT, MEMCPY, SYNC = range(8)
+INIT, REGISTER, UNREGISTER, WRITE32, WRITE64, WAIT, MEMCPY, SYNC, BATCH = range(9)
 
 
 class Device:
@@ -123,11 +140,13 @@ def stub(tmp_path, monkeypatch):
     chmod._Driver._one = None
 
 
-def test_stream_calls_through_the_driver_equal_the_socket(stub, client, seq):
+@pytest.mark.parametrize("refuse_batch", [0, 1])
+def test_stream_calls_through_the_driver_equal_the_socket(stub, client, seq, refuse_batch):
+    stub.stub_refuse_batch(refuse_batch)
     s = Setting(client, seq(), seed=3)
     want_t = client.topk(s.seq, s.q, s.w, K, lens=s.lens)
     want_l = client.score(s.seq, s.q, s.w)
-    n0 = [stub.stub_calls(i) for i in range(8)]
+    n0 = [stub.stub_calls(i) for i in range(9)]
     with client.channel(slots=3) as ch:                    # stream None: the current one
         assert stub.stub_registered() == chmod.block_bytes(3)
         s.scribble()
@@ -145,11 +164,13 @@ def test_stream_calls_through_the_driver_equal_the_socket(stub, client, seq):
         ch.topk(seq_d, s.qr, s.wr, K, lens=s.lr, out=s.out)   # enqueued: no error yet
         with pytest.raises(fp4idx.NoSequence):
             ch.check()
-        n = [stub.stub_calls(i) - n0[i] for i in range(8)]
+        n = [stub.stub_calls(i) - n0[i] for i in range(9)]
         # per call: completion reset + doorbell, 10 descriptor words (9 with
-        # seq from a tensor, then one memcpy), one wait
+        # seq from a tensor, then one memcpy), one wait; as one batch (two
+        # around the memcpy), or op by op where the batch is refused
         assert n[WRITE32] == 8 and n[WAIT] == 4 and n[WRITE64] == 10 + 10 + 9 + 9
         assert n[MEMCPY] == 2
+        assert n[BATCH] == 1 + 1 + 2 + 2
     assert stub.stub_registered() == 0 and stub.stub_calls(UNREGISTER) == n0[UNREGISTER] + 1
     assert stub.stub_calls(SYNC) == n0[SYNC]               # nothing was released
     s.r.close()
