@@ -120,4 +120,14 @@ void fp4idx__region_cuda_close(int device, void *ptr);
  * FP4IDX_EDEVICE. */
 int fp4idx__region_cuda_copy(int device, void *dst, const void *src, size_t n, int to_device);
 
+/* Snapshots of device regions, several per wait: _start queues a copy of n
+ * bytes from device memory src to host memory dst on the calling thread's
+ * own copy stream (asynchronous when dst is pinned, e.g. from the backend's
+ * host_alloc: the copies of one request then overlap instead of paying a
+ * DMA round trip each); _wait returns once every copy this thread started
+ * has landed. On the current device. FP4IDX_OK, FP4IDX_EDEVICE (logged), or
+ * FP4IDX_ENODEV without CUDA in this build. */
+int fp4idx__region_cuda_read_start(void *dst, const void *src, size_t n);
+int fp4idx__region_cuda_read_wait(void);
+
 #endif /* FP4IDX_DAEMON_REGIONS_H */

@@ -110,6 +110,34 @@ int fp4idx__region_cuda_copy(int device, void *dst, const void *src, size_t n, i
   return FP4IDX_OK;
 }
 
+/* The calling thread's copy stream for region snapshots, made on first use
+ * (non-blocking: it never waits for the backend's stream); it lives as
+ * long as the thread's process. */
+static _Thread_local cudaStream_t fp4idx__region_stream;
+
+int fp4idx__region_cuda_read_start(void *dst, const void *src, size_t n) {
+  cudaError_t e = cudaSuccess;
+  if (!fp4idx__region_stream)
+    e = cudaStreamCreateWithFlags(&fp4idx__region_stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, fp4idx__region_stream);
+  if (e != cudaSuccess) {
+    fp4idx__log_error("copy from a CUDA region (%zu bytes): %s", n, cudaGetErrorString(e));
+    return FP4IDX_EDEVICE;
+  }
+  return FP4IDX_OK;
+}
+
+int fp4idx__region_cuda_read_wait(void) {
+  if (!fp4idx__region_stream) return FP4IDX_OK;
+  cudaError_t e = cudaStreamSynchronize(fp4idx__region_stream);
+  if (e != cudaSuccess) {
+    fp4idx__log_error("copy from a CUDA region: %s", cudaGetErrorString(e));
+    return FP4IDX_EDEVICE;
+  }
+  return FP4IDX_OK;
+}
+
 #else /* no CUDA backend in this build */
 
 int fp4idx__region_cuda_pin(int device, void *base, uint64_t size) {
@@ -131,4 +159,12 @@ int fp4idx__region_cuda_copy(int device, void *dst, const void *src, size_t n, i
   (void)device, (void)dst, (void)src, (void)n, (void)to_device;
   return FP4IDX_ENODEV;
 }
+
+int fp4idx__region_cuda_read_start(void *dst, const void *src, size_t n) {
+  (void)dst, (void)src, (void)n;
+  return FP4IDX_ENODEV;
+}
+
+int fp4idx__region_cuda_read_wait(void) { return FP4IDX_OK; }
+
 #endif

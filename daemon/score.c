@@ -52,7 +52,11 @@ void fp4idx__score_job_clear(fp4idx_score_job_t *j) {
   size_t n = j->req ? j->req->u.score.nseqs : 0;
   if (j->owned)
     for (size_t i = 0; i < 4 * n; i++) free(j->owned[i]);
+  if (j->pinned)
+    for (size_t i = 0; i < 4 * n; i++) fp4idx__engine_host_free(j->engine, j->pinned[i]);
   free(j->owned);
+  free(j->pinned);
+  j->pinned = NULL;
   free(j->eng);
   free(j->results);
   j->owned = NULL;
@@ -73,15 +77,39 @@ int fp4idx__score_inputs_finite(const fp4idx_request_t *req) {
   return 1;
 }
 
+/* Input tensor t of a job (owned / pinned slot `slot`) as host bytes in
+ * *in: in place from the frame or a host region, or a private snapshot
+ * (fp4idx__refs_input). A CUDA region's snapshot goes to pinned memory with
+ * its copy only started (*started = 1): the caller waits for it
+ * (fp4idx__region_cuda_read_wait), so the copies of one entry overlap. */
+static int fp4idx__score_input(fp4idx_daemon_t *d, fp4idx_score_job_t *j, size_t slot,
+                               const fp4idx_tensor_t *t, int any_align, const void **in,
+                               int *started) {
+  void *dev = t->region && t->nbytes ? fp4idx__refs_device(j->regions, t) : NULL;
+  if (dev) {
+    void *p = fp4idx__engine_host_alloc(d->engine, t->nbytes);
+    if (!p) return FP4IDX_ENOMEM;
+    j->pinned[slot] = p;
+    *in = p;
+    int rc = fp4idx__region_cuda_read_start(p, dev, t->nbytes);
+    if (rc == FP4IDX_OK) *started = 1;
+    return rc;
+  }
+  return fp4idx__refs_input(j->regions, t, 1, any_align, in, &j->owned[slot], j->msg,
+                            j->msgcap);
+}
+
 int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   const fp4idx_score_req_t *sr = &j->req->u.score;
   size_t n = sr->nseqs;
   char detail[256];
   j->eng = calloc(n, sizeof *j->eng);
   j->owned = calloc(4 * n, sizeof *j->owned);
+  j->pinned = calloc(4 * n, sizeof *j->pinned);
+  j->engine = d->engine;
   j->results = calloc(n, sizeof *j->results);
   fp4idx_ref_t *refs = calloc(7 * n + 1, sizeof *refs);
-  if (!j->eng || !j->owned || !j->results || !refs) {
+  if (!j->eng || !j->owned || !j->pinned || !j->results || !refs) {
     free(refs);
     return fp4idx__score_fail(j, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
   }
@@ -111,14 +139,21 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
     void **o = &j->owned[4 * i];
     const void *in[4] = {NULL, NULL, NULL, NULL};
     const fp4idx_tensor_t *t[4] = {&s->q, &s->w, &s->lens, &s->mask};
-    for (int x = 0; x < 4; x++) {
+    int started = 0;
+    for (int x = 0; x < 4 && rc == FP4IDX_OK; x++) {
       if (!fp4idx_tensor_present(t[x])) continue;
       /* q and w at any alignment: the backends read them bytewise */
-      rc = fp4idx__refs_input(j->regions, t[x], 1, x < 2, &in[x], &o[x], j->msg, j->msgcap);
-      if (rc == FP4IDX_ENOMEM)
-        return fp4idx__score_fail(j, rc, "out of memory for seqs[%zu]", i);
-      if (rc) return j->rc = rc;
+      rc = fp4idx__score_input(d, j, 4 * i + (size_t)x, t[x], x < 2, &in[x], &started);
     }
+    if (started) { /* every copy landed before its buffer is read, or freed */
+      int w = fp4idx__region_cuda_read_wait();
+      if (rc == FP4IDX_OK && w) rc = w;
+    }
+    if (rc == FP4IDX_ENOMEM) return fp4idx__score_fail(j, rc, "out of memory for seqs[%zu]", i);
+    if (rc == FP4IDX_EDEVICE)
+      return fp4idx__score_fail(j, rc, "seqs[%zu]: reading its inputs from a CUDA region failed",
+                                i);
+    if (rc) return j->rc = rc;
     fp4idx_score_seq_t view = *s;
     view.q.data = in[0];
     view.w.data = in[1];

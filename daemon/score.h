@@ -55,7 +55,9 @@ typedef struct fp4idx_score_job_s {
   int launch_size;               /* requests in that launch */
   /* private */
   fp4idx_backend_seq_t *eng;
-  void **owned;
+  void **owned;                  /* [4 per entry] malloc'd input snapshots */
+  void **pinned;                 /* [4 per entry] CUDA-region snapshots, pinned */
+  struct fp4idx_engine_s *engine; /* whose host_alloc the pinned ones are */
   uint64_t rows, cells;
   uint64_t work;                 /* sum of rows x heads x width */
   int alone;                     /* writes into regions: launched by itself */
