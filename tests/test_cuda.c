@@ -306,6 +306,23 @@ Test(cuda_random, odd_heads_and_pages, .timeout = 600) {
   const int hs[5] = {3, 17, 40, 100, 127};
   for (int i = 0; i < 5; i++) random_case(5000 + i, hs[i], 1 + i, 1500 + 37 * i, 1 << (i * 2), NULL, i & 1, 0);
 }
+/* Contexts of at most one tile (64 keys: the scorer's grid is 1) read
+ * inputs of up to 64 KB where the host wrote them (backend_cuda.c,
+ * FP4IDX__CUDA_ZERO_COPY_MAX), larger ones are uploaded: both give the CPU
+ * backend's bytes, with lens, masks, small pages and top-k. */
+Test(cuda_random, one_block_contexts, .timeout = 600) {
+  NEED_GPU();
+  const int hs[6] = {1, 8, 32, 64, 100, 128};
+  for (int i = 0; i < 6; i++) {
+    const int rows = 1 + (i * 3) % 8;
+    const int64_t n = i == 0 ? 1 : 64 - 9 * (i % 3);
+    int32_t lens[8];
+    for (int r = 0; r < rows; r++) lens[r] = (int32_t)(r == 0 ? n : (n * r) / rows);
+    random_case(7000 + (uint64_t)i, hs[i], rows, n, 1 << (i % 4 * 2), i % 2 ? lens : NULL, i & 1,
+                i % 3 ? 16 : 0);
+  }
+}
+
 Test(cuda_random, long_context_400k, .timeout = 600) {
   NEED_GPU();
   random_case(6001, 32, 4, 400000, 64, NULL, 0, 512);

@@ -62,6 +62,17 @@
  * stores over PCIe and keeps them out of the scorer's pipeline). */
 #define FP4IDX__CUDA_DIRECT_MAX ((size_t)256 << 10)
 
+/* A call of one scorer block (the scorer's plan has grid 1: a context of at
+ * most one tile, 64 keys) whose inputs take at most this many bytes reads
+ * them where the host wrote them, in the pinned staging (mapped, the same
+ * address under UVA): no upload copy, one stream operation less between the
+ * host and the kernel (H100, 64-key score of 4 x 32 rows through the
+ * socket: 45.2 -> 37.2 us p50). Wider grids upload: every block reads its
+ * rows' q, and 132 blocks reading 32 KB each over PCIe took a 16,384-key
+ * top-2048 from 84 to 177 us; the scorer's long-context paths also faulted
+ * on inputs in host memory (cudaErrorLaunchFailure at 400,000 keys). */
+#define FP4IDX__CUDA_ZERO_COPY_MAX ((size_t)64 << 10)
+
 /* Full logits of at least FP4IDX__CUDA_PART_MIN bytes copied back into
  * host memory by a submitted call come in parts, FP4IDX__CUDA_PART_FIRST
  * and then each 4x the one before (at most FP4IDX__CUDA_PARTS, the last
@@ -559,6 +570,7 @@ typedef struct fp4idx__score_layout_s {
   size_t total_rows, total_out, tk_bytes, h_val, h_cnt;
   size_t o_descs, o_works, o_trows, in_bytes, o_logits, o_tpos, o_tval, o_tcnt, o_tws, all;
   int dev_out;                     /* outputs written by the kernels where they are */
+  int zero_copy;                   /* inputs read from the pinned staging, no upload */
   int one_copy;                    /* top-k results in one download */
   float *o_dlogits;                /* full logits written in place (dev_out) */
 } fp4idx__score_layout_t;
@@ -665,6 +677,12 @@ static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
   L->all = off;
 }
 
+/* Where the kernels read the inputs: the device scratch (uploaded) or the
+ * pinned staging itself (zero_copy). */
+static uint8_t *fp4idx__score_in(const fp4idx__score_layout_t *L, const fp4idx__staging_t *st) {
+  return L->zero_copy ? st->h : st->d;
+}
+
 /* The staging set's host side filled with the inputs, the sequences'
  * descriptors and the top-k rows; the scorer's params pointed at the
  * device side. */
@@ -672,7 +690,7 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
                                fp4idx__score_layout_t *L, fp4idx__staging_t *st) {
   const int32_t H = bt->heads;
   uint8_t *h = st->h, *d = st->d;
-  const uint8_t *in = st->d;
+  const uint8_t *in = fp4idx__score_in(L, st);
   float *d_logits = L->dev_out && !bt->topk ? L->o_dlogits : (float *)(d + L->o_logits);
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + L->o_descs);
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + L->o_trows);
@@ -731,7 +749,7 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
     ops->ev[0] = st->ev[0];
     ops->ev[1] = st->ev[1];
   }
-  ops->up = (fp4idx__copy_t){d, st->h, L->in_bytes};
+  ops->up = (fp4idx__copy_t){d, st->h, L->zero_copy ? 0 : L->in_bytes};
   if ((rc = fp4idx_cuda_score_describe(&L->prm, &ops->kern[0]))) return rc;
   if (ops->kern[0].func) ops->n_kern = 1;
   const size_t kk = (size_t)bt->topk;
@@ -739,7 +757,9 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
   float *d_tval = L->dev_out ? bt->topk_val : (float *)(d + L->o_tval);
   int32_t *d_tcnt = L->dev_out ? bt->topk_count : (int32_t *)(d + L->o_tcnt);
   if (bt->topk) {
-    rc = fp4idx_cuda_topk_describe(&L->tp, (const fp4idx_cuda_topk_row_t *)(d + L->o_trows),
+    rc = fp4idx_cuda_topk_describe(&L->tp,
+                                   (const fp4idx_cuda_topk_row_t *)(fp4idx__score_in(L, st) +
+                                                                    L->o_trows),
                                    d_tpos, d_tval, d_tcnt, &ops->kern[ops->n_kern]);
     if (rc == FP4IDX_ENODEV) *chunked = 1;
     else if (rc) return rc;
@@ -790,14 +810,17 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
                                  const fp4idx__score_ops_t *ops, int chunked, int parts) {
   int rc = FP4IDX_OK;
   if (ops->ev[0]) CK(cudaEventRecord(ops->ev[0], c->stream), "score: event");
-  CK(cudaMemcpyAsync(ops->up.dst, ops->up.src, ops->up.bytes, cudaMemcpyHostToDevice,
-                     c->stream), "score: upload");
+  if (ops->up.bytes)
+    CK(cudaMemcpyAsync(ops->up.dst, ops->up.src, ops->up.bytes, cudaMemcpyHostToDevice,
+                       c->stream), "score: upload");
   if (ops->ev[1]) CK(cudaEventRecord(ops->ev[1], c->stream), "score: event");
   for (int i = 0; i < ops->n_kern; i++)
     if ((rc = fp4idx_cuda_launch_run(&ops->kern[i], c->stream))) goto out;
   if (chunked) {
     uint8_t *d = st->d;
-    rc = fp4idx_cuda_topk_launch(&L->tp, (const fp4idx_cuda_topk_row_t *)(d + L->o_trows),
+    rc = fp4idx_cuda_topk_launch(&L->tp,
+                                 (const fp4idx_cuda_topk_row_t *)(fp4idx__score_in(L, st) +
+                                                                  L->o_trows),
                                  d + L->o_tws,
                                  L->dev_out ? bt->topk_pos : (int32_t *)(d + L->o_tpos),
                                  L->dev_out ? bt->topk_val : (float *)(d + L->o_tval),
@@ -845,6 +868,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if ((rc = fp4idx__stage_take(c, L.in_bytes, L.all, &st))) goto out;
   st->n_parts = 0;
   st->parts_seen = 0;
+  L.zero_copy = L.prm.grid == 1 && L.in_bytes <= FP4IDX__CUDA_ZERO_COPY_MAX;
   fp4idx__score_fill(c, b->page_size, bt, &L, st);
   fp4idx__score_ops_t ops;
   int chunked;
