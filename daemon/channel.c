@@ -109,16 +109,29 @@ static void *fp4idx__channel_watch(void *arg) {
 
 /* ---- calls on the worker ---------------------------------------------------- */
 
-/* Writes slot i's completion word (cs->mu held, block mapped). */
-static void fp4idx__channel_complete(fp4idx_channel_t *ch, uint32_t i, int status) {
+/* Counts one call of ch, before its completion can be seen (cs->mu held). */
+static void fp4idx__channel_count_call(fp4idx_channel_t *ch) {
+  ch->calls++;
+  fp4idx__stats_channel(ch->cs->stats, 0, 0);
+}
+
+/* Writes slot i's completion word, unless the device already did
+ * (`written`: then the client may have reset it for its next call on the
+ * slot, and a store now would answer that one); counts the call unless
+ * `counted`, and its failure (cs->mu held, block mapped). */
+static void fp4idx__channel_complete(fp4idx_channel_t *ch, uint32_t i, int status, int written,
+                                     int counted) {
   fp4idx_channel_slot_t *s = fp4idx_channel_slot(ch->block, i);
-  __atomic_store_n(&s->completion, fp4idx_channel_completion(ch->taken[i], status),
-                   __ATOMIC_RELEASE);
+  if (!written)
+    __atomic_store_n(&s->completion, fp4idx_channel_completion(ch->taken[i], status),
+                     __ATOMIC_RELEASE);
   ch->taken[i] = 0;
   ch->ntaken--;
-  ch->calls++;
-  if (status) ch->errors++;
-  fp4idx__stats_channel(ch->cs->stats, 0, status);
+  if (!counted) fp4idx__channel_count_call(ch);
+  if (status) {
+    ch->errors++;
+    fp4idx__stats_channel_error(ch->cs->stats);
+  }
 }
 
 int fp4idx__channel_call_check(const fp4idx_channel_t *ch, uint32_t slot,
@@ -147,17 +160,24 @@ static void fp4idx__channel_work(fp4idx_job_t *job) {
   for (;;) {
     pthread_mutex_lock(&cs->mu);
     uint32_t i = ch->closed ? ch->nslots : fp4idx__channel_next_taken(ch);
+    if (i < ch->nslots) fp4idx__channel_count_call(ch); /* seen in stats once its stream goes on */
     pthread_mutex_unlock(&cs->mu);
     if (i == ch->nslots) break;
     fp4idx_channel_call_t call;
     msg[0] = '\0';
-    int rc = fp4idx__channel_call_check(ch, i, &call, msg, sizeof msg);
-    if (rc == FP4IDX_OK) rc = cs->run(cs->d, ch->rs, &call, msg, sizeof msg);
+    int rc = fp4idx__channel_call_check(ch, i, &call, msg, sizeof msg), written = 0;
+    /* the device's completion store goes only to a mapped (pinned) block */
+    if (rc == FP4IDX_OK)
+      rc = cs->run(cs->d, ch->rs, &call,
+                   ch->pinned ? &fp4idx_channel_slot(ch->block, i)->completion : NULL,
+                   fp4idx_channel_completion(ch->taken[i], FP4IDX_OK), &written, msg, sizeof msg);
     if (rc)
       fp4idx__log_debug("connection %" PRIu64 " channel %" PRIu64 " slot %u ticket %u: %s: %s",
                         ch->rs->conn_id, ch->id, i, ch->taken[i], fp4idx_status_name(rc), msg);
     pthread_mutex_lock(&cs->mu);
-    fp4idx__channel_complete(ch, i, rc);
+    /* a failure after the device stored success (a fault later in the
+     * launch's wait) still completes with its error: a stream must not hang */
+    fp4idx__channel_complete(ch, i, rc, written && rc == FP4IDX_OK, 1);
     pthread_mutex_unlock(&cs->mu);
   }
 }
@@ -229,7 +249,7 @@ static void fp4idx__channel_shut(fp4idx_channel_t *ch, const char *why) {
     }
   uint32_t pending = ch->ntaken;
   for (uint32_t i = 0; i < ch->nslots; i++)
-    if (ch->taken[i]) fp4idx__channel_complete(ch, i, FP4IDX_ECONN);
+    if (ch->taken[i]) fp4idx__channel_complete(ch, i, FP4IDX_ECONN, 0, 0);
   uint64_t calls = ch->calls, errors = ch->errors;
   pthread_mutex_unlock(&cs->mu);
   if (ch->pinned) fp4idx__region_cuda_unpin(ch->rs->cuda_device, ch->block);

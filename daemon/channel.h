@@ -16,7 +16,8 @@
  *                          score request of one entry), then the compute
  *                          side (fp4idx__channel_run_fn), then the
  *                          completion word, with the status, after the
- *                          outputs
+ *                          outputs (stored by the device's stream right
+ *                          after them when the launch took it on)
  *   channel_close, or the connection closing (worker): out of the watched
  *                          set, every taken call completed with ECONN, the
  *                          block unpinned and unmapped
@@ -58,11 +59,15 @@ typedef struct fp4idx_channel_s fp4idx_channel_t;
 
 /* The compute side: runs a checked call on the worker thread against the
  * connection's regions rs, with the outputs in place when it returns.
- * Returns 0 or the status a socket `score` would have answered, with the
- * reason in msg. */
+ * `done` (the call's completion word, mapped) and done_value (its word for
+ * success) may go with the launch: *done_written = 1 when the device
+ * stored done_value there after the outputs, else 0 (the caller writes
+ * the completion). Returns 0 or the status a socket `score` would have
+ * answered, with the reason in msg. */
 typedef int (*fp4idx__channel_run_fn)(struct fp4idx_daemon_s *d, fp4idx_regions_t *rs,
-                                      const fp4idx_channel_call_t *call, char *msg,
-                                      size_t cap);
+                                      const fp4idx_channel_call_t *call,
+                                      volatile uint32_t *done, uint32_t done_value,
+                                      int *done_written, char *msg, size_t cap);
 
 /* Every open channel of the daemon. */
 typedef struct fp4idx_channels_s {
@@ -104,7 +109,8 @@ int fp4idx__channel_close(fp4idx_regions_t *rs, uint64_t id, char *msg, size_t c
 /* The compute side (channel_run.c): the call as the score plan of one
  * entry, checked, launched and collected on the worker, no reply frame. */
 int fp4idx__channel_run_score(struct fp4idx_daemon_s *d, fp4idx_regions_t *rs,
-                              const fp4idx_channel_call_t *call, char *msg, size_t cap);
+                              const fp4idx_channel_call_t *call, volatile uint32_t *done,
+                              uint32_t done_value, int *done_written, char *msg, size_t cap);
 
 /* The check of one taken call: the descriptor copied at the ring against
  * the channel's bound regions (fp4idx_channel_desc_check). */

@@ -330,6 +330,12 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
                                       .topk_one_buffer = k && staged && pos == (int32_t *)mem &&
                                                          val == (float *)(mem + at_val) &&
                                                          count == (int32_t *)(mem + at_cnt)};
+  if (n == 1 && jobs[0]->done_word) {
+    jobs[0]->done_written = 0;
+    l->batch.done_word = jobs[0]->done_word;
+    l->batch.done_value = jobs[0]->done_value;
+    l->batch.done_written = &jobs[0]->done_written;
+  }
   l->t0 = fp4idx__stats_now_us();
   int rc = fp4idx__engine_score_submit(d->engine, &l->batch, &l->call);
   if (rc) {

@@ -53,6 +53,14 @@ typedef struct fp4idx_score_job_s {
                                      device timing, kernels_us = the host
                                      time of the backend call */
   int launch_size;               /* requests in that launch */
+  /* in, optional: a mapped word for the launch to store done_value into
+   * once the job's outputs are in place (a channel's completion word;
+   * fp4idx_backend_batch_t.done_word), only for a job launched alone;
+   * out: done_written, 1 when the device took the store on (it happens iff
+   * the launch completes), else 0 and the caller stores it */
+  volatile uint32_t *done_word;
+  uint32_t done_value;
+  int32_t done_written;
   /* private */
   fp4idx_backend_seq_t *eng;
   void **owned;                  /* [4 per entry] malloc'd input snapshots */

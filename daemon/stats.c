@@ -87,6 +87,12 @@ void fp4idx__stats_channel(fp4idx_daemon_stats_t *s, int open_delta, int status)
   pthread_mutex_unlock(&s->mu);
 }
 
+void fp4idx__stats_channel_error(fp4idx_daemon_stats_t *s) {
+  pthread_mutex_lock(&s->mu);
+  s->channel_errors++;
+  pthread_mutex_unlock(&s->mu);
+}
+
 void fp4idx__stats_queue(fp4idx_daemon_stats_t *s, int delta) {
   pthread_mutex_lock(&s->mu);
   if (delta > 0) s->queue_depth++;

@@ -75,9 +75,13 @@ void fp4idx__stats_to_wire(const fp4idx_daemon_stats_t *snap, fp4idx_stats_t *st
 /* +1 when a request is queued for the worker, -1 when the worker takes it. */
 void fp4idx__stats_queue(fp4idx_daemon_stats_t *s, int delta);
 
-/* Channels: open_delta +1 / -1 when one opens / closes; 0 for a completed
- * call with its status. */
+/* Channels: open_delta +1 / -1 when one opens / closes; 0 for a call
+ * (counted when it is taken up, before its completion can be seen),
+ * with status nonzero for one that failed (counted as a call too). */
 void fp4idx__stats_channel(fp4idx_daemon_stats_t *s, int open_delta, int status);
+
+/* A call counted already (fp4idx__stats_channel) that then failed. */
+void fp4idx__stats_channel_error(fp4idx_daemon_stats_t *s);
 
 /* +1 / -1 open connections. */
 void fp4idx__stats_conn(fp4idx_daemon_stats_t *s, int delta);

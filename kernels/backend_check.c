@@ -31,6 +31,7 @@ int fp4idx_backend_check_score(const fp4idx_backend_t *b,
   if (batch->heads < 1 || batch->heads > FP4IDX_MAX_HEADS) return FP4IDX_EINVAL;
   if (batch->n_seqs < 0 || (batch->n_seqs > 0 && !batch->seqs)) return FP4IDX_EINVAL;
   if (batch->topk < 0) return FP4IDX_EINVAL;
+  if (batch->done_word && !batch->done_written) return FP4IDX_EINVAL;
   if (batch->n_seqs > 0 &&
       (batch->topk == 0 ? !batch->logits
                         : (!batch->topk_pos || !batch->topk_val || !batch->topk_count)))

@@ -115,6 +115,18 @@ typedef struct fp4idx_backend_batch_s {
    * and the bytes between them are the caller's too: a device backend may
    * bring all three back with one copy (gaps included). 0: three arrays. */
   int32_t topk_one_buffer;
+  /* Optional (NULL: none): a 4-byte host word the backend's device can
+   * write (pinned and mapped, e.g. cudaHostRegister'd), and the value to
+   * store there once every output of the call is in place. A device
+   * backend that takes it on enqueues the store after its kernels and
+   * copies, so that whoever waits on the word (a client's CUDA stream) sees
+   * the outputs with no host in between, and sets *done_written = 1; the
+   * store then happens if and only if the call's device work completes.
+   * *done_written = 0 (done_written may not be NULL when done_word is
+   * not): the caller stores it. */
+  volatile uint32_t *done_word;
+  uint32_t done_value;
+  int32_t *done_written;
 } fp4idx_backend_batch_t;
 
 typedef struct fp4idx_backend_ops_s {

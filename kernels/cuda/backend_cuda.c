@@ -802,6 +802,22 @@ out:
   return rc;
 }
 
+/* The caller's done word (fp4idx_backend_batch_t.done_word), stored by the
+ * stream after the outputs where the driver has cuStreamWriteValue32 and
+ * the word is mapped; else left to the caller (*done_written stays 0). */
+static void fp4idx__score_done_word(fp4idx__cuda_t *c, const fp4idx_backend_batch_t *bt) {
+  void *dev = NULL;
+  if (!c->write_value || cudaHostGetDevicePointer(&dev, (void *)bt->done_word, 0) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not mapped: the caller stores it */
+    return;
+  }
+  /* the default flags fence the outputs before the word; refused: the
+   * caller stores it once the call is seen done */
+  *bt->done_written = c->write_value((CUstream)c->stream, (CUdeviceptr)(uintptr_t)dev,
+                                     bt->done_value, CU_STREAM_WRITE_VALUE_DEFAULT) ==
+                      CUDA_SUCCESS;
+}
+
 /* Enqueues the call op by op: events, upload, the kernels (and the chunked
  * top-k's several operations), the downloads (in parts: `parts`), then the
  * end (fp4idx__stage_end). */
@@ -836,6 +852,7 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
       CK(cudaMemcpyAsync(ops->down[i].dst, ops->down[i].src, ops->down[i].bytes,
                          cudaMemcpyDeviceToHost, c->stream), "score: download");
   }
+  if (bt->done_word) fp4idx__score_done_word(c, bt);
   rc = fp4idx__stage_end(c, st, "score: event");
 out:
   return rc;
@@ -851,6 +868,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   if (!b || !((fp4idx__cuda_t *)b->impl)->pool) return FP4IDX_EINVAL;
   int rc = fp4idx_backend_check_score(b, bt);
   if (rc != FP4IDX_OK) return rc;
+  if (bt->done_word) *bt->done_written = 0; /* until the stream takes it on */
   fp4idx__cuda_t *c = b->impl;
   if (bt->timing) memset(bt->timing, 0, sizeof *bt->timing);
   if (bt->n_seqs == 0) return FP4IDX_OK;
