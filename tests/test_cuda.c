@@ -277,6 +277,22 @@ static void random_case(uint64_t seed, int heads, int rows, int64_t n, int32_t P
     cr_assert_eq(memcmp(cg, cc, sizeof(int32_t) * rows), 0, "top-k counts differ");
     cr_assert_eq(memcmp(pg, pc, sizeof(int32_t) * rows * topk), 0, "top-k positions differ (k=%d)", topk);
     cr_assert_eq(fp4idx_test_count_diff(vg, vc, (int64_t)rows * topk), 0, "top-k logits differ");
+    /* again into the backend's pinned memory (as the daemon's replies):
+     * small results are stored there by the kernel itself, larger ones
+     * copied; the same bytes either way */
+    void *pin = NULL;
+    const size_t tk = sizeof(int32_t) * (size_t)rows * (size_t)topk;
+    cr_assert_eq(g->ops->host_alloc(g, 2 * tk + sizeof(int32_t) * (size_t)rows, &pin), 0);
+    memset(pin, 0x5A, 2 * tk + sizeof(int32_t) * (size_t)rows);
+    tb.topk_pos = pin;
+    tb.topk_val = (float *)((uint8_t *)pin + tk);
+    tb.topk_count = (int32_t *)((uint8_t *)pin + 2 * tk);
+    cr_assert_eq(g->ops->score(g, &tb), 0);
+    cr_assert_eq(memcmp(tb.topk_count, cc, sizeof(int32_t) * rows), 0, "pinned: top-k counts differ");
+    cr_assert_eq(memcmp(tb.topk_pos, pc, tk), 0, "pinned: top-k positions differ (k=%d)", topk);
+    cr_assert_eq(fp4idx_test_count_diff(tb.topk_val, vc, (int64_t)rows * topk), 0,
+                 "pinned: top-k logits differ");
+    g->ops->host_free(g, pin);
     free(pg); free(pc); free(vg); free(vc);
   }
   fp4idx_backend_destroy(g);

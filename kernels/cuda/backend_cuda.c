@@ -62,6 +62,15 @@
  * stores over PCIe and keeps them out of the scorer's pipeline). */
 #define FP4IDX__CUDA_DIRECT_MAX ((size_t)256 << 10)
 
+/* Top-k results of at most this many bytes (positions, logits, counts)
+ * that lie in pinned host memory are stored by the top-k kernel itself
+ * across PCIe, as small full logits are: no download copy (a DMA's latency
+ * and a stream operation). Larger ones are copied: the top-k's scattered
+ * 4-byte stores over PCIe cost more than the copy they save (H200: a
+ * 400,000-key top-2048, 64 KB of results, took ~30 us longer in its
+ * kernels to save ~10 us of download). */
+#define FP4IDX__CUDA_DIRECT_TOPK_MAX ((size_t)4 << 10)
+
 /* A call of one scorer block (the scorer's plan has grid 1: a context of at
  * most one tile, 64 keys) whose inputs take at most this many bytes reads
  * them where the host wrote them, in the pinned staging (mapped, the same
@@ -573,6 +582,8 @@ typedef struct fp4idx__score_layout_s {
   int zero_copy;                   /* inputs read from the pinned staging, no upload */
   int one_copy;                    /* top-k results in one download */
   float *o_dlogits;                /* full logits written in place (dev_out) */
+  int32_t *o_dtpos, *o_dtcnt;      /* top-k results written in place (dev_out) */
+  float *o_dtval;
 } fp4idx__score_layout_t;
 
 static void fp4idx__score_layout_free(fp4idx__score_layout_t *L) {
@@ -645,13 +656,20 @@ static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
   const size_t kk = (size_t)bt->topk;
   L->dev_out = bt->outputs_on_device;
   L->o_dlogits = bt->logits;
-  /* Full logits only: the scorer stores whole rows; the top-k's scattered
-   * 4-byte result stores across PCIe cost more than the copy they save
-   * (H200: a 400k top-2048 takes ~30 us longer in its kernels to save ~10
-   * us of download; 16k full logits save ~3.6 us). */
+  L->o_dtpos = bt->topk_pos;
+  L->o_dtval = bt->topk_val;
+  L->o_dtcnt = bt->topk_count;
+  /* Full logits store whole rows (16k full logits save ~3.6 us); top-k
+   * results only when small (FP4IDX__CUDA_DIRECT_TOPK_MAX). */
   if (!L->dev_out && !bt->topk && L->total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
     L->o_dlogits = fp4idx__mapped(bt->logits);
     L->dev_out = L->o_dlogits != NULL;
+  }
+  if (!L->dev_out && bt->topk && L->total_rows * (kk * 8 + 4) <= FP4IDX__CUDA_DIRECT_TOPK_MAX) {
+    L->o_dtpos = fp4idx__mapped(bt->topk_pos);
+    L->o_dtval = fp4idx__mapped(bt->topk_val);
+    L->o_dtcnt = fp4idx__mapped(bt->topk_count);
+    L->dev_out = L->o_dtpos && L->o_dtval && L->o_dtcnt;
   }
   L->o_logits = off;
   if (!(L->dev_out && !bt->topk)) off = fp4idx__align(off + L->total_out * 4);
@@ -753,9 +771,9 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
   if ((rc = fp4idx_cuda_score_describe(&L->prm, &ops->kern[0]))) return rc;
   if (ops->kern[0].func) ops->n_kern = 1;
   const size_t kk = (size_t)bt->topk;
-  int32_t *d_tpos = L->dev_out ? bt->topk_pos : (int32_t *)(d + L->o_tpos);
-  float *d_tval = L->dev_out ? bt->topk_val : (float *)(d + L->o_tval);
-  int32_t *d_tcnt = L->dev_out ? bt->topk_count : (int32_t *)(d + L->o_tcnt);
+  int32_t *d_tpos = L->dev_out ? L->o_dtpos : (int32_t *)(d + L->o_tpos);
+  float *d_tval = L->dev_out ? L->o_dtval : (float *)(d + L->o_tval);
+  int32_t *d_tcnt = L->dev_out ? L->o_dtcnt : (int32_t *)(d + L->o_tcnt);
   if (bt->topk) {
     rc = fp4idx_cuda_topk_describe(&L->tp,
                                    (const fp4idx_cuda_topk_row_t *)(fp4idx__score_in(L, st) +
@@ -838,9 +856,9 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
                                  (const fp4idx_cuda_topk_row_t *)(fp4idx__score_in(L, st) +
                                                                   L->o_trows),
                                  d + L->o_tws,
-                                 L->dev_out ? bt->topk_pos : (int32_t *)(d + L->o_tpos),
-                                 L->dev_out ? bt->topk_val : (float *)(d + L->o_tval),
-                                 L->dev_out ? bt->topk_count : (int32_t *)(d + L->o_tcnt),
+                                 L->dev_out ? L->o_dtpos : (int32_t *)(d + L->o_tpos),
+                                 L->dev_out ? L->o_dtval : (float *)(d + L->o_tval),
+                                 L->dev_out ? L->o_dtcnt : (int32_t *)(d + L->o_tcnt),
                                  c->stream);
     if (rc) goto out;
   }
