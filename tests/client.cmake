@@ -44,6 +44,20 @@ if(TARGET fp4idx_daemon_harness)
     LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads
     LABELS daemon client)
   set_tests_properties(test_client_channel PROPERTIES TIMEOUT 300)
+  # The same tests with a stand-in libcuda.so.1 (cuda_driver_stub.c) loaded
+  # first: the host calls with a driver present, and the C client's stream
+  # path (one cuStreamBatchMemOp a call, op by op where it is refused)
+  # without a GPU.
+  add_library(fp4idx_cuda_driver_stub SHARED cuda_driver_stub.c)
+  set_target_properties(fp4idx_cuda_driver_stub PROPERTIES OUTPUT_NAME cuda VERSION 1 SOVERSION 1
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/stub_driver)
+  fp4idx_add_test(test_client_channel_stream SOURCES test_client_channel.c
+    LIBS fp4idx::client fp4idx_daemon_harness fp4idx_test_util Threads::Threads ${CMAKE_DL_LIBS}
+    LABELS daemon client)
+  target_compile_definitions(test_client_channel_stream PRIVATE
+    FP4IDX_TEST_STUB_DRIVER="${CMAKE_CURRENT_BINARY_DIR}/stub_driver/libcuda.so.1")
+  add_dependencies(test_client_channel_stream fp4idx_cuda_driver_stub)
+  set_tests_properties(test_client_channel_stream PROPERTIES TIMEOUT 300)
 endif()
 
 # README.md's library example, compiled against the build tree's

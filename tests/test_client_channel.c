@@ -412,3 +412,85 @@ Test(channel, a_client_that_exits_with_a_channel_open_leaves_no_channel) {
   cr_assert(fp4idx_test_daemon_alive(&daemon_));
   fp4idx_client_close(c);
 }
+
+#ifdef FP4IDX_TEST_STUB_DRIVER
+/* ---- the stream path, through a stand-in driver ------------------------------ *
+ * This build (test_client_channel_stream) loads tests/cuda_driver_stub.c's
+ * libcuda.so.1 before the client looks for the driver (by its soname, so
+ * the client's dlopen finds it loaded; the daemon it starts never sees it):
+ * every test above then runs with a driver present, and these run the C
+ * client's stream calls, whose operations the stub performs at once on the
+ * calling thread. */
+#include <dlfcn.h>
+
+#define STUB_STREAM ((void *)0x5678)
+enum { STUB_WRITE32 = 2, STUB_WRITE64 = 3, STUB_WAIT = 4, STUB_BATCH = 5, STUB_N = 7 };
+
+static void *stub_driver(void) {
+  void *h = dlopen(FP4IDX_TEST_STUB_DRIVER, RTLD_NOW | RTLD_GLOBAL);
+  cr_assert_not_null(h, "the stub driver %s: %s", FP4IDX_TEST_STUB_DRIVER, dlerror());
+  return h;
+}
+
+__attribute__((constructor)) static void load_stub_driver(void) {
+  (void)dlopen(FP4IDX_TEST_STUB_DRIVER, RTLD_NOW | RTLD_GLOBAL);
+}
+
+/* Four calls on the stub's "stream" (top-k and full logits, alternating)
+ * give the socket's bytes; each is one batch of 13 operations (2 32-bit
+ * writes, 10 64-bit writes, 1 wait), or with the batch refused the same 13
+ * one by one. */
+static void stream_calls(uint64_t seq, int refuse_batch) {
+  void *h = stub_driver();
+  int (*calls)(int) = (int (*)(int))dlsym(h, "stub_calls");
+  void (*refuse)(int) = (void (*)(int))dlsym(h, "stub_refuse_batch");
+  size_t (*registered)(void) = (size_t(*)(void))dlsym(h, "stub_registered");
+  cr_assert(calls && refuse && registered, "the stub driver lacks its controls");
+  setup_t s;
+  setup(&s, seq);
+  int32_t pos[R * K], cnt[R];
+  float val[R * K];
+  CHECK(s.c, fp4idx_client_topk(s.c, seq, H, R, s.q, s.w, s.lens, K, pos, val, cnt));
+  float *ref = malloc((size_t)R * N * 4);
+  cr_assert_not_null(ref);
+  uint32_t width = 0;
+  CHECK(s.c, fp4idx_client_score_into(s.c, seq, H, R, s.q, s.w, s.lens, ref, (size_t)R * N,
+                                      &width));
+  fp4idx_client_channel_t *ch = open_channel(&s, 2);
+  cr_assert_neq(fp4idx_client_channel_device_block(ch), 0u, "no device mapping from the stub");
+  cr_assert_gt(registered(), 0u);
+  refuse(refuse_batch);
+  int n0[STUB_N];
+  for (int i = 0; i < STUB_N; i++) n0[i] = calls(i);
+  for (int i = 0; i < 4; i++) {
+    uint32_t t = 0;
+    memset(s.mem + OUT_AT, 0xAB, s.size - OUT_AT);
+    if (i % 2 == 0) {
+      CHECK(s.c, fp4idx_client_channel_topk(ch, STUB_STREAM, &s.call, K, &t));
+      cr_assert_eq(memcmp(s.mem + s.call.positions_offset, pos, sizeof pos), 0, "call %d", i);
+      cr_assert_eq(memcmp(s.mem + s.call.logits_offset, val, sizeof val), 0, "call %d", i);
+      cr_assert_eq(memcmp(s.mem + s.call.counts_offset, cnt, sizeof cnt), 0, "call %d", i);
+    } else {
+      CHECK(s.c, fp4idx_client_channel_score(ch, STUB_STREAM, &s.call, width, &t));
+      cr_assert_eq(memcmp(s.mem + OUT_AT, ref, (size_t)R * width * 4), 0, "call %d", i);
+    }
+    cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK, "call %d", i);
+  }
+  int n[STUB_N];
+  for (int i = 0; i < STUB_N; i++) n[i] = calls(i) - n0[i];
+  cr_assert_eq(n[STUB_BATCH], 4, "%d batch calls", n[STUB_BATCH]);
+  cr_assert_eq(n[STUB_WRITE32], 8, "%d 32-bit writes", n[STUB_WRITE32]);
+  cr_assert_eq(n[STUB_WRITE64], 40, "%d 64-bit writes", n[STUB_WRITE64]);
+  cr_assert_eq(n[STUB_WAIT], 4, "%d waits", n[STUB_WAIT]);
+  CHECK(s.c, fp4idx_client_channel_close(ch));
+  cr_assert_eq(registered(), 0u, "the block is still registered after the close");
+  free(ref);
+  teardown(&s);
+}
+
+Test(channel, stream_calls_in_one_batch_equal_the_socket) { stream_calls(21, 0); }
+
+Test(channel, stream_calls_op_by_op_where_the_batch_is_refused_equal_the_socket) {
+  stream_calls(22, 1);
+}
+#endif
