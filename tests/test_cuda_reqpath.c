@@ -242,3 +242,59 @@ Test(cuda_reqpath, pinned_blocks_are_reused_and_aligned) {
   g->ops->host_free(g, NULL);
   fp4idx_backend_destroy(g);
 }
+
+/* Two calls in flight, as the daemon's worker holds them (score_submit,
+ * then score_wait of the older one), alternating batches whose inputs take
+ * more than 256 KB (uploaded on the side stream while the kernels of the
+ * call before run) with one-row calls (uploaded on the main stream): every
+ * result equals the CPU backend's. */
+Test(cuda_reqpath, uploads_overlapped_with_the_call_before, .timeout = 600) {
+  NEED_GPU();
+  enum { S = 4, CALLS = 10 };
+  const int64_t N = 20000;
+  fp4idx_test_case_t tc;
+  fp4idx_backend_t *g, *c;
+  stored_pair(&tc, &g, &c, 123, 128, 8, N, 64); /* q of 8 rows x 128 heads: 256 KB */
+  fp4idx_backend_seq_t seqs[2][S];
+  int32_t lens[2][S][8];
+  fp4idx_backend_batch_t bt[2];
+  void *out[2] = {NULL, NULL};
+  size_t cells[2] = {0, 0};
+  int ticket[2] = {-1, -1};
+  for (int i = 0; i < CALLS + 2; i++) {
+    const int k = i % 2;
+    if (i >= 2) { /* call i - 2 in slot k: wait, then the CPU's answer to it */
+      if (ticket[k] >= 0) cr_assert_eq(g->ops->score_wait(g, ticket[k]), FP4IDX_OK, "call %d", i - 2);
+      float *ref = malloc(cells[k] * 4 + 4);
+      cr_assert_not_null(ref);
+      fp4idx_backend_batch_t cb = bt[k];
+      cb.logits = ref;
+      cr_assert_eq(c->ops->score(c, &cb), FP4IDX_OK);
+      cr_assert_eq(fp4idx_test_count_diff(out[k], ref, (int64_t)cells[k]), 0,
+                   "call %d (%d sequences): logits differ from the CPU backend", i - 2,
+                   bt[k].n_seqs);
+      free(ref);
+      g->ops->host_free(g, out[k]);
+      out[k] = NULL;
+    }
+    if (i >= CALLS) continue;
+    const int big = i % 3 != 2, ns = big ? S : 1;
+    cells[k] = 0;
+    for (int j = 0; j < ns; j++) {
+      const int rows = big ? 8 : 1;
+      const int64_t width = N - 97 * (i + j);
+      for (int r = 0; r < rows; r++) lens[k][j][r] = (int32_t)(width - 13 * r);
+      seqs[k][j] = (fp4idx_backend_seq_t){.pages = tc.pages, .n_keys = N, .rows = rows,
+                                          .width = width, .q = tc.q, .w = tc.w,
+                                          .lens = lens[k][j]};
+      cells[k] += (size_t)rows * (size_t)width;
+    }
+    cr_assert_eq(g->ops->host_alloc(g, cells[k] * 4 + 4, &out[k]), FP4IDX_OK);
+    bt[k] = (fp4idx_backend_batch_t){.heads = tc.heads, .n_seqs = ns, .seqs = seqs[k],
+                                     .logits = out[k]};
+    cr_assert_eq(g->ops->score_submit(g, &bt[k], &ticket[k]), FP4IDX_OK, "call %d", i);
+  }
+  fp4idx_backend_destroy(g);
+  fp4idx_backend_destroy(c);
+  fp4idx_test_case_free(&tc);
+}

@@ -62,6 +62,15 @@
  * stores over PCIe and keeps them out of the scorer's pipeline). */
 #define FP4IDX__CUDA_DIRECT_MAX ((size_t)256 << 10)
 
+/* A score whose inputs take at least this many bytes (a batch of many
+ * sequences) uploads them on the side stream (fp4idx__cuda_t.up_stream),
+ * and its kernels wait for that upload by an event: so the upload of one
+ * batch overlaps the kernels of the batch before it on the main stream
+ * (the worker begins batch k+1 while the device runs batch k), instead of
+ * queueing behind them. Smaller uploads stay on the main stream: the event
+ * and the cross-stream wait cost more than they overlap. */
+#define FP4IDX__CUDA_SIDE_UPLOAD_MIN ((size_t)256 << 10)
+
 /* Top-k results of at most this many bytes (positions, logits, counts)
  * that lie in pinned host memory are stored by the top-k kernel itself
  * across PCIe, as small full logits are: no download copy (a DMA's latency
@@ -111,6 +120,7 @@ typedef struct fp4idx__staging_s {
   uint8_t *d;             /* device */
   size_t d_cap;
   cudaEvent_t ev[4];      /* before upload, after upload, after kernels, end */
+  cudaEvent_t up_done;    /* its upload on the side stream done (no timing) */
   int used;               /* 0: free (its end waited for); 1: ev[3]
                              recorded, wait on it before reuse; 2: a call
                              failed before recording it: sync */
@@ -140,6 +150,7 @@ typedef struct fp4idx__cuda_s {
   int mps;                /* 1 MPS client, 0 not, -1 the driver does not say */
   int priority;           /* of the stream */
   cudaStream_t stream;
+  cudaStream_t up_stream; /* large uploads (FP4IDX__CUDA_SIDE_UPLOAD_MIN) */
   uint8_t *pool;          /* device */
   int32_t log2p;
   fp4idx__staging_t set[2];
@@ -178,7 +189,10 @@ static int fp4idx__stage_take(fp4idx__cuda_t *c, size_t h_need, size_t d_need,
   if (st->pending) return FP4IDX_EINVAL; /* more than FP4IDX_BACKEND_INFLIGHT out */
   c->cur ^= 1;
   if (st->used == 1) CK(cudaEventSynchronize(st->ev[3]), "staging: wait");
-  if (st->used == 2) CK(cudaStreamSynchronize(c->stream), "staging: wait after an error");
+  if (st->used == 2) {
+    CK(cudaStreamSynchronize(c->stream), "staging: wait after an error");
+    CK(cudaStreamSynchronize(c->up_stream), "staging: wait after an error");
+  }
   st->used = 2; /* in use until fp4idx__stage_finish records its end */
   if (h_need > st->h_cap) {
     size_t cap = h_need + h_need / 2;
@@ -349,6 +363,7 @@ static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
       fp4idx__seqpages_destroy(c->seqpages, c->stream);
       cudaStreamSynchronize(c->stream);
     }
+    if (c->up_stream) cudaStreamSynchronize(c->up_stream);
     cudaFree(c->pool);
     for (int i = 0; i < 2; i++) {
       fp4idx__staging_t *st = &c->set[i];
@@ -358,11 +373,13 @@ static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
         if (st->ev[j]) cudaEventDestroy(st->ev[j]);
       for (int j = 0; j < FP4IDX__CUDA_PARTS; j++)
         if (st->part_ev[j]) cudaEventDestroy(st->part_ev[j]);
+      if (st->up_done) cudaEventDestroy(st->up_done);
     }
     cudaFree(c->d_flag);
     if (c->h_words) cudaFreeHost(c->h_words);
     fp4idx__pinned_destroy(c->pinned);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->up_stream) cudaStreamDestroy(c->up_stream);
     free(c);
   }
   free(b);
@@ -843,11 +860,18 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
                                  const fp4idx__score_layout_t *L, fp4idx__staging_t *st,
                                  const fp4idx__score_ops_t *ops, int chunked, int parts) {
   int rc = FP4IDX_OK;
-  if (ops->ev[0]) CK(cudaEventRecord(ops->ev[0], c->stream), "score: event");
+  /* a large upload on the side stream, the kernels after it by its event */
+  const int side = ops->up.bytes >= FP4IDX__CUDA_SIDE_UPLOAD_MIN;
+  cudaStream_t us = side ? c->up_stream : c->stream;
+  if (ops->ev[0]) CK(cudaEventRecord(ops->ev[0], us), "score: event");
   if (ops->up.bytes)
-    CK(cudaMemcpyAsync(ops->up.dst, ops->up.src, ops->up.bytes, cudaMemcpyHostToDevice,
-                       c->stream), "score: upload");
-  if (ops->ev[1]) CK(cudaEventRecord(ops->ev[1], c->stream), "score: event");
+    CK(cudaMemcpyAsync(ops->up.dst, ops->up.src, ops->up.bytes, cudaMemcpyHostToDevice, us),
+       "score: upload");
+  if (ops->ev[1]) CK(cudaEventRecord(ops->ev[1], us), "score: event");
+  if (side) {
+    CK(cudaEventRecord(st->up_done, us), "score: event");
+    CK(cudaStreamWaitEvent(c->stream, st->up_done, 0), "score: wait for the upload");
+  }
   for (int i = 0; i < ops->n_kern; i++)
     if ((rc = fp4idx_cuda_launch_run(&ops->kern[i], c->stream))) goto out;
   if (chunked) {
@@ -1116,6 +1140,10 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   }
   CK(cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, c->priority),
      "create stream");
+  CK(cudaStreamCreateWithPriority(&c->up_stream, cudaStreamNonBlocking, c->priority),
+     "create upload stream");
+  for (int i = 0; i < 2; i++)
+    CK(cudaEventCreateWithFlags(&c->set[i].up_done, cudaEventDisableTiming), "create event");
   CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 4; j++)
