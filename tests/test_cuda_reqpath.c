@@ -244,13 +244,14 @@ Test(cuda_reqpath, pinned_blocks_are_reused_and_aligned) {
 }
 
 /* Two calls in flight, as the daemon's worker holds them (score_submit,
- * then score_wait of the older one), alternating batches whose inputs take
- * more than 256 KB (uploaded on the side stream while the kernels of the
- * call before run) with one-row calls (uploaded on the main stream): every
- * result equals the CPU backend's. */
+ * then score_wait of the older one): batches of 4 sequences x 8 rows x 128
+ * heads (1 MB of inputs, uploaded on the side stream while the kernels of
+ * the call before run; full logits of 2.5 MB, copied back in parts, or
+ * top-1024 results of 256 KB in one buffer) between one-row calls (all on
+ * the main stream): every result equals the CPU backend's. */
 Test(cuda_reqpath, uploads_overlapped_with_the_call_before, .timeout = 600) {
   NEED_GPU();
-  enum { S = 4, CALLS = 10 };
+  enum { S = 4, CALLS = 12, K = 1024 };
   const int64_t N = 20000;
   fp4idx_test_case_t tc;
   fp4idx_backend_t *g, *c;
@@ -259,27 +260,35 @@ Test(cuda_reqpath, uploads_overlapped_with_the_call_before, .timeout = 600) {
   int32_t lens[2][S][8];
   fp4idx_backend_batch_t bt[2];
   void *out[2] = {NULL, NULL};
-  size_t cells[2] = {0, 0};
+  size_t bytes[2] = {0, 0}, tkb[2] = {0, 0};
   int ticket[2] = {-1, -1};
   for (int i = 0; i < CALLS + 2; i++) {
     const int k = i % 2;
     if (i >= 2) { /* call i - 2 in slot k: wait, then the CPU's answer to it */
-      if (ticket[k] >= 0) cr_assert_eq(g->ops->score_wait(g, ticket[k]), FP4IDX_OK, "call %d", i - 2);
-      float *ref = malloc(cells[k] * 4 + 4);
+      if (ticket[k] >= 0)
+        cr_assert_eq(g->ops->score_wait(g, ticket[k]), FP4IDX_OK, "call %d", i - 2);
+      uint8_t *ref = malloc(bytes[k]);
       cr_assert_not_null(ref);
+      memset(ref, 0, bytes[k]);
       fp4idx_backend_batch_t cb = bt[k];
-      cb.logits = ref;
+      if (cb.topk) { /* the same layout in ref */
+        cb.topk_pos = (int32_t *)ref;
+        cb.topk_val = (float *)(ref + tkb[k]);
+        cb.topk_count = (int32_t *)(ref + 2 * tkb[k]);
+      } else {
+        cb.logits = (float *)ref;
+      }
       cr_assert_eq(c->ops->score(c, &cb), FP4IDX_OK);
-      cr_assert_eq(fp4idx_test_count_diff(out[k], ref, (int64_t)cells[k]), 0,
-                   "call %d (%d sequences): logits differ from the CPU backend", i - 2,
-                   bt[k].n_seqs);
+      cr_assert_eq(memcmp(out[k], ref, bytes[k]), 0,
+                   "call %d (%d sequences, top-%d): results differ from the CPU backend", i - 2,
+                   bt[k].n_seqs, bt[k].topk);
       free(ref);
       g->ops->host_free(g, out[k]);
       out[k] = NULL;
     }
     if (i >= CALLS) continue;
-    const int big = i % 3 != 2, ns = big ? S : 1;
-    cells[k] = 0;
+    const int big = i % 3 != 2, ns = big ? S : 1, topk = big && i % 4 == 1 ? K : 0;
+    size_t cells = 0, rows_all = 0;
     for (int j = 0; j < ns; j++) {
       const int rows = big ? 8 : 1;
       const int64_t width = N - 97 * (i + j);
@@ -287,11 +296,25 @@ Test(cuda_reqpath, uploads_overlapped_with_the_call_before, .timeout = 600) {
       seqs[k][j] = (fp4idx_backend_seq_t){.pages = tc.pages, .n_keys = N, .rows = rows,
                                           .width = width, .q = tc.q, .w = tc.w,
                                           .lens = lens[k][j]};
-      cells[k] += (size_t)rows * (size_t)width;
+      cells += (size_t)rows * (size_t)width;
+      rows_all += (size_t)rows;
     }
-    cr_assert_eq(g->ops->host_alloc(g, cells[k] * 4 + 4, &out[k]), FP4IDX_OK);
-    bt[k] = (fp4idx_backend_batch_t){.heads = tc.heads, .n_seqs = ns, .seqs = seqs[k],
-                                     .logits = out[k]};
+    /* top-k as the daemon lays it out: [positions | logits | counts] */
+    const size_t tk = rows_all * K * 4;
+    tkb[k] = tk;
+    bytes[k] = topk ? 2 * tk + rows_all * 4 : cells * 4;
+    cr_assert_eq(g->ops->host_alloc(g, bytes[k], &out[k]), FP4IDX_OK);
+    memset(out[k], 0, bytes[k]);
+    bt[k] = (fp4idx_backend_batch_t){.heads = tc.heads, .n_seqs = ns, .seqs = seqs[k]};
+    if (topk) {
+      bt[k].topk = topk;
+      bt[k].topk_pos = out[k];
+      bt[k].topk_val = (float *)((uint8_t *)out[k] + tk);
+      bt[k].topk_count = (int32_t *)((uint8_t *)out[k] + 2 * tk);
+      bt[k].topk_one_buffer = 1;
+    } else {
+      bt[k].logits = out[k];
+    }
     cr_assert_eq(g->ops->score_submit(g, &bt[k], &ticket[k]), FP4IDX_OK, "call %d", i);
   }
   fp4idx_backend_destroy(g);
