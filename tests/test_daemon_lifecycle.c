@@ -172,7 +172,14 @@ Test(daemon_lifecycle, info_and_stats) {
   }
   close(extra[0]);
   close(extra[1]);
-  usleep(100 * 1000);
+  /* until the daemon has seen both closes */
+  uint64_t conns = 0;
+  for (int t = 0; t < 1000; t++) {
+    cr_assert_eq(fp4idx_test_connections(fd, &conns), 0);
+    if (conns == 2) break;
+    usleep(10000);
+  }
+  cr_assert_eq(conns, 2, "the daemon still counts %llu connections", (unsigned long long)conns);
   uint16_t *keys = make_keys(20, 4);
   for (int i = 0; i < 5; i++)
     cr_assert_eq(fp4idx_test_append(fd, 3, FP4IDX_WIRE_BF16, 20, keys, NULL, NULL), 0);
@@ -257,7 +264,8 @@ static void graceful_stop_with_inflight(int sig) {
     req.id = id;
     cr_assert_eq(fp4idx_test_send_request(fd, &req), 0);
   }
-  usleep(50 * 1000); /* let the daemon read the frames */
+  /* the daemon has read the frames (a stopping daemon reads no more) */
+  cr_assert_eq(fp4idx_test_wait_sent(fd, 10000), 0, "the daemon did not read the requests");
   double t_sig = now_s();
   cr_assert_eq(fp4idx_test_daemon_kill(&d, sig), 0);
   for (uint64_t id = 1; id <= NREQ; id++) {
@@ -468,7 +476,9 @@ Test(daemon_lifecycle, second_signal_closes_without_flushing) {
   }
   cr_assert_eq(fp4idx_test_send_all(fd, sb.data, sb.size), 0);
   msgpack_sbuffer_destroy(&sb);
-  usleep(300 * 1000);
+  /* replies are coming and this client reads none: each is 2 MiB, more
+   * than the socket holds, so the daemon has one it cannot finish writing */
+  cr_assert_eq(fp4idx_test_wait_unread(fd, 65536, 10000), 0, "no reply arrived");
   cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGTERM), 0);
   cr_assert_eq(fp4idx_test_daemon_wait(&d, 500), -1, "waits for the unread replies");
   cr_assert_eq(fp4idx_test_daemon_kill(&d, SIGTERM), 0);

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -388,6 +390,44 @@ int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budge
   fp4idx_response_clear(&resp);
   free(body);
   return rc;
+}
+
+int fp4idx_test_connections(int fd, uint64_t *n) {
+  fp4idx_request_t req;
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  memset(&req, 0, sizeof req);
+  req.op = FP4IDX_OP_STATS;
+  int rc = fp4idx__harness_simple(fd, &req, &resp, &body);
+  if (rc == 0) *n = resp.u.stats.connections;
+  fp4idx_response_clear(&resp);
+  free(body);
+  return rc;
+}
+
+/* Polls ioctl `what` on fd every 200 us until `ok(value)`, at most ms. */
+static int fp4idx__harness_wait_ioctl(int fd, unsigned long what, int (*ok)(int, size_t),
+                                      size_t arg, int ms) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int v = 0;
+    if (ioctl(fd, what, &v) == 0 && ok(v, arg)) return 0;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > ms) return -1;
+    usleep(200);
+  }
+}
+
+static int fp4idx__harness_is_zero(int v, size_t arg) { return (void)arg, v == 0; }
+static int fp4idx__harness_at_least(int v, size_t arg) { return v >= 0 && (size_t)v >= arg; }
+
+int fp4idx_test_wait_sent(int fd, int ms) {
+  return fp4idx__harness_wait_ioctl(fd, SIOCOUTQ, fp4idx__harness_is_zero, 0, ms);
+}
+
+int fp4idx_test_wait_unread(int fd, size_t bytes, int ms) {
+  return fp4idx__harness_wait_ioctl(fd, FIONREAD, fp4idx__harness_at_least, bytes, ms);
 }
 
 int fp4idx_test_truncate(int fd, uint64_t seq, uint64_t length) {

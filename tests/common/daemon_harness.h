@@ -133,6 +133,16 @@ int fp4idx_test_info(int fd, fp4idx_info_t *info);
 /* The buffer budget's counts from `stats`: bytes held now, the most held
  * since start, the budget. */
 int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budget);
+/* The daemon's open connections, from `stats`. */
+int fp4idx_test_connections(int fd, uint64_t *n);
+
+/* Barriers on a connection's socket (an order of events a test needs,
+ * observed rather than slept for), each waiting at most ms: 0 once the
+ * condition holds, -1 at the deadline. _sent: the daemon has read every
+ * byte written on fd (the socket's send queue, SIOCOUTQ, is empty);
+ * _unread: at least `bytes` of replies wait unread on fd (FIONREAD). */
+int fp4idx_test_wait_sent(int fd, int ms);
+int fp4idx_test_wait_unread(int fd, size_t bytes, int ms);
 int fp4idx_test_truncate(int fd, uint64_t seq, uint64_t length);
 int fp4idx_test_drop(int fd, uint64_t seq);
 /* Reads packed slots [from, from+count) into out (count*68 bytes). */
