@@ -83,16 +83,16 @@ static void *fp4idx__channel_watch(void *arg) {
       last = fp4idx__stats_now_us();
       continue;
     }
-    int took = 0, n = 0;
+    int took = 0;
     for (fp4idx_channel_t *ch = cs->open; ch; ch = ch->next) took += fp4idx__channel_take(ch);
-    if (took) n = fp4idx__channels_to_queue(cs, go, 64);
+    const int n = fp4idx__channels_to_queue(cs, go, 64);
     pthread_mutex_unlock(&cs->mu);
     /* Straight onto the worker's queue: a call costs no wake of the loop
-     * (tens of microseconds when it sleeps); channels past the 64th wait
-     * for the next scan, which comes at once (they stay pending). */
+     * (tens of microseconds when it sleeps); channels past the 64th stay
+     * pending for the next scan, which comes at once. */
     for (int i = 0; i < n; i++) fp4idx__worker_submit(cs->worker, &go[i]->job);
     double now = fp4idx__stats_now_us();
-    if (took) {
+    if (took || n) {
       last = now;
       nap = FP4IDX_CHANNEL_NAP_MIN_US;
     } else if (now - last > FP4IDX_CHANNEL_SPIN_US) {
