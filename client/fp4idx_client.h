@@ -531,6 +531,9 @@ fp4idx_status_t fp4idx_client_channel_open(fp4idx_client_t *c, uint32_t slots,
 /* Enqueues on `stream` a full-logits call: logits f32 [R,width] at
  * call->logits_offset of the output region, width = W (max(lens), or the
  * sequence's length without lens; ESHAPE otherwise, as a region score).
+ * The call is one cuStreamBatchMemOp on the stream (reset the completion
+ * word, write the descriptor, ring, wait; the same operations one by one
+ * where the driver lacks or refuses the batch), capturable in a CUDA graph.
  * The stream continues once the call completed. *ticket (may be NULL)
  * names the call for fp4idx_client_channel_status.
  * Returns: FP4IDX_OK once enqueued (the call's own status comes with its
