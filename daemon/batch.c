@@ -13,6 +13,7 @@
 #include "direct_write.h"
 #include "log.h"
 #include "score.h"
+#include "zalloc.h"
 
 /* Groups of one head count and top-k open at once in a run of scores. */
 #define FP4IDX_BATCH_GROUPS 8
@@ -40,9 +41,12 @@ typedef struct fp4idx__batch_s {
   fp4idx__batch_launch_t *head, *tail;
   int out;                 /* launches in the list */
   /* the run's groups, one per head count and top-k, in the order of their
-   * first plan */
+   * first plan; each group's request list is one of FP4IDX_BATCH_GROUPS
+   * slices of n pointers after items[] (a batch of n requests puts at most
+   * n in a group), so a batch's room grows with n, not with the most
+   * requests a batch may take */
   struct fp4idx__batch_group_s {
-    fp4idx_req_t *reqs[FP4IDX_WORKER_MAX_BATCH];
+    fp4idx_req_t **reqs;
     int n;
     uint64_t work, bytes;
   } groups[FP4IDX_BATCH_GROUPS];
@@ -150,7 +154,7 @@ static void fp4idx__batch_launch(fp4idx__batch_t *b, int g) {
   int n = G->n;
   /* no more launches out than the device holds: collect the oldest */
   if (b->out >= FP4IDX_BACKEND_INFLIGHT) fp4idx__batch_collect(b);
-  fp4idx__batch_launch_t *x = calloc(1, sizeof *x);
+  fp4idx__batch_launch_t *x = fp4idx__zalloc(1, sizeof *x);
   fp4idx_score_job_t *jobs[FP4IDX_WORKER_MAX_BATCH];
   for (int i = 0; i < n; i++) jobs[i] = G->reqs[i]->call.score;
   int rc = x && (x->reqs = malloc((size_t)n * sizeof *x->reqs)) ? FP4IDX_OK : FP4IDX_ENOMEM;
@@ -171,8 +175,11 @@ static void fp4idx__batch_launch(fp4idx__batch_t *b, int g) {
     b->tail = x;
     b->out++;
   }
+  /* the groups after it move up; its slice goes to the slot freed at the end */
+  fp4idx_req_t **slice = G->reqs;
   b->ngroups--;
   memmove(G, G + 1, (size_t)(b->ngroups - g) * sizeof *G);
+  b->groups[b->ngroups].reqs = slice;
 }
 
 /* The run of scores ends: every group goes to the device, in order. */
@@ -251,7 +258,10 @@ static void fp4idx__batch_go(fp4idx__batch_t *b, fp4idx_job_t **jobs, int n) {
 void *fp4idx__batch_begin(fp4idx_job_t **jobs, int n) {
   fp4idx_req_t *first = jobs[0]->data;
   fp4idx_daemon_t *d = first->conn->srv->data;
-  fp4idx__batch_t *b = malloc(sizeof *b + (size_t)n * sizeof b->items[0]);
+  const size_t items = (sizeof(fp4idx__batch_t) + (size_t)n * sizeof(fp4idx__batch_item_t) +
+                        sizeof(void *) - 1) & ~(sizeof(void *) - 1);
+  fp4idx__batch_t *b =
+      malloc(items + (size_t)FP4IDX_BATCH_GROUPS * (size_t)n * sizeof(fp4idx_req_t *));
   if (!b) { /* not even the room: no reply, the connections close */
     fp4idx__log_error("out of memory for a batch of %d requests", n);
     for (int i = 0; i < n; i++) {
@@ -263,6 +273,8 @@ void *fp4idx__batch_begin(fp4idx_job_t **jobs, int n) {
   b->d = d;
   b->head = b->tail = NULL;
   b->out = b->ngroups = 0;
+  fp4idx_req_t **slices = (fp4idx_req_t **)((uint8_t *)b + items);
+  for (int g = 0; g < FP4IDX_BATCH_GROUPS; g++) b->groups[g].reqs = slices + (size_t)g * n;
   fp4idx__batch_go(b, jobs, n);
   if (b->head) return b;
   free(b);
