@@ -2,6 +2,7 @@
  * latency histogram (daemon/stats.c), without a backend or a socket. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,6 +371,24 @@ Test(stats, latency_buckets) {
   cr_assert_eq(fp4idx__stats_bucket((double)(1 << 24)), 24);
   cr_assert_eq(fp4idx__stats_bucket((double)(1 << 24) + 1), 25);
   cr_assert_eq(fp4idx__stats_bucket(1e12), 25);
+  cr_assert_eq(fp4idx__stats_bucket(INFINITY), 25);
+  cr_assert_eq(fp4idx__stats_bucket(NAN), 25);
+  /* every power of two, just below and just above it, and values between,
+   * against the definition: the least i with us <= 2^i (the last bucket
+   * beyond 2^24) */
+  for (int k = 0; k <= 26; k++)
+    for (int j = -2; j <= 2; j++) {
+      const double p = ldexp(1.0, k);
+      const double us = j == 0 ? p : j == -1 ? nextafter(p, 0) : j == 1 ? nextafter(p, INFINITY)
+                                   : j == -2 ? p * 0.75 : p * 1.5;
+      int want = FP4IDX_STATS_BUCKETS - 1;
+      for (int i = 0; i < FP4IDX_STATS_BUCKETS - 1; i++)
+        if (us <= ldexp(1.0, i)) {
+          want = i;
+          break;
+        }
+      cr_assert_eq(fp4idx__stats_bucket(us), want, "%.17g", us);
+    }
 }
 
 Test(stats, record_and_snapshot) {
