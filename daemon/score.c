@@ -13,6 +13,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "refs.h"
+#include "zalloc.h"
 
 /* A launch's output buffer, shared by the responses that point into it
  * (and, while it is still being copied back in parts, by the launch). */
@@ -103,12 +104,12 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   const fp4idx_score_req_t *sr = &j->req->u.score;
   size_t n = sr->nseqs;
   char detail[256];
-  j->eng = calloc(n, sizeof *j->eng);
-  j->owned = calloc(4 * n, sizeof *j->owned);
-  j->pinned = calloc(4 * n, sizeof *j->pinned);
+  j->eng = fp4idx__zalloc(n, sizeof *j->eng);
+  j->owned = fp4idx__zalloc(4 * n, sizeof *j->owned);
+  j->pinned = fp4idx__zalloc(4 * n, sizeof *j->pinned);
   j->engine = d->engine;
-  j->results = calloc(n, sizeof *j->results);
-  fp4idx_ref_t *refs = calloc(7 * n + 1, sizeof *refs);
+  j->results = fp4idx__zalloc(n, sizeof *j->results);
+  fp4idx_ref_t *refs = fp4idx__zalloc(7 * n + 1, sizeof *refs);
   if (!j->eng || !j->owned || !j->pinned || !j->results || !refs) {
     free(refs);
     return fp4idx__score_fail(j, FP4IDX_ENOMEM, "out of memory for a score of %zu sequences", n);
@@ -287,9 +288,9 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
     }
   }
   int staged = k ? (!val || !pos || !count) : !logits;
-  fp4idx_score_launch_t *l = calloc(1, sizeof *l);
+  fp4idx_score_launch_t *l = fp4idx__zalloc(1, sizeof *l);
   fp4idx_backend_seq_t *seqs = n == 1 ? jobs[0]->eng : malloc(nseqs * sizeof *seqs);
-  fp4idx__score_out_t *o = staged ? calloc(1, sizeof *o) : NULL;
+  fp4idx__score_out_t *o = staged ? fp4idx__zalloc(1, sizeof *o) : NULL;
   size_t kk = (size_t)(k * rows * 4u), at_val = (kk + 63) & ~(size_t)63;
   size_t at_cnt = at_val + at_val;
   uint8_t *mem =
