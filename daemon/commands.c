@@ -58,13 +58,22 @@ static int fp4idx__cmd_hello(fp4idx__cmd_t *c) {
   return FP4IDX_OK;
 }
 
+/* src into dst (cap >= 1 bytes), cut at cap - 1 bytes and terminated:
+ * snprintf's "%s" without the format's parsing, which cost ~600
+ * instructions a string, four strings an `info` (callgrind). */
+static void fp4idx__cmd_copy_str(char *dst, size_t cap, const char *src) {
+  const size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
 static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   fp4idx_daemon_t *d = c->d;
   fp4idx_info_t *in = &c->resp->u.info;
   in->version = FP4IDX_PROTOCOL_VERSION;
-  snprintf(in->server, sizeof in->server, "fp4idxd %s", FP4IDXD_VERSION_STRING);
-  snprintf(in->backend, sizeof in->backend, "%s", d->desc.name);
-  snprintf(in->device, sizeof in->device, "%s", d->desc.device);
+  fp4idx__cmd_copy_str(in->server, sizeof in->server, "fp4idxd " FP4IDXD_VERSION_STRING);
+  fp4idx__cmd_copy_str(in->backend, sizeof in->backend, d->desc.name);
+  fp4idx__cmd_copy_str(in->device, sizeof in->device, d->desc.device);
   in->page_size = (uint64_t)d->cache.page_size;
   in->pages_total = (uint64_t)d->cache.n_pages;
   in->pages_free = __atomic_load_n(&d->pub.pages_free, __ATOMIC_ACQUIRE);
@@ -73,7 +82,7 @@ static int fp4idx__cmd_info(fp4idx__cmd_t *c) {
   in->pages_shared = __atomic_load_n(&d->pub.pages_shared, __ATOMIC_ACQUIRE);
   fp4idx_sharing_t sh;
   fp4idx__daemon_sharing(d, &sh);
-  snprintf(in->gpu_sharing, sizeof in->gpu_sharing, "%s", fp4idx__sharing_name(sh.mode));
+  fp4idx__cmd_copy_str(in->gpu_sharing, sizeof in->gpu_sharing, fp4idx__sharing_name(sh.mode));
   in->gpu_other_processes = sh.other_processes;
   pthread_mutex_lock(&d->stats.mu); /* info may run on any I/O loop */
   in->channels = d->stats.channels;
