@@ -122,9 +122,13 @@ static void fp4idx__channel_count_call(fp4idx_channel_t *ch) {
 static void fp4idx__channel_complete(fp4idx_channel_t *ch, uint32_t i, int status, int written,
                                      int counted) {
   fp4idx_channel_slot_t *s = fp4idx_channel_slot(ch->block, i);
+  /* only over the pending word (0): a client that lost its connection has
+   * released the call with ECONN itself, and keeps that answer */
+  uint32_t pending = 0;
   if (!written)
-    __atomic_store_n(&s->completion, fp4idx_channel_completion(ch->taken[i], status),
-                     __ATOMIC_RELEASE);
+    __atomic_compare_exchange_n(&s->completion, &pending,
+                                fp4idx_channel_completion(ch->taken[i], status), 0,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
   ch->taken[i] = 0;
   ch->ntaken--;
   if (!counted) fp4idx__channel_count_call(ch);
@@ -166,6 +170,11 @@ static void fp4idx__channel_work(fp4idx_job_t *job) {
     fp4idx_channel_call_t call;
     msg[0] = '\0';
     int rc = fp4idx__channel_call_check(ch, i, &call, msg, sizeof msg), written = 0;
+    /* released by the client already (its connection went while the call
+     * waited here): not run, its ECONN stays */
+    if (__atomic_load_n(&fp4idx_channel_slot(ch->block, i)->completion, __ATOMIC_ACQUIRE) &
+        FP4IDX_CHANNEL_DONE)
+      rc = FP4IDX_ECONN;
     /* the device's completion store goes only to a mapped (pinned) block */
     if (rc == FP4IDX_OK)
       rc = cs->run(cs->d, ch->rs, &call,
