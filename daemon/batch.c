@@ -60,8 +60,9 @@ static void fp4idx__batch_out_free(void *arg, void *p) {
 }
 
 /* The call's final reply goes to its request, and the request back to the
- * loop (worker: sent from here first when nothing is ahead of it). */
-static void fp4idx__batch_reply(fp4idx_req_t *req, fp4idx_worker_t *w) {
+ * loop (worker, `direct`: sent from here first when nothing is ahead of
+ * it). */
+static void fp4idx__batch_reply(fp4idx_req_t *req, fp4idx_worker_t *w, int direct) {
   fp4idx_cmd_reply_t *reply = req->call.reply;
   fp4idx_cmd_reply_t none = {0};
   if (!reply) reply = &none; /* no room to run it: no reply, the connection closes */
@@ -91,7 +92,7 @@ static void fp4idx__batch_reply(fp4idx_req_t *req, fp4idx_worker_t *w) {
   if (fit) req->resp = fit;
   req->t_done_us = fp4idx__stats_now_us();
   if (w) {
-    fp4idx__direct_try(req); /* the reply leaves now when nothing is ahead of it */
+    if (direct) fp4idx__direct_try(req); /* the reply leaves now when nothing is ahead of it */
     fp4idx__worker_post(w, &req->job); /* req may go now */
   }
 }
@@ -126,6 +127,15 @@ static int fp4idx__batch_admit(fp4idx__batch_t *b, fp4idx_req_t *req) {
   return 0;
 }
 
+/* Whether the worker itself sends the replies of a launch of n requests:
+ * always with one I/O loop (a hand-off would only add the loop's wake);
+ * with several, only a launch's lone reply, so that the sends of a batch
+ * (a few microseconds each, on the one thread that also feeds the device)
+ * are spread over the loops that own the connections. */
+static int fp4idx__batch_direct(const fp4idx__batch_t *b, int n) {
+  return n == 1 || b->d->server->n_io == 1;
+}
+
 /* Collects the oldest launch and answers its requests. */
 static void fp4idx__batch_collect(fp4idx__batch_t *b) {
   fp4idx__batch_launch_t *x = b->head;
@@ -133,9 +143,10 @@ static void fp4idx__batch_collect(fp4idx__batch_t *b) {
   if (!b->head) b->tail = NULL;
   b->out--;
   fp4idx__score_collect(b->d, x->l);
+  int direct = fp4idx__batch_direct(b, x->n);
   for (int i = 0; i < x->n; i++) {
     fp4idx__cmd_finish(b->d, &x->reqs[i]->call);
-    fp4idx__batch_reply(x->reqs[i], &b->d->worker);
+    fp4idx__batch_reply(x->reqs[i], &b->d->worker, direct);
   }
   /* a long full-logits reply streams: the rest of its logits after it left */
   fp4idx__score_launch_end(b->d, x->l);
@@ -166,7 +177,7 @@ static void fp4idx__batch_launch(fp4idx__batch_t *b, int g) {
       snprintf(jobs[i]->msg, jobs[i]->msgcap, "scoring failed: %s", fp4idx_strerror(rc));
       jobs[i]->rc = rc;
       fp4idx__cmd_finish(b->d, &G->reqs[i]->call);
-      fp4idx__batch_reply(G->reqs[i], &b->d->worker);
+      fp4idx__batch_reply(G->reqs[i], &b->d->worker, fp4idx__batch_direct(b, n));
     }
   } else {
     memcpy(x->reqs, G->reqs, (size_t)n * sizeof *x->reqs);
@@ -250,7 +261,7 @@ static void fp4idx__batch_go(fp4idx__batch_t *b, fp4idx_job_t **jobs, int n) {
     if (fp4idx__cmd_exec(b->d, call))
       fp4idx__batch_plan(b, req);
     else
-      fp4idx__batch_reply(req, &b->d->worker);
+      fp4idx__batch_reply(req, &b->d->worker, 1);
   }
   fp4idx__batch_launch_all(b);
 }
@@ -266,7 +277,7 @@ void *fp4idx__batch_begin(fp4idx_job_t **jobs, int n) {
     fp4idx__log_error("out of memory for a batch of %d requests", n);
     for (int i = 0; i < n; i++) {
       fp4idx__stats_queue(&d->stats, -1);
-      fp4idx__batch_reply(jobs[i]->data, &d->worker);
+      fp4idx__batch_reply(jobs[i]->data, &d->worker, 1);
     }
     return NULL;
   }
@@ -300,5 +311,5 @@ void fp4idx__batch_on_loop(fp4idx_req_t *req) {
   fp4idx__batch_room(req, &it);
   req->call.tq_us = req->call.td_us; /* no queue */
   (void)fp4idx__cmd_exec(d, &req->call); /* a loop op is never a score */
-  fp4idx__batch_reply(req, NULL);
+  fp4idx__batch_reply(req, NULL, 0);
 }

@@ -672,10 +672,12 @@ static void fifo_byte(const char *path, int write_it) {
  * scores queue behind it; the test sees the worker inside the read, sends
  * the scores, sees all of them queued (stats), then lets the worker go: the
  * order of events is the test's, whatever the scheduler does. */
-Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
+static void queued_run(const char *io_threads) {
   fp4idx_test_daemon_t d;
   setenv("FP4IDXD", FP4IDXD_HOLD_PATH, 1);
-  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M", NULL}), 0);
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--cache-bytes", "64M",
+                                                             "--io-threads", io_threads, NULL}),
+               0);
   unsetenv("FP4IDXD");
   /* the hold's FIFOs (opened by the daemon at its first read) */
   char held[sizeof d.sock + 16], release[sizeof d.sock + 16];
@@ -683,7 +685,8 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   snprintf(release, sizeof release, "%s.release", d.sock);
   cr_assert_eq(mkfifo(held, 0600), 0);
   cr_assert_eq(mkfifo(release, 0600), 0);
-  enum { BIG = 600, NC = 11, BAD = 4 };
+  /* the hold reads BIG keys: a reply small enough to leave in one send */
+  enum { BIG = 8, NC = 11, BAD = 4 };
   int cfd = fp4idx_test_connect(d.sock), qfd = fp4idx_test_connect(d.sock), fd[NC];
   cr_assert_geq(cfd, 0);
   cr_assert_geq(qfd, 0);
@@ -709,6 +712,9 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   /* every score handed to the worker, none begun (the worker is held) */
   uint64_t q;
   while ((q = queue_depth(qfd)) < NC) cr_assert_leq(q, (uint64_t)NC);
+  uint64_t wakes0, wakes1;
+  double wake0, wake1;
+  wake_stage(qfd, &wakes0, &wake0);
   fifo_byte(release, 1);
   unsigned char *body[NC];
   size_t len[NC];
@@ -717,6 +723,13 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   size_t bl;
   cr_assert_eq(fp4idx_test_recv_frame(cfd, &bb, &bl), 0);
   free(bb);
+  /* Who wrote the launch's replies: with one loop the worker (a wake of
+   * exactly 0 each), with four the loops (each waking takes time). */
+  wake_stage(qfd, &wakes1, &wake1);
+  if (strcmp(io_threads, "1") == 0)
+    cr_expect_eq(wake1, wake0, "one loop: %llu replies waited %.3f us for the loop", (unsigned long long)(wakes1 - wakes0), wake1 - wake0);
+  else
+    cr_expect_gt(wake1, wake0, "four loops: every reply was sent by the worker");
   /* each alone, one round trip at a time */
   for (int c = 0; c < NC; c++) {
     unsigned char *one;
@@ -744,6 +757,15 @@ Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) {
   unlink(held);
   unlink(release);
   cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
+}
+
+Test(reqpath, a_run_of_queued_scores_is_one_launch_a_bad_one_alone) { queued_run("1"); }
+
+/* The same with the 11 connections spread over four I/O loops: the replies
+ * of a launch of several requests are written by the loops that own their
+ * connections (batch.c), not by the worker. */
+Test(reqpath, a_run_of_queued_scores_on_four_io_loops_is_answered_by_their_loops) {
+  queued_run("4");
 }
 
 /* Client c's STEPS appends and scores, back to back, on sequence 700 + c
