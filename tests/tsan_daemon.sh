@@ -50,7 +50,7 @@ run_tests() { # LABEL TEST...
       echo "$label $t: $(grep -h 'Synthesis' "$logs/$label.$t.out" | sed 's/.*Synthesis: //')"
     else
       echo "$label $t: FAILED (log below)"
-      tail -30 "$logs/$label.$t.out"
+      tail -200 "$logs/$label.$t.out"
       failed=1
     fi
   done

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "daemon_harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -176,12 +177,57 @@ static void fp4idx__harness_rmdir(fp4idx_test_daemon_t *d) {
   rmdir(d->dir);
 }
 
+/* The first line of /proc/<pid>/task/<tid>/<what> into buf (newline
+ * dropped), or "?". */
+static void fp4idx__harness_proc_line(pid_t pid, const char *tid, const char *what, char *buf,
+                                      size_t cap) {
+  char path[96];
+  snprintf(path, sizeof path, "/proc/%d/task/%.24s/%s", (int)pid, tid, what);
+  FILE *f = fopen(path, "r");
+  if (!f || !fgets(buf, (int)cap, f)) snprintf(buf, cap, "?");
+  if (f) fclose(f);
+  buf[strcspn(buf, "\n")] = 0;
+}
+
+/* A daemon that does not stop: what each of its threads is doing (name,
+ * state and kernel wait channel from /proc, then every thread's stack
+ * from gdb where gdb is installed), on stderr, so that a hang seen once
+ * in CI says where it was. */
+static void fp4idx__harness_report_stuck(const fp4idx_test_daemon_t *d) {
+  fprintf(stderr, "---- fp4idxd (pid %d) did not stop within 5 s of SIGTERM; its threads ----\n",
+          (int)d->pid);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)d->pid);
+  DIR *dir = opendir(path);
+  for (struct dirent *e; dir && (e = readdir(dir));) {
+    if (e->d_name[0] == '.') continue;
+    char comm[64], stat[256], wchan[64];
+    fp4idx__harness_proc_line(d->pid, e->d_name, "comm", comm, sizeof comm);
+    fp4idx__harness_proc_line(d->pid, e->d_name, "stat", stat, sizeof stat);
+    fp4idx__harness_proc_line(d->pid, e->d_name, "wchan", wchan, sizeof wchan);
+    const char *st = strrchr(stat, ')'); /* state follows "(comm) " */
+    fprintf(stderr, "thread %s %-16s state %c wchan %s\n", e->d_name, comm,
+            st && st[1] && st[2] ? st[2] : '?', wchan);
+  }
+  if (dir) closedir(dir);
+  if (system("command -v gdb > /dev/null 2>&1") == 0) {
+    char cmd[160];
+    snprintf(cmd, sizeof cmd,
+             "timeout 30 gdb -p %d -batch -nx -ex 'thread apply all bt 24' 2>&1 | "
+             "grep -E '^(Thread|#)' >&2",
+             (int)d->pid);
+    if (system(cmd) != 0) fprintf(stderr, "(gdb gave no stacks)\n");
+  }
+  fprintf(stderr, "---- end of threads ----\n");
+}
+
 int fp4idx_test_daemon_stop(fp4idx_test_daemon_t *d) {
   int code = -1;
   if (d->pid > 0) {
     if (!d->collected) kill(d->pid, SIGTERM);
     code = fp4idx_test_daemon_wait(d, 5000);
     if (code < 0) {
+      fp4idx__harness_report_stuck(d);
       kill(d->pid, SIGKILL);
       code = fp4idx_test_daemon_wait(d, 5000);
     }
