@@ -107,6 +107,30 @@ static fp4idx_client_channel_t *open_channel(setup_t *s, uint32_t slots) {
   return ch;
 }
 
+/* n channel calls on `stream`, alternating top-k (even) and full logits
+ * (odd), each into output bytes filled with 0xAB first: every one gives the
+ * socket's answer (pos, val, cnt; ref of `width`) and completes OK. */
+static void alternate_calls(setup_t *s, fp4idx_client_channel_t *ch, void *stream, int n,
+                            const int32_t *pos, const float *val, const int32_t *cnt,
+                            const float *ref, uint32_t width) {
+  for (int i = 0; i < n; i++) {
+    uint32_t t = 0;
+    memset(s->mem + OUT_AT, 0xAB, s->size - OUT_AT);
+    if (i % 2 == 0) {
+      CHECK(s->c, fp4idx_client_channel_topk(ch, stream, &s->call, K, &t));
+      cr_assert_eq(memcmp(s->mem + s->call.positions_offset, pos, (size_t)R * K * 4), 0,
+                   "call %d", i);
+      cr_assert_eq(memcmp(s->mem + s->call.logits_offset, val, (size_t)R * K * 4), 0,
+                   "call %d", i);
+      cr_assert_eq(memcmp(s->mem + s->call.counts_offset, cnt, (size_t)R * 4), 0, "call %d", i);
+    } else {
+      CHECK(s->c, fp4idx_client_channel_score(ch, stream, &s->call, width, &t));
+      cr_assert_eq(memcmp(s->mem + OUT_AT, ref, (size_t)R * width * 4), 0, "call %d", i);
+    }
+    cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK, "call %d", i);
+  }
+}
+
 Test(channel, topk_and_logits_equal_the_socket_and_repeat_round_the_ring) {
   setup_t s;
   setup(&s, 11);
@@ -118,20 +142,7 @@ Test(channel, topk_and_logits_equal_the_socket_and_repeat_round_the_ring) {
   CHECK(s.c, fp4idx_client_score_into(s.c, 11, H, R, s.q, s.w, s.lens, ref, (size_t)R * N,
                                       &width));
   fp4idx_client_channel_t *ch = open_channel(&s, 3);
-  for (int i = 0; i < 10; i++) { /* 10 calls over 3 slots, alternating kinds */
-    uint32_t t = 0;
-    memset(s.mem + OUT_AT, 0xAB, s.size - OUT_AT);
-    if (i % 2 == 0) {
-      CHECK(s.c, fp4idx_client_channel_topk(ch, HOST, &s.call, K, &t));
-      cr_assert_eq(memcmp(s.mem + s.call.positions_offset, pos, sizeof pos), 0, "call %d", i);
-      cr_assert_eq(memcmp(s.mem + s.call.logits_offset, val, sizeof val), 0, "call %d", i);
-      cr_assert_eq(memcmp(s.mem + s.call.counts_offset, cnt, sizeof cnt), 0, "call %d", i);
-    } else {
-      CHECK(s.c, fp4idx_client_channel_score(ch, HOST, &s.call, width, &t));
-      cr_assert_eq(memcmp(s.mem + OUT_AT, ref, (size_t)R * width * 4), 0, "call %d", i);
-    }
-    cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK);
-  }
+  alternate_calls(&s, ch, HOST, 10, pos, val, cnt, ref, width); /* 10 calls over 3 slots */
   fp4idx_client_stats_t *st = NULL;
   CHECK(s.c, fp4idx_client_stats(s.c, &st));
   cr_assert_eq(st->channels, 1u);
@@ -462,20 +473,7 @@ static void stream_calls(uint64_t seq, int refuse_batch) {
   refuse(refuse_batch);
   int n0[STUB_N];
   for (int i = 0; i < STUB_N; i++) n0[i] = calls(i);
-  for (int i = 0; i < 4; i++) {
-    uint32_t t = 0;
-    memset(s.mem + OUT_AT, 0xAB, s.size - OUT_AT);
-    if (i % 2 == 0) {
-      CHECK(s.c, fp4idx_client_channel_topk(ch, STUB_STREAM, &s.call, K, &t));
-      cr_assert_eq(memcmp(s.mem + s.call.positions_offset, pos, sizeof pos), 0, "call %d", i);
-      cr_assert_eq(memcmp(s.mem + s.call.logits_offset, val, sizeof val), 0, "call %d", i);
-      cr_assert_eq(memcmp(s.mem + s.call.counts_offset, cnt, sizeof cnt), 0, "call %d", i);
-    } else {
-      CHECK(s.c, fp4idx_client_channel_score(ch, STUB_STREAM, &s.call, width, &t));
-      cr_assert_eq(memcmp(s.mem + OUT_AT, ref, (size_t)R * width * 4), 0, "call %d", i);
-    }
-    cr_assert_eq(fp4idx_client_channel_status(ch, t), FP4IDX_OK, "call %d", i);
-  }
+  alternate_calls(&s, ch, STUB_STREAM, 4, pos, val, cnt, ref, width);
   int n[STUB_N];
   for (int i = 0; i < STUB_N; i++) n[i] = calls(i) - n0[i];
   cr_assert_eq(n[STUB_BATCH], 4, "%d batch calls", n[STUB_BATCH]);

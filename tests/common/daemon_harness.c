@@ -421,13 +421,19 @@ int fp4idx_test_info(int fd, fp4idx_info_t *info) {
   return rc;
 }
 
-int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budget) {
+/* One stats call: its response (fp4idx_response_clear and free(*body)
+ * after, whatever it returns). */
+static int fp4idx__harness_stats(int fd, fp4idx_response_t *resp, unsigned char **body) {
   fp4idx_request_t req;
-  fp4idx_response_t resp;
-  unsigned char *body = NULL;
   memset(&req, 0, sizeof req);
   req.op = FP4IDX_OP_STATS;
-  int rc = fp4idx__harness_simple(fd, &req, &resp, &body);
+  return fp4idx__harness_simple(fd, &req, resp, body);
+}
+
+int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budget) {
+  fp4idx_response_t resp;
+  unsigned char *body = NULL;
+  int rc = fp4idx__harness_stats(fd, &resp, &body);
   if (rc == 0) {
     *held = resp.u.stats.buffered_bytes;
     *peak = resp.u.stats.buffered_bytes_peak;
@@ -439,12 +445,9 @@ int fp4idx_test_buffered(int fd, uint64_t *held, uint64_t *peak, uint64_t *budge
 }
 
 int fp4idx_test_connections(int fd, uint64_t *n) {
-  fp4idx_request_t req;
   fp4idx_response_t resp;
   unsigned char *body = NULL;
-  memset(&req, 0, sizeof req);
-  req.op = FP4IDX_OP_STATS;
-  int rc = fp4idx__harness_simple(fd, &req, &resp, &body);
+  int rc = fp4idx__harness_stats(fd, &resp, &body);
   if (rc == 0) *n = resp.u.stats.connections;
   fp4idx_response_clear(&resp);
   free(body);
