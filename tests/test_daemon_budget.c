@@ -245,7 +245,17 @@ Test(daemon_budget, a_frame_larger_than_the_budget_completes_while_it_is_full) {
   size_t len;
   unsigned char *reqs = read_requests(1, 32, &len);
   int *bad = open_bad(&d, 64, reqs, len); /* 64 x 32 x 278 kB wanted: pressure */
-  sleep_ms(500);
+  /* The big frame comes once the budget is full (stats: no room left for
+   * one more of their replies, which the budget admits only whole), not
+   * after a guessed while. */
+  const uint64_t reply = 4096 * 68;
+  uint64_t held = 0, peak = 0, budget = UINT64_MAX;
+  for (int t = 0; t < 1000 && held + reply <= budget; t++) {
+    cr_assert_eq(fp4idx_test_buffered(ctl, &held, &peak, &budget), 0);
+    if (held + reply <= budget) sleep_ms(10);
+  }
+  cr_assert_gt(held + reply, budget, "the non-reading clients never filled the budget (%llu of %llu)",
+               (unsigned long long)held, (unsigned long long)budget);
   /* 20 MiB of bf16 keys in one frame, more than the whole budget. */
   uint64_t n = 80 * 1024;
   uint16_t *keys = malloc(n * 128 * sizeof *keys);
