@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-from . import arrays, ops, regions
+from . import arrays, cuda_driver, ops, regions
 from .errors import BY_NAME, error_for
 
 # The layout of protocol/fp4idx_channel.h.
@@ -60,19 +60,6 @@ MAX_TOPK = 1 << 20
 _HEADER = struct.Struct("<IIIIQ")
 _DESC = struct.Struct("<IIQIIIIQQQQQQ")   # fp4idx_channel_desc_t, 80 bytes
 _SEQ_WORD = 1                             # the descriptor's u64 word holding seq
-# cuStreamBatchMemOp's operations (CUstreamBatchMemOpType).
-_OP_WAIT32, _OP_WRITE32, _OP_WRITE64 = 1, 2, 5
-
-
-class _MemOp(ctypes.Structure):
-    """One CUstreamBatchMemOpParams (cuda.h): a 48-byte union whose wait and
-    write members share this layout; a 32-bit value is the low word."""
-    _fields_ = [("operation", ctypes.c_uint32), ("address", ctypes.c_uint64),
-                ("value", ctypes.c_uint64), ("flags", ctypes.c_uint),
-                ("alias", ctypes.c_uint64), ("pad", ctypes.c_uint64)]
-
-
-assert ctypes.sizeof(_MemOp) == 48
 
 # F_SEAL_GROW as well as the regions' seals: the block never changes size.
 _SEALS = regions._SEALS | 0x0004
@@ -105,112 +92,9 @@ def completion(ticket, status):
     return DONE | (ticket & TICKET_MASK) << 16 | (-status & 0xFFFF)
 
 
-# ---- the CUDA driver -----------------------------------------------------------
-
+# flags of the driver calls (cuda.h; the calls: cuda_driver.py)
 _CU_HOST_PORTABLE_DEVICEMAP = 0x01 | 0x02
 _CU_STREAM_WAIT_VALUE_AND = 0x2
-
-
-class _Driver:
-    """The CUDA driver entry points of a channel, through ctypes on
-    libcuda.so.1 (the _v2 stream memory operations of CUDA 11.7+ first, as
-    client/channel.c). One per process."""
-
-    _one = None
-
-    @classmethod
-    def get(cls):
-        if cls._one is None:
-            cls._one = cls()
-        return cls._one
-
-    def __init__(self):
-        try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            raise BY_NAME["ENODEV"](f"channel calls on a CUDA stream need the CUDA driver "
-                                    f"(libcuda.so.1): {e}") from None
-        vp, u64, u32, uint = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint
-        pvp, cint = ctypes.POINTER(ctypes.c_void_p), ctypes.c_int
-        fn = self._fn
-        self.init = fn(("cuInit",), uint)
-        self.device_get = fn(("cuDeviceGet",), ctypes.POINTER(cint), cint)
-        self.retain = fn(("cuDevicePrimaryCtxRetain",), pvp, cint)
-        self.release = fn(("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"), cint)
-        self.push = fn(("cuCtxPushCurrent_v2", "cuCtxPushCurrent"), vp)
-        self.pop = fn(("cuCtxPopCurrent_v2", "cuCtxPopCurrent"), pvp)
-        self.synchronize = fn(("cuCtxSynchronize",))
-        self.host_register = fn(("cuMemHostRegister_v2", "cuMemHostRegister"),
-                                vp, ctypes.c_size_t, uint)
-        self.host_device_pointer = fn(("cuMemHostGetDevicePointer_v2",
-                                       "cuMemHostGetDevicePointer"),
-                                      ctypes.POINTER(u64), vp, uint)
-        self.host_unregister = fn(("cuMemHostUnregister",), vp)
-        self.write32 = fn(("cuStreamWriteValue32_v2", "cuStreamWriteValue32"), vp, u64, u32, uint)
-        self.write64 = fn(("cuStreamWriteValue64_v2", "cuStreamWriteValue64"), vp, u64, u64, uint)
-        self.wait32 = fn(("cuStreamWaitValue32_v2", "cuStreamWaitValue32"), vp, u64, u32, uint)
-        self.memcpy = fn(("cuMemcpyAsync",), u64, u64, ctypes.c_size_t, vp)
-        try:  # one submission for a call's operations where the driver has it
-            self.batch = fn(("cuStreamBatchMemOp_v2",), vp, uint, ctypes.POINTER(_MemOp), uint)
-        except BY_NAME["ENODEV"]:
-            self.batch = None
-        self.check(self.init(0), "cuInit")
-
-    def memops(self, stream, ops):
-        """ops, a list of (operation, address, value, flags), on the stream in
-        order: one cuStreamBatchMemOp, or (no batch, or refused) one call
-        each."""
-        if self.batch is not None:
-            arr = (_MemOp * len(ops))(*(_MemOp(o, a, v, f) for o, a, v, f in ops))
-            if self.batch(stream, len(ops), arr, 0) == 0:
-                return
-        for o, a, v, f in ops:
-            if o == _OP_WRITE32:
-                self.check(self.write32(stream, a, v, f), "cuStreamWriteValue32")
-            elif o == _OP_WRITE64:
-                self.check(self.write64(stream, a, v, f), "cuStreamWriteValue64")
-            else:
-                self.check(self.wait32(stream, a, v, f), "cuStreamWaitValue32")
-
-    def _fn(self, names, *argtypes):
-        for name in names:
-            f = getattr(self.lib, name, None)
-            if f is not None:
-                f.argtypes, f.restype = list(argtypes), ctypes.c_int
-                return f
-        raise BY_NAME["ENODEV"](f"the CUDA driver has no {names[0]}")
-
-    def check(self, rc, what):
-        """DeviceError for a driver call that did not return CUDA_SUCCESS."""
-        if rc != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(rc, ctypes.byref(name))
-            raise BY_NAME["EDEVICE"](f"{what}: {(name.value or b'').decode() or rc}")
-
-    def primary_context(self, ordinal):
-        """-> (CUdevice, the retained primary context) of device `ordinal`."""
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        self.check(self.device_get(ctypes.byref(dev), int(ordinal)), f"cuDeviceGet({ordinal})")
-        self.check(self.retain(ctypes.byref(ctx), dev.value), "cuDevicePrimaryCtxRetain")
-        return dev.value, ctx
-
-    def pushed(self, ctx):
-        return _Pushed(self, ctx)
-
-
-class _Pushed:
-    """`with`: context `ctx` current on this thread, the old one after."""
-
-    __slots__ = ("drv", "ctx")
-
-    def __init__(self, drv, ctx):
-        self.drv, self.ctx = drv, ctx
-
-    def __enter__(self):
-        self.drv.check(self.drv.push(self.ctx), "cuCtxPushCurrent")
-
-    def __exit__(self, *exc):
-        self.drv.pop(ctypes.byref(ctypes.c_void_p()))
 
 
 # ---- the channel -----------------------------------------------------------------
@@ -357,7 +241,9 @@ class Channel:
     def _map_device(self):
         """Registers the block with the CUDA driver (portable, mapped) and
         takes its device address."""
-        drv = _Driver.get()
+        drv = cuda_driver.Driver.get()
+        for need in ("write32", "write64", "wait32", "memcpy"):
+            getattr(drv, need)  # NoDevice now, not at the first call, for a driver without them
         cudev, ctx = drv.primary_context(self._device)
         self._drv, self._ctx, self._cudev = drv, ctx, cudev
         with drv.pushed(ctx):
@@ -543,12 +429,12 @@ class Channel:
         h = ctypes.c_void_p(stream.cuda_stream)
         base = self._dblock + HEADER_BYTES + slot * SLOT_BYTES
         drv = self._drv
-        head = [(_OP_WRITE32, base + COMPLETION_AT, 0, 0)]
-        head += [(_OP_WRITE64, base + 8 * i, v, 0)
+        head = [(cuda_driver.OP_WRITE32, base + COMPLETION_AT, 0, 0)]
+        head += [(cuda_driver.OP_WRITE64, base + 8 * i, v, 0)
                  for i, v in enumerate(struct.unpack("<10Q", desc))
                  if not (seq_ptr and i == _SEQ_WORD)]
-        tail = [(_OP_WRITE32, base + DOORBELL_AT, t, 0),
-                (_OP_WAIT32, base + COMPLETION_AT, DONE, _CU_STREAM_WAIT_VALUE_AND)]
+        tail = [(cuda_driver.OP_WRITE32, base + DOORBELL_AT, t, 0),
+                (cuda_driver.OP_WAIT32, base + COMPLETION_AT, DONE, _CU_STREAM_WAIT_VALUE_AND)]
         with drv.pushed(self._ctx):
             if not seq_ptr:
                 drv.memops(h, head + tail)

@@ -10,7 +10,6 @@ A region belongs to the connection that registered it: the daemon releases
 it when that connection closes (Client.close, or a lost connection), and
 this module then marks it released (using it raises RegionError).
 """
-import ctypes
 import fcntl
 import mmap
 import os
@@ -18,6 +17,7 @@ import sys
 
 import numpy as np
 
+from . import cuda_driver
 from .errors import BY_NAME
 
 # What daemon/regions.c requires of a host region's fd: a memfd that cannot
@@ -419,59 +419,13 @@ def find_tensor(table, t, want, sync=True):
     return {"region": r.id, "offset": off, "dtype": want, "shape": list(t.shape)}
 
 
-class _Cuda:
-    """The CUDA driver API calls a CUDA region needs, through ctypes on
-    libcuda (present wherever a GPU driver is; no toolkit needed)."""
-
-    _lib = None
-
-    @classmethod
-    def lib(cls):
-        if cls._lib is None:
-            try:
-                cls._lib = ctypes.CDLL("libcuda.so.1")
-            except OSError as e:
-                raise _region_error(f"CUDA regions need the CUDA driver (libcuda.so.1): {e}") from None
-        return cls._lib
-
-    @classmethod
-    def check(cls, rc, what):
-        if rc != 0:
-            name = ctypes.c_char_p()
-            cls.lib().cuGetErrorName(rc, ctypes.byref(name))
-            raise _region_error(f"{what} failed: {(name.value or b'').decode() or rc}")
-
-    @classmethod
-    def allocation(cls, ptr, device):
-        """Device pointer -> (base, size, 64-byte IPC handle, PCI bus id) of
-        the allocation that holds it (cudaIpcGetMemHandle names a whole
-        allocation, and the daemon's mapping starts at its base)."""
-        lib = cls.lib()
-        cls.check(lib.cuInit(0), "cuInit")
-        dev = ctypes.c_int()
-        cls.check(lib.cuDeviceGet(ctypes.byref(dev), int(device)), f"cuDeviceGet({device})")
-        device = dev.value  # the CUdevice handle of that ordinal
-        ctx = ctypes.c_void_p()
-        cls.check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device),
-                  "cuDevicePrimaryCtxRetain")
-        try:
-            cls.check(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
-            try:
-                base, size = ctypes.c_uint64(), ctypes.c_size_t()
-                cls.check(lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
-                                                      ctypes.c_uint64(ptr)),
-                          "cuMemGetAddressRange")
-                handle = (ctypes.c_char * 64)()
-                cls.check(lib.cuIpcGetMemHandle(handle, base),
-                          "cuIpcGetMemHandle (memory from cudaMalloc is needed: the "
-                          "caching allocator's expandable_segments cannot be shared)")
-                bus = ctypes.create_string_buffer(32)
-                cls.check(lib.cuDeviceGetPCIBusId(bus, 32, device), "cuDeviceGetPCIBusId")
-                return base.value, size.value, bytes(handle), bus.value.decode()
-            finally:
-                lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
-        finally:
-            lib.cuDevicePrimaryCtxRelease_v2(device)
+def _allocation(ptr, device):
+    """Device pointer -> (base, size, handle, PCI bus id) of its allocation
+    (cuda_driver.Driver.allocation), a driver's failure as RegionError."""
+    try:
+        return cuda_driver.Driver.get().allocation(int(ptr), int(device))
+    except (BY_NAME["ENODEV"], BY_NAME["EDEVICE"]) as e:
+        raise _region_error(f"CUDA region: {e.message}") from None
 
 
 def cuda_allocation(tensor):
@@ -481,13 +435,13 @@ def cuda_allocation(tensor):
         raise BY_NAME["EINVAL"]("register_cuda takes a torch CUDA tensor "
                                 "(or use register_cuda_ptr with a device pointer)")
     dev = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
-    base, size, handle, bus = _Cuda.allocation(tensor.data_ptr(), dev)
+    base, size, handle, bus = _allocation(tensor.data_ptr(), dev)
     return base, size, handle, dev, bus
 
 
 def pointer_allocation(ptr, device):
     """Device pointer -> (base, size, handle, PCI bus id)."""
-    return _Cuda.allocation(int(ptr), int(device))
+    return _allocation(ptr, device)
 
 
 def same_bus(daemon_device, bus):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import fp4idx
-from fp4idx import channel as chmod
+from fp4idx import channel as chmod, cuda_driver
 from conftest import stop_daemon
 from test_channel import Setting, K, same, wait_rung
 
@@ -134,10 +134,10 @@ def stub(tmp_path, monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL",
                         lambda name, *a, **k: real(str(lib) if name == "libcuda.so.1" else name,
                                                    *a, **k))
-    monkeypatch.setattr(chmod._Driver, "_one", None)
+    monkeypatch.setattr(cuda_driver.Driver, "_one", None)
     monkeypatch.setitem(sys.modules, "torch", fake_torch())
-    yield chmod._Driver.get().lib
-    chmod._Driver._one = None
+    yield cuda_driver.Driver.get().lib
+    cuda_driver.Driver._one = None
 
 
 @pytest.mark.parametrize("refuse_batch", [0, 1])

@@ -1,4 +1,4 @@
-"""The ctypes glue of CUDA regions (fp4idx.regions._Cuda) against a stub
+"""The ctypes glue of CUDA regions (fp4idx.cuda_driver as regions uses it) against a stub
 libcuda compiled here, so that symbol names, argument passing and the
 allocation base/handle arithmetic are checked without a GPU; the real
 driver path is test_regions_cuda.py (GPU machines)."""
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import fp4idx
-from fp4idx import regions
+from fp4idx import cuda_driver, regions
 
 STUB = r"""
 #include <stdint.h>
@@ -44,7 +44,13 @@ def stub(tmp_path, monkeypatch):
     src, lib = tmp_path / "cuda_stub.c", tmp_path / "libcuda_stub.so"
     src.write_text(STUB)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    monkeypatch.setattr(regions._Cuda, "_lib", ctypes.CDLL(str(lib)))
+    real = ctypes.CDLL
+    monkeypatch.setattr(ctypes, "CDLL",
+                        lambda name, *a, **k: real(str(lib) if name == "libcuda.so.1" else name,
+                                                   *a, **k))
+    monkeypatch.setattr(cuda_driver.Driver, "_one", None)
+    yield
+    cuda_driver.Driver._one = None
 
 
 def test_cuda_glue_allocation(stub):
