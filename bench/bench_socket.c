@@ -56,6 +56,7 @@
 #include <pthread.h>
 
 #include "bench_socket_regions.h"
+#include "bench_threads.h"
 #include "bench_time.h"
 #include "fp4idx_backend.h"
 #include "fp4idx_client.h"
@@ -78,6 +79,7 @@ typedef struct opts_s {
   const char *cache;   /* --cache-bytes for the spawned daemon */
   const char *local;   /* --local cpu|cuda|none */
   const char *sections;
+  pid_t daemon_pid;    /* the daemon's, by SO_PEERCRED: its threads' CPU in (d) */
   const char *csv;
   const char *hist;
   const char *summary;
@@ -338,12 +340,15 @@ static FILE *g_summary;
 
 static void summary_row(const char *section, long ctx, long k, long clients, double p50,
                         double p90, double p99, double daemon, const double *st,
-                        double compute, double outside, double agg, double local_agg) {
+                        double compute, double outside, double agg, double local_agg,
+                        const bench_threads_use_t *use) {
   if (!g_summary) return;
   fprintf(g_summary, "%s,%ld,%ld,%ld,%.2f,%.2f,%.2f", section, ctx, k, clients, p50, p90,
           daemon);
   for (int i = 0; i < NSTAGE; i++) fprintf(g_summary, ",%.2f", st ? st[i] : NAN);
-  fprintf(g_summary, ",%.2f,%.2f,%.1f,%.1f,%.2f\n", compute, outside, agg, local_agg, p99);
+  fprintf(g_summary, ",%.2f,%.2f,%.1f,%.1f,%.2f", compute, outside, agg, local_agg, p99);
+  fprintf(g_summary, ",%.1f,%.1f,%.1f,%.1f\n", use ? use->worker : NAN, use ? use->loops : NAN,
+          use ? use->loop_max : NAN, use ? use->other : NAN);
   fflush(g_summary);
 }
 
@@ -451,7 +456,7 @@ static int bench_latency(fp4idx_client_t *c, const opts_t *o, double res[LAT_N][
     for (int st = 0; st < NSTAGE; st++) stages[k][st] = median3(stm[k][st], o->reps);
     summary_row(lat_name[k], k == LAT_INFO ? 0 : SMALL_KEYS, k == LAT_TOPK ? TOPK : 0, 1,
                 res[k][0], res[k][1], res[k][2], res[k][4], stages[k], res[k][5], NAN, NAN,
-                NAN);
+                NAN, NULL);
   }
   CHECK(fp4idx_client_drop(c, seq));
   rc = 0;
@@ -637,7 +642,7 @@ static int bench_matrix(fp4idx_client_t *c, const opts_t *o) {
       for (int st = 0; st < NSTAGE; st++) printf(" %8.1f", sm[st]);
       printf("\n");
       fflush(stdout);
-      summary_row("single", n, k, 1, r[0], r[1], r[5], r[2], sm, r[3], r[4], NAN, NAN);
+      summary_row("single", n, k, 1, r[0], r[1], r[5], r[2], sm, r[3], r[4], NAN, NAN, NULL);
     }
     fp4idx_backend_destroy(b);
     free(pages);
@@ -726,7 +731,8 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
   printf("\n");
   for (int ni = 0; ni < o->nclients; ni++) {
     const long N = o->clients[ni];
-    double per[6][16], stm[NSTAGE][16];
+    int nloops = 0;
+    double per[6][16], stm[NSTAGE][16], cpu[4][16];
     for (int rep = 0; rep < o->reps; rep++) {
       pthread_barrier_t bar;
       pthread_barrier_init(&bar, NULL, (unsigned)N + 1);
@@ -740,8 +746,17 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
       }
       pthread_barrier_wait(&bar); /* all connected and warm */
       double t0 = now_us();
+      static bench_threads_t th0, th1; /* the daemon's threads' CPU time */
+      bench_threads_take(o->daemon_pid, &th0);
+      double tc0 = now_us();
       pthread_barrier_wait(&bar); /* all done */
-      double wall = now_us() - t0;
+      double wall = now_us() - t0, tc1 = now_us();
+      bench_threads_take(o->daemon_pid, &th1);
+      bench_threads_use_t u;
+      bench_threads_use(&th0, &th1, tc1 - tc0, &u);
+      cpu[0][rep] = u.worker, cpu[1][rep] = u.loops, cpu[2][rep] = u.loop_max;
+      cpu[3][rep] = u.other;
+      nloops = u.nloops;
       int failed = 0;
       for (long i = 0; i < N; i++) pthread_join(th[i], NULL), failed |= t[i].failed;
       pthread_barrier_destroy(&bar);
@@ -799,17 +814,28 @@ static int bench_conc(fp4idx_client_t *c, const opts_t *o) {
     }
     double r[6], sm[NSTAGE];
     for (int j = 0; j < 6; j++) r[j] = median3(per[j], o->reps);
+    bench_threads_use_t use = {.worker = median3(cpu[0], o->reps),
+                               .loops = median3(cpu[1], o->reps),
+                               .loop_max = median3(cpu[2], o->reps),
+                               .other = median3(cpu[3], o->reps),
+                               .nloops = nloops};
     for (int st = 0; st < NSTAGE; st++) sm[st] = median3(stm[st], o->reps);
     printf("    %-8ld %12.0f %10.0f %10.0f %14.0f %16.0f %6.0f%% |", N, r[0], r[1], r[2], r[3],
            local_rate, 100.0 * r[0] / local_rate);
     for (int st = 0; st < NSTAGE; st++) printf(" %8.1f", sm[st]);
     printf("\n");
+    if (!isnan(use.worker) || !isnan(use.loops))
+      printf("    %-8s the daemon's threads, %% of one CPU: worker %.0f, %d I/O loop(s) %.0f "
+             "(busiest %.0f), other %.0f\n", "", use.worker, use.nloops, use.loops,
+             use.loop_max, use.other);
     fflush(stdout);
-    summary_row("concurrent", n, k, N, r[1], r[2], r[5], r[3], sm, NAN, NAN, r[0], local_rate);
+    summary_row("concurrent", n, k, N, r[1], r[2], r[5], r[3], sm, NAN, NAN, r[0], local_rate,
+                &use);
   }
   printf("    (requests/s: all clients together over the wall time; in-process /s:\n"
          "     N sequences / the p50 time of one --local %s launch of all N, no socket;\n"
-         "     ratio: through the daemon vs that)\n", o->local);
+         "     ratio: through the daemon vs that; the daemon's threads: on-CPU time over\n"
+         "     the run (/proc/PID/task/*/schedstat), 100 = one CPU all along)\n", o->local);
   for (long i = 0; i < maxn; i++) fp4idx_client_drop(c, 1000 + (uint64_t)i);
   rc = 0;
 fail:
@@ -958,7 +984,8 @@ int main(int argc, char **argv) {
     }
     fprintf(g_summary, "section,ctx,topk,clients,p50_us,p90_us,daemon_us");
     for (int i = 0; i < NSTAGE; i++) fprintf(g_summary, ",%s_us", stage_name[i]);
-    fprintf(g_summary, ",compute_us,outside_us,requests_per_s,inprocess_per_s,p99_us\n");
+    fprintf(g_summary, ",compute_us,outside_us,requests_per_s,inprocess_per_s,p99_us,"
+                       "worker_cpu_pct,loops_cpu_pct,loop_max_cpu_pct,other_cpu_pct\n");
   }
   if (!o.sock) {
     if (daemon_spawn(o.daemon, o.backend, o.cache)) {
@@ -972,6 +999,7 @@ int main(int argc, char **argv) {
   CHECK(fp4idx_client_set_timeout(c, 600000));
   if (g_client_busy_us >= 0) CHECK(fp4idx_client_set_busy_poll(c, g_client_busy_us));
   CHECK(fp4idx_client_connect(c, o.sock));
+  o.daemon_pid = bench_threads_peer(o.sock);
   CHECK(fp4idx_client_info(c, &info));
   printf("daemon: %s, backend %s (%s), page %llu keys, %llu pages, max frame %llu\n",
          info.server, info.backend, info.device, (unsigned long long)info.page_size,

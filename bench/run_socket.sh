@@ -108,6 +108,13 @@ sum() { # CSV SECTION CTX TOPK CLIENTS FIELD
     done
     goal=">= 85%"; [ "$n" = 64 ] && goal=">= 80%"
     row "$n clients x 32,768 keys top-512: aggregate" "$C_prev" "$C_new" "$goal"
+    for side in prev new; do
+      eval "S=\$S_$side"
+      w=$(sum "$S" concurrent 32768 512 $n worker_cpu_pct)
+      l=$(sum "$S" concurrent 32768 512 $n loops_cpu_pct)
+      eval "U_$side=\"${w:--} / ${l:--}\""
+    done
+    row "  the daemon's worker / I/O loops, % of one CPU" "$U_prev" "$U_new" ""
   done
   echo "(previous = the previous commit's daemon driven by the new benchmark;"
   echo " stage breakdowns: the (c) tables in new.log; regions: its (e) tables)"

@@ -73,6 +73,7 @@ static int fp4idx__channels_to_queue(fp4idx_channels_t *cs, fp4idx_channel_t **g
 
 static void *fp4idx__channel_watch(void *arg) {
   fp4idx_channels_t *cs = arg;
+  pthread_setname_np(pthread_self(), "fp4idx-channel");
   double last = fp4idx__stats_now_us();
   unsigned nap = FP4IDX_CHANNEL_NAP_MIN_US;
   fp4idx_channel_t *go[64];

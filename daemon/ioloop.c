@@ -14,6 +14,8 @@
 #define _GNU_SOURCE
 #include "server.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,6 +81,9 @@ static void fp4idx__io_close_handles(fp4idx_ioloop_t *io) {
 
 static void *fp4idx__io_main(void *arg) {
   fp4idx_ioloop_t *io = arg;
+  char name[16]; /* loop 0 is the main thread's, named fp4idxd */
+  snprintf(name, sizeof name, "fp4idx-io%d", io->index);
+  pthread_setname_np(pthread_self(), name);
   uv_run(io->loop, UV_RUN_DEFAULT);
   return NULL;
 }

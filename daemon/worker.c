@@ -95,6 +95,7 @@ static void fp4idx__worker_end(fp4idx_worker_t *w, struct fp4idx_worker_run_s **
 
 static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
+  pthread_setname_np(pthread_self(), "fp4idx-worker"); /* top -H, /proc/.../comm */
   struct fp4idx_worker_run_s *prev = NULL; /* begun, not ended */
   int cur = 0;
   pthread_mutex_lock(&w->mu);

@@ -3,6 +3,7 @@
  * the graceful stop with requests in flight. */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -489,4 +490,36 @@ Test(daemon_lifecycle, second_signal_closes_without_flushing) {
   close(fd);
   free(keys);
   fp4idx_test_daemon_stop(&d);
+}
+
+/* How many threads of pid are named `name` (/proc/PID/task/TID/comm). */
+static int threads_named(pid_t pid, const char *name) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+  DIR *dir = opendir(path);
+  cr_assert_not_null(dir, "%s", path);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dir));) {
+    if (e->d_name[0] == '.') continue;
+    char p[128], comm[32] = "";
+    snprintf(p, sizeof p, "%s/%.24s/comm", path, e->d_name);
+    FILE *f = fopen(p, "r");
+    if (f && fgets(comm, sizeof comm, f)) comm[strcspn(comm, "\n")] = 0;
+    if (f) fclose(f);
+    n += strcmp(comm, name) == 0;
+  }
+  closedir(dir);
+  return n;
+}
+
+/* The daemon's threads say what they are (top -H, ps -L, a benchmark's
+ * per-thread CPU): one worker, each I/O loop past the main one. */
+Test(daemon_lifecycle, threads_are_named) {
+  fp4idx_test_daemon_t d;
+  cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--io-threads", "3", NULL}), 0);
+  cr_expect_eq(threads_named(d.pid, "fp4idx-worker"), 1);
+  cr_expect_eq(threads_named(d.pid, "fp4idx-io1"), 1);
+  cr_expect_eq(threads_named(d.pid, "fp4idx-io2"), 1);
+  cr_expect_eq(threads_named(d.pid, "fp4idx-io3"), 0, "three loops: the main one, io1, io2");
+  cr_assert_eq(fp4idx_test_daemon_stop(&d), 0);
 }

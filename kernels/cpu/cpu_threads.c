@@ -1,4 +1,7 @@
 /* cpu_threads.c -- a small persistent thread pool (see cpu_internal.h). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "cpu_internal.h"
@@ -26,6 +29,9 @@ static void *fp4idx__threads_main(void *p) {
   fp4idx__threads_main_arg_t wa = *(fp4idx__threads_main_arg_t *)p;
   free(p);
   fp4idx__threads_t *t = wa.t;
+  char name[16];
+  snprintf(name, sizeof name, "fp4idx-cpu%d", wa.tid);
+  pthread_setname_np(pthread_self(), name);
   uint64_t seen = 0;
   pthread_mutex_lock(&t->mu);
   for (;;) {
