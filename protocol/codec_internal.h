@@ -4,9 +4,11 @@
  * bytes without allocating (scan.c) to enforce the caps -- nesting depth,
  * object count, container counts no larger than the bytes left -- so that
  * msgpack-c never sizes an allocation from a hostile count; then msgpack-c
- * unpacks into a zone. str/bin objects point into the input buffer (msgpack-c
- * references, it does not copy, with msgpack_unpack_next), which is what
- * makes tensor views zero-copy.
+ * unpacks into a zone. A small sound message skips both: it is unpacked
+ * into a fixed pool on the decoder's stack in one walk that makes the same
+ * checks (unpack.c). str/bin objects point into the
+ * input buffer either way (msgpack-c references, it does not copy, with
+ * msgpack_unpack_next), which is what makes tensor views zero-copy.
  */
 #ifndef FP4IDX_CODEC_INTERNAL_H
 #define FP4IDX_CODEC_INTERNAL_H
@@ -23,10 +25,44 @@
 int fp4idx__mp_scan(const unsigned char *body, size_t len, char *msg,
                     size_t cap);
 
-/* Scans, then unpacks body into *up (msgpack_unpacked_init'ed by the
- * caller, destroyed by the caller). Checks that the root is a map. */
-int fp4idx__mp_parse(const void *body, size_t len, msgpack_unpacked *up,
-                     char *msg, size_t cap);
+/* Objects a message may have for fp4idx__mp_parse to unpack it into the
+ * document's own pool (array items; half as many map entries). */
+#define FP4IDX__MP_POOL 128
+
+/* A parsed message: `root` and every object under it live in the pool here
+ * (a small message, unpack.c) or in msgpack-c's zone in `up` (a larger
+ * one, or one with an ext value); str and bin point into the body either
+ * way. fp4idx__mp_doc_init before fp4idx__mp_parse, fp4idx__mp_doc_destroy
+ * after the last use of root. About 6 KiB: it lives on the decoder's
+ * stack. */
+typedef struct fp4idx__mp_doc_s {
+  const msgpack_object *root;
+  msgpack_unpacked up;
+  msgpack_object small;                         /* root of a small message */
+  msgpack_object obj[FP4IDX__MP_POOL];          /* its arrays' items */
+  msgpack_object_kv kv[FP4IDX__MP_POOL / 2];    /* its maps' entries */
+} fp4idx__mp_doc_t;
+
+static inline void fp4idx__mp_doc_init(fp4idx__mp_doc_t *doc) {
+  doc->root = NULL;
+  msgpack_unpacked_init(&doc->up);
+}
+
+static inline void fp4idx__mp_doc_destroy(fp4idx__mp_doc_t *doc) {
+  msgpack_unpacked_destroy(&doc->up);
+  doc->root = NULL;
+}
+
+/* Unpacks body into doc (root): into its pool when small and sound, else
+ * scanned and then unpacked by msgpack-c. Checks that the root is a map.
+ * 0, or the scan's error. */
+int fp4idx__mp_parse(const void *body, size_t len, fp4idx__mp_doc_t *doc, char *msg,
+                     size_t cap);
+
+/* Unpacks body into doc's pool, checking on the way what fp4idx__mp_scan
+ * checks: 0 with doc->root set, or -1 when it does not fit the pool, holds
+ * an ext, or is malformed (scan it then). */
+int fp4idx__mp_unpack_small(const void *body, size_t len, fp4idx__mp_doc_t *doc);
 
 /* ---- field access -------------------------------------------------------- */
 

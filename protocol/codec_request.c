@@ -19,7 +19,7 @@
 
 int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
                           char *msg, size_t cap) {
-  msgpack_unpacked up;
+  fp4idx__mp_doc_t doc;
   int rc;
 
   if (msg != NULL && cap > 0) msg[0] = '\0';
@@ -28,9 +28,9 @@ int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
   if (body == NULL && len > 0)
     return fp4idx__fail(msg, cap, FP4IDX_EINVAL, "no body");
 
-  msgpack_unpacked_init(&up);
-  if ((rc = fp4idx__mp_parse(body, len, &up, msg, cap)) != 0) goto out;
-  const msgpack_object *root = &up.data;
+  fp4idx__mp_doc_init(&doc);
+  if ((rc = fp4idx__mp_parse(body, len, &doc, msg, cap)) != 0) goto out;
+  const msgpack_object *root = doc.root;
 
   /* the id first and leniently, so that every later error can carry it */
   const msgpack_object *idv = fp4idx__map_get(root, "id");
@@ -64,7 +64,7 @@ int fp4idx_decode_request(const void *body, size_t len, fp4idx_request_t *req,
     goto out;
   rc = od->req_decode(&fs, req, msg, cap);
 out:
-  msgpack_unpacked_destroy(&up);
+  fp4idx__mp_doc_destroy(&doc);
   return rc;
 }
 

@@ -13,7 +13,7 @@
 
 int fp4idx_decode_response(const void *body, size_t len, fp4idx_op_t op,
                            fp4idx_response_t *resp, char *msg, size_t cap) {
-  msgpack_unpacked up;
+  fp4idx__mp_doc_t doc;
   int rc;
 
   if (msg != NULL && cap > 0) msg[0] = '\0';
@@ -24,9 +24,9 @@ int fp4idx_decode_response(const void *body, size_t len, fp4idx_op_t op,
       op >= FP4IDX_OP__COUNT)
     return fp4idx__fail(msg, cap, FP4IDX_EINVAL, "bad arguments");
 
-  msgpack_unpacked_init(&up);
-  if ((rc = fp4idx__mp_parse(body, len, &up, msg, cap)) != 0) goto out;
-  const msgpack_object *root = &up.data;
+  fp4idx__mp_doc_init(&doc);
+  if ((rc = fp4idx__mp_parse(body, len, &doc, msg, cap)) != 0) goto out;
+  const msgpack_object *root = doc.root;
   const fp4idx__op_desc_t *od = fp4idx__op_desc(op);
   fp4idx__field_t f[FP4IDX_OP_MAX_FIELDS];
   fp4idx__fields_t fs;
@@ -58,7 +58,7 @@ int fp4idx_decode_response(const void *body, size_t len, fp4idx_op_t op,
   }
   rc = od->resp_decode(&fs, resp, msg, cap);
 out:
-  msgpack_unpacked_destroy(&up);
+  fp4idx__mp_doc_destroy(&doc);
   return rc;
 }
 

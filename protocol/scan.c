@@ -122,26 +122,32 @@ int fp4idx__mp_scan(const unsigned char *p, size_t len, char *msg,
   return 0;
 }
 
-int fp4idx__mp_parse(const void *body, size_t len, msgpack_unpacked *up,
-                     char *msg, size_t cap) {
+int fp4idx__mp_parse(const void *body, size_t len, fp4idx__mp_doc_t *doc, char *msg,
+                     size_t cap) {
   size_t off = 0;
   int rc;
 
   if (len == 0)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "empty frame body");
-  if ((rc = fp4idx__mp_scan(body, len, msg, cap)) != 0) return rc;
-  switch (msgpack_unpack_next(up, body, len, &off)) {
-    case MSGPACK_UNPACK_SUCCESS:
-      break;
-    case MSGPACK_UNPACK_NOMEM_ERROR:
-      return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "msgpack: out of memory");
-    default: /* the scan accepted it, so this should not happen */
-      return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "msgpack: parse error");
+  /* a small sound message in one walk (unpack.c makes the scan's checks);
+   * anything else is scanned first, so that msgpack-c only sees bytes that
+   * passed */
+  if (fp4idx__mp_unpack_small(body, len, doc) != 0) {
+    if ((rc = fp4idx__mp_scan(body, len, msg, cap)) != 0) return rc;
+    switch (msgpack_unpack_next(&doc->up, body, len, &off)) {
+      case MSGPACK_UNPACK_SUCCESS:
+        break;
+      case MSGPACK_UNPACK_NOMEM_ERROR:
+        return fp4idx__fail(msg, cap, FP4IDX_ENOMEM, "msgpack: out of memory");
+      default: /* the scan accepted it, so this should not happen */
+        return fp4idx__fail(msg, cap, FP4IDX_EPROTO, "msgpack: parse error");
+    }
+    if (off != len) /* belt and braces: the scan already checked */
+      return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
+                          "msgpack: trailing bytes after the message");
+    doc->root = &doc->up.data;
   }
-  if (off != len) /* belt and braces: the scan already checked */
-    return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
-                        "msgpack: trailing bytes after the message");
-  if (up->data.type != MSGPACK_OBJECT_MAP)
+  if (doc->root->type != MSGPACK_OBJECT_MAP)
     return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
                         "message is not a msgpack map");
   return 0;

@@ -1236,3 +1236,237 @@ Test(codec, list_round_trip_and_encoder_checks) {
   fp4idx_response_clear(&out);
   msgpack_sbuffer_destroy(&sb);
 }
+
+/* ---- small messages unpacked into the pool (unpack.c) ---------------------- */
+
+typedef struct gen_s {
+  unsigned char *p;
+  size_t n, cap;
+  uint64_t rng;
+  int objects, ext;
+} gen_t;
+
+static uint64_t gen_next(gen_t *g) {
+  g->rng ^= g->rng << 13, g->rng ^= g->rng >> 7, g->rng ^= g->rng << 17;
+  return g->rng;
+}
+
+static void gen_bytes(gen_t *g, const void *b, size_t n) {
+  while (g->n + n > g->cap) g->p = realloc(g->p, g->cap = g->cap ? 2 * g->cap : 256);
+  memcpy(g->p + g->n, b, n);
+  g->n += n;
+}
+
+static void gen_be(gen_t *g, unsigned char head, uint64_t v, unsigned w) {
+  unsigned char b[9] = {head};
+  for (unsigned i = 0; i < w; i++) b[1 + i] = (unsigned char)(v >> (8 * (w - 1 - i)));
+  gen_bytes(g, b, 1 + w);
+}
+
+/* One random object in raw msgpack, every encoding width (not only the
+ * smallest, as msgpack-c's packer would choose), containers to `depth`. */
+static void gen_object(gen_t *g, int depth) {
+  g->objects++;
+  uint64_t r = gen_next(g), v = gen_next(g);
+  int kind = (int)(r % (depth > 0 ? 14 : 11));
+  static const char text[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  switch (kind) {
+    case 0: gen_be(g, (unsigned char)(v & 0x7f), 0, 0); break;              /* fixint */
+    case 1: gen_be(g, (unsigned char)(0xe0 | (v & 0x1f)), 0, 0); break;     /* -fixint */
+    case 2: gen_be(g, (unsigned char)(0xcc + (r >> 8) % 4), v, 1u << ((r >> 8) % 4)); break;
+    case 3: gen_be(g, (unsigned char)(0xd0 + (r >> 8) % 4), v, 1u << ((r >> 8) % 4)); break;
+    case 4: gen_be(g, (unsigned char)(0xc0 + (r >> 8) % 4 == 0xc1 ? 0xc0 : 0xc0 + (r >> 8) % 4),
+                   0, 0);
+      break; /* nil, false, true */
+    case 5: gen_be(g, 0xca, v & 0xffffffffu, 4); break;
+    case 6: gen_be(g, 0xcb, v, 8); break;
+    case 7: case 8: { /* str: fix, 8, 16, 32 / bin 8, 16, 32 */
+      size_t n = (size_t)(v % 40);
+      unsigned form = (unsigned)((r >> 8) % 4);
+      if (kind == 7 && form == 0) gen_be(g, (unsigned char)(0xa0 | (n & 31)), 0, 0), n &= 31;
+      else if (kind == 7) gen_be(g, (unsigned char)(0xd9 + form - 1), n, 1u << (form - 1));
+      else gen_be(g, (unsigned char)(0xc4 + form % 3), n, 1u << (form % 3));
+      for (size_t i = 0; i < n; i++) gen_bytes(g, &text[(v + i) % 36], 1);
+      break;
+    }
+    case 9: gen_be(g, 0xa0, 0, 0); break; /* an empty str */
+    case 10: /* an ext now and then: msgpack-c's */
+      if (r % 7 == 0) {
+        gen_be(g, 0xd4, (uint64_t)5 << 8 | 1, 2);
+        g->ext = 1;
+      } else {
+        gen_be(g, 0xc0, 0, 0);
+      }
+      break;
+    default: { /* array or map: fix, 16, 32 */
+      int map = kind == 13;
+      unsigned n = (unsigned)(v % 6), form = (unsigned)((r >> 8) % 3);
+      if (form == 0) gen_be(g, (unsigned char)((map ? 0x80 : 0x90) | n), 0, 0);
+      else gen_be(g, (unsigned char)((map ? 0xde : 0xdc) + form - 1), n, form == 1 ? 2 : 4);
+      for (unsigned i = 0; i < (map ? 2 * n : n); i++) gen_object(g, depth - 1);
+    }
+  }
+}
+
+/* a and b the same msgpack objects: types, values, str/bin at the same
+ * address (both point into the body). */
+static void same_object(const msgpack_object *a, const msgpack_object *b, uint64_t seed) {
+  cr_assert_eq(a->type, b->type, "message %llu: type %d, msgpack-c %d", (unsigned long long)seed,
+               a->type, b->type);
+  switch (a->type) {
+    case MSGPACK_OBJECT_NIL: break;
+    case MSGPACK_OBJECT_BOOLEAN: cr_assert_eq(a->via.boolean, b->via.boolean); break;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: cr_assert_eq(a->via.u64, b->via.u64); break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: cr_assert_eq(a->via.i64, b->via.i64); break;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+      cr_assert(memcmp(&a->via.f64, &b->via.f64, 8) == 0, "message %llu: a float",
+                (unsigned long long)seed);
+      break;
+    case MSGPACK_OBJECT_STR:
+    case MSGPACK_OBJECT_BIN:
+      cr_assert_eq(a->via.str.size, b->via.str.size);
+      /* (an empty one's pointer is whatever msgpack-c's state held: NULL
+       * or a stale position; the pool's points into the body) */
+      if (a->via.str.size)
+        cr_assert_eq(a->via.str.ptr, b->via.str.ptr, "message %llu: not the body's bytes",
+                     (unsigned long long)seed);
+      break;
+    case MSGPACK_OBJECT_ARRAY:
+      cr_assert_eq(a->via.array.size, b->via.array.size);
+      for (uint32_t i = 0; i < a->via.array.size; i++)
+        same_object(&a->via.array.ptr[i], &b->via.array.ptr[i], seed);
+      break;
+    case MSGPACK_OBJECT_MAP:
+      cr_assert_eq(a->via.map.size, b->via.map.size);
+      for (uint32_t i = 0; i < a->via.map.size; i++) {
+        same_object(&a->via.map.ptr[i].key, &b->via.map.ptr[i].key, seed);
+        same_object(&a->via.map.ptr[i].val, &b->via.map.ptr[i].val, seed);
+      }
+      break;
+    default: cr_assert_fail("message %llu: type %d", (unsigned long long)seed, a->type);
+  }
+}
+
+/* Every message of up to FP4IDX__MP_POOL objects without an ext unpacks into
+ * the pool as msgpack-c unpacks it; one with an ext, or larger, is left to
+ * msgpack-c; and fp4idx__mp_parse's root is the same either way. */
+Test(codec, small_messages_unpack_as_msgpack_c_does) {
+  int small = 0, left = 0;
+  static fp4idx__mp_doc_t doc;
+  for (uint64_t seed = 1; seed <= 20000; seed++) {
+    gen_t g = {.rng = seed * 0x9E3779B97F4A7C15ULL};
+    gen_object(&g, 1 + (int)(seed % 4));
+    cr_assert_eq(fp4idx__mp_scan(g.p, g.n, NULL, 0), 0, "message %llu", (unsigned long long)seed);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&up, (const char *)g.p, g.n, &off), MSGPACK_UNPACK_SUCCESS);
+    fp4idx__mp_doc_init(&doc);
+    int rc = fp4idx__mp_unpack_small(g.p, g.n, &doc);
+    if (g.ext || g.objects > FP4IDX__MP_POOL) {
+      cr_assert_eq(rc, -1, "message %llu: %d objects%s taken", (unsigned long long)seed,
+                   g.objects, g.ext ? " and an ext" : "");
+      left++;
+    } else if (rc == 0) {
+      same_object(doc.root, &up.data, seed);
+      small++;
+    } else { /* more items in one container than the pool's half for maps */
+      left++;
+    }
+    fp4idx__mp_doc_destroy(&doc);
+    msgpack_unpacked_destroy(&up);
+    free(g.p);
+  }
+  cr_log_info("%d messages unpacked into the pool, %d left to msgpack-c", small, left);
+  cr_assert_gt(small, 15000);
+  cr_assert_gt(left, 100);
+}
+
+/* A request larger than the pool still decodes (msgpack-c's zone). */
+Test(codec, requests_beyond_the_pool_decode) {
+  enum { NSEQ = 40 }; /* each sequence is a map of several objects */
+  fp4idx_score_seq_t seqs[NSEQ];
+  uint16_t q[2 * 128], w[2];
+  memset(q, 0, sizeof q);
+  memset(w, 0, sizeof w);
+  memset(seqs, 0, sizeof seqs);
+  for (int i = 0; i < NSEQ; i++) {
+    seqs[i].seq = 100 + (uint64_t)i;
+    seqs[i].rows = 1;
+    uint64_t qs[3] = {1, 2, 128}, ws[2] = {1, 2};
+    cr_assert_eq(fp4idx_tensor_init(&seqs[i].q, FP4IDX_WIRE_BF16, 3, qs, q), 0);
+    cr_assert_eq(fp4idx_tensor_init(&seqs[i].w, FP4IDX_WIRE_BF16, 2, ws, w), 0);
+  }
+  fp4idx_request_t req = {.id = 9, .op = FP4IDX_OP_SCORE};
+  req.u.score.heads = 2;
+  req.u.score.seqs = seqs;
+  req.u.score.nseqs = NSEQ;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  cr_assert_eq(fp4idx_encode_request(&sb, &req), 0);
+  static fp4idx__mp_doc_t doc;
+  fp4idx__mp_doc_init(&doc);
+  cr_assert_eq(fp4idx__mp_unpack_small(sb.data + 4, sb.size - 4, &doc), -1, "taken by the pool");
+  fp4idx__mp_doc_destroy(&doc);
+  fp4idx_request_t out;
+  char msg[256];
+  cr_assert_eq(fp4idx_decode_request(sb.data + 4, sb.size - 4, &out, msg, sizeof msg), 0, "%s",
+               msg);
+  cr_assert_eq(out.u.score.nseqs, NSEQ);
+  cr_assert_eq(out.u.score.seqs[NSEQ - 1].seq, 100 + NSEQ - 1);
+  fp4idx_request_clear(&out);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* What the pool takes, the scan passes, and msgpack-c reads the same: over
+ * mutated messages (a byte changed, cut short, a byte added) and nestings
+ * around the depth cap, where the pool also takes every sound one. */
+Test(codec, the_pool_takes_only_what_the_scan_passes) {
+  static fp4idx__mp_doc_t doc;
+  int taken = 0, refused = 0;
+  for (uint64_t seed = 1; seed <= 20000; seed++) {
+    gen_t g = {.rng = seed * 0xD1B54A32D192ED03ULL};
+    gen_object(&g, 1 + (int)(seed % 3));
+    uint64_t r = gen_next(&g);
+    size_t len = g.n;
+    if (r % 3 == 0) g.p[(r >> 8) % g.n] ^= (unsigned char)(1u << ((r >> 16) % 8));
+    else if (r % 3 == 1 && len > 1) len -= 1 + (size_t)((r >> 8) % (len - 1));
+    else gen_bytes(&g, "\xc1", 1), len = g.n;
+    fp4idx__mp_doc_init(&doc);
+    if (fp4idx__mp_unpack_small(g.p, len, &doc) == 0) {
+      cr_assert_eq(fp4idx__mp_scan(g.p, len, NULL, 0), 0, "mutation %llu: taken, scan refuses",
+                   (unsigned long long)seed);
+      msgpack_unpacked up;
+      msgpack_unpacked_init(&up);
+      size_t off = 0;
+      cr_assert_eq(msgpack_unpack_next(&up, (const char *)g.p, len, &off),
+                   MSGPACK_UNPACK_SUCCESS);
+      same_object(doc.root, &up.data, seed);
+      msgpack_unpacked_destroy(&up);
+      taken++;
+    } else {
+      refused++;
+    }
+    fp4idx__mp_doc_destroy(&doc);
+    free(g.p);
+  }
+  cr_log_info("mutations: %d taken by the pool, %d not", taken, refused);
+  cr_assert_gt(taken, 1000);
+  cr_assert_gt(refused, 1000);
+  /* d nested one-item arrays around a 1, then the same around an empty array */
+  for (unsigned d = 1; d <= FP4IDX_PROTO_MAX_DEPTH + 2; d++) {
+    for (int empty = 0; empty < 2; empty++) {
+      unsigned char m[32];
+      size_t n = 0;
+      for (unsigned i = 0; i < d; i++) m[n++] = 0x91;
+      m[n++] = empty ? 0x90 : 0x01;
+      int scan = fp4idx__mp_scan(m, n, NULL, 0);
+      fp4idx__mp_doc_init(&doc);
+      int pool = fp4idx__mp_unpack_small(m, n, &doc);
+      fp4idx__mp_doc_destroy(&doc);
+      cr_assert_eq(pool == 0, scan == 0, "depth %u%s: pool %d, scan %d", d,
+                   empty ? " around an empty array" : "", pool, scan);
+    }
+  }
+}
