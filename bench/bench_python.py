@@ -170,8 +170,9 @@ def main():
                 lres[name]["bytes"].append(r1 - r0)  # the call's reply + r0's
             if a.logits_only:
                 continue
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            for line in out.split():
+            # (not `out`: the logits cases' lambdas read that name, the region's array)
+            stdout = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            for line in stdout.split():
                 name, _, wall, _, _, cpu = line.split(",")
                 res[name]["c"].append(float(wall))
                 res[name]["c_cpu"].append(float(cpu))
