@@ -25,22 +25,21 @@
 int fp4idx__mp_scan(const unsigned char *body, size_t len, char *msg,
                     size_t cap);
 
-/* Objects a message may have for fp4idx__mp_parse to unpack it into the
- * document's own pool (array items; half as many map entries). */
-#define FP4IDX__MP_POOL 128
+/* Objects under a message's root for fp4idx__mp_parse to unpack it into
+ * the document's own pool (an array's items, a map's keys and values). */
+#define FP4IDX__MP_POOL 192
 
 /* A parsed message: `root` and every object under it live in the pool here
  * (a small message, unpack.c) or in msgpack-c's zone in `up` (a larger
  * one, or one with an ext value); str and bin point into the body either
  * way. fp4idx__mp_doc_init before fp4idx__mp_parse, fp4idx__mp_doc_destroy
- * after the last use of root. About 6 KiB: it lives on the decoder's
+ * after the last use of root. About 4.6 KiB: it lives on the decoder's
  * stack. */
 typedef struct fp4idx__mp_doc_s {
   const msgpack_object *root;
   msgpack_unpacked up;
-  msgpack_object small;                         /* root of a small message */
-  msgpack_object obj[FP4IDX__MP_POOL];          /* its arrays' items */
-  msgpack_object_kv kv[FP4IDX__MP_POOL / 2];    /* its maps' entries */
+  msgpack_object small;                 /* root of a small message */
+  msgpack_object obj[FP4IDX__MP_POOL];  /* the objects under it */
 } fp4idx__mp_doc_t;
 
 static inline void fp4idx__mp_doc_init(fp4idx__mp_doc_t *doc) {

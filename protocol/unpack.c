@@ -18,10 +18,13 @@
 
 #include "codec_internal.h"
 
+_Static_assert(sizeof(msgpack_object_kv) == 2 * sizeof(msgpack_object),
+               "a map's entries are built as pairs of objects in the pool");
+
 typedef struct fp4idx__mp_build_s {
   const unsigned char *p, *end;
   fp4idx__mp_doc_t *doc;
-  size_t nobj, nkv; /* taken from doc->obj / doc->kv */
+  size_t nobj; /* taken from doc->obj */
 } fp4idx__mp_build_t;
 
 static inline uint64_t fp4idx__mp_be(const unsigned char *p, unsigned n) {
@@ -145,26 +148,23 @@ static int fp4idx__mp_build(fp4idx__mp_build_t *b, msgpack_object *o, unsigned d
     b->p += n;
     return 0;
   }
+  /* a container's children from the pool: an array's items, or a map's
+   * keys and values in turn (a msgpack_object_kv is two objects) */
+  const uint64_t items = kind == 3 ? n : 2 * n;
+  if (items > FP4IDX__MP_POOL - b->nobj) return -1;
+  msgpack_object *child = b->doc->obj + b->nobj;
+  b->nobj += (size_t)items;
   if (kind == 3) {
-    if (n > FP4IDX__MP_POOL - b->nobj) return -1;
-    msgpack_object *items = b->doc->obj + b->nobj;
-    b->nobj += (size_t)n;
     o->type = MSGPACK_OBJECT_ARRAY;
     o->via.array.size = (uint32_t)n;
-    o->via.array.ptr = items;
-    for (uint64_t i = 0; i < n; i++)
-      if (fp4idx__mp_build(b, &items[i], depth + 1)) return -1;
-    return 0;
+    o->via.array.ptr = child;
+  } else {
+    o->type = MSGPACK_OBJECT_MAP;
+    o->via.map.size = (uint32_t)n;
+    o->via.map.ptr = (msgpack_object_kv *)child;
   }
-  if (n > FP4IDX__MP_POOL / 2 - b->nkv) return -1;
-  msgpack_object_kv *kv = b->doc->kv + b->nkv;
-  b->nkv += (size_t)n;
-  o->type = MSGPACK_OBJECT_MAP;
-  o->via.map.size = (uint32_t)n;
-  o->via.map.ptr = kv;
-  for (uint64_t i = 0; i < n; i++)
-    if (fp4idx__mp_build(b, &kv[i].key, depth + 1) || fp4idx__mp_build(b, &kv[i].val, depth + 1))
-      return -1;
+  for (uint64_t i = 0; i < items; i++)
+    if (fp4idx__mp_build(b, &child[i], depth + 1)) return -1;
   return 0;
 }
 
