@@ -73,7 +73,6 @@ static int fp4idx__channels_to_queue(fp4idx_channels_t *cs, fp4idx_channel_t **g
 
 static void *fp4idx__channel_watch(void *arg) {
   fp4idx_channels_t *cs = arg;
-  pthread_setname_np(pthread_self(), "fp4idx-channel");
   double last = fp4idx__stats_now_us();
   unsigned nap = FP4IDX_CHANNEL_NAP_MIN_US;
   fp4idx_channel_t *go[64];
@@ -328,7 +327,7 @@ static int fp4idx__channels_add(fp4idx_channels_t *cs, fp4idx_channel_t *ch, cha
     if (pthread_create(&cs->thread, NULL, fp4idx__channel_watch, cs) != 0)
       rc = fp4idx__fail(msg, cap, FP4IDX_EINTERNAL, "cannot start the channel watcher");
     else
-      cs->thread_started = 1;
+      cs->thread_started = 1, pthread_setname_np(cs->thread, "fp4idx-channel");
   }
   if (rc == FP4IDX_OK) {
     ch->next = cs->open;

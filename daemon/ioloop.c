@@ -81,9 +81,6 @@ static void fp4idx__io_close_handles(fp4idx_ioloop_t *io) {
 
 static void *fp4idx__io_main(void *arg) {
   fp4idx_ioloop_t *io = arg;
-  char name[16]; /* loop 0 is the main thread's, named fp4idxd */
-  snprintf(name, sizeof name, "fp4idx-io%d", io->index);
-  pthread_setname_np(pthread_self(), name);
   uv_run(io->loop, UV_RUN_DEFAULT);
   return NULL;
 }
@@ -123,6 +120,10 @@ int fp4idx__server_io_start(fp4idx_server_t *srv) {
       return FP4IDX_EINTERNAL;
     }
     io->thread_on = 1;
+    char name[32]; /* loop 0 is the main thread's, named fp4idxd */
+    snprintf(name, sizeof name, "fp4idx-io%d", i);
+    name[15] = '\0'; /* a thread's name holds 15 bytes */
+    pthread_setname_np(io->thread, name);
   }
   return FP4IDX_OK;
 }

@@ -95,7 +95,6 @@ static void fp4idx__worker_end(fp4idx_worker_t *w, struct fp4idx_worker_run_s **
 
 static void *fp4idx__worker_main(void *arg) {
   fp4idx_worker_t *w = arg;
-  pthread_setname_np(pthread_self(), "fp4idx-worker"); /* top -H, /proc/.../comm */
   struct fp4idx_worker_run_s *prev = NULL; /* begun, not ended */
   int cur = 0;
   pthread_mutex_lock(&w->mu);
@@ -220,6 +219,9 @@ int fp4idx__worker_start(fp4idx_worker_t *w, uv_loop_t *loop) {
   if (uv_async_init(loop, &w->async, fp4idx__worker_async_cb)) goto err_done;
   w->async.data = w;
   if (pthread_create(&w->thread, NULL, fp4idx__worker_main, w)) goto err_async;
+  /* named by its creator, so that the name is there once start returns
+   * (top -H, ps -L, /proc/PID/task/TID/comm) */
+  pthread_setname_np(w->thread, "fp4idx-worker");
   w->started = 1;
   return FP4IDX_OK;
 err_async:

@@ -517,6 +517,13 @@ static int threads_named(pid_t pid, const char *name) {
 Test(daemon_lifecycle, threads_are_named) {
   fp4idx_test_daemon_t d;
   cr_assert_eq(fp4idx_test_daemon_start(&d, (const char *[]){"--io-threads", "3", NULL}), 0);
+  /* The socket accepts as soon as it listens; a reply says the main loop
+   * runs, and the worker and the other loops start (named) before it. */
+  int fd = fp4idx_test_connect(d.sock);
+  cr_assert_geq(fd, 0);
+  fp4idx_info_t info;
+  cr_assert_eq(fp4idx_test_info(fd, &info), 0);
+  close(fd);
   cr_expect_eq(threads_named(d.pid, "fp4idx-worker"), 1);
   cr_expect_eq(threads_named(d.pid, "fp4idx-io1"), 1);
   cr_expect_eq(threads_named(d.pid, "fp4idx-io2"), 1);

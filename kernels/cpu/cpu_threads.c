@@ -29,9 +29,6 @@ static void *fp4idx__threads_main(void *p) {
   fp4idx__threads_main_arg_t wa = *(fp4idx__threads_main_arg_t *)p;
   free(p);
   fp4idx__threads_t *t = wa.t;
-  char name[16];
-  snprintf(name, sizeof name, "fp4idx-cpu%d", wa.tid);
-  pthread_setname_np(pthread_self(), name);
   uint64_t seen = 0;
   pthread_mutex_lock(&t->mu);
   for (;;) {
@@ -71,6 +68,10 @@ int fp4idx__threads_create(fp4idx__threads_t **out, int n) {
       goto fail;
     }
     t->started++;
+    char name[32];
+    snprintf(name, sizeof name, "fp4idx-cpu%d", i);
+    name[15] = '\0'; /* a thread's name holds 15 bytes */
+    pthread_setname_np(t->tids[i - 1], name);
   }
   *out = t;
   return FP4IDX_OK;
