@@ -239,6 +239,11 @@ void fp4idx__channels_stop(fp4idx_channels_t *cs) {
   pthread_mutex_unlock(&cs->mu);
   if (started) pthread_join(cs->thread, NULL);
   cs->thread_started = 0;
+}
+
+void fp4idx__channels_fini(fp4idx_channels_t *cs) {
+  if (!cs->ready) return;
+  fp4idx__channels_stop(cs);
   cs->ready = 0;
   pthread_cond_destroy(&cs->cv);
   pthread_mutex_destroy(&cs->mu);
@@ -323,7 +328,9 @@ static int fp4idx__channels_add(fp4idx_channels_t *cs, fp4idx_channel_t *ch, cha
                                 size_t cap) {
   int rc = FP4IDX_OK;
   pthread_mutex_lock(&cs->mu);
-  if (!cs->thread_started) {
+  if (cs->stopping) {
+    rc = fp4idx__fail(msg, cap, FP4IDX_EINTERNAL, "the daemon is stopping: no new channel");
+  } else if (!cs->thread_started) {
     if (pthread_create(&cs->thread, NULL, fp4idx__channel_watch, cs) != 0)
       rc = fp4idx__fail(msg, cap, FP4IDX_EINTERNAL, "cannot start the channel watcher");
     else

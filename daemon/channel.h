@@ -78,7 +78,7 @@ typedef struct fp4idx_channels_s {
   fp4idx_daemon_stats_t *stats; /* the counts of `stats` */
   int thread_started, stopping; /* (mu) */
   pthread_t thread;
-  int ready;                  /* initialised (fp4idx__channels_stop undoes it) */
+  int ready;                  /* initialised (fp4idx__channels_fini undoes it) */
   fp4idx_worker_t *worker;
   struct fp4idx_daemon_s *d;
   fp4idx__channel_run_fn run;
@@ -91,9 +91,16 @@ int fp4idx__channels_init(fp4idx_channels_t *cs, fp4idx_worker_t *worker,
                           fp4idx_daemon_stats_t *stats, struct fp4idx_daemon_s *d,
                           fp4idx__channel_run_fn run);
 
-/* Stops the watcher, once every connection is
- * closed and the worker stopped (so every channel is closed). Loop thread. */
+/* Stops the watcher and waits for its thread to end: from here it queues
+ * no job on the worker (a channel_open is refused). Before the worker
+ * stops, so that the jobs it queued run (or are drained) while the worker
+ * is there. Loop thread. */
 void fp4idx__channels_stop(fp4idx_channels_t *cs);
+
+/* Stops the watcher if it runs, then frees the set's lock and condition,
+ * which channel jobs and closes use: after the worker has stopped (every
+ * job run, every channel closed with its connection). Loop thread. */
+void fp4idx__channels_fini(fp4idx_channels_t *cs);
 
 /* The `channel_open` op: maps the block from fd (which the caller closes),
  * checks it and the regions, starts watching. Worker thread. Returns

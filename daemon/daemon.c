@@ -48,8 +48,12 @@ static void fp4idx__daemon_server_stopped(fp4idx_server_t *srv) {
   fp4idx_daemon_t *d = srv->data;
   /* Every connection is closed, so every request has been answered; jobs
    * from hooks may still be queued: stop runs them first. */
+  /* The channel watcher queues jobs on the worker itself: it stops first,
+   * the worker then runs what is queued (the closes of the connections'
+   * channels among it), and the set's lock goes last. */
+  fp4idx__channels_stop(&d->channels);
   fp4idx__worker_stop(&d->worker);
-  fp4idx__channels_stop(&d->channels); /* every channel closed with its connection */
+  fp4idx__channels_fini(&d->channels); /* every channel closed with its connection */
   fp4idx__server_io_quit(srv); /* the other loops' threads end */
   if (d->hooks.shutdown) d->hooks.shutdown(d, d->hooks.arg);
   uv_close((uv_handle_t *)&d->sig_int, NULL);
@@ -302,8 +306,9 @@ int fp4idx__daemon_run(fp4idx_daemon_t *d) {
 
 void fp4idx__daemon_fini(fp4idx_daemon_t *d) {
   if (!d) return;
+  fp4idx__channels_stop(&d->channels); /* as in fp4idx__daemon_server_stopped */
   if (d->worker.started) fp4idx__worker_stop(&d->worker);
-  fp4idx__channels_stop(&d->channels);
+  fp4idx__channels_fini(&d->channels);
   if (d->server) fp4idx__server_io_fini(d->server);
   if (d->loop_ok) {
     /* Close whatever is left (listeners that never served, etc). */

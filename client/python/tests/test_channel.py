@@ -269,6 +269,31 @@ def test_closing_the_client_releases_a_waiting_call(make_daemon):
     assert_no_channel_left(d)                            # and the daemon lives on
 
 
+@pytest.mark.parametrize("client_gone", [False, True])
+def test_a_daemon_stopped_as_a_call_rings_exits_cleanly(make_daemon, client_gone):
+    """SIGTERM right as the daemon wakes to a rung call (its client still
+    there, or gone meanwhile): the channel watcher queues the call on the
+    worker while the daemon stops, so the watcher must end before the
+    worker does. The call completes (with its result, or ConnectionLost)
+    and the daemon exits 0 (under ThreadSanitizer, with no race reported)."""
+    d = make_daemon()
+    c = fp4idx.Client(d.socket, timeout=60)
+    s = Setting(c, 6)
+    ch = c.channel("host", slots=2)
+    stop_daemon(d)
+    th, got = host_call_in_thread(ch, s)
+    wait_rung(ch, th)
+    if client_gone:
+        c.close()
+    os.kill(d.proc.pid, signal.SIGCONT)
+    assert d.stop() == 0                                 # SIGTERM at once, exit 0
+    th.join(60)
+    assert not th.is_alive()
+    assert got[0] is None or isinstance(got[0], fp4idx.ConnectionLost), got[0]
+    ch.close()
+    c.close()
+
+
 def assert_no_channel_left(d):
     """The daemon closes a channel when it sees its connection close, which
     may come after another connection's first request: ask until it has."""
