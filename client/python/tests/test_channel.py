@@ -230,14 +230,22 @@ def host_call_in_thread(ch, s):
     return th, got
 
 
-def test_a_killed_daemon_releases_a_waiting_call(make_daemon):
+def rung_on_a_stopped_daemon(make_daemon, seq):
+    """A daemon, stopped (SIGSTOP), with a host call of a client's channel
+    rung on it -> (daemon, client, Setting, channel, call thread, [its
+    exception])."""
     d = make_daemon()
     c = fp4idx.Client(d.socket, timeout=60)
-    s = Setting(c, 5)
+    s = Setting(c, seq)
     ch = c.channel("host", slots=2)
     stop_daemon(d)                                        # it cannot serve the call
     th, got = host_call_in_thread(ch, s)
     wait_rung(ch, th)
+    return d, c, s, ch, th, got
+
+
+def test_a_killed_daemon_releases_a_waiting_call(make_daemon):
+    d, c, s, ch, th, got = rung_on_a_stopped_daemon(make_daemon, 5)
     os.kill(d.proc.pid, signal.SIGKILL)
     th.join()
     assert isinstance(got[0], fp4idx.ConnectionLost)
@@ -253,13 +261,7 @@ def test_a_killed_daemon_releases_a_waiting_call(make_daemon):
 
 
 def test_closing_the_client_releases_a_waiting_call(make_daemon):
-    d = make_daemon()
-    c = fp4idx.Client(d.socket, timeout=60)
-    s = Setting(c, 6)
-    ch = c.channel("host", slots=2)
-    stop_daemon(d)
-    th, got = host_call_in_thread(ch, s)
-    wait_rung(ch, th)
+    d, c, s, ch, th, got = rung_on_a_stopped_daemon(make_daemon, 6)
     c.close()                  # the watcher sees the connection go and releases the call
     th.join()
     os.kill(d.proc.pid, signal.SIGCONT)
@@ -276,13 +278,7 @@ def test_a_daemon_stopped_as_a_call_rings_exits_cleanly(make_daemon, client_gone
     worker while the daemon stops, so the watcher must end before the
     worker does. The call completes (with its result, or ConnectionLost)
     and the daemon exits 0 (under ThreadSanitizer, with no race reported)."""
-    d = make_daemon()
-    c = fp4idx.Client(d.socket, timeout=60)
-    s = Setting(c, 6)
-    ch = c.channel("host", slots=2)
-    stop_daemon(d)
-    th, got = host_call_in_thread(ch, s)
-    wait_rung(ch, th)
+    d, c, s, ch, th, got = rung_on_a_stopped_daemon(make_daemon, 6)
     if client_gone:
         c.close()
     os.kill(d.proc.pid, signal.SIGCONT)
