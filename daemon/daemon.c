@@ -47,9 +47,9 @@ static void fp4idx__daemon_worker_wake(fp4idx_worker_t *w) {
 static void fp4idx__daemon_server_stopped(fp4idx_server_t *srv) {
   fp4idx_daemon_t *d = srv->data;
   /* Every connection is closed, so every request has been answered; jobs
-   * from hooks may still be queued: stop runs them first. */
-  /* The channel watcher queues jobs on the worker itself: it stops first,
-   * the worker then runs what is queued (the closes of the connections'
+   * from hooks may still be queued: stop runs them first. The channel
+   * watcher queues jobs on the worker itself: it stops before the worker,
+   * which then runs what is queued (the closes of the connections'
    * channels among it), and the set's lock goes last. */
   fp4idx__channels_stop(&d->channels);
   fp4idx__worker_stop(&d->worker);

@@ -19,6 +19,14 @@
 
 #include "fp4idx_fail.h" /* fp4idx__fail: format the detail, return the status */
 
+/* The n-byte big-endian number at p (msgpack's lengths, counts and
+ * values). */
+static inline uint64_t fp4idx__mp_be(const unsigned char *p, unsigned n) {
+  uint64_t v = 0;
+  for (unsigned i = 0; i < n; i++) v = (v << 8) | p[i];
+  return v;
+}
+
 /* Walks one msgpack object spanning exactly body[0..len). Returns 0,
  * FP4IDX_EPROTO (truncated, invalid byte, trailing bytes) or FP4IDX_E2BIG
  * (depth or object caps). */

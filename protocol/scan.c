@@ -12,12 +12,6 @@
  */
 #include "codec_internal.h"
 
-static uint64_t be_n(const unsigned char *p, unsigned n) {
-  uint64_t v = 0;
-  for (unsigned i = 0; i < n; i++) v = (v << 8) | p[i];
-  return v;
-}
-
 int fp4idx__mp_scan(const unsigned char *p, size_t len, char *msg,
                     size_t cap) {
   uint64_t remain[FP4IDX_PROTO_MAX_DEPTH + 1];
@@ -90,7 +84,7 @@ int fp4idx__mp_scan(const unsigned char *p, size_t len, char *msg,
       if (len - off < lenbytes)
         return fp4idx__fail(msg, cap, FP4IDX_EPROTO,
                             "msgpack: truncated at byte %zu", off);
-      uint64_t n = be_n(p + off, lenbytes);
+      uint64_t n = fp4idx__mp_be(p + off, lenbytes);
       off += lenbytes;
       if (container)
         items = (b == 0xde || b == 0xdf) ? 2 * n : n;

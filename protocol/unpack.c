@@ -27,12 +27,6 @@ typedef struct fp4idx__mp_build_s {
   size_t nobj; /* taken from doc->obj */
 } fp4idx__mp_build_t;
 
-static inline uint64_t fp4idx__mp_be(const unsigned char *p, unsigned n) {
-  uint64_t v = 0;
-  for (unsigned i = 0; i < n; i++) v = (v << 8) | p[i];
-  return v;
-}
-
 static inline void fp4idx__mp_int(msgpack_object *o, int64_t v) {
   /* as msgpack-c: a signed encoding of a value >= 0 is a positive integer */
   if (v >= 0) {

@@ -91,11 +91,12 @@ class Driver:
         raise BY_NAME["ENODEV"](f"the CUDA driver has no {names[0]}")
 
     def has(self, attr):
-        """Whether the driver has entry point `attr`."""
+        """Whether the driver has entry point `attr` (a missing one is
+        looked up once: it reads None after)."""
         try:
-            getattr(self, attr)
-            return True
+            return getattr(self, attr) is not None
         except BY_NAME["ENODEV"]:
+            setattr(self, attr, None)
             return False
 
     def check(self, rc, what):
