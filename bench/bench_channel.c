@@ -14,7 +14,8 @@
  * enqueue after, so it sees at least this). Each figure is the median (and
  * p90) of N calls after W warm-up calls; "kernels" is the daemon's own
  * mean kernel time per call over the same calls (stats "stages" kernels,
- * the difference of two snapshots), and "added" = median - kernels.
+ * the difference of two snapshots), and "added" = median - kernels; a
+ * line under each case gives the mean of every stage of the daemon's path.
  *
  *   fp4idx-bench-channel -s SOCKET [-n CALLS] [-w WARMUP] [-r ROWS] [-H HEADS]
  *                        [-k BIG_KEYS]
@@ -93,15 +94,46 @@ static void append_keys(bench_t *b, uint64_t seq, long n) {
   free(k);
 }
 
-/* The daemon's kernel time so far: sum (us) and count of "kernels". */
-static void kernels(bench_t *b, double *sum, uint64_t *count) {
+/* The daemon's stage totals so far (stats "stages": sum in us and count of
+ * each stage, in path order), so that two snapshots give a case's mean
+ * per stage, "kernels" among them. */
+#define MAX_STAGES 16
+typedef struct {
+  uint32_t n;
+  char name[MAX_STAGES][32];
+  double sum[MAX_STAGES];
+  uint64_t count[MAX_STAGES];
+} stages_t;
+
+static void stages(bench_t *b, stages_t *s) {
   fp4idx_client_stats_t *st = NULL;
   FP(b->c, fp4idx_client_stats(b->c, &st));
-  *sum = 0, *count = 0;
-  for (uint32_t i = 0; i < st->nstages; i++)
-    if (strcmp(st->stages[i].op, "kernels") == 0)
-      *sum = st->stages[i].latency_sum_us, *count = st->stages[i].count;
+  s->n = st->nstages < MAX_STAGES ? st->nstages : MAX_STAGES;
+  for (uint32_t i = 0; i < s->n; i++) {
+    snprintf(s->name[i], sizeof s->name[i], "%s", st->stages[i].op);
+    s->sum[i] = st->stages[i].latency_sum_us;
+    s->count[i] = st->stages[i].count;
+  }
   fp4idx_client_free(st);
+}
+
+/* Mean us per call of stage `name` between snapshots a and b (0: none). */
+static double stage_mean(const stages_t *a, const stages_t *b, const char *name) {
+  for (uint32_t i = 0; i < a->n && i < b->n; i++)
+    if (strcmp(b->name[i], name) == 0 && b->count[i] > a->count[i])
+      return (b->sum[i] - a->sum[i]) / (double)(b->count[i] - a->count[i]);
+  return 0;
+}
+
+/* One line of every stage's mean per call between a and b ("stages:
+ * read=1.2 queue=0.4 ..."; no token of it is a bare number, so the
+ * scripts' tables skip it). */
+static void print_stages(const stages_t *a, const stages_t *b) {
+  printf("  stages (daemon, mean us):");
+  for (uint32_t i = 0; i < a->n && i < b->n; i++)
+    if (b->count[i] > a->count[i])
+      printf(" %s=%.1f", b->name[i], stage_mean(a, b, b->name[i]));
+  printf("\n");
 }
 
 typedef enum { PATH_SOCKET, PATH_REGION, PATH_CHANNEL } path_t;
@@ -167,12 +199,12 @@ static void run_case(bench_t *b, int big) {
   if (!v) exit(1);
   for (int p = PATH_SOCKET; p <= PATH_CHANNEL; p++) {
     for (int i = 0; i < b->warm; i++) (void)one(b, (path_t)p, big);
-    double s0, s1;
-    uint64_t c0, c1;
-    kernels(b, &s0, &c0);
+    stages_t s0, s1;
+    stages(b, &s0);
     for (int i = 0; i < b->n; i++) v[i] = one(b, (path_t)p, big);
-    kernels(b, &s1, &c1);
-    report(what, path_name[p], v, b->n, c1 > c0 ? (s1 - s0) / (double)(c1 - c0) : 0, 1);
+    stages(b, &s1);
+    report(what, path_name[p], v, b->n, stage_mean(&s0, &s1, "kernels"), 1);
+    print_stages(&s0, &s1);
   }
   free(v);
 }
@@ -198,9 +230,8 @@ static void run_graph(bench_t *b) {
   if (!v) exit(1);
   for (int i = 0; i < b->warm; i++) CU(cudaGraphLaunch(x, b->s));
   CU(cudaStreamSynchronize(b->s));
-  double s0, s1;
-  uint64_t c0, c1;
-  kernels(b, &s0, &c0);
+  stages_t s0, s1;
+  stages(b, &s0);
   for (int i = 0; i < b->n; i++) {
     CU(cudaEventRecord(b->e0, b->s));
     CU(cudaGraphLaunch(x, b->s));
@@ -210,7 +241,7 @@ static void run_graph(bench_t *b) {
     CU(cudaEventElapsedTime(&ms, b->e0, b->e1));
     v[i] = (double)ms * 1e3;
   }
-  kernels(b, &s1, &c1);
+  stages(b, &s1);
   fp4idx_client_stats_t *st = NULL;
   FP(b->c, fp4idx_client_stats(b->c, &st));
   if (st->channel_errors) {
@@ -221,8 +252,8 @@ static void run_graph(bench_t *b) {
   char what[64];
   snprintf(what, sizeof what, "graph of %d x %d keys, top-%d", GRAPH_CALLS, GRAPH_KEYS,
            GRAPH_TOPK);
-  report(what, "channel/call", v, b->n, c1 > c0 ? (s1 - s0) / (double)(c1 - c0) : 0,
-         GRAPH_CALLS);
+  report(what, "channel/call", v, b->n, stage_mean(&s0, &s1, "kernels"), GRAPH_CALLS);
+  print_stages(&s0, &s1);
   free(v);
   CU(cudaGraphExecDestroy(x));
   CU(cudaGraphDestroy(g));
