@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
             sq[s] = fp4idx_backend_seq_t{perm.data() + s * pages_per_seq, n, R, n,
                                          q.data() + (size_t)s * R * H * 128,
                                          w.data() + (size_t)s * R * H, lens.data() + s * R, nullptr,
-                                         0, 0};
+                                         0, 0, 0};
           fp4idx_backend_batch_t bt{};
           bt.heads = H;
           bt.n_seqs = S;

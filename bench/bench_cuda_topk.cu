@@ -166,7 +166,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     for (int s = 0; s < S; s++)
       sq[s] = fp4idx_backend_seq_t{pages.data() + s * np, n, R, n, q.data() + (size_t)s * R * H * 128,
                                    w.data() + (size_t)s * R * H, lens.data() + s * R, nullptr,
-                                   0, 0};
+                                   0, 0, 0};
     std::vector<float> logits_h((size_t)S * R * n);
     fp4idx_backend_batch_t bt{};
     bt.heads = H;

@@ -62,6 +62,7 @@ int fp4idx__engine_describe(fp4idx_engine_t *e, fp4idx_engine_desc_t *desc) {
   desc->mem_free = info.mem_free;
   desc->batch_work = info.batch_work;
   desc->device_outputs = info.device_outputs;
+  desc->device_inputs_max = info.device_inputs_max;
   desc->gpu = info.device_index >= 0;
   desc->device_index = info.device_index;
   desc->mps = info.mps;

@@ -24,6 +24,7 @@ typedef struct fp4idx_engine_desc_s {
   uint64_t mem_total, mem_free;
   uint64_t batch_work;  /* fp4idx_backend_info_t.batch_work */
   int device_outputs;   /* fp4idx_backend_info_t.device_outputs */
+  uint64_t device_inputs_max; /* fp4idx_backend_info_t.device_inputs_max */
   int gpu;              /* 1: a GPU backend */
   int device_index;     /* CUDA ordinal, -1 for the CPU */
   int mps;              /* fp4idx_backend_info_t.mps */

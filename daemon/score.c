@@ -100,6 +100,80 @@ static int fp4idx__score_input(fp4idx_daemon_t *d, fp4idx_score_job_t *j, size_t
                             j->msgcap);
 }
 
+/* Which of an entry's q, w and lens the backend reads where they lie, in
+ * CUDA regions, and checks on the device after its kernels
+ * (FP4IDX_BACKEND_DEV_*, their device addresses in ptrs; 0: every input
+ * as host bytes, CUDA-region ones by a snapshot): all of those in CUDA
+ * regions, where the backend checks device inputs, they are aligned for
+ * its kernels and within its size, the mask is not on the device, and the
+ * width needs no lens read here (top-k, or full logits into an out
+ * tensor, whose width is then the caller's). Saves a snapshot's round
+ * trip to the host and the upload back before the kernels. */
+static int fp4idx__score_device_inputs(const fp4idx_daemon_t *d, const fp4idx_score_job_t *j,
+                                       const fp4idx_score_seq_t *s, uint32_t topk,
+                                       void *ptrs[3]) {
+  if (!d->desc.device_inputs_max) return 0;
+  const fp4idx_tensor_t *t[3] = {&s->q, &s->w, &s->lens};
+  static const uintptr_t align[3] = {16, 2, 4}; /* the kernels' loads */
+  int dev = 0;
+  uint64_t bytes = 0;
+  for (int x = 0; x < 3; x++) {
+    ptrs[x] = t[x]->region && t[x]->nbytes ? fp4idx__refs_device(j->regions, t[x]) : NULL;
+    if (!ptrs[x]) continue;
+    if ((uintptr_t)ptrs[x] % align[x]) return 0;
+    dev |= 1 << x; /* FP4IDX_BACKEND_DEV_Q, _W, _LENS */
+    bytes += t[x]->nbytes;
+  }
+  if (!dev || bytes > d->desc.device_inputs_max) return 0;
+  if (s->mask.region && fp4idx__refs_device(j->regions, &s->mask)) return 0;
+  if (fp4idx_tensor_present(&s->out_logits) && fp4idx__refs_device(j->regions, &s->out_logits)) {
+    /* outputs on the device are copied there by one block after the check */
+    const uint64_t out = topk ? (uint64_t)s->rows * (topk * 8u + 4u)
+                              : (uint64_t)s->rows * s->out_logits.shape[1] * 4u;
+    if (out > d->desc.device_inputs_max) return 0;
+  }
+  if ((dev & FP4IDX_BACKEND_DEV_LENS) && !topk && !fp4idx_tensor_present(&s->out_logits))
+    return 0;
+  return dev;
+}
+
+/* The width of an entry whose lens the device reads (the caller's: its
+ * out tensor's for full logits, else its mask's, else the sequence's
+ * keys), checked against the sequence and the mask. */
+static int fp4idx__score_device_width(const fp4idx_score_seq_t *s, uint32_t topk, uint64_t nkeys,
+                                      uint64_t *width, char *msg, size_t cap) {
+  const int masked = fp4idx_tensor_present(&s->mask);
+  const uint64_t w = !topk ? s->out_logits.shape[1] : masked ? s->mask.shape[1] : nkeys;
+  if (w > nkeys) {
+    snprintf(msg, cap, "seq %" PRIu64 ": %s is %" PRIu64 " wide, the sequence has %" PRIu64
+             " keys (with lens in a CUDA region the width is the caller's)", s->seq,
+             !topk ? "out.logits" : "mask", w, nkeys);
+    return FP4IDX_ESHAPE;
+  }
+  if (masked && s->mask.shape[1] != w) {
+    snprintf(msg, cap, "seq %" PRIu64 ": mask is [%u,%" PRIu64 "], expected [%u,%" PRIu64
+             "] (W = out.logits' width)", s->seq, s->rows, s->mask.shape[1], s->rows, w);
+    return FP4IDX_ESHAPE;
+  }
+  *width = w;
+  return FP4IDX_OK;
+}
+
+/* Every lens[r] of a snapshot (host bytes) in 0..width, the message as the
+ * device's check gives it (fp4idx__score_device_reject). */
+static int fp4idx__score_lens_within(const fp4idx_score_seq_t *s, uint64_t width, uint64_t nkeys,
+                                     char *msg, size_t cap) {
+  for (uint32_t r = 0; r < s->rows; r++) {
+    const int32_t l = fp4idx_load_i32(s->lens.data, r);
+    if (l < 0 || (uint64_t)l > width) {
+      snprintf(msg, cap, "seq %" PRIu64 ": lens[%u] = %d outside 0..%" PRIu64 " (%s)", s->seq,
+               r, (int)l, width, width == nkeys ? "keys" : "the width");
+      return FP4IDX_ERANGE;
+    }
+  }
+  return FP4IDX_OK;
+}
+
 int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   const fp4idx_score_req_t *sr = &j->req->u.score;
   size_t n = sr->nseqs;
@@ -141,8 +215,14 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
     const void *in[4] = {NULL, NULL, NULL, NULL};
     const fp4idx_tensor_t *t[4] = {&s->q, &s->w, &s->lens, &s->mask};
     int started = 0;
+    void *dptr[3] = {NULL, NULL, NULL};
+    const int dev = fp4idx__score_device_inputs(d, j, s, sr->topk, dptr);
     for (int x = 0; x < 4 && rc == FP4IDX_OK; x++) {
       if (!fp4idx_tensor_present(t[x])) continue;
+      if (x < 3 && (dev & (1 << x))) { /* read and checked on the device */
+        in[x] = dptr[x];
+        continue;
+      }
       /* q and w at any alignment: the backends read them bytewise */
       rc = fp4idx__score_input(d, j, 4 * i + (size_t)x, t[x], x < 2, &in[x], &started);
     }
@@ -160,12 +240,29 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
     view.w.data = in[1];
     view.lens.data = in[2];
     view.mask.data = in[3];
+    if (dev & FP4IDX_BACKEND_DEV_Q) view.q.nbytes = 0; /* checked on the device */
+    if (dev & FP4IDX_BACKEND_DEV_W) view.w.nbytes = 0;
     uint64_t width = 0;
     /* q and w from the frame are scanned on the loop (inputs_finite) */
-    rc = j->inputs_finite && !s->q.region && !s->w.region
-             ? fp4idx_score_seq_check_shape(&view, (uint64_t)cs->n_keys, &width, detail,
-                                            sizeof detail)
-             : fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail, sizeof detail);
+    /* lens in a CUDA region with out or topk: the width is the caller's
+     * (PROTOCOL.md "score"), whether the device reads lens or a snapshot */
+    const int lens_cuda = s->lens.region && (sr->topk || fp4idx_tensor_present(&s->out_logits)) &&
+                          fp4idx__refs_device(j->regions, &s->lens);
+    if (lens_cuda) {
+      rc = fp4idx__score_device_width(s, sr->topk, (uint64_t)cs->n_keys, &width, detail,
+                                      sizeof detail);
+      if (rc == FP4IDX_OK && !(dev & FP4IDX_BACKEND_DEV_LENS))
+        rc = fp4idx__score_lens_within(&view, width, (uint64_t)cs->n_keys, detail,
+                                       sizeof detail);
+      if (rc == FP4IDX_OK && !(j->inputs_finite && !s->q.region && !s->w.region))
+        rc = fp4idx_score_seq_finite(&view, detail, sizeof detail);
+    } else {
+      rc = j->inputs_finite && !s->q.region && !s->w.region
+               ? fp4idx_score_seq_check_shape(&view, (uint64_t)cs->n_keys, &width, detail,
+                                              sizeof detail)
+               : fp4idx_score_seq_check(&view, (uint64_t)cs->n_keys, &width, detail,
+                                        sizeof detail);
+    }
     if (rc == FP4IDX_OK) rc = fp4idx_score_out_check(s, width, sr->topk, detail, sizeof detail);
     if (rc)
       return fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s",
@@ -182,7 +279,7 @@ int fp4idx__score_check(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
     j->eng[i] = (fp4idx_backend_seq_t){.pages = pages, .n_keys = cs->n_keys,
                                       .rows = (int32_t)s->rows, .width = (int64_t)width,
                                       .q = in[0], .w = in[1], .lens = in[2], .mask = in[3],
-                                      .seq = cs->id, .resident = 1};
+                                      .seq = cs->id, .resident = 1, .device_inputs = dev};
     rows += s->rows;
     cells += (uint64_t)s->rows * width;
     j->work += (uint64_t)s->rows * sr->heads * (width ? width : 1);
@@ -228,6 +325,7 @@ struct fp4idx_score_launch_s {
   fp4idx_backend_seq_t *seqs;
   int own_seqs;              /* seqs is the launch's own copy (several jobs) */
   fp4idx_backend_timing_t timing;
+  fp4idx_backend_input_error_t input_error; /* a failed device check's place */
   fp4idx_backend_batch_t batch;
   fp4idx_engine_call_t call;
   double t0;
@@ -327,6 +425,7 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
                                       .seqs = seqs, .topk = (int32_t)k, .logits = logits,
                                       .topk_pos = pos, .topk_val = val, .topk_count = count,
                                       .timing = &l->timing, .outputs_on_device = on_device,
+                                      .input_error = &l->input_error,
                                       /* [pos | val | count] of mem */
                                       .topk_one_buffer = k && staged && pos == (int32_t *)mem &&
                                                          val == (float *)(mem + at_val) &&
@@ -426,6 +525,45 @@ static int fp4idx__score_wait(fp4idx_daemon_t *d, fp4idx_score_launch_t *l, int 
   return FP4IDX_OK;
 }
 
+/* The error of a launch of one job whose inputs in CUDA regions failed the
+ * device's check (rc FP4IDX_ENONFINITE or FP4IDX_ERANGE, where in
+ * l->input_error): the message the host's check gives, from the bad
+ * element read back. Returns 0 (nothing done) for any other failure. */
+static int fp4idx__score_device_reject(fp4idx_score_launch_t *l, int rc) {
+  const fp4idx_backend_input_error_t *e = &l->input_error;
+  fp4idx_score_job_t *j = l->jobs[0];
+  const fp4idx_score_req_t *sr = &j->req->u.score;
+  if ((rc != FP4IDX_ENONFINITE && rc != FP4IDX_ERANGE) || l->n != 1 || e->seq < 0 ||
+      (size_t)e->seq >= sr->nseqs || !j->eng[e->seq].device_inputs || e->tensor < 0 ||
+      e->tensor > 2)
+    return 0;
+  const fp4idx_backend_seq_t *b = &j->eng[e->seq];
+  const fp4idx_score_seq_t *s = &sr->seqs[e->seq];
+  const size_t size = e->tensor == 2 ? 4 : 2, H = sr->heads, i = (size_t)e->seq;
+  const void *at = (const uint8_t *)(e->tensor == 0 ? b->q : e->tensor == 1 ? b->w : b->lens) +
+                   e->index * size;
+  uint32_t v = 0; /* the element, read back */
+  const int read = fp4idx__region_cuda_copy(-1, &v, at, size, 0) == FP4IDX_OK;
+  const char *what = !read ? "NaN or inf" : (v & 0x7fu) ? "NaN" : "inf";
+  const uint64_t x = e->index;
+  if (e->tensor == 0)
+    fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): seq %" PRIu64
+                       ": q[%zu,%zu,%zu] is %s; q and w must be finite", i, s->seq, b->n_keys,
+                       s->seq, (size_t)(x / (H * FP4IDX_PROTO_HEAD_DIM)),
+                       (size_t)(x / FP4IDX_PROTO_HEAD_DIM % H),
+                       (size_t)(x % FP4IDX_PROTO_HEAD_DIM), what);
+  else if (e->tensor == 1)
+    fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): seq %" PRIu64
+                       ": w[%zu,%zu] is %s; q and w must be finite", i, s->seq, b->n_keys, s->seq,
+                       (size_t)(x / H), (size_t)(x % H), what);
+  else
+    fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): seq %" PRIu64
+                       ": lens[%zu] = %d outside 0..%" PRId64 " (%s)", i, s->seq, b->n_keys,
+                       s->seq, (size_t)x, (int)(int32_t)v, b->width,
+                       b->width == b->n_keys ? "keys" : "the width");
+  return 1;
+}
+
 /* A group alone, submitted and waited for at once (the retry path). */
 static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   fp4idx_score_job_t **one = malloc(sizeof *one);
@@ -435,6 +573,7 @@ static int fp4idx__score_now(fp4idx_daemon_t *d, fp4idx_score_job_t *j) {
   int rc = fp4idx__score_submit(d, one, 1, &l);
   if (rc) return rc;
   rc = fp4idx__score_wait(d, l, 0);
+  if (rc && fp4idx__score_device_reject(l, rc)) rc = FP4IDX_OK; /* j->rc holds it */
   fp4idx__score_launch_free(l);
   return rc;
 }
@@ -476,7 +615,7 @@ static void fp4idx__score_finish(fp4idx_daemon_t *d, fp4idx_score_launch_t *l) {
       int r1 = fp4idx__score_now(d, l->jobs[x]);
       if (r1) fp4idx__score_fail(l->jobs[x], r1, "scoring failed: %s", fp4idx_strerror(r1));
     }
-  } else if (rc) {
+  } else if (rc && !fp4idx__score_device_reject(l, rc)) {
     fp4idx__score_fail(l->jobs[0], rc, "scoring failed: %s", fp4idx_strerror(rc));
   }
 }

@@ -43,8 +43,19 @@ int fp4idx_backend_check_score(const fp4idx_backend_t *b,
       return FP4IDX_EINVAL;
     if (!sq->q || !sq->w || !sq->lens || (sq->n_keys > 0 && !sq->pages))
       return FP4IDX_EINVAL;
-    for (int32_t r = 0; r < sq->rows; r++)
-      if (sq->lens[r] < 0 || sq->lens[r] > sq->width) return FP4IDX_EINVAL;
+    if (sq->device_inputs & ~(FP4IDX_BACKEND_DEV_Q | FP4IDX_BACKEND_DEV_W |
+                              FP4IDX_BACKEND_DEV_LENS))
+      return FP4IDX_EINVAL;
+    if ((sq->device_inputs & FP4IDX_BACKEND_DEV_Q) && ((uintptr_t)sq->q & 15u))
+      return FP4IDX_EINVAL;
+    if ((sq->device_inputs & FP4IDX_BACKEND_DEV_W) && ((uintptr_t)sq->w & 1u))
+      return FP4IDX_EINVAL;
+    if (sq->device_inputs & FP4IDX_BACKEND_DEV_LENS) {
+      if ((uintptr_t)sq->lens & 3u) return FP4IDX_EINVAL;
+    } else {
+      for (int32_t r = 0; r < sq->rows; r++) /* device lens: checked on the device */
+        if (sq->lens[r] < 0 || sq->lens[r] > sq->width) return FP4IDX_EINVAL;
+    }
     /* Every page the sequence names must lie in the pool. */
     if (fp4idx__pages_outside(sq->pages, (sq->n_keys + P - 1) / P, b->n_pages))
       return FP4IDX_EINVAL;

@@ -44,6 +44,12 @@ typedef struct fp4idx_backend_info_s {
    * (fp4idx_backend_batch_t.outputs_on_device), e.g. a client's CUDA
    * region: results never cross to the host. */
   int device_outputs;
+  /* Not 0: score accepts q, w and lens in this backend's device memory
+   * (fp4idx_backend_seq_t.device_inputs) and checks them on the device;
+   * a call with such inputs takes device outputs of at most this many
+   * bytes (FP4IDX_EINVAL beyond), and is fastest with at most this many
+   * bytes of device inputs a sequence. 0: host inputs only. */
+  uint64_t device_inputs_max;
   /* GPU backends: 1 when the device's contexts are shared through MPS (the
    * process is an MPS client), 0 when not, -1 when the driver does not say;
    * 0 on the CPU. pci_bus: the device's PCI bus id ("0000:19:00.0"; "" on
@@ -70,7 +76,31 @@ typedef struct fp4idx_backend_seq_s {
   int32_t resident;      /* 1: `pages` is what seq_pages_update last got for
                             `seq` (a device backend may use its own copy
                             instead of uploading the list); 0: upload */
+  /* Which of q, w and lens are device addresses on the backend's device
+   * (FP4IDX_BACKEND_DEV_*; only where info.device_inputs_max, 0
+   * elsewhere): q
+   * 16-byte aligned, w 2-byte, lens 4-byte, none of them read by the
+   * caller. The call checks them on the device as the daemon checks host
+   * inputs (q and w finite, 0 <= lens[r] <= width) and, when one fails,
+   * writes no output to device outputs, stores the done word with the
+   * failure's status and returns FP4IDX_ENONFINITE or FP4IDX_ERANGE (from
+   * score, or score_wait) with the failure in batch.input_error. Full
+   * logits of a sequence with device lens are -inf past lens[r] up to
+   * `width`, which the caller chose (the caller has not seen max(lens)). */
+  int32_t device_inputs;
 } fp4idx_backend_seq_t;
+
+#define FP4IDX_BACKEND_DEV_Q 1
+#define FP4IDX_BACKEND_DEV_W 2
+#define FP4IDX_BACKEND_DEV_LENS 4
+
+/* Where the device's check of inputs in device memory failed: seq (index
+ * in the batch), tensor (0 q, 1 w, 2 lens) and element (flat index). */
+typedef struct fp4idx_backend_input_error_s {
+  int32_t seq;
+  int32_t tensor;
+  uint64_t index;
+} fp4idx_backend_input_error_t;
 
 /* Where a device backend's score call spent its time, in microseconds:
  * copies in, kernels, copies out. The CUDA backend measures them on the
@@ -127,6 +157,11 @@ typedef struct fp4idx_backend_batch_s {
   volatile uint32_t *done_word;
   uint32_t done_value;
   int32_t *done_written;
+  /* Optional out (NULL: not wanted): set when a sequence's device_inputs
+   * failed their check (score or score_wait returned FP4IDX_ENONFINITE or
+   * FP4IDX_ERANGE for them); a failed call's done word, when the device
+   * stored it, holds done_value | -status in its low 16 bits. */
+  fp4idx_backend_input_error_t *input_error;
 } fp4idx_backend_batch_t;
 
 typedef struct fp4idx_backend_ops_s {

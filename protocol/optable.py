@@ -180,7 +180,18 @@ scorer").""",
 Any of `q`, `w`, `lens`, `mask` may be a region reference.
 
 W, the width of an entry's logits, is `max(lens)` when `lens` is given and
-the sequence's length otherwise. W may be 0.""",
+the sequence's length otherwise. W may be 0. One exception: when `lens` is
+a reference into a CUDA region and the entry has `out` or `topk`, the
+daemon does not read `lens` on the host (the GPU checks it, below), so W
+is the caller's: the width of `out.logits` for full logits, else the
+width of `mask`, else the sequence's length; each `lens[r]` must lie in
+0..W (ERANGE), and positions past `lens[r]` are -inf as always.
+
+`q`, `w` and `lens` in CUDA regions are read by the GPU where they lie and
+checked there, after the kernels, which write into the daemon's own
+buffer: the results reach `out` (or the reply) only when every value
+passed. A failed check is the same error, with the same message, as for
+the same values inline.""",
        response_more="""Each entry of `results`, without `topk`:
 
 | key | type | meaning |

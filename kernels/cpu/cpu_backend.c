@@ -201,6 +201,8 @@ static int fp4idx__cpu_score_entry(fp4idx_backend_t *b,
   if (!b || !fp4idx__impl(b)->pool) return FP4IDX_EINVAL;
   int rc = fp4idx_backend_check_score(b, batch);
   if (rc == FP4IDX_OK && batch->outputs_on_device) rc = FP4IDX_EINVAL; /* host memory only */
+  for (int32_t i = 0; rc == FP4IDX_OK && i < batch->n_seqs; i++)
+    if (batch->seqs[i].device_inputs) rc = FP4IDX_EINVAL; /* (info.device_inputs = 0) */
   if (rc != FP4IDX_OK) return rc;
   return fp4idx__cpu_score(b, batch);
 }

@@ -138,6 +138,10 @@ typedef struct fp4idx__staging_s {
   fp4idx_backend_timing_t *timing; /* where its timing goes (may be NULL) */
   int evented;            /* its last call recorded the timing events */
   int kind;               /* its last call: 0 full logits, 1 top-k */
+  int checked;            /* its last call checks device inputs (the verdict) */
+  volatile uint64_t *h_verdict; /* mapped host word: the check's verdict */
+  unsigned long long *d_verdict; /* its device address */
+  fp4idx_backend_input_error_t *input_error; /* where a failed check goes */
   double t_start;         /* host clock (us) when its last call began */
 } fp4idx__staging_t;
 
@@ -347,6 +351,17 @@ static int fp4idx__call_timing(fp4idx__cuda_t *c, fp4idx__staging_t *st, cudaEve
   return FP4IDX_OK;
 }
 
+/* The verdict of st's last call once it has been waited for: FP4IDX_OK when
+ * it checked no device inputs or they passed, else the failure's status
+ * (and its place in st->input_error). */
+static int fp4idx__stage_verdict(fp4idx__staging_t *st) {
+  if (!st->checked) return FP4IDX_OK;
+  fp4idx_backend_input_error_t e = {0, 0, 0};
+  const int rc = fp4idx_cuda_check_verdict(*st->h_verdict, &e.seq, &e.tensor, &e.index);
+  if (rc && st->input_error) *st->input_error = e;
+  return rc;
+}
+
 /* Records the end of a call on `st` and waits for it. */
 static int fp4idx__stage_finish(fp4idx__cuda_t *c, fp4idx__staging_t *st, const char *what) {
   int rc;
@@ -401,6 +416,7 @@ static int fp4idx__cuda_describe(fp4idx_backend_t *b, fp4idx_backend_info_t *inf
   /* one launch fills the GPU: e.g. 64 requests of 4 x 32 rows at 32,768 keys */
   info->batch_work = (uint64_t)1 << 28;
   info->device_outputs = 1;
+  info->device_inputs_max = FP4IDX_CUDA_PUBLISH_MAX;
   info->mps = c->mps;
   snprintf(info->pci_bus, sizeof info->pci_bus, "%s", c->bus);
 out:
@@ -533,9 +549,11 @@ out:
 
 /* 1 when no row of the batch sees any key (every visible count is 0). */
 static int fp4idx__all_lens_zero(const fp4idx_backend_batch_t *bt) {
-  for (int32_t i = 0; i < bt->n_seqs; i++)
+  for (int32_t i = 0; i < bt->n_seqs; i++) {
+    if (bt->seqs[i].device_inputs) return 0; /* not read here; checked on the device */
     for (int32_t r = 0; r < bt->seqs[i].rows; r++)
       if (bt->seqs[i].lens[r] > 0) return 0;
+  }
   return 1;
 }
 
@@ -576,6 +594,8 @@ typedef struct fp4idx__score_ops_s {
   fp4idx__copy_t up;                  /* host to device */
   fp4idx_cuda_launch_t kern[2];       /* scorer, top-k (cluster path) */
   int n_kern;
+  fp4idx_cuda_launch_t publish;       /* device inputs: check, publish (func NULL: none) */
+  int publish_done;                   /* it stores the caller's done word */
   fp4idx__copy_t down[3];             /* device to host */
   int n_down;
 } fp4idx__score_ops_t;
@@ -596,6 +616,10 @@ typedef struct fp4idx__score_layout_s {
   size_t total_rows, total_out, tk_bytes, h_val, h_cnt;
   size_t o_descs, o_works, o_trows, in_bytes, o_logits, o_tpos, o_tval, o_tcnt, o_tws, all;
   int dev_out;                     /* outputs written by the kernels where they are */
+  int checked;                     /* some inputs on the device: checked after the kernels */
+  int publish_copy;                /* device outputs copied there by the check's kernel */
+  int n_ins, n_copies;             /* its check entries and copies */
+  size_t o_ins, o_copies;          /* where they lie in the inputs region */
   int zero_copy;                   /* inputs read from the pinned staging, no upload */
   int one_copy;                    /* top-k results in one download */
   float *o_dlogits;                /* full logits written in place (dev_out) */
@@ -632,13 +656,27 @@ static int fp4idx__score_layout_inputs(fp4idx__cuda_t *c, int32_t P,
     size_t *o = &L->o_pages[5 * i];
     o[0] = off;
     if (!L->dev_pages[i]) off = fp4idx__align(off + (size_t)np * 4);
-    o[1] = off; off = fp4idx__align(off + (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
-    o[2] = off; off = fp4idx__align(off + (size_t)s->rows * H * 2);
-    o[3] = off; off = fp4idx__align(off + (size_t)s->rows * 4);
+    /* q, w, lens: staged, or read where they are on the device (checked
+     * there after the kernels, check_publish.cu) */
+    const int dev = s->device_inputs;
+    const size_t qb = (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u, wb = (size_t)s->rows * H * 2,
+                 lb = (size_t)s->rows * 4;
+    o[1] = off; if (!(dev & FP4IDX_BACKEND_DEV_Q)) off = fp4idx__align(off + qb);
+    o[2] = off; if (!(dev & FP4IDX_BACKEND_DEV_W)) off = fp4idx__align(off + wb);
+    o[3] = off; if (!(dev & FP4IDX_BACKEND_DEV_LENS)) off = fp4idx__align(off + lb);
     o[4] = off;
+    L->n_ins += !!(dev & FP4IDX_BACKEND_DEV_Q) + !!(dev & FP4IDX_BACKEND_DEV_W) +
+                !!(dev & FP4IDX_BACKEND_DEV_LENS);
     if (s->mask) off = fp4idx__align(off + (size_t)s->rows * (size_t)s->width);
     L->total_rows += (size_t)s->rows;
     L->total_out += (size_t)s->rows * (size_t)s->width;
+  }
+  if (L->n_ins) {
+    L->checked = 1;
+    L->o_ins = off;
+    off = fp4idx__align(off + sizeof(fp4idx_cuda_check_in_t) * (size_t)L->n_ins);
+    L->o_copies = off;
+    off = fp4idx__align(off + sizeof(fp4idx_cuda_copy_t) * 3);
   }
   const int32_t max_works = fp4idx_cuda_score_max_works(H, ns, L->rows);
   L->works = malloc(sizeof *L->works * (size_t)(max_works > 0 ? max_works : 1));
@@ -667,22 +705,29 @@ static int fp4idx__score_layout_inputs(fp4idx__cuda_t *c, int32_t P,
 /* Where each output goes: in the scratch, except those the caller has on
  * the device (or small full logits in mapped host memory,
  * FP4IDX__CUDA_DIRECT_MAX), written by the kernels straight there. */
-static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
-                                         fp4idx__score_layout_t *L) {
+static int fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
+                                        fp4idx__score_layout_t *L) {
   size_t off = L->in_bytes;
   const size_t kk = (size_t)bt->topk;
-  L->dev_out = bt->outputs_on_device;
+  /* Device outputs of a checked call: written to the scratch, copied to
+   * the caller's only if its inputs pass (check_publish.cu). */
+  L->dev_out = bt->outputs_on_device && !L->checked;
+  L->publish_copy = bt->outputs_on_device && L->checked;
+  if (L->publish_copy &&
+      (kk ? L->total_rows * (kk * 8 + 4) : L->total_out * 4) > FP4IDX_CUDA_PUBLISH_MAX)
+    return FP4IDX_EINVAL; /* info.device_inputs_max */
   L->o_dlogits = bt->logits;
   L->o_dtpos = bt->topk_pos;
   L->o_dtval = bt->topk_val;
   L->o_dtcnt = bt->topk_count;
   /* Full logits store whole rows (16k full logits save ~3.6 us); top-k
    * results only when small (FP4IDX__CUDA_DIRECT_TOPK_MAX). */
-  if (!L->dev_out && !bt->topk && L->total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
+  if (!bt->outputs_on_device && !bt->topk && L->total_out * 4 <= FP4IDX__CUDA_DIRECT_MAX) {
     L->o_dlogits = fp4idx__mapped(bt->logits);
     L->dev_out = L->o_dlogits != NULL;
   }
-  if (!L->dev_out && bt->topk && L->total_rows * (kk * 8 + 4) <= FP4IDX__CUDA_DIRECT_TOPK_MAX) {
+  if (!bt->outputs_on_device && bt->topk &&
+      L->total_rows * (kk * 8 + 4) <= FP4IDX__CUDA_DIRECT_TOPK_MAX) {
     L->o_dtpos = fp4idx__mapped(bt->topk_pos);
     L->o_dtval = fp4idx__mapped(bt->topk_val);
     L->o_dtcnt = fp4idx__mapped(bt->topk_count);
@@ -696,7 +741,8 @@ static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
   L->tk_bytes = L->total_rows * kk * 4;
   L->h_val = bt->topk ? (size_t)((const uint8_t *)bt->topk_val - (const uint8_t *)bt->topk_pos) : 0;
   L->h_cnt = bt->topk ? (size_t)((const uint8_t *)bt->topk_count - (const uint8_t *)bt->topk_pos) : 0;
-  L->one_copy = bt->topk && !L->dev_out && bt->topk_one_buffer && L->h_val >= L->tk_bytes &&
+  L->one_copy = bt->topk && !bt->outputs_on_device && !L->dev_out && bt->topk_one_buffer &&
+                L->h_val >= L->tk_bytes &&
                 L->h_cnt >= L->h_val + L->tk_bytes && L->h_val % 4 == 0 && L->h_cnt % 4 == 0 &&
                 L->h_cnt <= 2 * L->tk_bytes + 512;
   L->o_tpos = off;
@@ -710,6 +756,7 @@ static void fp4idx__score_layout_outputs(const fp4idx_backend_batch_t *bt,
   L->o_tws = off;
   off = fp4idx__align(off + L->tp.ws_bytes);
   L->all = off;
+  return FP4IDX_OK;
 }
 
 /* Where the kernels read the inputs: the device scratch (uploaded) or the
@@ -730,21 +777,35 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
   fp4idx_cuda_seq_t *descs = (fp4idx_cuda_seq_t *)(h + L->o_descs);
   fp4idx_cuda_topk_row_t *trows = (fp4idx_cuda_topk_row_t *)(h + L->o_trows);
   size_t out_at = 0, row_at = 0;
+  int n_ins = 0;
   for (int32_t i = 0; i < bt->n_seqs; i++) {
     const fp4idx_backend_seq_t *s = &bt->seqs[i];
     const size_t *o = &L->o_pages[5 * i];
     const int64_t np = (s->width + P - 1) / P;
+    const int dev = s->device_inputs;
+    const size_t nq = (size_t)s->rows * H * FP4IDX_HEAD_DIM, nw = (size_t)s->rows * H;
     if (np && !L->dev_pages[i]) memcpy(h + o[0], s->pages, (size_t)np * 4);
-    memcpy(h + o[1], s->q, (size_t)s->rows * H * FP4IDX_HEAD_DIM * 2u);
-    memcpy(h + o[2], s->w, (size_t)s->rows * H * 2);
-    memcpy(h + o[3], s->lens, (size_t)s->rows * 4);
+    if (!(dev & FP4IDX_BACKEND_DEV_Q)) memcpy(h + o[1], s->q, nq * 2u);
+    if (!(dev & FP4IDX_BACKEND_DEV_W)) memcpy(h + o[2], s->w, nw * 2u);
+    if (!(dev & FP4IDX_BACKEND_DEV_LENS)) memcpy(h + o[3], s->lens, (size_t)s->rows * 4);
     if (s->mask) memcpy(h + o[4], s->mask, (size_t)s->rows * (size_t)s->width);
     fp4idx_cuda_seq_t *q = &descs[i];
     memset(q, 0, sizeof *q);
     q->pages = L->dev_pages[i] ? L->dev_pages[i] : (const int32_t *)(in + o[0]);
-    q->q = (const uint16_t *)(in + o[1]);
-    q->w = (const uint16_t *)(in + o[2]);
-    q->lens = (const int32_t *)(in + o[3]);
+    q->q = dev & FP4IDX_BACKEND_DEV_Q ? (const uint16_t *)s->q : (const uint16_t *)(in + o[1]);
+    q->w = dev & FP4IDX_BACKEND_DEV_W ? (const uint16_t *)s->w : (const uint16_t *)(in + o[2]);
+    q->lens = dev & FP4IDX_BACKEND_DEV_LENS ? s->lens : (const int32_t *)(in + o[3]);
+    if (dev) {
+      fp4idx_cuda_check_in_t *ck = (fp4idx_cuda_check_in_t *)(h + L->o_ins) + n_ins;
+      if (dev & FP4IDX_BACKEND_DEV_Q)
+        *ck++ = (fp4idx_cuda_check_in_t){s->q, nq, i, FP4IDX_CUDA_CHECK_Q, 0, 0};
+      if (dev & FP4IDX_BACKEND_DEV_W)
+        *ck++ = (fp4idx_cuda_check_in_t){s->w, nw, i, FP4IDX_CUDA_CHECK_W, 0, 0};
+      if (dev & FP4IDX_BACKEND_DEV_LENS)
+        *ck++ = (fp4idx_cuda_check_in_t){s->lens, (uint64_t)s->rows, i, FP4IDX_CUDA_CHECK_LENS,
+                                         (int32_t)s->width, 0};
+      n_ins = (int)(ck - (fp4idx_cuda_check_in_t *)(h + L->o_ins));
+    }
     q->mask = s->mask ? (const uint8_t *)(in + o[4]) : NULL;
     q->out = d_logits + out_at;
     q->width = s->width;
@@ -758,6 +819,19 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
     out_at += (size_t)s->rows * (size_t)s->width;
   }
   memcpy(h + L->o_works, L->works, sizeof *L->works * (size_t)L->nw);
+  if (L->publish_copy) { /* the scratch's outputs to the caller's, if the check passes */
+    fp4idx_cuda_copy_t *cp = (fp4idx_cuda_copy_t *)(h + L->o_copies);
+    const size_t kk = (size_t)bt->topk;
+    if (kk) {
+      cp[0] = (fp4idx_cuda_copy_t){bt->topk_pos, d + L->o_tpos, L->total_rows * kk * 4};
+      cp[1] = (fp4idx_cuda_copy_t){bt->topk_val, d + L->o_tval, L->total_rows * kk * 4};
+      cp[2] = (fp4idx_cuda_copy_t){bt->topk_count, d + L->o_tcnt, L->total_rows * 4};
+      L->n_copies = 3;
+    } else {
+      cp[0] = (fp4idx_cuda_copy_t){bt->logits, d + L->o_logits, L->total_out * 4};
+      L->n_copies = L->total_out ? 1 : 0;
+    }
+  }
   L->prm.pool = c->pool;
   L->prm.seqs = (const fp4idx_cuda_seq_t *)(in + L->o_descs);
   L->prm.works = (const fp4idx_cuda_work_t *)(in + L->o_works);
@@ -800,10 +874,27 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
     else if (rc) return rc;
     else ops->n_kern++;
   }
-  st->no_down = L->dev_out || (!bt->topk && !L->total_out);
+  if (L->checked) {
+    /* the last kernel: the check of the device inputs, the outputs
+     * published, the done word stored by it (fp4idx__score_enqueue) */
+    const uint8_t *in = fp4idx__score_in(L, st);
+    fp4idx_cuda_publish_params_t pp = {
+        .ins = (const fp4idx_cuda_check_in_t *)(in + L->o_ins),
+        .copies = (const fp4idx_cuda_copy_t *)(in + L->o_copies),
+        .n_ins = L->n_ins, .n_copies = L->n_copies, .verdict = st->d_verdict,
+        .done = NULL, .done_value = bt->done_value};
+    void *done_dev = NULL;
+    if (bt->done_word && cudaHostGetDevicePointer(&done_dev, (void *)bt->done_word, 0) == cudaSuccess)
+      pp.done = (uint32_t *)done_dev;
+    else
+      (void)cudaGetLastError(); /* not mapped: the caller stores it */
+    if ((rc = fp4idx_cuda_publish_describe(&pp, &ops->publish))) return rc;
+    ops->publish_done = pp.done != NULL;
+  }
+  st->no_down = L->dev_out || L->publish_copy || (!bt->topk && !L->total_out);
   if (!st->no_down && st->evented) ops->ev[2] = st->ev[2];
-  if (L->dev_out) {
-    /* already where the caller wants them */
+  if (L->dev_out || L->publish_copy) {
+    /* already where the caller wants them (or copied there by the publish) */
   } else if (L->one_copy) {
     ops->down[ops->n_down++] = (fp4idx__copy_t){bt->topk_pos, d_tpos, L->h_cnt + L->total_rows * 4};
   } else if (bt->topk) {
@@ -886,6 +977,10 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
                                  c->stream);
     if (rc) goto out;
   }
+  if (ops->publish.func) {
+    if ((rc = fp4idx_cuda_launch_run(&ops->publish, c->stream))) goto out;
+    if (bt->done_word) *bt->done_written = ops->publish_done;
+  }
   if (ops->ev[2]) CK(cudaEventRecord(ops->ev[2], c->stream), "score: event");
   if (parts) {
     if ((rc = fp4idx__score_download_parts(c, &ops->down[0], st))) goto out;
@@ -894,7 +989,7 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
       CK(cudaMemcpyAsync(ops->down[i].dst, ops->down[i].src, ops->down[i].bytes,
                          cudaMemcpyDeviceToHost, c->stream), "score: download");
   }
-  if (bt->done_word) fp4idx__score_done_word(c, bt);
+  if (bt->done_word && !L->checked) fp4idx__score_done_word(c, bt);
   rc = fp4idx__stage_end(c, st, "score: event");
 out:
   return rc;
@@ -921,13 +1016,15 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   memset(&L, 0, sizeof L);
   CK(cudaSetDevice(c->device), "set device");
   if ((rc = fp4idx__score_layout_inputs(c, b->page_size, bt, &L))) goto out;
-  fp4idx__score_layout_outputs(bt, &L);
+  if ((rc = fp4idx__score_layout_outputs(bt, &L))) goto out;
   /* Host side: the inputs only (results go straight to the caller; the
    * top-k workspace stays on the device). */
   fp4idx__staging_t *st;
   if ((rc = fp4idx__stage_take(c, L.in_bytes, L.all, &st))) goto out;
   st->n_parts = 0;
   st->parts_seen = 0;
+  st->checked = L.checked;
+  st->input_error = bt->input_error;
   L.zero_copy = L.prm.grid == 1 && L.in_bytes <= FP4IDX__CUDA_ZERO_COPY_MAX;
   fp4idx__score_fill(c, b->page_size, bt, &L, st);
   fp4idx__score_ops_t ops;
@@ -942,7 +1039,10 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
     }
   }
   if ((rc = fp4idx__score_ops(bt, &L, st, &ops, &chunked))) goto out;
-  const int parts = ticket && !bt->topk && !L.dev_out && L.total_out * 4 >= FP4IDX__CUDA_PART_MIN;
+  /* (a checked call's outputs are the caller's only once the whole call
+   * has passed: no parts) */
+  const int parts = ticket && !bt->topk && !L.dev_out && !L.checked &&
+                    L.total_out * 4 >= FP4IDX__CUDA_PART_MIN;
   if ((rc = fp4idx__score_enqueue(c, bt, &L, st, &ops, chunked, parts))) goto out;
   if (ticket) {
     /* queued: fp4idx__cuda_score_wait finishes it */
@@ -953,6 +1053,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
   }
   if ((rc = fp4idx__stage_wait(st, "score: wait"))) goto out;
   if (bt->timing) rc = fp4idx__call_timing(c, st, st->ev[3], bt->timing);
+  if (rc == FP4IDX_OK) rc = fp4idx__stage_verdict(st);
 out:
   fp4idx__score_layout_free(&L);
   return rc;
@@ -976,6 +1077,7 @@ static int fp4idx__cuda_score_wait(fp4idx_backend_t *b, int ticket) {
   st->pending = 0;
   int rc = fp4idx__stage_wait(st, "score: wait");
   if (rc == FP4IDX_OK && st->timing) rc = fp4idx__call_timing(c, st, st->ev[3], st->timing);
+  if (rc == FP4IDX_OK) rc = fp4idx__stage_verdict(st);
   return rc;
 }
 
@@ -988,6 +1090,7 @@ static int fp4idx__cuda_score_wait_part(fp4idx_backend_t *b, int ticket, uint64_
   if (st->parts_seen >= st->n_parts) {
     /* one piece (or every part handed out): the whole call */
     if ((rc = fp4idx__stage_wait(st, "score: wait"))) return rc;
+    if ((rc = fp4idx__stage_verdict(st))) return rc;
     *ready = UINT64_MAX;
     return FP4IDX_OK;
   }
@@ -1154,7 +1257,8 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
                                                              : cudaEventDefault),
          "create event");
   /* The sets' end words (fp4idx__stage_wait), where the driver has
-   * cuStreamWriteValue32; without it every wait is on the event. */
+   * cuStreamWriteValue32 (without it every wait is on the event), and
+   * their verdict words (check_publish.cu). */
   CK(cudaHostAlloc((void **)&c->h_words, 128, cudaHostAllocMapped), "alloc end words");
   memset(c->h_words, 0, 128);
   uint8_t *d_words = NULL;
@@ -1162,6 +1266,8 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
   for (int i = 0; i < 2; i++) {
     c->set[i].h_done = (volatile uint32_t *)((uint8_t *)c->h_words + 64 * i);
     c->set[i].d_done = (CUdeviceptr)(uintptr_t)(d_words + 64 * i);
+    c->set[i].h_verdict = (volatile uint64_t *)((uint8_t *)c->h_words + 64 * i + 8);
+    c->set[i].d_verdict = (unsigned long long *)(d_words + 64 * i + 8);
   }
   {
     void *fn = NULL;

@@ -270,6 +270,61 @@ int fp4idx__cuda_topk_cluster_describe(const fp4idx_cuda_topk_plan_t *p,
  * and returns FP4IDX_EDEVICE; returns FP4IDX_OK for cudaSuccess. */
 int fp4idx__cuda_check(cudaError_t err, const char *what);
 
+/* ---- inputs in device memory: checked, then the outputs published
+ *      (check_publish.cu) ------------------------------------------------ */
+
+/* Which tensor a check entry is; also the order of failures (q first). */
+enum { FP4IDX_CUDA_CHECK_Q = 0, FP4IDX_CUDA_CHECK_W = 1, FP4IDX_CUDA_CHECK_LENS = 2 };
+#define FP4IDX_CUDA_CHECK_INDEX_MASK ((1ull << 44) - 1)
+/* Inputs and outputs one publish kernel (one block) takes, in bytes each. */
+#define FP4IDX_CUDA_PUBLISH_MAX ((size_t)1 << 20)
+
+/* One input tensor to check: q or w (n bf16 values: none may be NaN or
+ * inf) or lens (n int32: each in 0..bound). seq: its sequence's index in
+ * the call (reported with a failure). */
+typedef struct fp4idx_cuda_check_in_s {
+  const void *data;
+  uint64_t n;
+  int32_t seq;
+  int32_t tensor;  /* FP4IDX_CUDA_CHECK_* */
+  int32_t bound;   /* lens: the greatest length allowed */
+  int32_t _pad;
+} fp4idx_cuda_check_in_t;
+
+/* One output copy (device to device, any alignment). */
+typedef struct fp4idx_cuda_copy_s {
+  void *dst;
+  const void *src;
+  uint64_t bytes;
+} fp4idx_cuda_copy_t;
+
+typedef struct fp4idx_cuda_publish_params_s {
+  const fp4idx_cuda_check_in_t *ins;  /* [n_ins] */
+  const fp4idx_cuda_copy_t *copies;   /* [n_copies], done only if every input passed */
+  int32_t n_ins, n_copies;
+  /* A mapped host word (its device address): ~0 when every input passed,
+   * else the first failure's key (fp4idx_cuda_check_verdict reads it). */
+  unsigned long long *verdict;
+  /* Optional (NULL: none): a mapped host word stored last, after the
+   * copies, with done_value | -status (status 0, FP4IDX_ENONFINITE or
+   * FP4IDX_ERANGE) in its low 16 bits: a channel's completion word. */
+  uint32_t *done;
+  uint32_t done_value;
+  uint32_t _pad;
+} fp4idx_cuda_publish_params_t;
+
+/* The check-and-publish launch (one block of 1,024 threads) of *p into
+ * *out. FP4IDX_OK, or FP4IDX_EINVAL (no verdict word, negative counts). */
+int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p,
+                                 fp4idx_cuda_launch_t *out);
+
+/* A verdict word as the kernel left it: FP4IDX_OK (~0: every input passed),
+ * FP4IDX_ENONFINITE (q or w) or FP4IDX_ERANGE (lens), with the failure's
+ * sequence index, tensor (FP4IDX_CUDA_CHECK_*) and element index in *seq,
+ * *tensor, *index (each may be NULL). */
+int fp4idx_cuda_check_verdict(uint64_t verdict, int32_t *seq, int32_t *tensor,
+                              uint64_t *index);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,11 @@ from fp4idx import ops  # noqa: E402
 N, R, H = 5000, 4, 32
 
 
+def host_bytes(x):
+    """The bytes of a result, a numpy array or a torch tensor (on any device)."""
+    return x.cpu().numpy().tobytes() if isinstance(x, torch.Tensor) else x.tobytes()
+
+
 def carve(buf, nbytes, dtype, shape, at):
     """A tensor of `dtype`/`shape` at byte at[0] of uint8 tensor `buf`."""
     off = (at[0] + 255) // 256 * 256
@@ -106,3 +111,73 @@ def test_cuda_region_refusals(cuda_daemon, daemon):
     with fp4idx.Client(daemon.socket, timeout=60) as cpu:
         with pytest.raises(fp4idx.RegionError, match="CUDA backend"):
             cpu.register_cuda(buf)
+
+
+def test_cuda_region_inputs_are_checked_on_the_device(cuda_daemon):
+    """q, w and lens in a CUDA region are read by the kernels where they lie
+    and checked on the device: a NaN, an inf or a length out of range fails
+    the call with the message a host input gets, writes no output, and the
+    next good call gives the socket's bytes. With lens in the region, full
+    logits are as wide as the out tensor the caller gives (-inf past each
+    row's length)."""
+    g = torch.Generator().manual_seed(5)
+    keys = torch.randn(N, 128, generator=g)
+    q = torch.randn(R, H, 128, generator=g).to(torch.bfloat16)
+    w = torch.rand(R, H, generator=g).to(torch.bfloat16)
+    lens = torch.tensor([N, N // 2, 7, 0], dtype=torch.int32)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    buf = torch.zeros(8 << 20, dtype=torch.uint8, device=dev)
+    at = [0]
+    q_d = carve(buf, R * H * 256, torch.bfloat16, (R, H, 128), at)
+    w_d = carve(buf, R * H * 2, torch.bfloat16, (R, H), at)
+    l_d = carve(buf, R * 4, torch.int32, (R,), at)
+    logits_d = carve(buf, R * N * 4, torch.float32, (R, N), at)
+    pos_d = carve(buf, R * 64 * 4, torch.int32, (R, 64), at)
+    val_d = carve(buf, R * 64 * 4, torch.float32, (R, 64), at)
+    cnt_d = carve(buf, R * 4, torch.int32, (R,), at)
+    q_d.copy_(q)
+    w_d.copy_(w)
+    l_d.copy_(lens)
+    qn = q.view(torch.int16).numpy().view(np.uint16)
+    wn = w.view(torch.int16).numpy().view(np.uint16)
+    outs = (pos_d, val_d, cnt_d)
+    s = 72001
+    with fp4idx.Client(cuda_daemon.socket, timeout=120) as c:
+        c.append(s, keys.numpy())
+        want_t = c.topk(s, qn, wn, 64, lens=lens.numpy())
+        with c.register_cuda(buf):
+            bad = [(lambda: q_d[1, 3].__setitem__(5, float("nan")), q_d, q,
+                    fp4idx.NonFinite, r"q\[1,3,5\] is NaN"),
+                   (lambda: w_d[3].__setitem__(31, float("inf")), w_d, w,
+                    fp4idx.NonFinite, r"w\[3,31\] is inf"),
+                   (lambda: l_d.__setitem__(2, N + 1), l_d, lens,
+                    fp4idx.OutOfRange, rf"lens\[2\] = {N + 1} outside 0\.\.{N}")]
+            for spoil, t, good, exc, msg in bad:
+                spoil()
+                for o in outs:
+                    o.fill_(-7)
+                torch.cuda.synchronize()
+                with pytest.raises(exc, match=msg):
+                    c.topk(s, q_d, w_d, 64, lens=l_d, out=outs)
+                for o in outs:   # nothing written
+                    assert bool((o == -7).all())
+                with pytest.raises(exc, match=msg):   # results by the socket
+                    c.topk(s, q_d, w_d, 64, lens=l_d)
+                t.copy_(good)
+                torch.cuda.synchronize()
+            res = c.topk(s, q_d, w_d, 64, lens=l_d, out=outs)
+            for x, y in zip(res, want_t):
+                assert x.cpu().numpy().tobytes() == y.tobytes()
+            for x, y in zip(c.topk(s, q_d, w_d, 64, lens=l_d), want_t):
+                assert host_bytes(x) == y.tobytes()
+
+            # full logits as wide as out= (N), lens in the region
+            logits_d.fill_(7.0)
+            c.score(s, q_d, w_d, lens=l_d, out=logits_d)
+            full = c.score(s, qn, wn)   # every key visible
+            got = logits_d.cpu().numpy()
+            for r in range(R):
+                n = int(lens[r])
+                assert got[r, :n].tobytes() == full[r, :n].tobytes()
+                assert np.all(np.isneginf(got[r, n:]))
+        c.drop(s)
