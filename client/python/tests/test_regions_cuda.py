@@ -3,6 +3,8 @@ their IPC handle with a CUDA fp4idxd, keys appended from the region and
 results scored into CUDA tensors, compared byte for byte with the socket
 path and with a CPU daemon. Skipped without torch and a GPU (run on the GPU
 machine with `pytest client/python/tests -k cuda`)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,36 @@ def carve(buf, nbytes, dtype, shape, at):
     return buf[off:off + nbytes].view(dtype).view(*shape)
 
 
+def inputs_in_one_buffer(seed):
+    """Keys, q, w and lens (seeded) on the host, and one CUDA buffer with
+    the keys, q, w and lens copied into it and room for full logits and a
+    top-64: a SimpleNamespace of both (buf, k_d, q_d, w_d, l_d, logits_d,
+    pos_d, val_d, cnt_d; qn and wn: q and w as numpy uint16)."""
+    g = torch.Generator().manual_seed(seed)
+    t = SimpleNamespace(keys=torch.randn(N, 128, generator=g),
+                        q=torch.randn(R, H, 128, generator=g).to(torch.bfloat16),
+                        w=torch.rand(R, H, generator=g).to(torch.bfloat16),
+                        lens=torch.tensor([N, N // 2, 7, 0], dtype=torch.int32),
+                        dev=torch.device("cuda", torch.cuda.current_device()))
+    t.buf = torch.zeros(16 << 20, dtype=torch.uint8, device=t.dev)
+    at = [0]
+    t.k_d = carve(t.buf, N * 512, torch.float32, (N, 128), at)
+    t.q_d = carve(t.buf, R * H * 256, torch.bfloat16, (R, H, 128), at)
+    t.w_d = carve(t.buf, R * H * 2, torch.bfloat16, (R, H), at)
+    t.l_d = carve(t.buf, R * 4, torch.int32, (R,), at)
+    t.logits_d = carve(t.buf, R * N * 4, torch.float32, (R, N), at)
+    t.pos_d = carve(t.buf, R * 64 * 4, torch.int32, (R, 64), at)
+    t.val_d = carve(t.buf, R * 64 * 4, torch.float32, (R, 64), at)
+    t.cnt_d = carve(t.buf, R * 4, torch.int32, (R,), at)
+    t.k_d.copy_(t.keys)
+    t.q_d.copy_(t.q)
+    t.w_d.copy_(t.w)
+    t.l_d.copy_(t.lens)
+    t.qn = t.q.view(torch.int16).numpy().view(np.uint16)
+    t.wn = t.w.view(torch.int16).numpy().view(np.uint16)
+    return t
+
+
 @pytest.fixture(scope="module")
 def cuda_daemon():
     from conftest import Daemon
@@ -37,29 +69,12 @@ def cuda_daemon():
 
 
 def test_cuda_region_equals_socket_and_cpu(cuda_daemon, daemon):
-    g = torch.Generator().manual_seed(3)
-    keys = torch.randn(N, 128, generator=g)
-    q = torch.randn(R, H, 128, generator=g).to(torch.bfloat16)
-    w = torch.rand(R, H, generator=g).to(torch.bfloat16)
-    lens = torch.tensor([N, N // 2, 7, 0], dtype=torch.int32)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    buf = torch.zeros(16 << 20, dtype=torch.uint8, device=dev)
-    at = [0]
-    k_d = carve(buf, N * 512, torch.float32, (N, 128), at)
-    q_d = carve(buf, R * H * 256, torch.bfloat16, (R, H, 128), at)
-    w_d = carve(buf, R * H * 2, torch.bfloat16, (R, H), at)
-    l_d = carve(buf, R * 4, torch.int32, (R,), at)
-    logits_d = carve(buf, R * N * 4, torch.float32, (R, N), at)
-    pos_d = carve(buf, R * 64 * 4, torch.int32, (R, 64), at)
-    val_d = carve(buf, R * 64 * 4, torch.float32, (R, 64), at)
-    cnt_d = carve(buf, R * 4, torch.int32, (R,), at)
-    k_d.copy_(keys)
-    q_d.copy_(q)
-    w_d.copy_(w)
-    l_d.copy_(lens)
+    t = inputs_in_one_buffer(3)
+    keys, lens, dev, buf = t.keys, t.lens, t.dev, t.buf
+    k_d, q_d, w_d, l_d = t.k_d, t.q_d, t.w_d, t.l_d
+    logits_d, pos_d, val_d, cnt_d = t.logits_d, t.pos_d, t.val_d, t.cnt_d
+    qn, wn = t.qn, t.wn
     logits_d.fill_(float("nan"))
-    qn = q.view(torch.int16).numpy().view(np.uint16)
-    wn = w.view(torch.int16).numpy().view(np.uint16)
 
     with fp4idx.Client(cuda_daemon.socket, timeout=120) as c, \
             fp4idx.Client(daemon.socket, timeout=120) as cpu:
@@ -120,27 +135,11 @@ def test_cuda_region_inputs_are_checked_on_the_device(cuda_daemon):
     next good call gives the socket's bytes. With lens in the region, full
     logits are as wide as the out tensor the caller gives (-inf past each
     row's length)."""
-    g = torch.Generator().manual_seed(5)
-    keys = torch.randn(N, 128, generator=g)
-    q = torch.randn(R, H, 128, generator=g).to(torch.bfloat16)
-    w = torch.rand(R, H, generator=g).to(torch.bfloat16)
-    lens = torch.tensor([N, N // 2, 7, 0], dtype=torch.int32)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    buf = torch.zeros(8 << 20, dtype=torch.uint8, device=dev)
-    at = [0]
-    q_d = carve(buf, R * H * 256, torch.bfloat16, (R, H, 128), at)
-    w_d = carve(buf, R * H * 2, torch.bfloat16, (R, H), at)
-    l_d = carve(buf, R * 4, torch.int32, (R,), at)
-    logits_d = carve(buf, R * N * 4, torch.float32, (R, N), at)
-    pos_d = carve(buf, R * 64 * 4, torch.int32, (R, 64), at)
-    val_d = carve(buf, R * 64 * 4, torch.float32, (R, 64), at)
-    cnt_d = carve(buf, R * 4, torch.int32, (R,), at)
-    q_d.copy_(q)
-    w_d.copy_(w)
-    l_d.copy_(lens)
-    qn = q.view(torch.int16).numpy().view(np.uint16)
-    wn = w.view(torch.int16).numpy().view(np.uint16)
-    outs = (pos_d, val_d, cnt_d)
+    t = inputs_in_one_buffer(5)
+    keys, q, w, lens, buf = t.keys, t.q, t.w, t.lens, t.buf
+    q_d, w_d, l_d, logits_d = t.q_d, t.w_d, t.l_d, t.logits_d
+    qn, wn = t.qn, t.wn
+    outs = (t.pos_d, t.val_d, t.cnt_d)
     s = 72001
     with fp4idx.Client(cuda_daemon.socket, timeout=120) as c:
         c.append(s, keys.numpy())
