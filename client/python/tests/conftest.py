@@ -8,6 +8,7 @@ PYTHONPATH), else this checkout's.
 """
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -79,6 +80,14 @@ class Daemon:
         assert rc == 0, f"fp4idxd exited with status {rc}"
         return rc
 
+    def close(self):
+        """stop(), then remove the temporary folder (a stopped daemon may be
+        started again; a closed one may not)."""
+        try:
+            return self.stop()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
 
 @pytest.fixture
 def make_daemon():
@@ -92,7 +101,7 @@ def make_daemon():
         return d
     yield make
     for d in made:
-        d.stop()
+        d.close()
 
 
 @pytest.fixture(scope="session")
@@ -101,7 +110,7 @@ def daemon():
     sequence ids)."""
     d = Daemon(cache_bytes="64M")
     yield d
-    d.stop()
+    d.close()
 
 
 @pytest.fixture

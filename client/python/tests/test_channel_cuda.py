@@ -51,7 +51,7 @@ def host_bytes(t):
 def cuda_daemon():
     d = Daemon(cache_bytes="1G", backend="cuda")
     yield d
-    d.stop()
+    d.close()
 
 
 class Setting:

@@ -53,7 +53,7 @@ def test_readme_cuda_examples_run():
     try:
         run_blocks(blocks_, d, [])
     finally:
-        d.stop()
+        d.close()
 
 
 def run_blocks(blocks_, one, shards):

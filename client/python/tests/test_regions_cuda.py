@@ -65,7 +65,7 @@ def cuda_daemon():
     from conftest import Daemon
     d = Daemon(cache_bytes="1G", backend="cuda")
     yield d
-    d.stop()
+    d.close()
 
 
 def test_cuda_region_equals_socket_and_cpu(cuda_daemon, daemon):
