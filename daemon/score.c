@@ -527,8 +527,9 @@ static int fp4idx__score_wait(fp4idx_daemon_t *d, fp4idx_score_launch_t *l, int 
 
 /* The error of a launch of one job whose inputs in CUDA regions failed the
  * device's check (rc FP4IDX_ENONFINITE or FP4IDX_ERANGE, where in
- * l->input_error): the message the host's check gives, from the bad
- * element read back. Returns 0 (nothing done) for any other failure. */
+ * l->input_error): the failing tensor is read back whole and checked by the
+ * host's own check, so the message is the one a host input gets. Returns 0
+ * (nothing done) for any other failure. */
 static int fp4idx__score_device_reject(fp4idx_score_launch_t *l, int rc) {
   const fp4idx_backend_input_error_t *e = &l->input_error;
   fp4idx_score_job_t *j = l->jobs[0];
@@ -537,30 +538,32 @@ static int fp4idx__score_device_reject(fp4idx_score_launch_t *l, int rc) {
       (size_t)e->seq >= sr->nseqs || !j->eng[e->seq].device_inputs || e->tensor < 0 ||
       e->tensor > 2)
     return 0;
-  const fp4idx_backend_seq_t *b = &j->eng[e->seq];
-  const fp4idx_score_seq_t *s = &sr->seqs[e->seq];
-  const size_t size = e->tensor == 2 ? 4 : 2, H = sr->heads, i = (size_t)e->seq;
-  const void *at = (const uint8_t *)(e->tensor == 0 ? b->q : e->tensor == 1 ? b->w : b->lens) +
-                   e->index * size;
-  uint32_t v = 0; /* the element, read back */
-  const int read = fp4idx__region_cuda_copy(-1, &v, at, size, 0) == FP4IDX_OK;
-  const char *what = !read ? "NaN or inf" : (v & 0x7fu) ? "NaN" : "inf";
-  const uint64_t x = e->index;
-  if (e->tensor == 0)
-    fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): seq %" PRIu64
-                       ": q[%zu,%zu,%zu] is %s; q and w must be finite", i, s->seq, b->n_keys,
-                       s->seq, (size_t)(x / (H * FP4IDX_PROTO_HEAD_DIM)),
-                       (size_t)(x / FP4IDX_PROTO_HEAD_DIM % H),
-                       (size_t)(x % FP4IDX_PROTO_HEAD_DIM), what);
-  else if (e->tensor == 1)
-    fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): seq %" PRIu64
-                       ": w[%zu,%zu] is %s; q and w must be finite", i, s->seq, b->n_keys, s->seq,
-                       (size_t)(x / H), (size_t)(x % H), what);
-  else
-    fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): seq %" PRIu64
-                       ": lens[%zu] = %d outside 0..%" PRId64 " (%s)", i, s->seq, b->n_keys,
-                       s->seq, (size_t)x, (int)(int32_t)v, b->width,
-                       b->width == b->n_keys ? "keys" : "the width");
+  const size_t i = (size_t)e->seq;
+  const fp4idx_backend_seq_t *b = &j->eng[i];
+  const fp4idx_score_seq_t *s = &sr->seqs[i];
+  fp4idx_score_seq_t view = *s; /* only the failing tensor's bytes */
+  view.q.nbytes = view.w.nbytes = 0;
+  fp4idx_tensor_t *t = e->tensor == 0 ? &view.q : e->tensor == 1 ? &view.w : &view.lens;
+  const void *dev = e->tensor == 0 ? b->q : e->tensor == 1 ? b->w : b->lens;
+  const size_t n = (size_t)s->rows * (e->tensor == 0 ? sr->heads * FP4IDX_PROTO_HEAD_DIM * 2u
+                                      : e->tensor == 1 ? sr->heads * 2u : 4u);
+  char detail[256];
+  int hrc = FP4IDX_ENOMEM;
+  void *host = malloc(n ? n : 1);
+  if (host && fp4idx__region_cuda_copy(-1, host, dev, n, 0) == FP4IDX_OK) {
+    t->data = host;
+    t->nbytes = n;
+    hrc = e->tensor == 2 ? fp4idx__score_lens_within(&view, (uint64_t)b->width,
+                                                     (uint64_t)b->n_keys, detail, sizeof detail)
+                         : fp4idx_score_seq_finite(&view, detail, sizeof detail);
+  }
+  free(host);
+  if (hrc == FP4IDX_OK || hrc == FP4IDX_ENOMEM) /* changed since, or not read back */
+    snprintf(detail, sizeof detail, "seq %" PRIu64 ": %s[%" PRIu64 "] (flat) %s", s->seq,
+             e->tensor == 0 ? "q" : e->tensor == 1 ? "w" : "lens", e->index,
+             e->tensor == 2 ? "was outside its range" : "was NaN or inf; q and w must be finite");
+  fp4idx__score_fail(j, rc, "seqs[%zu] (sequence %" PRIu64 ", %" PRId64 " keys): %s", i, s->seq,
+                     b->n_keys, detail);
   return 1;
 }
 
