@@ -141,10 +141,6 @@ typedef struct fp4idx__staging_s {
   int checked;            /* its last call checks device inputs (the verdict) */
   volatile uint64_t *h_verdict; /* mapped host word: the check's verdict */
   unsigned long long *d_verdict; /* its device address */
-  unsigned long long *d_vdev;    /* device word: the verdict, for the publish */
-  unsigned int *d_arrived;       /* device word: publish blocks through (0 between calls) */
-  cudaEvent_t ck_up;             /* its inputs uploaded: the check may start */
-  cudaEvent_t ck_done;           /* its check done: the publish may start */
   fp4idx_backend_input_error_t *input_error; /* where a failed check goes */
   double t_start;         /* host clock (us) when its last call began */
 } fp4idx__staging_t;
@@ -167,7 +163,6 @@ typedef struct fp4idx__cuda_s {
   fp4idx__pinned_t *pinned;
   fp4idx__seqpages_t *seqpages;
   uint32_t *h_words;      /* pinned mapped: the sets' h_done, 64 bytes apart */
-  uint8_t *d_words;       /* device: the sets' d_vdev and d_arrived, 64 bytes apart */
   int untimed_left;       /* timed calls before the next with events */
   double split[2][3];     /* upload / kernels / download share of the last
                              evented call of each kind (full logits, top-k) */
@@ -394,11 +389,8 @@ static void fp4idx__cuda_destroy(fp4idx_backend_t *b) {
       for (int j = 0; j < FP4IDX__CUDA_PARTS; j++)
         if (st->part_ev[j]) cudaEventDestroy(st->part_ev[j]);
       if (st->up_done) cudaEventDestroy(st->up_done);
-      if (st->ck_up) cudaEventDestroy(st->ck_up);
-      if (st->ck_done) cudaEventDestroy(st->ck_done);
     }
     cudaFree(c->d_flag);
-    cudaFree(c->d_words);
     if (c->h_words) cudaFreeHost(c->h_words);
     fp4idx__pinned_destroy(c->pinned);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -602,8 +594,7 @@ typedef struct fp4idx__score_ops_s {
   fp4idx__copy_t up;                  /* host to device */
   fp4idx_cuda_launch_t kern[2];       /* scorer, top-k (cluster path) */
   int n_kern;
-  fp4idx_cuda_launch_t check;         /* device inputs: their check, beside the kernels */
-  fp4idx_cuda_launch_t publish;       /* then the outputs published (func NULL: none) */
+  fp4idx_cuda_launch_t publish;       /* device inputs: check, publish (func NULL: none) */
   int publish_done;                   /* it stores the caller's done word */
   fp4idx__copy_t down[3];             /* device to host */
   int n_down;
@@ -625,11 +616,10 @@ typedef struct fp4idx__score_layout_s {
   size_t total_rows, total_out, tk_bytes, h_val, h_cnt;
   size_t o_descs, o_works, o_trows, in_bytes, o_logits, o_tpos, o_tval, o_tcnt, o_tws, all;
   int dev_out;                     /* outputs written by the kernels where they are */
-  int checked;                     /* some inputs on the device: checked beside the kernels */
-  int publish_copy;                /* device outputs copied there by the publish */
+  int checked;                     /* some inputs on the device: checked after the kernels */
+  int publish_copy;                /* device outputs copied there by the check's kernel */
   int n_ins, n_copies;             /* its check entries and copies */
-  size_t o_ins;                    /* where the check entries lie in the inputs region */
-  fp4idx_cuda_copy_t copies[FP4IDX_CUDA_PUBLISH_COPIES]; /* the publish's, by value */
+  size_t o_ins, o_copies;          /* where they lie in the inputs region */
   int zero_copy;                   /* inputs read from the pinned staging, no upload */
   int one_copy;                    /* top-k results in one download */
   float *o_dlogits;                /* full logits written in place (dev_out) */
@@ -685,6 +675,8 @@ static int fp4idx__score_layout_inputs(fp4idx__cuda_t *c, int32_t P,
     L->checked = 1;
     L->o_ins = off;
     off = fp4idx__align(off + sizeof(fp4idx_cuda_check_in_t) * (size_t)L->n_ins);
+    L->o_copies = off;
+    off = fp4idx__align(off + sizeof(fp4idx_cuda_copy_t) * 3);
   }
   const int32_t max_works = fp4idx_cuda_score_max_works(H, ns, L->rows);
   L->works = malloc(sizeof *L->works * (size_t)(max_works > 0 ? max_works : 1));
@@ -828,7 +820,7 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
   }
   memcpy(h + L->o_works, L->works, sizeof *L->works * (size_t)L->nw);
   if (L->publish_copy) { /* the scratch's outputs to the caller's, if the check passes */
-    fp4idx_cuda_copy_t *cp = L->copies;
+    fp4idx_cuda_copy_t *cp = (fp4idx_cuda_copy_t *)(h + L->o_copies);
     const size_t kk = (size_t)bt->topk;
     if (kk) {
       cp[0] = (fp4idx_cuda_copy_t){bt->topk_pos, d + L->o_tpos, L->total_rows * kk * 4};
@@ -883,21 +875,14 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
     else ops->n_kern++;
   }
   if (L->checked) {
-    /* the check of the device inputs, beside the kernels; then the
-     * publish: the outputs copied, the done word stored by it
-     * (fp4idx__score_enqueue) */
+    /* the last kernel: the check of the device inputs, the outputs
+     * published, the done word stored by it (fp4idx__score_enqueue) */
     const uint8_t *in = fp4idx__score_in(L, st);
-    fp4idx_cuda_check_params_t cp = {.ins = (const fp4idx_cuda_check_in_t *)(in + L->o_ins),
-                                     .n_ins = L->n_ins, .verdict = st->d_verdict,
-                                     .verdict_dev = st->d_vdev};
-    if ((rc = fp4idx_cuda_check_describe(&cp, &ops->check))) return rc;
-    fp4idx_cuda_publish_params_t pp;
-    memset(&pp, 0, sizeof pp);
-    memcpy(pp.copies, L->copies, sizeof pp.copies);
-    pp.n_copies = L->n_copies;
-    pp.done_value = bt->done_value;
-    pp.verdict_dev = st->d_vdev;
-    pp.arrived = st->d_arrived;
+    fp4idx_cuda_publish_params_t pp = {
+        .ins = (const fp4idx_cuda_check_in_t *)(in + L->o_ins),
+        .copies = (const fp4idx_cuda_copy_t *)(in + L->o_copies),
+        .n_ins = L->n_ins, .n_copies = L->n_copies, .verdict = st->d_verdict,
+        .done = NULL, .done_value = bt->done_value};
     void *done_dev = NULL;
     if (bt->done_word && cudaHostGetDevicePointer(&done_dev, (void *)bt->done_word, 0) == cudaSuccess)
       pp.done = (uint32_t *)done_dev;
@@ -978,8 +963,6 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
     CK(cudaEventRecord(st->up_done, us), "score: event");
     CK(cudaStreamWaitEvent(c->stream, st->up_done, 0), "score: wait for the upload");
   }
-  /* the check waits for the inputs (its entries lie in them) */
-  if (ops->check.func && !side) CK(cudaEventRecord(st->ck_up, us), "score: event");
   for (int i = 0; i < ops->n_kern; i++)
     if ((rc = fp4idx_cuda_launch_run(&ops->kern[i], c->stream))) goto out;
   if (chunked) {
@@ -993,14 +976,6 @@ static int fp4idx__score_enqueue(fp4idx__cuda_t *c, const fp4idx_backend_batch_t
                                  L->dev_out ? L->o_dtcnt : (int32_t *)(d + L->o_tcnt),
                                  c->stream);
     if (rc) goto out;
-  }
-  if (ops->check.func) {
-    /* on the side stream (where a large upload already is), beside the
-     * kernels: only the publish waits for it */
-    if (!side) CK(cudaStreamWaitEvent(c->up_stream, st->ck_up, 0), "score: wait for the inputs");
-    if ((rc = fp4idx_cuda_launch_run(&ops->check, c->up_stream))) goto out;
-    CK(cudaEventRecord(st->ck_done, c->up_stream), "score: event");
-    CK(cudaStreamWaitEvent(c->stream, st->ck_done, 0), "score: wait for the check");
   }
   if (ops->publish.func) {
     if ((rc = fp4idx_cuda_launch_run(&ops->publish, c->stream))) goto out;
@@ -1270,18 +1245,8 @@ int fp4idx_backend_cuda_create(fp4idx_backend_t **out, int device) {
      "create stream");
   CK(cudaStreamCreateWithPriority(&c->up_stream, cudaStreamNonBlocking, c->priority),
      "create upload stream");
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 2; i++)
     CK(cudaEventCreateWithFlags(&c->set[i].up_done, cudaEventDisableTiming), "create event");
-    CK(cudaEventCreateWithFlags(&c->set[i].ck_up, cudaEventDisableTiming), "create event");
-    CK(cudaEventCreateWithFlags(&c->set[i].ck_done, cudaEventDisableTiming), "create event");
-  }
-  /* the sets' device words of the check and the publish (check_publish.cu) */
-  CK(cudaMalloc((void **)&c->d_words, 128), "alloc device words");
-  CK(cudaMemset(c->d_words, 0, 128), "zero device words");
-  for (int i = 0; i < 2; i++) {
-    c->set[i].d_vdev = (unsigned long long *)(c->d_words + 64 * i);
-    c->set[i].d_arrived = (unsigned int *)(c->d_words + 64 * i + 8);
-  }
   CK(cudaMalloc((void **)&c->d_flag, sizeof(int32_t)), "alloc flag");
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 4; j++)

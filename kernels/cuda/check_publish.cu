@@ -1,21 +1,23 @@
-/* check_publish.cu -- the two kernels of a score call whose inputs lie in
+/* check_publish.cu -- the last kernel of a score call whose inputs lie in
  * device memory (a client's CUDA region, fp4idx_backend_seq_t
- * .device_inputs): the check of those inputs as the daemon checks a
- * request's host inputs (PROTOCOL.md "score": q and w finite, 0 <= lens[r]
- * <= the width), and the publish: the outputs copied from the call's
- * scratch to the caller's device buffers only when every input passed,
- * then the caller's done word (a channel's completion) with the status.
+ * .device_inputs): it checks those inputs as the daemon checks a request's
+ * host inputs (PROTOCOL.md "score": q and w finite, 0 <= lens[r] <= the
+ * width) and publishes the call: the outputs copied from the call's scratch
+ * to the caller's device buffers only when every input passed, the verdict
+ * stored in a mapped host word, then the caller's done word (a channel's
+ * completion) with the call's status.
  *
- * The scorer and the top-k run on the unchecked inputs: they are
- * memory-safe for any bits (lengths only mask columns below the width; a
- * NaN only makes logits NaN in the scratch), and nothing they write
+ * The scorer and the top-k have already run on the unchecked inputs: they
+ * are memory-safe for any bits (lengths only mask columns below the width;
+ * a NaN only makes logits NaN in the scratch), and nothing they wrote
  * reaches the caller unless the check passes. So a call with inputs on the
  * device needs no copy of them to the host and back, and no host wait
- * before its kernels; the check runs beside the scorer on a stream of its
- * own (one block: the inputs are a call's queries, kilobytes to a few
- * hundred), and only the publish (many blocks, its copies in its
- * parameters) follows the last kernel. The backend takes this path only
- * below FP4IDX_CUDA_PUBLISH_MAX bytes of each output.
+ * before its kernels.
+ *
+ * One block: the inputs it checks are a call's queries (R x H x 256 bytes,
+ * kilobytes to a few hundred) and the outputs it copies are small (the
+ * backend takes this path only below FP4IDX_CUDA_PUBLISH_MAX bytes of
+ * each).
  */
 #include <stdint.h>
 
@@ -74,7 +76,22 @@ __device__ void check_lens(const fp4idx_cuda_check_in_t &in, unsigned long long 
   }
 }
 
-__global__ void __launch_bounds__(kThreads) fp4idx_input_check_kernel(fp4idx_cuda_check_params_t p) {
+__device__ void copy_bytes(const fp4idx_cuda_copy_t &c) {
+  uint8_t *d = static_cast<uint8_t *>(c.dst);
+  const uint8_t *s = static_cast<const uint8_t *>(c.src);
+  uint64_t done = 0;
+  if ((((uintptr_t)d | (uintptr_t)s) & 15u) == 0) {
+    const uint64_t nv = c.bytes / 16;
+    uint4 *dv = reinterpret_cast<uint4 *>(d);
+    const uint4 *sv = reinterpret_cast<const uint4 *>(s);
+    for (uint64_t i = threadIdx.x; i < nv; i += kThreads) dv[i] = sv[i];
+    done = nv * 16;
+  }
+  for (uint64_t i = done + threadIdx.x; i < c.bytes; i += kThreads) d[i] = s[i];
+}
+
+__global__ void __launch_bounds__(kThreads)
+    fp4idx_check_publish_kernel(fp4idx_cuda_publish_params_t p) {
   __shared__ unsigned long long first;
   if (threadIdx.x == 0) first = ~0ull;
   __syncthreads();
@@ -84,100 +101,32 @@ __global__ void __launch_bounds__(kThreads) fp4idx_input_check_kernel(fp4idx_cud
     else check_bf16(in, &first);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    *p.verdict_dev = first;
-    *reinterpret_cast<volatile unsigned long long *>(p.verdict) = first;
-    __threadfence_system();  // the host reads its word once the call is done
-  }
-}
-
-constexpr int kPubThreads = 512;
-constexpr uint64_t kPubChunk = 16384;  // bytes one publish block copies
-constexpr unsigned kPubMaxBlocks = (unsigned)(FP4IDX_CUDA_PUBLISH_COPIES * FP4IDX_CUDA_PUBLISH_MAX / kPubChunk);
-
-// Bytes [lo, hi) of one copy, by the block's threads: 16-byte moves where
-// both ends are 16-byte aligned there, else byte by byte.
-__device__ void copy_range(uint8_t *d, const uint8_t *s, uint64_t n) {
-  uint64_t done = 0;
-  if ((((uintptr_t)d | (uintptr_t)s) & 15u) == 0) {
-    const uint64_t nv = n / 16;
-    uint4 *dv = reinterpret_cast<uint4 *>(d);
-    const uint4 *sv = reinterpret_cast<const uint4 *>(s);
-    for (uint64_t i = threadIdx.x; i < nv; i += kPubThreads) dv[i] = sv[i];
-    done = nv * 16;
-  }
-  for (uint64_t i = done + threadIdx.x; i < n; i += kPubThreads) d[i] = s[i];
-}
-
-__global__ void __launch_bounds__(kPubThreads) fp4idx_publish_kernel(fp4idx_cuda_publish_params_t p) {
-  __shared__ unsigned long long verdict;
-  __shared__ unsigned last;
-  if (threadIdx.x == 0) verdict = *reinterpret_cast<const volatile unsigned long long *>(p.verdict_dev);
-  __syncthreads();
-  const unsigned long long v = verdict;
-  if (v == ~0ull) {
-    // Block b copies bytes [b * kPubChunk, (b + 1) * kPubChunk) of the
-    // copies laid end to end.
-    const uint64_t lo = (uint64_t)blockIdx.x * kPubChunk, hi = lo + kPubChunk;
-    uint64_t base = 0;
-    for (int32_t c = 0; c < p.n_copies; c++) {
-      const fp4idx_cuda_copy_t &cp = p.copies[c];
-      const uint64_t a = lo > base ? lo : base, e = hi < base + cp.bytes ? hi : base + cp.bytes;
-      if (a < e)
-        copy_range(static_cast<uint8_t *>(cp.dst) + (a - base),
-                   static_cast<const uint8_t *>(cp.src) + (a - base), e - a);
-      base += cp.bytes;
-    }
-  }
-  if (!p.done) return;  // the stream's own end follows the kernel
-  // The last block through stores the done word: each block's copies are
-  // ordered before its arrival (barrier, then a device-scope fence by
-  // thread 0), and the last block's system-scope fence (cumulative) orders
-  // every one of them before the word.
+  const unsigned long long verdict = first;
+  if (verdict == ~0ull)
+    for (int32_t i = 0; i < p.n_copies; i++) copy_bytes(p.copies[i]);
+  // The block's copies happen before thread 0 passes the barrier, and its
+  // system-scope fence (cumulative) orders them before the words it
+  // stores; one fence, not one per thread (each costs a round trip).
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(p.arrived, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (last && threadIdx.x == 0) {
-    *p.arrived = 0;  // for the set's next call (stream order)
     uint32_t word = p.done_value;
-    if (v != ~0ull) {
-      const int tensor = (int)(v >> 44 & 15u);
+    if (verdict != ~0ull) {
+      const int tensor = (int)(verdict >> 44 & 15u);
       const int status = tensor == FP4IDX_CUDA_CHECK_LENS ? FP4IDX_ERANGE : FP4IDX_ENONFINITE;
       word |= (uint32_t)(-status) & 0xffffu;
     }
     __threadfence_system();
-    *reinterpret_cast<volatile uint32_t *>(p.done) = word;
+    *reinterpret_cast<volatile unsigned long long *>(p.verdict) = verdict;
+    if (p.done) *reinterpret_cast<volatile uint32_t *>(p.done) = word;
   }
 }
 
 }  // namespace
 
-extern "C" int fp4idx_cuda_check_describe(const fp4idx_cuda_check_params_t *p,
-                                          fp4idx_cuda_launch_t *out) {
-  if (!p || !out || !p->verdict || !p->verdict_dev || p->n_ins < 0 || (p->n_ins && !p->ins))
-    return FP4IDX_EINVAL;
-  fp4idx__launch_begin(out, fp4idx_input_check_kernel, 1, kThreads, 0, 0, 0);
-  fp4idx__launch_arg(out, *p);
-  return FP4IDX_OK;
-}
-
 extern "C" int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p,
                                             fp4idx_cuda_launch_t *out) {
-  if (!p || !out || !p->verdict_dev || p->n_copies < 0 ||
-      p->n_copies > FP4IDX_CUDA_PUBLISH_COPIES || (p->done && !p->arrived))
-    return FP4IDX_EINVAL;
-  uint64_t total = 0;
-  for (int32_t c = 0; c < p->n_copies; c++) {
-    if (p->copies[c].bytes > FP4IDX_CUDA_PUBLISH_MAX) return FP4IDX_EINVAL;
-    total += p->copies[c].bytes;
-  }
-  uint64_t blocks = (total + kPubChunk - 1) / kPubChunk;
-  if (blocks == 0) blocks = 1;
-  if (blocks > kPubMaxBlocks) return FP4IDX_EINVAL;
-  fp4idx__launch_begin(out, fp4idx_publish_kernel, (unsigned)blocks, kPubThreads, 0, 0, 0);
+  if (!p || !out || !p->verdict || p->n_ins < 0 || p->n_copies < 0) return FP4IDX_EINVAL;
+  fp4idx__launch_begin(out, fp4idx_check_publish_kernel, 1, kThreads, 0, 0, 0);
   fp4idx__launch_arg(out, *p);
   return FP4IDX_OK;
 }

@@ -276,10 +276,8 @@ int fp4idx__cuda_check(cudaError_t err, const char *what);
 /* Which tensor a check entry is; also the order of failures (q first). */
 enum { FP4IDX_CUDA_CHECK_Q = 0, FP4IDX_CUDA_CHECK_W = 1, FP4IDX_CUDA_CHECK_LENS = 2 };
 #define FP4IDX_CUDA_CHECK_INDEX_MASK ((1ull << 44) - 1)
-/* The outputs one publish launch copies, in bytes (each copy). */
+/* Inputs and outputs one publish kernel (one block) takes, in bytes each. */
 #define FP4IDX_CUDA_PUBLISH_MAX ((size_t)1 << 20)
-/* Copies a publish launch takes (top-k: positions, values, counts). */
-#define FP4IDX_CUDA_PUBLISH_COPIES 3
 
 /* One input tensor to check: q or w (n bf16 values: none may be NaN or
  * inf) or lens (n int32: each in 0..bound). seq: its sequence's index in
@@ -300,46 +298,23 @@ typedef struct fp4idx_cuda_copy_s {
   uint64_t bytes;
 } fp4idx_cuda_copy_t;
 
-/* The check of a call's device inputs (one block; it runs beside the
- * scorer, on a stream of its own, since only the publish needs it). */
-typedef struct fp4idx_cuda_check_params_s {
-  const fp4idx_cuda_check_in_t *ins;  /* [n_ins], device or mapped memory */
-  int32_t n_ins;
-  int32_t _pad;
-  /* Two words it stores the verdict in: ~0 when every input passed, else
-   * the first failure's key (fp4idx_cuda_check_verdict reads it). `verdict`
-   * is a mapped host word (its device address), for the host; `verdict_dev`
-   * device memory, for the publish launch. */
-  unsigned long long *verdict;
-  unsigned long long *verdict_dev;
-} fp4idx_cuda_check_params_t;
-
-/* The publish of a checked call, after its kernels and its check: the
- * copies (by value: no dependent load before the first byte moves) made
- * only when the verdict says every input passed, then the done word. */
 typedef struct fp4idx_cuda_publish_params_s {
-  fp4idx_cuda_copy_t copies[FP4IDX_CUDA_PUBLISH_COPIES];
-  int32_t n_copies;
-  uint32_t done_value;
-  const unsigned long long *verdict_dev; /* the check's device word */
-  /* Optional (NULL: none): a mapped host word stored last, after every
-   * block's copies, with done_value | -status (status 0, FP4IDX_ENONFINITE
-   * or FP4IDX_ERANGE) in its low 16 bits: a channel's completion word.
-   * `arrived` (device memory, 0 between launches, needed with `done`)
-   * counts the blocks that are through; the last one stores the word and
-   * sets it back to 0. */
+  const fp4idx_cuda_check_in_t *ins;  /* [n_ins] */
+  const fp4idx_cuda_copy_t *copies;   /* [n_copies], done only if every input passed */
+  int32_t n_ins, n_copies;
+  /* A mapped host word (its device address): ~0 when every input passed,
+   * else the first failure's key (fp4idx_cuda_check_verdict reads it). */
+  unsigned long long *verdict;
+  /* Optional (NULL: none): a mapped host word stored last, after the
+   * copies, with done_value | -status (status 0, FP4IDX_ENONFINITE or
+   * FP4IDX_ERANGE) in its low 16 bits: a channel's completion word. */
   uint32_t *done;
-  unsigned int *arrived;
+  uint32_t done_value;
+  uint32_t _pad;
 } fp4idx_cuda_publish_params_t;
 
-/* The check launch (one block of 1,024 threads) of *p into *out.
- * FP4IDX_OK, or FP4IDX_EINVAL (NULL arguments or verdict words, n_ins < 0). */
-int fp4idx_cuda_check_describe(const fp4idx_cuda_check_params_t *p, fp4idx_cuda_launch_t *out);
-
-/* The publish launch of *p into *out: enough blocks that each copies at
- * most 16 KiB. FP4IDX_OK, or FP4IDX_EINVAL (NULL arguments, no verdict
- * word, n_copies outside 0..FP4IDX_CUDA_PUBLISH_COPIES, done without
- * arrived). */
+/* The check-and-publish launch (one block of 1,024 threads) of *p into
+ * *out. FP4IDX_OK, or FP4IDX_EINVAL (no verdict word, negative counts). */
 int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p,
                                  fp4idx_cuda_launch_t *out);
 
