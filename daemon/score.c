@@ -545,8 +545,8 @@ static int fp4idx__score_device_reject(fp4idx_score_launch_t *l, int rc) {
   view.q.nbytes = view.w.nbytes = 0;
   fp4idx_tensor_t *t = e->tensor == 0 ? &view.q : e->tensor == 1 ? &view.w : &view.lens;
   const void *dev = e->tensor == 0 ? b->q : e->tensor == 1 ? b->w : b->lens;
-  const size_t n = (size_t)s->rows * (e->tensor == 0 ? sr->heads * FP4IDX_PROTO_HEAD_DIM * 2u
-                                      : e->tensor == 1 ? sr->heads * 2u : 4u);
+  /* a region tensor's nbytes is its shape's (fp4idx_codec.h) */
+  const size_t n = (e->tensor == 0 ? s->q : e->tensor == 1 ? s->w : s->lens).nbytes;
   char detail[256];
   int hrc = FP4IDX_ENOMEM;
   void *host = malloc(n ? n : 1);
