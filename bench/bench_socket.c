@@ -24,9 +24,10 @@
  *       in-process launch of all N sequences (--local): the ratio is what
  *       the daemon delivers of the device's batched throughput.
  *   (e) the region cases (bench_socket_regions.c): full logits and top-2048
- *       through the socket, into a host region, into a CUDA region
- *       (--region-cuda), at context --region-ctx (default 100,000), and the
- *       append rate of bf16 keys from a host region.
+ *       through the socket, into a host region, into a CUDA region, and with
+ *       q, w and the outputs all in a CUDA region (--region-cuda), at context
+ *       --region-ctx (default 100,000), and the append rate of bf16 keys from
+ *       a host region.
  * Every measurement runs -r times (default 3) and the table shows the median
  * of the per-run figures. --csv writes every raw sample, --hist a log-binned
  * latency histogram of (a), --summary one row per case of (a), (c) and (d)

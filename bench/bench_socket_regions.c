@@ -1,8 +1,9 @@
 /* bench_socket_regions.c -- fp4idx-bench-socket (e): the region cases of
  * PROTOCOL.md "Regions" beside the socket path, interleaved call by call in
  * one run so they see the same load: R=4 x H=32 rows at context o->ctx,
- *   full logits through the socket | into a host region | into a CUDA region,
- *   top-2048 through the socket   | into a host region | into a CUDA region,
+ *   full logits through the socket | into a host region | into a CUDA region
+ *     | q, w and the outputs in a CUDA region (fp4idx_client_score_regions),
+ *   top-2048 the same four ways,
  * p50 of o->iters calls after 2 warm-ups, median over o->reps runs; and the
  * append rate of bf16 keys from a host region (1M-key requests) next to the
  * socket's 8192-key requests. CUDA cases need a build with the CUDA backend
@@ -27,7 +28,8 @@
 #define R_TOPK 2048
 #define R_SOCKET_CHUNK 8192
 #define R_REGION_CHUNK (1L << 20)
-#define R_CASES 6
+#define R_KINDS 4 /* socket, host region, CUDA region, CUDA region in and out */
+#define R_CASES (2 * R_KINDS)
 
 /* Sorts v[n] and returns its median (upper middle). */
 static double r_median(double *v, int n) {
@@ -54,14 +56,16 @@ static uint16_t r_bf16(uint64_t *s) {
   } while (0)
 
 static const char *const r_name[R_CASES] = {
-    "region_logits_socket", "region_logits_host", "region_logits_cuda",
-    "region_topk2048_socket", "region_topk2048_host", "region_topk2048_cuda"};
+    "region_logits_socket",   "region_logits_host",   "region_logits_cuda",
+    "region_logits_cuda_in",  "region_topk2048_socket", "region_topk2048_host",
+    "region_topk2048_cuda",   "region_topk2048_cuda_in"};
 
 int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *o) {
   const uint64_t seq = 11;
   const size_t W = (size_t)o->ctx, lbytes = (size_t)R_ROWS * W * 4;
   const size_t tk = (size_t)R_ROWS * R_TOPK * 4;
   const size_t hsize = lbytes + 3 * tk;
+  const size_t qbytes = (size_t)R_ROWS * R_HEADS * 256; /* then w in the CUDA region */
   uint64_t rng = 0x51ED270B5A3C9E1Bull;
   uint16_t q[R_ROWS * R_HEADS * 128], w[R_ROWS * R_HEADS];
   int32_t *pos = malloc(tk), cnt[R_ROWS];
@@ -94,11 +98,16 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   RCHECK(fp4idx_client_region_create(c, hsize, &hreg, &hmem));
 #ifdef FP4IDX_BENCH_REGION_CUDA
   if (ncuda) {
-    if (cudaMalloc(&dmem, hsize) != cudaSuccess) {
-      fprintf(stderr, "cudaMalloc of %zu bytes failed\n", hsize);
+    /* the outputs, then q and w (the "in" cases read them there) */
+    const size_t wbytes = sizeof w;
+    if (cudaMalloc(&dmem, hsize + qbytes + wbytes) != cudaSuccess ||
+        cudaMemcpy((uint8_t *)dmem + hsize, q, qbytes, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy((uint8_t *)dmem + hsize + qbytes, w, wbytes, cudaMemcpyHostToDevice) !=
+            cudaSuccess) {
+      fprintf(stderr, "cudaMalloc or cudaMemcpy of %zu bytes failed\n", hsize + qbytes);
       goto fail;
     }
-    RCHECK(fp4idx_client_region_register_device(c, dmem, hsize, &dreg));
+    RCHECK(fp4idx_client_region_register_device(c, dmem, hsize + qbytes + wbytes, &dreg));
   }
 #else
   if (ncuda) {
@@ -110,12 +119,19 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   for (int rep = 0; rep < o->reps; rep++) {
     for (int i = -2; i < o->iters; i++) {
       for (int k = 0; k < R_CASES; k++) {
-        int topk = k >= 3, kind = k % 3; /* 0 socket, 1 host, 2 cuda */
-        if (kind == 2 && !ncuda) continue;
+        int topk = k >= R_KINDS, kind = k % R_KINDS;
+        if (kind >= 2 && !ncuda) continue;
         uint64_t reg = kind == 1 ? hreg : dreg;
         uint32_t width;
+        fp4idx_client_region_score_t in = {
+            .seq = seq, .heads = R_HEADS, .rows = R_ROWS, .topk = topk ? R_TOPK : 0,
+            .width = topk ? 0 : (uint32_t)W, .q = {dreg, hsize}, .w = {dreg, hsize + qbytes},
+            .logits = {dreg, 0}, .positions = {dreg, lbytes}, .counts = {dreg, lbytes + 2 * tk}};
+        if (topk) in.logits.offset = lbytes + tk;
         double t0 = now_us();
-        if (!topk && kind == 0)
+        if (kind == 3)
+          RCHECK(fp4idx_client_score_regions(c, &in));
+        else if (!topk && kind == 0)
           RCHECK(fp4idx_client_score_into(c, seq, R_HEADS, R_ROWS, q, w, NULL, logits,
                                           (size_t)R_ROWS * W, &width));
         else if (!topk)
@@ -132,14 +148,15 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
     }
     for (int k = 0; k < R_CASES; k++) {
       double *v = s + (size_t)k * (size_t)o->iters;
-      if (k % 3 == 2 && !ncuda) continue;
+      if (k % R_KINDS >= 2 && !ncuda) continue;
       if (o->csv)
         for (int i = 0; i < o->iters; i++)
           fprintf(o->csv, "%s,%d,%d,%.3f\n", r_name[k], rep, i, v[i]);
       per[k][rep] = r_median(v, o->iters);
     }
   }
-  for (int k = 0; k < R_CASES; k++) res[k] = k % 3 == 2 && !ncuda ? NAN : r_median(per[k], o->reps);
+  for (int k = 0; k < R_CASES; k++)
+    res[k] = k % R_KINDS >= 2 && !ncuda ? NAN : r_median(per[k], o->reps);
 
   /* append rate: bf16 keys from the host region, 1M-key requests */
   double app[16];
@@ -160,10 +177,10 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   double app_rate = r_median(app, o->reps);
 
   printf("\n(e) regions: score R=%d H=%d, context %ld      socket us   host region us"
-         "   cuda region us\n",
+         "   cuda region us   q, w, out in cuda region us\n",
          R_ROWS, R_HEADS, o->ctx);
-  printf("    %-40s %9.0f %16.0f %16.0f\n", "full logits", res[0], res[1], res[2]);
-  printf("    %-40s %9.0f %16.0f %16.0f\n", "top-2048", res[3], res[4], res[5]);
+  printf("    %-40s %9.0f %16.0f %16.0f %29.0f\n", "full logits", res[0], res[1], res[2], res[3]);
+  printf("    %-40s %9.0f %16.0f %16.0f %29.0f\n", "top-2048", res[4], res[5], res[6], res[7]);
   printf("    append bf16 from a host region (%ld-key requests): %.3g keys/s\n",
          (long)(ksize / 256), app_rate);
   printf("    (p50 of %d calls, median of %d runs, the three paths interleaved; nan: no\n"

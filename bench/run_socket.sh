@@ -95,6 +95,10 @@ sum() { # CSV SECTION CTX TOPK CLIENTS FIELD
       "$(sum "$S_new" single 400000 2048 1 p50_us)" "<= 80"
   row "4x32 rows, 400,000 keys, full logits" "$(sum "$S_prev" single 400000 0 1 p50_us)" \
       "$(sum "$S_new" single 400000 0 1 p50_us)" "-"
+  # (e)'s top-2048 line, its last column: q, w and the outputs in a CUDA region
+  region_in() { awk '/^\(e\) regions/ { e = 1 } e && $1 == "top-2048" { if (NF >= 5) print $NF; exit }' "$1" 2>/dev/null; }
+  row "4x32 rows, 400,000 keys, top-2048, q/w/out in CUDA regions" "$(region_in "$L_prev")" \
+      "$(region_in "$L_new")" "<= 65"
   for n in 32 64; do
     for side in prev new; do
       eval "S=\$S_$side"

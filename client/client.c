@@ -491,11 +491,14 @@ typedef struct score_into_s {
 /* Sends the score request; on OK x holds the checked response, or with
  * `into` (one sequence) the results are already in the caller's arrays.
  * out: NULL, or the region references of seqs[0]'s results (logits,
- * positions, counts; see fp4idx_score_seq_t). */
+ * positions, counts; see fp4idx_score_seq_t); ins: NULL, or the region
+ * references of seqs[0]'s q, w and lens (lens absent: dtype NONE), which
+ * then replace its pointers. */
 static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
                                       uint32_t topk,
                                       const fp4idx_client_seq_t *seqs,
                                       size_t nseqs, const fp4idx_tensor_t *out,
+                                      const fp4idx_tensor_t *ins,
                                       exchange_t *x, const score_into_t *into) {
   if (seqs == NULL || nseqs == 0) return bad_arg(c, "no sequences to score");
   if (heads < 1 || heads > FP4IDX_PROTO_MAX_HEADS)
@@ -512,7 +515,8 @@ static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
   fp4idx_status_t st = FP4IDX_OK;
   for (size_t i = 0; i < nseqs; i++) {
     const fp4idx_client_seq_t *s = &seqs[i];
-    if (s->rows == 0 || s->q == NULL || s->w == NULL ||
+    const int refs = i == 0 && ins != NULL;
+    if (s->rows == 0 || (!refs && (s->q == NULL || s->w == NULL)) ||
         (s->mask != NULL && s->mask_width == 0)) {
       st = fp4idx__client_fail(c, FP4IDX_EINVAL,
                                "seqs[%zu]: rows 0, q/w NULL or mask without "
@@ -525,6 +529,12 @@ static fp4idx_status_t score_exchange(fp4idx_client_t *c, uint32_t heads,
     uint64_t ls[1] = {R}, ms[2] = {R, s->mask_width};
     ws[i].seq = s->seq;
     ws[i].rows = s->rows;
+    if (refs) { /* checked by the caller: fp4idx_client_score_regions */
+      ws[i].q = ins[0];
+      ws[i].w = ins[1];
+      ws[i].lens = ins[2];
+      continue;
+    }
     int rc = fp4idx_tensor_init(&ws[i].q, FP4IDX_WIRE_BF16, 3, qs, s->q);
     if (rc == 0) rc = fp4idx_tensor_init(&ws[i].w, FP4IDX_WIRE_BF16, 2, wsh, s->w);
     if (rc == 0 && s->lens)
@@ -584,7 +594,7 @@ fp4idx_status_t fp4idx_client_score(fp4idx_client_t *c, uint32_t heads,
   if (out == NULL) return bad_arg(c, "out is NULL");
   *out = NULL;
   exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, NULL, &x, NULL);
+  fp4idx_status_t st = score_exchange(c, heads, topk, seqs, nseqs, NULL, NULL, &x, NULL);
   if (st != FP4IDX_OK) return st;
   const fp4idx_score_resp_t *sr = &x.resp.u.score;
 
@@ -636,7 +646,7 @@ fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
   score_into_t into = {.logits = logits, .logits_cap = cap, .width = width};
-  return score_exchange(c, heads, 0, &s, 1, NULL, NULL, &into);
+  return score_exchange(c, heads, 0, &s, 1, NULL, NULL, NULL, &into);
 }
 
 fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
@@ -655,7 +665,7 @@ fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
     return bad_arg(c, "rows x k too large");
   score_into_t into = {.logits = logits, .logits_cap = (size_t)rows * k,
                        .positions = positions, .counts = counts};
-  return score_exchange(c, heads, k, &s, 1, NULL, NULL, &into);
+  return score_exchange(c, heads, k, &s, 1, NULL, NULL, NULL, &into);
 }
 
 /* ---- regions ------------------------------------------------------------- */
@@ -766,6 +776,32 @@ fp4idx_status_t fp4idx_client_append_region(
                      length);
 }
 
+/* One sequence scored into regions: the outputs named by o[3] (logits,
+ * positions, counts; positions and counts only for topk >= 1), the inputs
+ * from s's pointers or, with ins, from regions (see score_exchange). */
+static fp4idx_status_t score_to_regions(fp4idx_client_t *c,
+                                        const fp4idx_client_seq_t *s,
+                                        uint32_t heads, uint32_t topk,
+                                        uint32_t width,
+                                        const fp4idx_client_ref_t o[3],
+                                        const fp4idx_tensor_t *ins) {
+  fp4idx_tensor_t out[3];
+  memset(out, 0, sizeof out);
+  uint64_t shp[2] = {s->rows, topk ? topk : width}, rs[1] = {s->rows};
+  if (fp4idx_tensor_ref(&out[0], FP4IDX_WIRE_F32, 2, shp, o[0].region,
+                        o[0].offset) ||
+      (topk && (fp4idx_tensor_ref(&out[1], FP4IDX_WIRE_I32, 2, shp,
+                                  o[1].region, o[1].offset) ||
+                fp4idx_tensor_ref(&out[2], FP4IDX_WIRE_I32, 1, rs,
+                                  o[2].region, o[2].offset))))
+    return bad_arg(c, "outputs do not fit in memory");
+  exchange_t x;
+  fp4idx_status_t st = score_exchange(c, heads, topk, s, 1, out, ins, &x, NULL);
+  if (st != FP4IDX_OK) return st;
+  exchange_done(&x);
+  return FP4IDX_OK;
+}
+
 fp4idx_status_t fp4idx_client_score_region(
     fp4idx_client_t *c, uint64_t seq, uint32_t heads, uint32_t rows,
     const uint16_t *q, const uint16_t *w, const int32_t *lens, uint32_t width,
@@ -774,16 +810,8 @@ fp4idx_status_t fp4idx_client_score_region(
   if (region == 0 || rows == 0) return bad_arg(c, "region 0 or rows 0");
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
-  fp4idx_tensor_t out[3];
-  memset(out, 0, sizeof out);
-  uint64_t shp[2] = {rows, width};
-  if (fp4idx_tensor_ref(&out[0], FP4IDX_WIRE_F32, 2, shp, region, offset))
-    return bad_arg(c, "logits do not fit in memory");
-  exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, 0, &s, 1, out, &x, NULL);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  const fp4idx_client_ref_t o[3] = {{region, offset}, {0, 0}, {0, 0}};
+  return score_to_regions(c, &s, heads, 0, width, o, NULL);
 }
 
 fp4idx_status_t fp4idx_client_topk_region(
@@ -796,21 +824,35 @@ fp4idx_status_t fp4idx_client_topk_region(
     return bad_arg(c, "region 0, rows 0 or k 0");
   fp4idx_client_seq_t s = {.seq = seq, .rows = rows, .q = q, .w = w,
                            .lens = lens};
-  fp4idx_tensor_t out[3];
-  memset(out, 0, sizeof out);
-  uint64_t shp[2] = {rows, k}, rs[1] = {rows};
-  if (fp4idx_tensor_ref(&out[0], FP4IDX_WIRE_F32, 2, shp, region,
-                        logits_offset) ||
-      fp4idx_tensor_ref(&out[1], FP4IDX_WIRE_I32, 2, shp, region,
-                        positions_offset) ||
-      fp4idx_tensor_ref(&out[2], FP4IDX_WIRE_I32, 1, rs, region,
-                        counts_offset))
-    return bad_arg(c, "top-k outputs do not fit in memory");
-  exchange_t x;
-  fp4idx_status_t st = score_exchange(c, heads, k, &s, 1, out, &x, NULL);
-  if (st != FP4IDX_OK) return st;
-  exchange_done(&x);
-  return FP4IDX_OK;
+  const fp4idx_client_ref_t o[3] = {
+      {region, logits_offset}, {region, positions_offset}, {region, counts_offset}};
+  return score_to_regions(c, &s, heads, k, 0, o, NULL);
+}
+
+fp4idx_status_t fp4idx_client_score_regions(
+    fp4idx_client_t *c, const fp4idx_client_region_score_t *call) {
+  if (c == NULL) return FP4IDX_EINVAL;
+  if (call == NULL) return bad_arg(c, "call is NULL");
+  if (call->rows == 0 || call->q.region == 0 || call->w.region == 0 ||
+      call->logits.region == 0 ||
+      (call->topk && (call->positions.region == 0 || call->counts.region == 0)))
+    return bad_arg(c, "rows 0, or q, w or an output not in a region");
+  const uint64_t R = call->rows;
+  uint64_t qs[3] = {R, call->heads, FP4IDX_CLIENT_HEAD_DIM};
+  uint64_t wsh[2] = {R, call->heads}, ls[1] = {R};
+  fp4idx_tensor_t ins[3];
+  memset(ins, 0, sizeof ins); /* lens: none unless named */
+  if (fp4idx_tensor_ref(&ins[0], FP4IDX_WIRE_BF16, 3, qs, call->q.region,
+                        call->q.offset) ||
+      fp4idx_tensor_ref(&ins[1], FP4IDX_WIRE_BF16, 2, wsh, call->w.region,
+                        call->w.offset) ||
+      (call->lens.region &&
+       fp4idx_tensor_ref(&ins[2], FP4IDX_WIRE_I32, 1, ls, call->lens.region,
+                         call->lens.offset)))
+    return bad_arg(c, "inputs do not fit in memory");
+  fp4idx_client_seq_t s = {.seq = call->seq, .rows = call->rows};
+  const fp4idx_client_ref_t o[3] = {call->logits, call->positions, call->counts};
+  return score_to_regions(c, &s, call->heads, call->topk, call->width, o, ins);
 }
 
 /* ---- stats --------------------------------------------------------------- */

@@ -447,6 +447,41 @@ fp4idx_status_t fp4idx_client_topk_region(
     uint64_t region, uint64_t positions_offset, uint64_t logits_offset,
     uint64_t counts_offset);
 
+/* A tensor in a region: the region's id and a byte offset in it. */
+typedef struct fp4idx_client_ref_s {
+  uint64_t region; /* 0: no tensor (where one is optional) */
+  uint64_t offset;
+} fp4idx_client_ref_t;
+
+/* One sequence's score with every tensor in regions: nothing but the
+ * request's header crosses the socket (the zero-copy path of a serving
+ * process whose q and w already lie in device memory, CUDA regions).
+ * q bf16 [rows,heads,128] and w bf16 [rows,heads] (offsets multiples of 2),
+ * lens i32 [rows] (multiple of 4; region 0: no lens); the outputs as
+ * fp4idx_client_score_region (topk 0: logits f32 [rows,width]) or
+ * fp4idx_client_topk_region (positions, logits, counts). */
+typedef struct fp4idx_client_region_score_s {
+  uint64_t seq;
+  uint32_t heads, rows;
+  uint32_t topk;  /* 0: full logits */
+  uint32_t width; /* full logits: W, as fp4idx_client_score_region */
+  fp4idx_client_ref_t q, w, lens;
+  fp4idx_client_ref_t logits, positions, counts; /* positions, counts: topk only */
+} fp4idx_client_region_score_t;
+
+/* Runs the score *call (above). The daemon reads the inputs where they lie
+ * (a CUDA daemon checks CUDA-region inputs on the device) and writes the
+ * outputs only when every input passes: a refused call leaves the output
+ * ranges as they were.
+ * Takes: call with rows >= 1, heads 1..128, q, w and the outputs named
+ *   (region != 0; for topk >= 1 all three outputs).
+ * Returns: FP4IDX_OK once the outputs are in their regions; FP4IDX_EINVAL
+ *   (call NULL or a required tensor unnamed); FP4IDX_ENONFINITE (NaN or inf
+ *   in q or w), FP4IDX_ERANGE (lens), FP4IDX_ESHAPE (width), FP4IDX_ENOSEQ;
+ *   the region errors common to these calls (above). */
+fp4idx_status_t fp4idx_client_score_regions(fp4idx_client_t *c,
+                                            const fp4idx_client_region_score_t *call);
+
 #if defined(__CUDA_RUNTIME_H__) || defined(__CUDA_RUNTIME_API_H__)
 /* With cuda_runtime.h included first: registers the device allocation that
  * starts at dptr (size bytes, from cudaMalloc) on the current device.

@@ -128,6 +128,97 @@ Test(regions, append_score_topk_equal_the_socket_path) {
   fp4idx_client_close(c);
 }
 
+/* fp4idx_client_score_regions: q, w, lens and every output in a region
+ * (nothing but the header on the socket) give the socket path's bytes; a
+ * refused call leaves the outputs as they were. */
+Test(regions, every_tensor_in_regions_equals_the_socket_path) {
+  enum { N = 2000, R = 4, H = 16, K = 100 };
+  fp4idx_client_t *c = open_client();
+  uint16_t *keys = make_keys(N, 11);
+  uint16_t *q = make_bf16((size_t)R * H * 128, 12, -8, 8);
+  uint16_t *w = make_bf16((size_t)R * H, 13, 0, 8);
+  int32_t lens[R] = {N, 5, N - 3, N / 3};
+  CHECK(c, fp4idx_client_append_bf16(c, 7, keys, N, FP4IDX_ROUNDING_RNE, NULL, NULL));
+  const size_t qb = (size_t)R * H * 256, wb = (size_t)R * H * 2, lb = (size_t)R * N * 4;
+  const size_t oq = 0, ow = qb, ol = ow + wb, olog = ol + 64, opos = olog + lb,
+               oval = opos + (size_t)R * K * 4, ocnt = oval + (size_t)R * K * 4,
+               size = ocnt + R * 4;
+  uint64_t region = 0;
+  void *base = NULL;
+  CHECK(c, fp4idx_client_region_create(c, size, &region, &base));
+  uint8_t *mem = base;
+  memcpy(mem + oq, q, qb);
+  memcpy(mem + ow, w, wb);
+  memcpy(mem + ol, lens, sizeof lens);
+
+  float *ref = malloc(lb);
+  uint32_t width = 0;
+  CHECK(c, fp4idx_client_score_into(c, 7, H, R, q, w, lens, ref, (size_t)R * N, &width));
+  cr_assert_eq(width, N);
+  fp4idx_client_region_score_t call = {
+      .seq = 7, .heads = H, .rows = R, .width = N,
+      .q = {region, oq}, .w = {region, ow}, .lens = {region, ol},
+      .logits = {region, olog}};
+  memset(mem + olog, 0xAB, lb);
+  CHECK(c, fp4idx_client_score_regions(c, &call));
+  cr_assert_eq(memcmp(mem + olog, ref, lb), 0, "logits from region inputs differ");
+
+  int32_t pos[R * K], cnt[R];
+  float val[R * K];
+  CHECK(c, fp4idx_client_topk(c, 7, H, R, q, w, lens, K, pos, val, cnt));
+  call.topk = K;
+  call.width = 0;
+  call.logits = (fp4idx_client_ref_t){region, oval};
+  call.positions = (fp4idx_client_ref_t){region, opos};
+  call.counts = (fp4idx_client_ref_t){region, ocnt};
+  memset(mem + opos, 0xCD, size - opos);
+  CHECK(c, fp4idx_client_score_regions(c, &call));
+  cr_assert_eq(memcmp(mem + opos, pos, sizeof pos), 0);
+  cr_assert_eq(memcmp(mem + oval, val, sizeof val), 0);
+  cr_assert_eq(memcmp(mem + ocnt, cnt, sizeof cnt), 0);
+
+  /* refused: the outputs keep their bytes */
+  uint8_t *keep = malloc(size - opos);
+  memset(mem + opos, 0x5A, size - opos);
+  memcpy(keep, mem + opos, size - opos);
+  const uint16_t nan_bf16 = 0x7FC0;
+  memcpy(mem + ow + 6, &nan_bf16, 2);
+  cr_assert_eq(fp4idx_client_score_regions(c, &call), FP4IDX_ENONFINITE, "%s",
+               fp4idx_client_last_error(c));
+  memcpy(mem + ow, w, wb);
+  const int32_t too_long = N + 1;
+  memcpy(mem + ol + 8, &too_long, 4);
+  cr_assert_eq(fp4idx_client_score_regions(c, &call), FP4IDX_ERANGE, "%s",
+               fp4idx_client_last_error(c));
+  memcpy(mem + ol, lens, sizeof lens);
+  call.q.region = region + 100;
+  cr_assert_eq(fp4idx_client_score_regions(c, &call), FP4IDX_ENOREGION);
+  call.q.region = region;
+  call.w.offset = 1; /* misaligned bf16 */
+  cr_assert_eq(fp4idx_client_score_regions(c, &call), FP4IDX_EREGION);
+  call.w.offset = ow;
+  cr_assert_eq(memcmp(mem + opos, keep, size - opos), 0, "a refused call wrote outputs");
+
+  /* arguments: checked before anything is sent, the connection kept */
+  cr_assert_eq(fp4idx_client_score_regions(c, NULL), FP4IDX_EINVAL);
+  call.counts.region = 0;
+  cr_assert_eq(fp4idx_client_score_regions(c, &call), FP4IDX_EINVAL);
+  call.counts.region = region;
+  call.lens.region = 0; /* no lens: every row sees the N keys */
+  CHECK(c, fp4idx_client_score_regions(c, &call));
+  CHECK(c, fp4idx_client_topk(c, 7, H, R, q, w, NULL, K, pos, val, cnt));
+  cr_assert_eq(memcmp(mem + opos, pos, sizeof pos), 0);
+  cr_assert_eq(memcmp(mem + ocnt, cnt, sizeof cnt), 0);
+
+  CHECK(c, fp4idx_client_region_destroy(c, region, base, size));
+  free(keep);
+  free(ref);
+  free(keys);
+  free(q);
+  free(w);
+  fp4idx_client_close(c);
+}
+
 /* ---- raw connections: the codec, with the fd passed by hand ------------- */
 
 /* A memfd of `size` bytes, sealed with `seals` (0: none). */
