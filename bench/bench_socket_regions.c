@@ -183,7 +183,7 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   printf("    %-40s %9.0f %16.0f %16.0f %29.0f\n", "top-2048", res[4], res[5], res[6], res[7]);
   printf("    append bf16 from a host region (%ld-key requests): %.3g keys/s\n",
          (long)(ksize / 256), app_rate);
-  printf("    (p50 of %d calls, median of %d runs, the three paths interleaved; nan: no\n"
+  printf("    (p50 of %d calls, median of %d runs, the four paths interleaved; nan: no\n"
          "     CUDA region case, run with --region-cuda against a CUDA daemon)\n",
          o->iters, o->reps);
   rc = 0;
