@@ -19,6 +19,10 @@
  * (fp4idx__cuda_topk_cluster_plan), to time cluster sizes against each other.
  * --check: the pairs and counts compared bit for bit with a host sort
  * (logit descending, position ascending).
+ * --beside-wait: every case timed while another process's stream waits in
+ * cuStreamWaitValue32 on a host word (bench_cuda_neighbour.h), as a
+ * channel's client stream waits while the daemon's kernels run; run it
+ * under MPS and without the option to see what such a neighbour costs.
  */
 #include <algorithm>
 #include <math.h>
@@ -29,6 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bench_cuda_neighbour.h"
 #include "bench_cuda_stage.h"
 #include "bench_cuda_topk.h"
 #include "fp4idx_backend.h"
@@ -111,7 +116,7 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 }  // namespace
 
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
-  int check = 0, bucket_cap = -1, cluster_max = 0;
+  int check = 0, bucket_cap = -1, cluster_max = 0, beside_wait = 0;
   const char *csv = nullptr, *only = nullptr;
   fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
   for (int i = 1; i < argc; i++) {
@@ -125,16 +130,23 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--bucket-cap") && i + 1 < argc) bucket_cap = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--cluster-max") && i + 1 < argc) cluster_max = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--beside-wait")) beside_wait = 1;
     else {
       fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
-                      " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N]\n");
+                      " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N]"
+                      " [--beside-wait]\n");
       return 2;
     }
   }
+  // the neighbour first: it must fork before this process's first CUDA call
+  fp4idx_bench_neighbour_t nb;
+  memset(&nb, 0, sizeof nb);
+  if (beside_wait && fp4idx_bench_neighbour_start(&nb) != 0) return 1;
   cudaDeviceProp prop;
   TCK(cudaGetDeviceProperties(&prop, 0));
-  printf("device: %s, %d SMs; top-k method: graph of %d calls, %d replays, median of %d\n",
-         prop.name, prop.multiProcessorCount, kCalls, kReplays, kRuns);
+  printf("device: %s, %d SMs; top-k method: graph of %d calls, %d replays, median of %d%s\n",
+         prop.name, prop.multiProcessorCount, kCalls, kReplays, kRuns,
+         beside_wait ? "; beside another process's stream waiting on a host word" : "");
   FILE *cf = csv ? fopen(csv, "w") : nullptr;
   if (cf) fprintf(cf, "case,rows,ctx,k,topk_us,score_us,score_topk_us,check\n");
   struct Out { const TkCase *c; int k; double t, sc, sc_tk, goal; const char *chk; };
@@ -259,5 +271,5 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
            o.c->seqs * o.c->rows, (long long)o.c->ctx, o.k, o.t, goal, o.sc, o.sc_tk, o.sc_tk / o.sc,
            o.chk);
   }
-  return 0;
+  return fp4idx_bench_neighbour_stop(&nb) == 0 ? 0 : 1;
 }
