@@ -68,6 +68,16 @@ static uint16_t *make_bf16(size_t n, uint64_t seed, int lo, int hi) {
 
 /* ---- results through a region == the socket path, byte for byte --------- */
 
+/* The top-k results at mem's offsets (positions po, logits vo, counts co)
+ * equal pos, val [rows,k] and cnt [rows] byte for byte. */
+static void assert_topk_at(const uint8_t *mem, size_t po, size_t vo, size_t co,
+                           const int32_t *pos, const float *val, const int32_t *cnt,
+                           size_t rows, size_t k) {
+  cr_assert_eq(memcmp(mem + po, pos, rows * k * 4), 0, "positions in the region differ");
+  cr_assert_eq(memcmp(mem + vo, val, rows * k * 4), 0, "logits in the region differ");
+  cr_assert_eq(memcmp(mem + co, cnt, rows * 4), 0, "counts in the region differ");
+}
+
 Test(regions, append_score_topk_equal_the_socket_path) {
   enum { N = 3000, R = 4, H = 8, K = 64 };
   fp4idx_client_t *c = open_client();
@@ -116,9 +126,7 @@ Test(regions, append_score_topk_equal_the_socket_path) {
   CHECK(c, fp4idx_client_topk(c, 1, H, R, q, w, lens, K, pos, val, cnt));
   size_t po = kbytes + lbytes, vo = po + sizeof pos, co = vo + sizeof val;
   CHECK(c, fp4idx_client_topk_region(c, 1, H, R, q, w, lens, K, region, po, vo, co));
-  cr_assert_eq(memcmp(mem + po, pos, sizeof pos), 0);
-  cr_assert_eq(memcmp(mem + vo, val, sizeof val), 0);
-  cr_assert_eq(memcmp(mem + co, cnt, sizeof cnt), 0);
+  assert_topk_at(mem, po, vo, co, pos, val, cnt, R, K);
 
   CHECK(c, fp4idx_client_region_destroy(c, region, base, size));
   free(ref);
@@ -173,9 +181,7 @@ Test(regions, every_tensor_in_regions_equals_the_socket_path) {
   call.counts = (fp4idx_client_ref_t){region, ocnt};
   memset(mem + opos, 0xCD, size - opos);
   CHECK(c, fp4idx_client_score_regions(c, &call));
-  cr_assert_eq(memcmp(mem + opos, pos, sizeof pos), 0);
-  cr_assert_eq(memcmp(mem + oval, val, sizeof val), 0);
-  cr_assert_eq(memcmp(mem + ocnt, cnt, sizeof cnt), 0);
+  assert_topk_at(mem, opos, oval, ocnt, pos, val, cnt, R, K);
 
   /* refused: the outputs keep their bytes */
   uint8_t *keep = malloc(size - opos);
@@ -207,8 +213,7 @@ Test(regions, every_tensor_in_regions_equals_the_socket_path) {
   call.lens.region = 0; /* no lens: every row sees the N keys */
   CHECK(c, fp4idx_client_score_regions(c, &call));
   CHECK(c, fp4idx_client_topk(c, 7, H, R, q, w, NULL, K, pos, val, cnt));
-  cr_assert_eq(memcmp(mem + opos, pos, sizeof pos), 0);
-  cr_assert_eq(memcmp(mem + ocnt, cnt, sizeof cnt), 0);
+  assert_topk_at(mem, opos, oval, ocnt, pos, val, cnt, R, K);
 
   CHECK(c, fp4idx_client_region_destroy(c, region, base, size));
   free(keep);
