@@ -47,16 +47,24 @@ int neighbour_main(volatile uint32_t *word, int fd) {
 extern "C" int fp4idx_bench_neighbour_start(fp4idx_bench_neighbour_t *n) {
   memset(n, 0, sizeof *n);
   void *page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  int p[2];
-  if (page == MAP_FAILED || pipe(p) != 0) {
-    perror("neighbour: mmap or pipe");
+  if (page == MAP_FAILED) {
+    perror("neighbour: mmap");
     return -1;
   }
-  n->word = static_cast<volatile uint32_t *>(page);
-  *n->word = 0;
+  int p[2];
+  if (pipe(p) != 0) {
+    perror("neighbour: pipe");
+    munmap(page, 4096);
+    return -1;
+  }
+  n->word = static_cast<volatile uint32_t *>(page);  // zero: a fresh anonymous page
   const pid_t pid = fork();
   if (pid < 0) {
     perror("neighbour: fork");
+    close(p[0]);
+    close(p[1]);
+    munmap(page, 4096);
+    n->word = nullptr;
     return -1;
   }
   if (pid == 0) {

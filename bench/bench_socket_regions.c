@@ -116,6 +116,14 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
   }
 #endif
 
+  /* the "in" cases: q and w after the outputs in the CUDA region; full
+   * logits at 0, top-k positions, logits, counts as the region case's */
+  fp4idx_client_region_score_t in[2] = {
+      {.seq = seq, .heads = R_HEADS, .rows = R_ROWS, .width = (uint32_t)W,
+       .q = {dreg, hsize}, .w = {dreg, hsize + qbytes}, .logits = {dreg, 0}},
+      {.seq = seq, .heads = R_HEADS, .rows = R_ROWS, .topk = R_TOPK,
+       .q = {dreg, hsize}, .w = {dreg, hsize + qbytes}, .logits = {dreg, lbytes + tk},
+       .positions = {dreg, lbytes}, .counts = {dreg, lbytes + 2 * tk}}};
   for (int rep = 0; rep < o->reps; rep++) {
     for (int i = -2; i < o->iters; i++) {
       for (int k = 0; k < R_CASES; k++) {
@@ -123,14 +131,9 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
         if (kind >= 2 && !ncuda) continue;
         uint64_t reg = kind == 1 ? hreg : dreg;
         uint32_t width;
-        fp4idx_client_region_score_t in = {
-            .seq = seq, .heads = R_HEADS, .rows = R_ROWS, .topk = topk ? R_TOPK : 0,
-            .width = topk ? 0 : (uint32_t)W, .q = {dreg, hsize}, .w = {dreg, hsize + qbytes},
-            .logits = {dreg, 0}, .positions = {dreg, lbytes}, .counts = {dreg, lbytes + 2 * tk}};
-        if (topk) in.logits.offset = lbytes + tk;
         double t0 = now_us();
         if (kind == 3)
-          RCHECK(fp4idx_client_score_regions(c, &in));
+          RCHECK(fp4idx_client_score_regions(c, &in[topk]));
         else if (!topk && kind == 0)
           RCHECK(fp4idx_client_score_into(c, seq, R_HEADS, R_ROWS, q, w, NULL, logits,
                                           (size_t)R_ROWS * W, &width));
