@@ -845,8 +845,9 @@ static void fp4idx__score_fill(fp4idx__cuda_t *c, int32_t P, const fp4idx_backen
  * (each timing event costs ~1.4 us of host time: fp4idx-probe-cuda-api).
  * *chunked: the top-k is the chunked path's several operations, enqueued
  * by fp4idx__score_enqueue itself. */
-static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__score_layout_t *L,
-                             fp4idx__staging_t *st, fp4idx__score_ops_t *ops, int *chunked) {
+static int fp4idx__score_ops(const fp4idx__cuda_t *c, const fp4idx_backend_batch_t *bt,
+                             const fp4idx__score_layout_t *L, fp4idx__staging_t *st,
+                             fp4idx__score_ops_t *ops, int *chunked) {
   uint8_t *d = st->d;
   int rc;
   memset(ops, 0, sizeof *ops);
@@ -888,7 +889,11 @@ static int fp4idx__score_ops(const fp4idx_backend_batch_t *bt, const fp4idx__sco
       pp.done = (uint32_t *)done_dev;
     else
       (void)cudaGetLastError(); /* not mapped: the caller stores it */
-    if ((rc = fp4idx_cuda_publish_describe(&pp, &ops->publish))) return rc;
+    /* with PDL where the sm_90 kernels run (the wgmma scorer's device):
+     * the check overlaps the kernel before it */
+    if ((rc = fp4idx_cuda_publish_describe(&pp, c->scorer == FP4IDX_CUDA_SCORER_WGMMA,
+                                           &ops->publish)))
+      return rc;
     ops->publish_done = pp.done != NULL;
   }
   st->no_down = L->dev_out || L->publish_copy || (!bt->topk && !L->total_out);
@@ -1038,7 +1043,7 @@ static int fp4idx__cuda_score_impl(fp4idx_backend_t *b, const fp4idx_backend_bat
       c->untimed_left = FP4IDX__CUDA_EVENTS_EVERY - 1;
     }
   }
-  if ((rc = fp4idx__score_ops(bt, &L, st, &ops, &chunked))) goto out;
+  if ((rc = fp4idx__score_ops(c, bt, &L, st, &ops, &chunked))) goto out;
   /* (a checked call's outputs are the caller's only once the whole call
    * has passed: no parts) */
   const int parts = ticket && !bt->topk && !L.dev_out && !L.checked &&

@@ -18,6 +18,11 @@
  * kilobytes to a few hundred) and the outputs it copies are small (the
  * backend takes this path only below FP4IDX_CUDA_PUBLISH_MAX bytes of
  * each).
+ *
+ * On sm_90 it is launched with programmatic dependent launch: it may start
+ * while the kernel before it (the top-k, or the scorer) still runs, checks
+ * the inputs there (no kernel of the call writes them), and waits
+ * (griddepcontrol.wait) only before it reads the outputs that kernel wrote.
  */
 #include <stdint.h>
 
@@ -102,6 +107,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const unsigned long long verdict = first;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The outputs are the previous kernel's: read them once it has completed
+  // and its writes are visible (returns at once without the launch
+  // attribute, as stream order then already holds).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   if (verdict == ~0ull)
     for (int32_t i = 0; i < p.n_copies; i++) copy_bytes(p.copies[i]);
   // The block's copies happen before thread 0 passes the barrier, and its
@@ -123,10 +134,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-extern "C" int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p,
+extern "C" int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p, int pdl,
                                             fp4idx_cuda_launch_t *out) {
   if (!p || !out || !p->verdict || p->n_ins < 0 || p->n_copies < 0) return FP4IDX_EINVAL;
-  fp4idx__launch_begin(out, fp4idx_check_publish_kernel, 1, kThreads, 0, 0, 0);
+  fp4idx__launch_begin(out, fp4idx_check_publish_kernel, 1, kThreads, 0, 0, pdl ? 1u : 0u);
   fp4idx__launch_arg(out, *p);
   return FP4IDX_OK;
 }

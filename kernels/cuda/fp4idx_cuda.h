@@ -314,8 +314,11 @@ typedef struct fp4idx_cuda_publish_params_s {
 } fp4idx_cuda_publish_params_t;
 
 /* The check-and-publish launch (one block of 1,024 threads) of *p into
- * *out. FP4IDX_OK, or FP4IDX_EINVAL (no verdict word, negative counts). */
-int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p,
+ * *out; pdl = 1 (only where the device runs the sm_90 build) launches it
+ * with programmatic stream serialization: its check of the inputs runs
+ * under the previous kernel's tail, its copies after that kernel ends.
+ * FP4IDX_OK, or FP4IDX_EINVAL (no verdict word, negative counts). */
+int fp4idx_cuda_publish_describe(const fp4idx_cuda_publish_params_t *p, int pdl,
                                  fp4idx_cuda_launch_t *out);
 
 /* A verdict word as the kernel left it: FP4IDX_OK (~0: every input passed),
