@@ -99,15 +99,15 @@ int fp4idx_bench_regions(fp4idx_client_t *c, const fp4idx_bench_regions_opts_t *
 #ifdef FP4IDX_BENCH_REGION_CUDA
   if (ncuda) {
     /* the outputs, then q and w (the "in" cases read them there) */
-    const size_t wbytes = sizeof w;
-    if (cudaMalloc(&dmem, hsize + qbytes + wbytes) != cudaSuccess ||
+    const size_t dbytes = hsize + qbytes + sizeof w;
+    if (cudaMalloc(&dmem, dbytes) != cudaSuccess ||
         cudaMemcpy((uint8_t *)dmem + hsize, q, qbytes, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy((uint8_t *)dmem + hsize + qbytes, w, wbytes, cudaMemcpyHostToDevice) !=
+        cudaMemcpy((uint8_t *)dmem + hsize + qbytes, w, sizeof w, cudaMemcpyHostToDevice) !=
             cudaSuccess) {
-      fprintf(stderr, "cudaMalloc or cudaMemcpy of %zu bytes failed\n", hsize + qbytes);
+      fprintf(stderr, "cudaMalloc or cudaMemcpy of %zu bytes failed\n", dbytes);
       goto fail;
     }
-    RCHECK(fp4idx_client_region_register_device(c, dmem, hsize + qbytes + wbytes, &dreg));
+    RCHECK(fp4idx_client_region_register_device(c, dmem, dbytes, &dreg));
   }
 #else
   if (ncuda) {
