@@ -7,9 +7,9 @@
  * Per call: event, the call, event, the SM clock probe, then a wait for the
  * probe and a host spin of gap_us. The call is either captured once in a
  * graph of one call (graph = 1: every operation reaches the device in one
- * submission, so the time is the device's alone) or enqueued directly
- * (graph = 0: the time also holds what the device waits for the host's
- * later launches). The probe is one thread that counts SM cycles against
+ * submission, so the time is that submission's latency and the device's
+ * work) or enqueued directly (graph = 0: the time also holds what the
+ * device waits for the host's later launches). The probe is one thread that counts SM cycles against
  * the global timer for ~10 us right after the call, so it reads the clock
  * the call ran at without running inside its window. */
 #ifndef FP4IDX_BENCH_CUDA_ISOLATED_H
