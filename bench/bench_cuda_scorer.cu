@@ -25,7 +25,8 @@
  *
  *   fp4idx-bench-cuda [--check] [--case N]... [--ctx N]... [--grid N] [--floor]
  *                     [--csv FILE] [--label NAME]
- *   fp4idx-bench-cuda --topk [--check] [--csv FILE]   (bench_cuda_topk.cu)
+ *   fp4idx-bench-cuda --topk [--check] [--csv FILE] [--isolated GAPS]
+ *                                                      (bench_cuda_topk.cu)
  */
 #include <algorithm>
 #include <math.h>

@@ -23,6 +23,11 @@
  * cuStreamWaitValue32 on a host word (bench_cuda_neighbour.h), as a
  * channel's client stream waits while the daemon's kernels run; run it
  * under MPS and without the option to see what such a neighbour costs.
+ * --isolated GAP[,GAP...]: also the scorer and score + top-k timed one call
+ * at a time (bench_cuda_isolated.h: 200 calls, each waited for, the host
+ * idle GAP us before the next), as a graph of one call and as direct
+ * launches, with the SM clock right after each call: what a request that
+ * comes alone costs the device, against the graph's back-to-back figure.
  */
 #include <algorithm>
 #include <math.h>
@@ -41,6 +46,7 @@
 #include "fp4idx_format.h"
 #include "bench_cuda_check.h"
 #include "bench_cuda_graph.h"
+#include "bench_cuda_isolated.h"
 
 namespace {
 
@@ -51,6 +57,7 @@ struct TkCase {
   double goal_512, goal_2048;  // issue 17 targets for the top-k alone (0: none)
 };
 const TkCase kTkCases[] = {
+    {"r4_ctx16384", 1, 4, 16384, 0, 0},
     {"r4_ctx65536", 1, 4, 65536, 5.0, 5.0},
     {"r4_ctx100000", 1, 4, 100000, 0, 0},
     {"r4_ctx400000", 1, 4, 400000, 0, 12.0},
@@ -58,6 +65,7 @@ const TkCase kTkCases[] = {
     {"s16_r4_ctx9295", 16, 4, 9295, 0, 8.0},  // 64 rows x 9,295 keys
 };
 constexpr int kHeads = 32, kPage = 64, kCalls = 20, kReplays = 10, kRuns = 3;
+constexpr int kIsolatedCalls = 200, kMaxGaps = 8;
 
 #define FCK(x)                                                                 \
   do {                                                                         \
@@ -118,6 +126,7 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
   int check = 0, bucket_cap = -1, cluster_max = 0, beside_wait = 0;
   const char *csv = nullptr, *only = nullptr;
+  int gaps[kMaxGaps], n_gaps = 0;
   fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) check = 1;
@@ -131,10 +140,18 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--bucket-cap") && i + 1 < argc) bucket_cap = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--cluster-max") && i + 1 < argc) cluster_max = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--beside-wait")) beside_wait = 1;
-    else {
+    else if (!strcmp(argv[i], "--isolated") && i + 1 < argc) {
+      for (char *p = argv[++i], *e; *p && n_gaps < kMaxGaps; p = *e ? e + 1 : e) {
+        gaps[n_gaps++] = (int)strtol(p, &e, 10);
+        if (e == p || (*e && *e != ',') || gaps[n_gaps - 1] < 0) {
+          fprintf(stderr, "fp4idx-bench-cuda --topk: --isolated takes GAP_US[,GAP_US...]\n");
+          return 2;
+        }
+      }
+    } else {
       fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
                       " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N]"
-                      " [--beside-wait]\n");
+                      " [--beside-wait] [--isolated GAP_US[,GAP_US...]]\n");
       return 2;
     }
   }
@@ -151,6 +168,8 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
   if (cf) fprintf(cf, "case,rows,ctx,k,topk_us,score_us,score_topk_us,check\n");
   struct Out { const TkCase *c; int k; double t, sc, sc_tk, goal; const char *chk; };
   std::vector<Out> table;
+  struct Iso { const TkCase *c; int k, gap; double sc_tk; bench_isolated_t g_sc, g, d; };
+  std::vector<Iso> iso;
 
   for (const TkCase &c : kTkCases) {
     if (only && !strstr(c.name, only)) continue;
@@ -254,6 +273,22 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       if (cf)
         fprintf(cf, "%s,%d,%lld,%d,%.3f,%.3f,%.3f,%s\n", c.name, nr, (long long)n, k, t, sc, t_st,
                 chk);
+      for (int gi = 0; gi < n_gaps; gi++) {
+        auto score_topk = [&] {
+          int rc = fp4idx_cuda_score_launch(&prm, st);
+          return rc ? rc : topk();
+        };
+        auto score = [&] { return fp4idx_cuda_score_launch(&prm, st); };
+        const Iso o{&c, k, gaps[gi], t_st,
+                    bench_time_isolated(st, kIsolatedCalls, gaps[gi], 1, score),
+                    bench_time_isolated(st, kIsolatedCalls, gaps[gi], 1, score_topk),
+                    bench_time_isolated(st, kIsolatedCalls, gaps[gi], 0, score_topk)};
+        iso.push_back(o);
+        printf("%-16s k=%-5d isolated, gap %d us: scorer %.2f, score+top-k %.2f (graph of one),"
+               " %.2f (direct), SM %.0f MHz\n", c.name, k, o.gap, o.g_sc.p50_us, o.g.p50_us,
+               o.d.p50_us, o.g.mhz);
+        fflush(stdout);
+      }
       TCK(cudaFree(drows)); TCK(cudaFree(ws));
       TCK(cudaFree(dpos)); TCK(cudaFree(dval)); TCK(cudaFree(dcnt));
     }
@@ -270,6 +305,17 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     printf("| %s | %d x %lld | %d | %.2f | %s | %.2f | %.2f | %.2f | %s |\n", o.c->name,
            o.c->seqs * o.c->rows, (long long)o.c->ctx, o.k, o.t, goal, o.sc, o.sc_tk, o.sc_tk / o.sc,
            o.chk);
+  }
+  if (n_gaps) {
+    printf("\nOne call at a time (%d calls, each waited for, then the host idle for the gap),"
+           " p50 (p90) us:\n\n", kIsolatedCalls);
+    printf("| case | k | gap us | score+top-k, graph of 20 | scorer alone | score+top-k,"
+           " graph of one | score+top-k, direct launches | SM MHz after a call |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (const Iso &o : iso)
+      printf("| %s | %d | %d | %.2f | %.2f (%.2f) | %.2f (%.2f) | %.2f (%.2f) | %.0f |\n",
+             o.c->name, o.k, o.gap, o.sc_tk, o.g_sc.p50_us, o.g_sc.p90_us, o.g.p50_us,
+             o.g.p90_us, o.d.p50_us, o.d.p90_us, o.g.mhz);
   }
   return fp4idx_bench_neighbour_stop(&nb) == 0 ? 0 : 1;
 }
