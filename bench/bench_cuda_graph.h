@@ -12,23 +12,32 @@
 
 #include "bench_cuda_check.h"
 
+/* `calls` launches captured on st and instantiated (a failed launch: the
+ * benchmark says so and exits). */
 template <typename F>
-double bench_time_graph(cudaStream_t st, int calls, int replays, int runs, F launch) {
+cudaGraphExec_t bench_capture_graph(cudaStream_t st, int calls, F launch) {
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  cudaEvent_t e0, e1;
-  TCK(cudaEventCreate(&e0));
-  TCK(cudaEventCreate(&e1));
   TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
   for (int i = 0; i < calls; i++) {
     const int rc = (int)launch();
     if (rc) {
-      fprintf(stderr, "bench_time_graph: launch %d of the graph failed: status %d\n", i, rc);
+      fprintf(stderr, "bench_capture_graph: launch %d of the graph failed: status %d\n", i, rc);
       exit(1);
     }
   }
   TCK(cudaStreamEndCapture(st, &g));
   TCK(cudaGraphInstantiate(&ge, g, 0));
+  TCK(cudaGraphDestroy(g));
+  return ge;
+}
+
+template <typename F>
+double bench_time_graph(cudaStream_t st, int calls, int replays, int runs, F launch) {
+  cudaEvent_t e0, e1;
+  TCK(cudaEventCreate(&e0));
+  TCK(cudaEventCreate(&e1));
+  cudaGraphExec_t ge = bench_capture_graph(st, calls, launch);
   std::vector<double> run((size_t)runs);
   for (int r = 0; r < runs; r++) {
     TCK(cudaGraphLaunch(ge, st));  // warm-up replay
@@ -41,7 +50,6 @@ double bench_time_graph(cudaStream_t st, int calls, int replays, int runs, F lau
     run[(size_t)r] = 1e3 * ms / ((double)calls * replays);
   }
   TCK(cudaGraphExecDestroy(ge));
-  TCK(cudaGraphDestroy(g));
   TCK(cudaEventDestroy(e0));
   TCK(cudaEventDestroy(e1));
   std::sort(run.begin(), run.end());

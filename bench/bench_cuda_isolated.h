@@ -9,18 +9,19 @@
  * graph of one call (graph = 1: every operation reaches the device in one
  * submission, so the time is that submission's latency and the device's
  * work) or enqueued directly (graph = 0: the time also holds what the
- * device waits for the host's later launches). The probe is one thread that counts SM cycles against
- * the global timer for ~10 us right after the call, so it reads the clock
- * the call ran at without running inside its window. */
+ * device waits for the host's later launches). The probe is one thread
+ * that counts SM cycles against the global timer for ~10 us right after
+ * the call, so it reads the clock the call ran at without running inside
+ * its window. */
 #ifndef FP4IDX_BENCH_CUDA_ISOLATED_H
 #define FP4IDX_BENCH_CUDA_ISOLATED_H
-
-#include <time.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "bench_cuda_check.h"
+#include "bench_cuda_graph.h"
+#include "bench_time.h"
 
 /* Enqueues the clock probe on st: it stores the SM clock in MHz, measured
  * over ~20,000 cycles, to *mhz (device memory). */
@@ -33,19 +34,7 @@ struct bench_isolated_t {
 
 template <typename F>
 bench_isolated_t bench_time_isolated(cudaStream_t st, int calls, int gap_us, int graph, F launch) {
-  cudaGraphExec_t ge = nullptr;
-  if (graph) {
-    cudaGraph_t g;
-    TCK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
-    const int rc = (int)launch();
-    if (rc) {
-      fprintf(stderr, "bench_time_isolated: the captured call failed: status %d\n", rc);
-      exit(1);
-    }
-    TCK(cudaStreamEndCapture(st, &g));
-    TCK(cudaGraphInstantiate(&ge, g, 0));
-    TCK(cudaGraphDestroy(g));
-  }
+  cudaGraphExec_t ge = graph ? bench_capture_graph(st, 1, launch) : nullptr;
   cudaEvent_t e0, e1;
   TCK(cudaEventCreate(&e0));
   TCK(cudaEventCreate(&e1));
@@ -67,10 +56,8 @@ bench_isolated_t bench_time_isolated(cudaStream_t st, int calls, int gap_us, int
     float ms;
     TCK(cudaEventElapsedTime(&ms, e0, e1));
     if (i >= 0) t.push_back(1e3 * ms);
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    do clock_gettime(CLOCK_MONOTONIC, &b);
-    while ((b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000 < gap_us);
+    for (const double until = now_us() + gap_us; now_us() < until;) {
+    }
   }
   std::vector<float> mhz((size_t)calls);
   TCK(cudaMemcpy(mhz.data(), dmhz, sizeof(float) * (size_t)calls, cudaMemcpyDeviceToHost));

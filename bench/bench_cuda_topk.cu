@@ -222,7 +222,11 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
     FCK(fp4idx_cuda_score_launch(&prm, st));  // the logits the top-k reads
     TCK(cudaStreamSynchronize(st));
     if (check) TCK(cudaMemcpy(logits_h.data(), descs[0].out, logits_h.size() * 4, cudaMemcpyDeviceToHost));
-    const double sc = time_graph(st, [&] { return fp4idx_cuda_score_launch(&prm, st); });
+    auto score = [&] { return fp4idx_cuda_score_launch(&prm, st); };
+    const double sc = time_graph(st, score);
+    std::vector<bench_isolated_t> sc_iso;  // the scorer alone, one call at a time, per gap
+    for (int gi = 0; gi < n_gaps; gi++)
+      sc_iso.push_back(bench_time_isolated(st, kIsolatedCalls, gaps[gi], 1, score));
 
     for (int k : {512, 2048}) {
       fp4idx_cuda_topk_plan_t tp;
@@ -261,10 +265,11 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
         printf("check %-16s k=%-5d %zu wrong of %d rows x %d -> %s\n", c.name, k, bad, nr, k, chk);
       }
       const double t = time_graph(st, topk);
-      const double t_st = time_graph(st, [&] {
-        int rc = fp4idx_cuda_score_launch(&prm, st);
+      auto score_topk = [&] {
+        int rc = score();
         return rc ? rc : topk();
-      });
+      };
+      const double t_st = time_graph(st, score_topk);
       const double goal = k == 512 ? c.goal_512 : c.goal_2048;
       table.push_back(Out{&c, k, t, sc, t_st, goal, chk});
       printf("%-16s k=%-5d cluster %2d top-k %7.2f us  score %7.2f  score+top-k %8.2f (x%.2f score)\n",
@@ -274,13 +279,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
         fprintf(cf, "%s,%d,%lld,%d,%.3f,%.3f,%.3f,%s\n", c.name, nr, (long long)n, k, t, sc, t_st,
                 chk);
       for (int gi = 0; gi < n_gaps; gi++) {
-        auto score_topk = [&] {
-          int rc = fp4idx_cuda_score_launch(&prm, st);
-          return rc ? rc : topk();
-        };
-        auto score = [&] { return fp4idx_cuda_score_launch(&prm, st); };
-        const Iso o{&c, k, gaps[gi], t_st,
-                    bench_time_isolated(st, kIsolatedCalls, gaps[gi], 1, score),
+        const Iso o{&c, k, gaps[gi], t_st, sc_iso[(size_t)gi],
                     bench_time_isolated(st, kIsolatedCalls, gaps[gi], 1, score_topk),
                     bench_time_isolated(st, kIsolatedCalls, gaps[gi], 0, score_topk)};
         iso.push_back(o);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include "bench_cuda_check.h"
+#include "bench_time.h"
 
 
 namespace {
@@ -31,12 +32,6 @@ __global__ void empty_kernel(Args8 p, int n) {
 __global__ void touch_kernel(const uint4 *in, uint4 *out, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     out[i] = in[i];
-}
-
-double now_us() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
 }
 
 constexpr int kCalls = 400, kRuns = 5;
