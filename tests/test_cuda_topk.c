@@ -588,6 +588,44 @@ Test(cuda_topk, cluster_bf16_ties, .timeout = 600) {
   }
 }
 
+/* The row sort's orderings, 4 rows of 16,384 against the host sort: keys
+ * over 120 binades of both signs (their top 16 bits span more than 4,096
+ * values), bf16 Gaussian keys (buckets of a few dozen), each value 300
+ * times (buckets deeper than the counting rank takes) and exactly 256
+ * times, at k = 64, 2048 and 4096. */
+Test(cuda_topk, rowsort_orderings, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17063);
+  const int64_t w[4] = {16384, 16383, 16384, 16001};
+  float *x = rows_alloc(4, w);
+  for (int kind = 0; kind < 4; kind++) {
+    int64_t at = 0;
+    for (int32_t r = 0; r < 4; r++) {
+      float *y = x + at;
+      if (kind == 1) fill_bf16(&g, y, w[r]);
+      for (int64_t i = 0; kind != 1 && i < w[r]; i++) {
+        if (kind == 0) {
+          const double m = ldexp(1.0 + (double)fp4idx_test_rng_range(&g, 0, 1023) / 1024.0,
+                                 (int)fp4idx_test_rng_range(&g, -60, 60));
+          y[i] = (float)(fp4idx_test_rng_range(&g, 0, 1) ? m : -m);
+        } else {
+          const int64_t rep = kind == 2 ? 300 : 256;
+          y[i] = (float)((i * 7919 + r) % w[r] / rep) / 4.0f;
+        }
+      }
+      at += w[r];
+    }
+    static const int32_t ks[3] = {64, 2048, 4096};
+    for (int ki = 0; ki < 3; ki++) {
+      char what[96];
+      snprintf(what, sizeof what, "row-sort ordering %d, 4 x 16384 k=%d", kind, ks[ki]);
+      direct(what, 4, w, x, ks[ki]);
+    }
+  }
+  free(x);
+}
+
 /* A small case of the cluster path (2 rows x 9,000: clusters of 2 blocks),
  * bf16 ties and all-equal rows, for compute-sanitizer runs. */
 Test(cuda_topk, cluster_small, .timeout = 600) {
