@@ -446,8 +446,9 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
       {3, FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, 4096}, /* the widest row, the largest k */
       {1, FP4IDX_CUDA_TOPK_CLUSTER_WIDTH + 1, 2048}, /* one position wider: chunked */
       {5, 32769, 1},     {2, 7, 4096}, {1000, 3001, 64}, {2, 400000, 2048},
-      {4, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, 2048}, /* the row sort's widest row */
-      {3, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH + 1, 512}}; /* one wider: the cluster path */
+      {4, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, 2048}, /* too few rows for the row sort */
+      {100, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, 512}, /* the row sort's widest rows */
+      {100, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH + 1, 512}}; /* one wider: the cluster path */
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     int64_t *w = malloc(sizeof(int64_t) * (size_t)cs[c].rows);
     cr_assert(w);
@@ -461,9 +462,10 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
     char what[96];
     snprintf(what, sizeof what, "%d x %lld k=%d", cs[c].rows, (long long)cs[c].w, cs[c].k);
     if (device_is_sm90()) {
-      /* The automatic plan takes the row sort for rows up to
-       * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, else the cluster path exactly where
-       * it can run (rows up to FP4IDX_CUDA_TOPK_CLUSTER_WIDTH on the H200). */
+      /* The automatic plan takes the row sort for (SMs / 4, SMs] rows of up
+       * to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, else the cluster path exactly
+       * where it can run (rows up to FP4IDX_CUDA_TOPK_CLUSTER_WIDTH on the
+       * H200). */
       fp4idx_cuda_topk_row_t *hr = calloc((size_t)cs[c].rows, sizeof *hr);
       cr_assert(hr);
       for (int32_t r = 0; r < cs[c].rows; r++) hr[r].width = w[r];
@@ -473,7 +475,10 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
       cr_assert_eq(crc == FP4IDX_OK, cs[c].w <= FP4IDX_CUDA_TOPK_CLUSTER_WIDTH,
                    "%s: cluster plan %d", what, crc);
       cr_assert_eq(fp4idx_cuda_topk_plan(hr, cs[c].rows, cs[c].k, &p), FP4IDX_OK);
-      const int rowsort = cs[c].w <= FP4IDX_CUDA_TOPK_ROWSORT_WIDTH && cs[c].k <= 4096;
+      int sms = 0;
+      cr_assert_eq(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+      const int rowsort = cs[c].w <= FP4IDX_CUDA_TOPK_ROWSORT_WIDTH && cs[c].k <= 4096 &&
+                          cs[c].rows <= sms && cs[c].rows * 4 > sms;
       const int want = crc == FP4IDX_OK && !rowsort;
       cr_assert_eq(p.rowsort, rowsort, "%s: automatic plan's path (row sort)", what);
       cr_assert_eq(p.cluster > 0, want, "%s: automatic plan's path (cluster %d)", what,

@@ -157,8 +157,9 @@ enum {
  * planner: the row-sort path (topk_rowsort.cu: one block of 1,024 threads
  * per row, a radix select and a stable block sort of the candidates in
  * shared memory, ONE kernel node, no workspace) when the device is sm_90+,
- * k <= FP4IDX_CUDA_TOPK_CLUSTER_K and every row has at most
- * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions; else the cluster path (topk_cluster.cu: one thread-block cluster of
+ * k <= FP4IDX_CUDA_TOPK_CLUSTER_K, every row has at most
+ * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions and the batch has more rows than
+ * a quarter of the SMs and at most as many as the SMs; else the cluster path (topk_cluster.cu: one thread-block cluster of
  * 1..16 blocks per row, the row in shared memory, ONE kernel node, no
  * workspace, no memset) when the device is sm_90+, k <=
  * FP4IDX_CUDA_TOPK_CLUSTER_K and every row has at most
@@ -273,9 +274,10 @@ int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n
  * already set) for rows (host array). FP4IDX_OK, or FP4IDX_ENODEV where the
  * row-sort path cannot run (device before sm_90, k >
  * FP4IDX_CUDA_TOPK_CLUSTER_K, a row wider than
- * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, no rows). */
+ * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, no rows) or, with automatic != 0, where
+ * the planner's rule does not take it (n_rows outside (SMs / 4, SMs]). */
 int fp4idx__cuda_topk_rowsort_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
-                                   fp4idx_cuda_topk_plan_t *p);
+                                   int automatic, fp4idx_cuda_topk_plan_t *p);
 
 /* Internal (topk_rowsort.cu): the launch of a row-sort plan (n_rows >= 1)
  * as data. FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the

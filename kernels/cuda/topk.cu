@@ -14,8 +14,9 @@
  * and the lower position wins, as the CPU's float compare does. The value
  * written out is the logit read back at the chosen position (bit-exact).
  *
- * The row-sort path (topk_rowsort.cu) takes rows up to
- * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, the cluster path wider ones; the chunked
+ * The row-sort path (topk_rowsort.cu) takes batches of (SMs / 4, SMs] rows
+ * up to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, the cluster path other shapes that
+ * fit it; the chunked
  * path takes what neither can (k > 4096, rows wider than
  * FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, devices before sm_90).
  * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
@@ -583,9 +584,11 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   p->n_rows = n_rows;
   p->k = k;
   // The row-sort path for rows up to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH (sm_90+,
-  // k <= 4096): one block per row, no cluster barriers and no counting rank.
+  // k <= 4096) in batches of (SMs / 4, SMs] rows: one block per row, no
+  // cluster barriers and no counting rank.
   if (path == FP4IDX_CUDA_TOPK_AUTO || path == FP4IDX_CUDA_TOPK_ROWSORT) {
-    const int rc = fp4idx__cuda_topk_rowsort_plan(rows, n_rows, k, p);
+    const int rc =
+        fp4idx__cuda_topk_rowsort_plan(rows, n_rows, k, path == FP4IDX_CUDA_TOPK_AUTO, p);
     if (rc == FP4IDX_OK) {
       for (int32_t i = 0; i < n_rows; i++) rows[i].chunk0 = 0;  // unused by the row sort
       return FP4IDX_OK;

@@ -1,7 +1,8 @@
-/* topk_rowsort.cu -- the top-k path for short rows (at most
- * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions, k <= FP4IDX_CUDA_TOPK_CLUSTER_K,
- * sm_90+): one block of 1,024 threads per row, no cluster, no workspace,
- * one kernel.
+/* topk_rowsort.cu -- the top-k path for batches of many short rows (at
+ * most FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions, k <=
+ * FP4IDX_CUDA_TOPK_CLUSTER_K, sm_90+; the planner takes it for a quarter
+ * to all of the SMs' count of rows): one block of 1,024 threads per row,
+ * no cluster, no workspace, one kernel.
  *
  * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
  * lower position, only visible positions, fewer pairs when fewer are
@@ -48,18 +49,6 @@ using Scan = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
 constexpr size_t kOffHist = (size_t)kWidth * 4;
 constexpr size_t kOffList = kOffHist + (size_t)kBins * 4;
 constexpr size_t kSmem = kOffList + (size_t)kCandMax * 8;
-#ifndef ROWSORT_STOP  // experiment: end after phase N (1 load, 2 select, 3 list, 4 bits)
-#define ROWSORT_STOP 9
-#endif
-#ifndef ROWSORT_RANK  // experiment: buckets of the top 16 key bits, counting rank inside
-#define ROWSORT_RANK 0
-#endif
-#ifndef ROWSORT_RANKMAX
-#define ROWSORT_RANKMAX 256
-#endif
-#ifndef ROWSORT_SLACK  // experiment: a pass ends the select only within k + slack
-#define ROWSORT_SLACK kCandMax
-#endif
 static_assert(sizeof(cub::BlockRadixSort<uint32_t, kT, 8, uint32_t>::TempStorage) <=
                   (size_t)kCandMax * 8,
               "the block sort's storage fits in the list");
@@ -68,7 +57,6 @@ struct Head {
   uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
   uint32_t wgt[32], weq[32];    // candidates > / == the threshold per warp
   uint32_t kor, kand;           // key_diff's scratch
-  uint32_t top16, low16, big;   // the candidates' top 16 key bits: largest, smallest; largest bucket
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -145,7 +133,6 @@ __global__ void __launch_bounds__(kT, 1)
     }
   }
   __syncthreads();
-  if (ROWSORT_STOP == 1) { if (tid == 0) count[r] = (int32_t)h[2049]; return; }
 
   // The select: candidates are keys >= lo; with an exact T (exact != 0) the
   // keys > T (lo = T + 1) and the first `take` keys == T. At most k visible
@@ -172,7 +159,7 @@ __global__ void __launch_bounds__(kT, 1)
     const uint32_t bin = s.bin, n_at = s.n_at, n_above = s.n_above;
     __syncthreads();  // s is read before the next pass writes it
     prefix = (prefix << (pass == 2 ? 8 : 12)) | bin;
-    if (n_at <= (uint32_t)kCandMax && n_at <= (uint32_t)k + (uint32_t)(ROWSORT_SLACK)) {  // the whole bin joins the candidates
+    if (n_at <= (uint32_t)kCandMax) {  // the whole bin joins the candidates
       lo = prefix << shift;
       break;
     }
@@ -186,7 +173,6 @@ __global__ void __launch_bounds__(kT, 1)
     above = n_above;
   }
 
-  if (ROWSORT_STOP == 2) { if (tid == 0) count[r] = (int32_t)(lo ^ take); return; }
   // The list in position order: warp w takes positions [w * per_w, (w + 1) * per_w).
   const int per_w = (n + 32 * 32 - 1) / (32 * 32) * 32;
   const int w0 = warp * per_w, w1 = w0 + per_w < n ? w0 + per_w : n;
@@ -228,84 +214,7 @@ __global__ void __launch_bounds__(kT, 1)
   }
   const uint32_t n_cand = n_gt + take;  // exact: n_gt + take == k; else n_gt (may pass k)
   __syncthreads();
-  if (ROWSORT_STOP == 3) { if (tid == 0) count[r] = (int32_t)list[n_cand / 2]; return; }
 
-#if ROWSORT_RANK
-  {
-    // Buckets of the candidates' top 16 key bits (keys descending), when
-    // they span at most kBins values and none holds more than RANKMAX: a
-    // candidate's output index is its bucket's start plus the candidates
-    // of its bucket that order before it ((key, position) pairs are
-    // distinct, so counting gives the exact order).
-    if (tid == 0) {
-      s.top16 = 0;
-      s.low16 = 0xFFFFFFFFu;
-      s.big = 0;
-    }
-    __syncthreads();
-    uint32_t mx = 0, mn = 0xFFFFu;
-    for (uint32_t i = tid; i < n_cand; i += kT) {
-      const uint32_t u = (uint32_t)(list[i] >> 48);
-      mx = u > mx ? u : mx;
-      mn = u < mn ? u : mn;
-    }
-    mx = __reduce_max_sync(0xffffffffu, mx);
-    mn = __reduce_min_sync(0xffffffffu, mn);
-    if (lane == 0) {
-      atomicMax(&s.top16, mx);
-      atomicMin(&s.low16, mn);
-    }
-    reinterpret_cast<uint4 *>(h)[tid] = make_uint4(0u, 0u, 0u, 0u);
-    __syncthreads();
-    const uint32_t top = s.top16, range = n_cand ? top - s.low16 + 1u : 0u;
-    if (range <= (uint32_t)kBins) {
-      for (uint32_t i = tid; i < n_cand; i += kT) atomicAdd(&h[top - (uint32_t)(list[i] >> 48)], 1u);
-      __syncthreads();
-      uint4 v = reinterpret_cast<const uint4 *>(h)[tid];
-      uint32_t below = 0, total = 0;
-      Scan(scan).ExclusiveSum(v.x + v.y + v.z + v.w, below, total);
-      uint32_t big = v.x > v.y ? v.x : v.y;
-      big = big > v.z ? big : v.z;
-      big = big > v.w ? big : v.w;
-      big = __reduce_max_sync(0xffffffffu, big);
-      if (lane == 0) atomicMax(&s.big, big);
-      v.x += below;  // each bucket's end
-      v.y += v.x;
-      v.z += v.y;
-      v.w += v.z;
-      reinterpret_cast<uint4 *>(h)[tid] = v;
-      __syncthreads();
-      if (s.big <= (uint32_t)(ROWSORT_RANKMAX)) {
-        unsigned long long *sorted = reinterpret_cast<unsigned long long *>(keys);  // keys are done
-        for (uint32_t i = tid; i < n_cand; i += kT) {
-          const unsigned long long c = list[i];
-          sorted[atomicSub(&h[top - (uint32_t)(c >> 48)], 1u) - 1u] = c;
-        }
-        __syncthreads();  // h[d]: the start of bucket d
-        for (uint32_t i = tid; i < n_cand; i += kT) {
-          const unsigned long long c = list[i];
-          const uint32_t d = top - (uint32_t)(c >> 48);
-          const uint32_t b0 = h[d], b1 = d + 1u < range ? h[d + 1u] : n_cand;
-          uint32_t rank = b0, j = b0;
-          for (; j + 4 <= b1 && rank < (uint32_t)k; j += 4) {
-            const unsigned long long y0 = sorted[j], y1 = sorted[j + 1], y2 = sorted[j + 2],
-                                     y3 = sorted[j + 3];
-            rank += (y0 > c) + (y1 > c) + (y2 > c) + (y3 > c);
-          }
-          for (; j < b1 && rank < (uint32_t)k; j++) rank += sorted[j] > c;
-          if (rank < (uint32_t)k) {
-            const int32_t p = cand_pos(c);
-            po[rank] = p;
-            vo[rank] = row.logits[p];
-          }
-        }
-        const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
-        pad_row(po, vo, count + r, n_out, k, 0, 1, kT);
-        return;
-      }
-    }
-  }
-#endif
   // The key bits to sort: those that differ; only the upper 16 where every
   // candidate's lower 16 follow from its sign (a bf16 value's key).
   uint32_t diff = key_diff<kT>(list, n_cand, &s.kor, &s.kand);
@@ -315,7 +224,6 @@ __global__ void __launch_bounds__(kT, 1)
     bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
   }
   if (__syncthreads_and(bf16)) diff &= 0xFFFF0000u;
-  if (ROWSORT_STOP == 4) { if (tid == 0) count[r] = (int32_t)diff; return; }
   const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
   sort_write_n<kT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
                    row.logits, po, vo);
@@ -323,15 +231,15 @@ __global__ void __launch_bounds__(kT, 1)
 #endif
 }
 
-// Per device: the kernel's shared memory limit set (once) and whether the
-// device runs it (sm_90+).
+// Per device: the kernel's shared memory limit set (once), whether the
+// device runs it (sm_90+) and its SM count (0: no row-sort path).
 struct Caps {
   std::atomic<int> ready{0};
-  int ok = 0;
+  int sms = 0;
 };
 Caps g_caps[64];
 
-int device_ok() {
+int device_sms() {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     (void)cudaGetLastError();
@@ -339,25 +247,36 @@ int device_ok() {
   }
   Caps &c = g_caps[dev];
   if (!c.ready.load(std::memory_order_acquire)) {
-    int major = 0;
-    c.ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-           major >= 9 &&
-           cudaFuncSetAttribute(rowsort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)kSmem) == cudaSuccess;
+    int major = 0, sms = 0;
+    const int ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        major >= 9 &&
+        cudaFuncSetAttribute(rowsort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)kSmem) == cudaSuccess;
     (void)cudaGetLastError();  // a failed query means: no row-sort path
+    c.sms = ok ? sms : 0;
     c.ready.store(1, std::memory_order_release);
   }
-  return c.ok;
+  return c.sms;
 }
 
 }  // namespace
 
 extern "C" int fp4idx__cuda_topk_rowsort_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows,
-                                              int32_t k, fp4idx_cuda_topk_plan_t *p) {
+                                              int32_t k, int automatic,
+                                              fp4idx_cuda_topk_plan_t *p) {
   if (n_rows < 1 || k > FP4IDX_CUDA_TOPK_CLUSTER_K) return FP4IDX_ENODEV;
   for (int32_t i = 0; i < n_rows; i++)
     if (rows[i].width > kWidth) return FP4IDX_ENODEV;
-  if (!device_ok()) return FP4IDX_ENODEV;
+  const int sms = device_sms();
+  if (!sms) return FP4IDX_ENODEV;
+  // The planner's rule: one wave of blocks (a block per row, one per SM),
+  // and more rows than a quarter of the SMs, where the cluster path gets
+  // at most two blocks a row. Measured (H100, docs/RESULTS.md): 64 rows of
+  // 9,295 keys, k = 2048, 18.9 us against the cluster path's 23.0 (k = 512
+  // the same, 13.6); 4 rows of 16,384 (clusters of 4) 18.4 against 14.1.
+  if (automatic && !(n_rows <= sms && (int64_t)n_rows * 4 > sms)) return FP4IDX_ENODEV;
   p->rowsort = 1;
   p->ws_bytes = 256;  // unused; non-zero so every caller's allocation is valid
   return FP4IDX_OK;
@@ -368,7 +287,7 @@ extern "C" int fp4idx__cuda_topk_rowsort_describe(const fp4idx_cuda_topk_plan_t 
                                                   int32_t *pos, float *val, int32_t *count,
                                                   fp4idx_cuda_launch_t *l) {
   if (p->rowsort != 1 || p->k > FP4IDX_CUDA_TOPK_CLUSTER_K) return FP4IDX_EINVAL;
-  if (!device_ok()) return FP4IDX_ENODEV;
+  if (!device_sms()) return FP4IDX_ENODEV;
   // Programmatic dependent launch, as the cluster path's: the block's start
   // and zeroing run under the scorer's tail.
   fp4idx__launch_begin(l, rowsort_kernel, (unsigned)p->n_rows, kT, kSmem, 0, 1);
