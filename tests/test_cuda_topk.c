@@ -594,10 +594,10 @@ Test(cuda_topk, cluster_bf16_ties, .timeout = 600) {
 }
 
 /* The row sort's orderings, 4 rows of 16,384 against the host sort: keys
- * over 120 binades of both signs (their top 16 bits span more than 4,096
- * values), bf16 Gaussian keys (buckets of a few dozen), each value 300
- * times (buckets deeper than the counting rank takes) and exactly 256
- * times, at k = 64, 2048 and 4096. */
+ * over 120 binades of both signs (the sort takes every key bit), bf16
+ * Gaussian keys (the upper 16 bits only), each value 300 and 256 times
+ * (ties deep in the list and at the threshold), at k = 64, 2048 and 4096;
+ * the other paths on the same rows. */
 Test(cuda_topk, rowsort_orderings, .timeout = 600) {
   NEED_GPU();
   fp4idx_test_rng_t g;
