@@ -10,7 +10,7 @@
  * call = elapsed / 200, the median of 3 such runs. Each top-k launch
  * includes its workspace memset and every kernel.
  * --only CASE: the cases whose name contains CASE.
- * --path auto|chunked|cluster: the planner's choice (default) or a forced
+ * --path auto|chunked|cluster|rowsort: the planner's choice (default) or a forced
  * path (fp4idx_cuda_topk_plan_path), to time both paths of one binary.
  * --bucket-cap N: the chunked path's counting-rank finish with the plan's
  * bucket_cap replaced by N (0: every row takes the one-block finish_kernel;
@@ -135,6 +135,8 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       path = FP4IDX_CUDA_TOPK_CHUNKED, i++;
     else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "cluster"))
       path = FP4IDX_CUDA_TOPK_CLUSTER, i++;
+    else if (!strcmp(argv[i], "--path") && i + 1 < argc && !strcmp(argv[i + 1], "rowsort"))
+      path = FP4IDX_CUDA_TOPK_ROWSORT, i++;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--bucket-cap") && i + 1 < argc) bucket_cap = atoi(argv[++i]);
@@ -150,7 +152,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
-                      " [--path auto|chunked|cluster] [--bucket-cap N] [--cluster-max N]"
+                      " [--path auto|chunked|cluster|rowsort] [--bucket-cap N] [--cluster-max N]"
                       " [--beside-wait] [--isolated GAP_US[,GAP_US...]]\n");
       return 2;
     }
@@ -230,7 +232,12 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
 
     for (int k : {512, 2048}) {
       fp4idx_cuda_topk_plan_t tp;
-      FCK(fp4idx_cuda_topk_plan_path(rows.data(), nr, k, path, &tp));
+      const int prc = fp4idx_cuda_topk_plan_path(rows.data(), nr, k, path, &tp);
+      if (prc == FP4IDX_ENODEV && path != FP4IDX_CUDA_TOPK_AUTO) {  // a forced path that cannot run
+        printf("%-16s k=%-5d the forced path cannot run this shape\n", c.name, k);
+        continue;
+      }
+      FCK(prc);
       if (cluster_max > 0) {  // the cluster path with clusters of at most cluster_max blocks
         memset(&tp, 0, sizeof tp);
         tp.n_rows = nr;
@@ -272,8 +279,9 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       const double t_st = time_graph(st, score_topk);
       const double goal = k == 512 ? c.goal_512 : c.goal_2048;
       table.push_back(Out{&c, k, t, sc, t_st, goal, chk});
-      printf("%-16s k=%-5d cluster %2d top-k %7.2f us  score %7.2f  score+top-k %8.2f (x%.2f score)\n",
-             c.name, k, tp.cluster, t, sc, t_st, t_st / sc);
+      printf("%-16s k=%-5d %s %2d top-k %7.2f us  score %7.2f  score+top-k %8.2f (x%.2f score)\n",
+             c.name, k, tp.rowsort ? "rowsort" : "cluster", tp.rowsort ? 1 : tp.cluster, t, sc,
+             t_st, t_st / sc);
       fflush(stdout);
       if (cf)
         fprintf(cf, "%s,%d,%lld,%d,%.3f,%.3f,%.3f,%s\n", c.name, nr, (long long)n, k, t, sc, t_st,

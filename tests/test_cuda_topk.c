@@ -67,7 +67,9 @@ static int run_setup_path(topk_run_t *t, int32_t n_rows, const int64_t *w, const
   }
   const int prc = fp4idx_cuda_topk_plan_path(t->h_rows, n_rows, k, path, &t->plan);
   if (prc != FP4IDX_OK) {
-    cr_assert(path == FP4IDX_CUDA_TOPK_CLUSTER && prc == FP4IDX_ENODEV, "plan: %d", prc);
+    cr_assert((path == FP4IDX_CUDA_TOPK_CLUSTER || path == FP4IDX_CUDA_TOPK_ROWSORT) &&
+                  prc == FP4IDX_ENODEV,
+              "plan: %d", prc);
     cudaFree(t->d_lg);
     free(t->h_rows);
     return prc;
@@ -138,7 +140,7 @@ static void run_compare_ref(const topk_run_t *t, const char *what, const int64_t
   cr_assert_eq(cudaMemcpy(pos, t->d_pos, 4 * nk, cudaMemcpyDeviceToHost), cudaSuccess);
   cr_assert_eq(cudaMemcpy(val, t->d_val, 4 * nk, cudaMemcpyDeviceToHost), cudaSuccess);
   cr_assert_eq(cudaMemcpy(cnt, t->d_cnt, 4 * (size_t)n_rows, cudaMemcpyDeviceToHost), cudaSuccess);
-  const char *path = t->plan.cluster ? "cluster" : "chunked";
+  const char *path = t->plan.rowsort ? "row-sort" : t->plan.cluster ? "cluster" : "chunked";
   for (int32_t r = 0; r < n_rows; r++) {
     cr_assert_eq(cnt[r], ref->cnt[r], "%s (%s path): row %d (width %lld): count %d, want %d",
                  what, path, r, (long long)w[r], cnt[r], ref->cnt[r]);
@@ -162,15 +164,18 @@ static void run_compare(const topk_run_t *t, const char *what, const int64_t *w,
 }
 
 /* Every path that can run the case (the chunked one always, the cluster
- * one where the shape and device allow), each against the host sort. */
+ * and row-sort ones where the shape and device allow), each against the
+ * host sort. */
 static void direct(const char *what, int32_t n_rows, const int64_t *w, const float *lg, int32_t k) {
   topk_ref_t ref;
   ref_make(&ref, n_rows, w, lg, k);
-  const fp4idx_cuda_topk_path_t paths[2] = {FP4IDX_CUDA_TOPK_CHUNKED, FP4IDX_CUDA_TOPK_CLUSTER};
-  for (int pi = 0; pi < 2; pi++) {
+  const fp4idx_cuda_topk_path_t paths[3] = {FP4IDX_CUDA_TOPK_CHUNKED, FP4IDX_CUDA_TOPK_CLUSTER,
+                                             FP4IDX_CUDA_TOPK_ROWSORT};
+  for (int pi = 0; pi < 3; pi++) {
     topk_run_t t;
     if (run_setup_path(&t, n_rows, w, lg, k, paths[pi]) != FP4IDX_OK) continue;
-    cr_assert_eq(t.plan.cluster > 0, pi == 1, "%s: plan took the other path", what);
+    cr_assert_eq(t.plan.cluster > 0, pi == 1, "%s: plan took another path", what);
+    cr_assert_eq(t.plan.rowsort > 0, pi == 2, "%s: plan took another path", what);
     cr_assert_eq(fp4idx_cuda_topk_launch(&t.plan, t.d_rows, t.ws, t.d_pos, t.d_val, t.d_cnt, 0),
                  FP4IDX_OK, "%s: launch", what);
     cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess, "%s: kernel error", what);
@@ -428,10 +433,10 @@ static int device_is_sm90(void) {
          major >= 9;
 }
 
-/* The request shapes of the benchmark and the cluster path's edges: both
- * paths must agree with the host sort (direct runs each), and on sm_90+ the
- * automatic plan must pick the path its rule names. Rows of odd widths
- * start at logits that are not 16-byte aligned. */
+/* The request shapes of the benchmark and the row-sort and cluster paths'
+ * edges: every path must agree with the host sort (direct runs each), and
+ * on sm_90+ the automatic plan must pick the path its rule names. Rows of
+ * odd widths start at logits that are not 16-byte aligned. */
 Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
   NEED_GPU();
   fp4idx_test_rng_t g;
@@ -440,7 +445,10 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
       {4, 65536, 512}, {4, 65536, 2048}, {64, 9295, 2048}, {128, 32768, 512},
       {3, FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, 4096}, /* the widest row, the largest k */
       {1, FP4IDX_CUDA_TOPK_CLUSTER_WIDTH + 1, 2048}, /* one position wider: chunked */
-      {5, 32769, 1},     {2, 7, 4096}, {1000, 3001, 64}, {2, 400000, 2048}};
+      {5, 32769, 1},     {2, 7, 4096}, {1000, 3001, 64}, {2, 400000, 2048},
+      {4, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, 2048}, /* too few rows for the row sort */
+      {100, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, 512}, /* the row sort's widest rows */
+      {100, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH + 1, 512}}; /* one wider: the cluster path */
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     int64_t *w = malloc(sizeof(int64_t) * (size_t)cs[c].rows);
     cr_assert(w);
@@ -454,8 +462,10 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
     char what[96];
     snprintf(what, sizeof what, "%d x %lld k=%d", cs[c].rows, (long long)cs[c].w, cs[c].k);
     if (device_is_sm90()) {
-      /* The automatic plan takes the cluster path exactly where it can run
-       * (rows up to FP4IDX_CUDA_TOPK_CLUSTER_WIDTH on the H200). */
+      /* The automatic plan takes the row sort for (SMs / 4, SMs] rows of up
+       * to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, else the cluster path exactly
+       * where it can run (rows up to FP4IDX_CUDA_TOPK_CLUSTER_WIDTH on the
+       * H200). */
       fp4idx_cuda_topk_row_t *hr = calloc((size_t)cs[c].rows, sizeof *hr);
       cr_assert(hr);
       for (int32_t r = 0; r < cs[c].rows; r++) hr[r].width = w[r];
@@ -465,7 +475,12 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
       cr_assert_eq(crc == FP4IDX_OK, cs[c].w <= FP4IDX_CUDA_TOPK_CLUSTER_WIDTH,
                    "%s: cluster plan %d", what, crc);
       cr_assert_eq(fp4idx_cuda_topk_plan(hr, cs[c].rows, cs[c].k, &p), FP4IDX_OK);
-      const int want = crc == FP4IDX_OK;
+      int sms = 0;
+      cr_assert_eq(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+      const int rowsort = cs[c].w <= FP4IDX_CUDA_TOPK_ROWSORT_WIDTH && cs[c].k <= 4096 &&
+                          cs[c].rows <= sms && cs[c].rows * 4 > sms;
+      const int want = crc == FP4IDX_OK && !rowsort;
+      cr_assert_eq(p.rowsort, rowsort, "%s: automatic plan's path (row sort)", what);
       cr_assert_eq(p.cluster > 0, want, "%s: automatic plan's path (cluster %d)", what,
                    pc.cluster);
       if (want) cr_assert_eq(p.cluster, pc.cluster, "%s: same cluster size", what);
@@ -478,7 +493,8 @@ Test(cuda_topk, cluster_path_shapes, .timeout = 600) {
 }
 
 /* The cluster path's select and rank edges, as 4 rows of 65,536 (clusters
- * of 16) and 64 rows of 9,295 (small clusters), against the host sort:
+ * of 16), 64 rows of 9,295 (small clusters; the row sort) and 4 of 16,384
+ * (the row sort's widest rows), against the host sort:
  * every key above the threshold equal (one bucket of ties ranked by
  * position), exactly k keys of one value (the first digit's bin taken
  * whole), 2,048 distinct keys in one level-1 bin (whole at k = 2048, three
@@ -488,8 +504,9 @@ Test(cuda_topk, cluster_select_edges, .timeout = 600) {
   NEED_GPU();
   fp4idx_test_rng_t g;
   fp4idx_test_rng_seed(&g, 17011);
-  static const struct { int32_t rows; int64_t w; } shapes[2] = {{4, 65536}, {64, 9295}};
-  for (int sh = 0; sh < 2; sh++) {
+  static const struct { int32_t rows; int64_t w; } shapes[3] = {
+      {4, 65536}, {64, 9295}, {4, FP4IDX_CUDA_TOPK_ROWSORT_WIDTH}};
+  for (int sh = 0; sh < 3; sh++) {
     const int32_t nr = shapes[sh].rows;
     int64_t *w = malloc(sizeof(int64_t) * (size_t)nr);
     cr_assert(w);
@@ -576,6 +593,44 @@ Test(cuda_topk, cluster_bf16_ties, .timeout = 600) {
   }
 }
 
+/* The row sort's orderings, 4 rows of 16,384 against the host sort: keys
+ * over 120 binades of both signs (the sort takes every key bit), bf16
+ * Gaussian keys (the upper 16 bits only), each value 300 and 256 times
+ * (ties deep in the list and at the threshold), at k = 64, 2048 and 4096;
+ * the other paths on the same rows. */
+Test(cuda_topk, rowsort_orderings, .timeout = 600) {
+  NEED_GPU();
+  fp4idx_test_rng_t g;
+  fp4idx_test_rng_seed(&g, 17063);
+  const int64_t w[4] = {16384, 16383, 16384, 16001};
+  float *x = rows_alloc(4, w);
+  for (int kind = 0; kind < 4; kind++) {
+    int64_t at = 0;
+    for (int32_t r = 0; r < 4; r++) {
+      float *y = x + at;
+      if (kind == 1) fill_bf16(&g, y, w[r]);
+      for (int64_t i = 0; kind != 1 && i < w[r]; i++) {
+        if (kind == 0) {
+          const double m = ldexp(1.0 + (double)fp4idx_test_rng_range(&g, 0, 1023) / 1024.0,
+                                 (int)fp4idx_test_rng_range(&g, -60, 60));
+          y[i] = (float)(fp4idx_test_rng_range(&g, 0, 1) ? m : -m);
+        } else {
+          const int64_t rep = kind == 2 ? 300 : 256;
+          y[i] = (float)((i * 7919 + r) % w[r] / rep) / 4.0f;
+        }
+      }
+      at += w[r];
+    }
+    static const int32_t ks[3] = {64, 2048, 4096};
+    for (int ki = 0; ki < 3; ki++) {
+      char what[96];
+      snprintf(what, sizeof what, "row-sort ordering %d, 4 x 16384 k=%d", kind, ks[ki]);
+      direct(what, 4, w, x, ks[ki]);
+    }
+  }
+  free(x);
+}
+
 /* A small case of the cluster path (2 rows x 9,000: clusters of 2 blocks),
  * bf16 ties and all-equal rows, for compute-sanitizer runs. */
 Test(cuda_topk, cluster_small, .timeout = 600) {
@@ -605,7 +660,15 @@ Test(cuda_topk, plan_and_launch_errors) {
   rows[1].width = (int64_t)INT32_MAX + 1;
   cr_assert_eq(fp4idx_cuda_topk_plan(rows, 2, 5, &p), FP4IDX_EINVAL);
   rows[1].width = 20;
-  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, 5, (fp4idx_cuda_topk_path_t)3, &p), FP4IDX_EINVAL);
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, 5, (fp4idx_cuda_topk_path_t)4, &p), FP4IDX_EINVAL);
+  /* The row sort never takes k above the cluster cap, a row wider than its
+   * width, nor an empty batch. */
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, FP4IDX_CUDA_TOPK_CLUSTER_K + 1,
+                                          FP4IDX_CUDA_TOPK_ROWSORT, &p), FP4IDX_ENODEV);
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 0, 5, FP4IDX_CUDA_TOPK_ROWSORT, &p), FP4IDX_ENODEV);
+  rows[1].width = FP4IDX_CUDA_TOPK_ROWSORT_WIDTH + 1;
+  cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, 5, FP4IDX_CUDA_TOPK_ROWSORT, &p), FP4IDX_ENODEV);
+  rows[1].width = 20;
   /* The cluster path never takes k above its cap, nor an empty batch. */
   cr_assert_eq(fp4idx_cuda_topk_plan_path(rows, 2, FP4IDX_CUDA_TOPK_CLUSTER_K + 1,
                                           FP4IDX_CUDA_TOPK_CLUSTER, &p), FP4IDX_ENODEV);

@@ -148,24 +148,32 @@ enum {
   FP4IDX_CUDA_TOPK_CLUSTER_K = 4096,  /* k up to this: the cluster path may run */
   /* the widest row the cluster path holds (16 blocks of 32,000 keys, where
    * the device runs 16-block clusters) */
-  FP4IDX_CUDA_TOPK_CLUSTER_WIDTH = 16 * 32000
+  FP4IDX_CUDA_TOPK_CLUSTER_WIDTH = 16 * 32000,
+  /* the widest row the row-sort path holds (one block of 1,024 threads) */
+  FP4IDX_CUDA_TOPK_ROWSORT_WIDTH = 16384
 };
 
 /* Which top-k path a plan uses. AUTO picks from the shape, once, in the
- * planner: the cluster path (topk_cluster.cu: one thread-block cluster of
+ * planner: the row-sort path (topk_rowsort.cu: one block of 1,024 threads
+ * per row, a radix select and a stable block sort of the candidates in
+ * shared memory, ONE kernel node, no workspace) when the device is sm_90+,
+ * k <= FP4IDX_CUDA_TOPK_CLUSTER_K, every row has at most
+ * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions and the batch has more rows than
+ * a quarter of the SMs and at most as many as the SMs; else the cluster path (topk_cluster.cu: one thread-block cluster of
  * 1..16 blocks per row, the row in shared memory, ONE kernel node, no
  * workspace, no memset) when the device is sm_90+, k <=
  * FP4IDX_CUDA_TOPK_CLUSTER_K and every row has at most
  * FP4IDX_CUDA_TOPK_CLUSTER_WIDTH positions; else the chunked path (topk.cu:
  * a memset and histogram, compaction and a counting-rank finish over the
  * whole GPU; one block per row only for rows with a big threshold bin; CUB's
- * segmented sort for k > FP4IDX_CUDA_TOPK_SMEM_K). CLUSTER and CHUNKED
- * force one path (tests, benches). Both paths give the same pairs bit for
- * bit. */
+ * segmented sort for k > FP4IDX_CUDA_TOPK_SMEM_K). ROWSORT, CLUSTER and
+ * CHUNKED force one path (tests, benches). Every path gives the same pairs
+ * bit for bit. */
 typedef enum fp4idx_cuda_topk_path_e {
   FP4IDX_CUDA_TOPK_AUTO = 0,
   FP4IDX_CUDA_TOPK_CHUNKED = 1,
-  FP4IDX_CUDA_TOPK_CLUSTER = 2
+  FP4IDX_CUDA_TOPK_CLUSTER = 2,
+  FP4IDX_CUDA_TOPK_ROWSORT = 3
 } fp4idx_cuda_topk_path_t;
 
 typedef struct fp4idx_cuda_topk_row_s {
@@ -183,6 +191,7 @@ typedef struct fp4idx_cuda_topk_plan_s {
   int32_t rank_blocks;   /* blocks per row of the counting-rank finish (k <= SMEM_K) */
   int32_t bucket_cap;    /* largest candidate bucket (one bin) rank_kernel takes */
   int32_t cluster;       /* > 0: the cluster path with this many blocks per row */
+  int32_t rowsort;       /* 1: the row-sort path (one block per row) */
   int64_t slice;         /* cluster path: positions per block */
   size_t cluster_smem;   /* cluster path: dynamic shared memory per block */
   size_t memset_bytes;   /* zeroed at the start of every launch */
@@ -201,8 +210,9 @@ int fp4idx_cuda_topk_plan(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t 
 
 /* fp4idx_cuda_topk_plan with the path chosen by the caller (tests, benches):
  * AUTO is fp4idx_cuda_topk_plan; CHUNKED always plans the chunked path;
- * CLUSTER returns FP4IDX_ENODEV where the cluster path cannot run (device
- * before sm_90, k > FP4IDX_CUDA_TOPK_CLUSTER_K, a row too wide, no rows).
+ * CLUSTER and ROWSORT return FP4IDX_ENODEV where that path cannot run
+ * (device before sm_90, k > FP4IDX_CUDA_TOPK_CLUSTER_K, a row too wide, no
+ * rows).
  * Other returns as fp4idx_cuda_topk_plan, and FP4IDX_EINVAL for an unknown
  * path. */
 int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
@@ -218,7 +228,8 @@ int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p, const fp4idx_cuda_
                             void *ws, int32_t *pos, float *val, int32_t *count,
                             cudaStream_t stream);
 
-/* The launch of a top-k plan that is one kernel (the cluster path) as data
+/* The launch of a top-k plan that is one kernel (the row-sort and cluster
+ * paths) as data
  * in *l, arguments as fp4idx_cuda_topk_launch's. FP4IDX_OK; FP4IDX_ENODEV
  * for a plan of several operations (the chunked path: use
  * fp4idx_cuda_topk_launch) or where the device cannot run it;
@@ -258,6 +269,22 @@ int fp4idx_cuda_decode_table_launch(uint16_t *out, cudaStream_t stream);
  * would need clusters of more than max_cluster blocks. */
 int fp4idx__cuda_topk_cluster_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
                                    int32_t max_cluster, fp4idx_cuda_topk_plan_t *p);
+
+/* Internal (topk_rowsort.cu): sets rowsort and ws_bytes of *p (n_rows and k
+ * already set) for rows (host array). FP4IDX_OK, or FP4IDX_ENODEV where the
+ * row-sort path cannot run (device before sm_90, k >
+ * FP4IDX_CUDA_TOPK_CLUSTER_K, a row wider than
+ * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, no rows) or, with automatic != 0, where
+ * the planner's rule does not take it (n_rows outside (SMs / 4, SMs]). */
+int fp4idx__cuda_topk_rowsort_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows, int32_t k,
+                                   int automatic, fp4idx_cuda_topk_plan_t *p);
+
+/* Internal (topk_rowsort.cu): the launch of a row-sort plan (n_rows >= 1)
+ * as data. FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the
+ * device cannot run it. */
+int fp4idx__cuda_topk_rowsort_describe(const fp4idx_cuda_topk_plan_t *p,
+                                       const fp4idx_cuda_topk_row_t *rows, int32_t *pos,
+                                       float *val, int32_t *count, fp4idx_cuda_launch_t *l);
 
 /* Internal (topk_cluster.cu): the launch of a cluster-path plan (n_rows >=
  * 1) as data. FP4IDX_EINVAL on a malformed plan, FP4IDX_ENODEV where the

@@ -1,6 +1,7 @@
 /* topk.cu -- per-row top-k of scorer logits, every row spread over the GPU:
- * the planner (which picks this file's chunked path or the cluster path of
- * topk_cluster.cu from the shape), the launcher and the chunked path.
+ * the planner (which picks this file's chunked path, the cluster path of
+ * topk_cluster.cu or the row-sort path of topk_rowsort.cu from the shape),
+ * the launcher and the chunked path.
  *
  * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
  * lower position, only visible positions (-inf is invisible), fewer pairs
@@ -13,8 +14,11 @@
  * and the lower position wins, as the CPU's float compare does. The value
  * written out is the logit read back at the chosen position (bit-exact).
  *
- * The chunked path takes what the cluster path cannot (k > 4096, rows wider
- * than FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, devices before sm_90).
+ * The row-sort path (topk_rowsort.cu) takes batches of (SMs / 4, SMs] rows
+ * up to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, the cluster path other shapes that
+ * fit it; the chunked
+ * path takes what neither can (k > 4096, rows wider than
+ * FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, devices before sm_90).
  * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
  * per chunk, all rows of the batch in one grid:
  *   1. hist_kernel: a 4096-bin histogram of the top 12 key bits per row
@@ -442,7 +446,7 @@ __global__ void __launch_bounds__(kFT)
   uint32_t diff = all_or ^ all_and;
   if (C > (uint32_t)k) diff = key_diff<kFT>(sel, n_out, &s.kor, &s.kand);
   if (n_out <= 1) diff = 0;
-  sort_write_n<kFT>(smem, sel, n_out, diff, row.logits, po, vo);
+  sort_write_n<kFT>(smem, sel, n_out, n_out, diff, row.logits, po, vo);
   pad_row(po, vo, count + blockIdx.x, n_out, k, 0, 1, kFT);
 }
 
@@ -569,7 +573,7 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
                                           fp4idx_cuda_topk_plan_t *p) {
   if (!p || n_rows < 0 || (n_rows && !rows) || k < 1 || k > FP4IDX_CUDA_TOPK_MAX ||
       (path != FP4IDX_CUDA_TOPK_AUTO && path != FP4IDX_CUDA_TOPK_CHUNKED &&
-       path != FP4IDX_CUDA_TOPK_CLUSTER))
+       path != FP4IDX_CUDA_TOPK_CLUSTER && path != FP4IDX_CUDA_TOPK_ROWSORT))
     return FP4IDX_EINVAL;
   memset(p, 0, sizeof *p);
   int64_t max_w = 0;
@@ -579,10 +583,22 @@ extern "C" int fp4idx_cuda_topk_plan_path(fp4idx_cuda_topk_row_t *rows, int32_t 
   }
   p->n_rows = n_rows;
   p->k = k;
+  // The row-sort path for rows up to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH (sm_90+,
+  // k <= 4096) in batches of (SMs / 4, SMs] rows: one block per row, no
+  // cluster barriers and no counting rank.
+  if (path == FP4IDX_CUDA_TOPK_AUTO || path == FP4IDX_CUDA_TOPK_ROWSORT) {
+    const int rc =
+        fp4idx__cuda_topk_rowsort_plan(rows, n_rows, k, path == FP4IDX_CUDA_TOPK_AUTO, p);
+    if (rc == FP4IDX_OK) {
+      for (int32_t i = 0; i < n_rows; i++) rows[i].chunk0 = 0;  // unused by the row sort
+      return FP4IDX_OK;
+    }
+    if (path == FP4IDX_CUDA_TOPK_ROWSORT) return rc;
+  }
   // The cluster path wherever it fits (sm_90+, k <= 4096, rows up to
   // FP4IDX_CUDA_TOPK_CLUSTER_WIDTH): one kernel node, faster than the
   // chunked path on every shape of docs/RESULTS.md's top-k table.
-  if (path != FP4IDX_CUDA_TOPK_CHUNKED) {
+  if (path == FP4IDX_CUDA_TOPK_AUTO || path == FP4IDX_CUDA_TOPK_CLUSTER) {
     const int rc = fp4idx__cuda_topk_cluster_plan(rows, n_rows, k, 16, p);
     if (rc == FP4IDX_OK) {
       for (int32_t i = 0; i < n_rows; i++) rows[i].chunk0 = 0;  // unused by the cluster path
@@ -644,6 +660,7 @@ extern "C" int fp4idx_cuda_topk_describe(const fp4idx_cuda_topk_plan_t *p,
   if (!p || p->n_rows < 1 || p->k < 1 || p->k > FP4IDX_CUDA_TOPK_MAX || !rows || !pos || !val ||
       !count)
     return FP4IDX_EINVAL;
+  if (p->rowsort) return fp4idx__cuda_topk_rowsort_describe(p, rows, pos, val, count, l);
   if (!p->cluster) return FP4IDX_ENODEV;
   return fp4idx__cuda_topk_cluster_describe(p, rows, pos, val, count, l);
 }
@@ -657,9 +674,10 @@ extern "C" int fp4idx_cuda_topk_launch(const fp4idx_cuda_topk_plan_t *p,
     return FP4IDX_EINVAL;
   if (p->n_rows == 0) return FP4IDX_OK;
   int rc;
-  if (p->cluster) {
+  if (p->rowsort || p->cluster) {
     fp4idx_cuda_launch_t l;
-    rc = fp4idx__cuda_topk_cluster_describe(p, rows, pos, val, count, &l);
+    rc = p->rowsort ? fp4idx__cuda_topk_rowsort_describe(p, rows, pos, val, count, &l)
+                    : fp4idx__cuda_topk_cluster_describe(p, rows, pos, val, count, &l);
     return rc ? rc : fp4idx_cuda_launch_run(&l, stream);
   }
   uint8_t *w = (uint8_t *)ws;

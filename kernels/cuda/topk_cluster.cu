@@ -154,22 +154,6 @@ __device__ __forceinline__ SlotRun slot_run(uint32_t s0, uint32_t s1) {
   return SlotRun{s0, s1, head, n / 2u, head + n / 2u + (n & 1u)};
 }
 
-// Histogram increment by a whole warp (every lane calls it): one atomic
-// when every active lane has the same bin (ties, dense logits), else one
-// per lane. (The warp-aggregated hist_add of topk_keys.cuh waits on
-// __match_any_sync: the top stall of this kernel's histograms in ncu.)
-__device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
-  const unsigned act = __ballot_sync(0xffffffffu, on);
-  if (!act) return;
-  const int first = __ffs(act) - 1;
-  const uint32_t b0 = __shfl_sync(0xffffffffu, bin, first);
-  if (__all_sync(0xffffffffu, !on || bin == b0)) {
-    if ((int)(threadIdx.x & 31) == first) atomicAdd(&h[b0], (uint32_t)__popc(act));
-  } else if (on) {
-    atomicAdd(&h[bin], 1u);
-  }
-}
-
 // One digit pass's cluster step. h holds this block's histogram of NB bins;
 // own (this block's s1/s2/s3) and coarse (its c1/c2/c3: NB / 16 words) are
 // zero. Pushes h's non-zero bins to their owners and the sums of its groups

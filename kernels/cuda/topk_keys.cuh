@@ -1,7 +1,7 @@
 /* topk_keys.cuh -- device helpers of the top-k paths: order-preserving
- * keys and (key, position) candidates (topk.cu and topk_cluster.cu), the
- * warp-aggregated histogram increment and the stable block sort of the
- * chunked path's finish (topk.cu).
+ * keys and (key, position) candidates (topk.cu, topk_cluster.cu,
+ * topk_rowsort.cu), the histogram increments and the stable block sort of
+ * the chunked path's finish (topk.cu) and of the row-sort path.
  *
  * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
  * lower position. Logits map to 32-bit keys (negative: all bits flipped;
@@ -57,14 +57,31 @@ __device__ __forceinline__ void hist_add(uint32_t *h, uint32_t bin, bool on) {
   if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], (uint32_t)__popc(peers));
 }
 
+// Histogram increment by a whole warp (every lane calls it): one atomic
+// when every active lane has the same bin (ties, dense logits), else one
+// per lane. (hist_add above waits on __match_any_sync:
+// the top stall of the cluster path's histograms in ncu.)
+__device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
+  const unsigned act = __ballot_sync(0xffffffffu, on);
+  if (!act) return;
+  const int first = __ffs(act) - 1;
+  const uint32_t b0 = __shfl_sync(0xffffffffu, bin, first);
+  if (__all_sync(0xffffffffu, !on || bin == b0)) {
+    if ((int)(threadIdx.x & 31) == first) atomicAdd(&h[b0], (uint32_t)__popc(act));
+  } else if (on) {
+    atomicAdd(&h[bin], 1u);
+  }
+}
+
 // Sorts the n_out candidates sel[] (position order among equal keys) of one
 // row by an NT-thread block, descending and stable on key bits
-// [begin_bit, end_bit), and writes pos/val [0, n_out). smem holds the CUB
-// storage (it may alias sel: sel is read into registers first).
+// [begin_bit, end_bit), and writes pos/val [0, n_write) (n_write <= n_out).
+// smem holds the CUB storage (it may alias sel: sel is read into registers
+// first).
 template <int NT, int IPT>
 __device__ void sort_write(unsigned char *smem, const unsigned long long *sel, uint32_t n_out,
-                           int begin_bit, int end_bit, const float *logits, int32_t *pos,
-                           float *val) {
+                           uint32_t n_write, int begin_bit, int end_bit, const float *logits,
+                           int32_t *pos, float *val) {
   using Sort = cub::BlockRadixSort<uint32_t, NT, IPT, uint32_t>;
   uint32_t key[IPT], low[IPT];
 #pragma unroll
@@ -81,7 +98,7 @@ __device__ void sort_write(unsigned char *smem, const unsigned long long *sel, u
 #pragma unroll
   for (int j = 0; j < IPT; j++) {
     const uint32_t i = threadIdx.x * IPT + j;
-    if (i < n_out) {
+    if (i < n_write) {
       const int32_t p = (int32_t)(0xFFFFFFFFu - low[j]);
       pos[i] = p;
       val[i] = logits[p];
@@ -114,15 +131,16 @@ __device__ uint32_t key_diff(const unsigned long long *c, uint32_t n, uint32_t *
 }
 
 // sort_write of n_out <= 8 * NT candidates, sorting the bits set in diff,
-// with the fewest items per thread that hold them.
+// with the fewest items per thread that hold them; writes the first n_write.
 template <int NT>
 __device__ void sort_write_n(unsigned char *smem, const unsigned long long *sel, uint32_t n_out,
-                             uint32_t diff, const float *logits, int32_t *pos, float *val) {
+                             uint32_t n_write, uint32_t diff, const float *logits, int32_t *pos,
+                             float *val) {
   const int b = diff ? __ffs(diff) - 1 : 0, e = diff ? 32 - __clz(diff) : 0;
-  if (n_out <= NT) sort_write<NT, 1>(smem, sel, n_out, b, e, logits, pos, val);
-  else if (n_out <= 2 * NT) sort_write<NT, 2>(smem, sel, n_out, b, e, logits, pos, val);
-  else if (n_out <= 4 * NT) sort_write<NT, 4>(smem, sel, n_out, b, e, logits, pos, val);
-  else sort_write<NT, 8>(smem, sel, n_out, b, e, logits, pos, val);
+  if (n_out <= NT) sort_write<NT, 1>(smem, sel, n_out, n_write, b, e, logits, pos, val);
+  else if (n_out <= 2 * NT) sort_write<NT, 2>(smem, sel, n_out, n_write, b, e, logits, pos, val);
+  else if (n_out <= 4 * NT) sort_write<NT, 4>(smem, sel, n_out, n_write, b, e, logits, pos, val);
+  else sort_write<NT, 8>(smem, sel, n_out, n_write, b, e, logits, pos, val);
 }
 
 }  // namespace fp4idx_topk

@@ -1,0 +1,300 @@
+/* topk_rowsort.cu -- the top-k path for batches of many short rows (at
+ * most FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions, k <=
+ * FP4IDX_CUDA_TOPK_CLUSTER_K, sm_90+; the planner takes it for a quarter
+ * to all of the SMs' count of rows): one block of 1,024 threads per row,
+ * no cluster, no workspace, one kernel.
+ *
+ * Order (protocol/PROTOCOL.md, "score" with topk): logit descending, ties by
+ * lower position, only visible positions, fewer pairs when fewer are
+ * visible, padding (-1, -inf). Keys as in topk_keys.cuh.
+ *
+ * The block reads its row once into shared memory as keys, histogramming
+ * their top 12 bits on the way. A radix select of up to three digit passes
+ * (key bits 31-20, 19-8, 7-0; the later ones over the shared keys) stops at
+ * the first digit bin whose keys, with every key above it, number at least
+ * k and at most kCandMax (the usual row: after the first pass); where no
+ * bin is that small (ties) the last pass gives the k-th key T exactly. The
+ * candidates go to a list in position order (warp ballots, the warps'
+ * counts scanned): the keys at or above the threshold, or with an exact T
+ * the keys > T and then the first keys == T by position until k are
+ * taken. A stable block radix sort of the list (descending, only the key
+ * bits that differ; the upper 16 where every candidate is a bf16 value, as
+ * the scorer writes them) gives the output order with ties by lower
+ * position; the first min(k, candidates) pairs are written, the rest
+ * padded. No counting rank: its cost grows with the square of a bucket,
+ * which is what makes one-block clusters of the cluster path slow.
+ * No host synchronization: capturable in a CUDA graph.
+ */
+#include <cub/block/block_scan.cuh>
+#include <atomic>
+#include <string.h>
+
+#include "fp4idx_cuda.h"
+#include "launch_args.cuh"
+#include "topk_keys.cuh"
+
+namespace {
+
+using namespace fp4idx_topk;
+
+constexpr int kT = 1024;                                 // threads of the row's block
+constexpr int kWidth = FP4IDX_CUDA_TOPK_ROWSORT_WIDTH;   // positions a block holds
+constexpr int kCandMax = 8 * kT;                         // the largest list sort_write_n sorts
+constexpr int kBins = 4096;                              // digit bins (the last pass uses 256)
+static_assert(kBins == 4 * kT, "a thread scans four bins");
+using Scan = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
+
+// Dynamic shared memory: keys[kWidth] | hist[kBins] | list[kCandMax]
+// (key << 32 | ~position; also the block sort's storage).
+constexpr size_t kOffHist = (size_t)kWidth * 4;
+constexpr size_t kOffList = kOffHist + (size_t)kBins * 4;
+constexpr size_t kSmem = kOffList + (size_t)kCandMax * 8;
+static_assert(sizeof(cub::BlockRadixSort<uint32_t, kT, 8, uint32_t>::TempStorage) <=
+                  (size_t)kCandMax * 8,
+              "the block sort's storage fits in the list");
+
+struct Head {
+  uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
+  uint32_t wgt[32], weq[32];    // candidates > / == the threshold per warp
+  uint32_t kor, kand;           // key_diff's scratch
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The bin b of h[kBins] where `above` plus the keys in bins >= b first
+// reach k, into s->bin, with the keys at or above it (s->n_at) and above it
+// (s->n_above), both counting `above`; nothing where above plus the
+// histogram's total stays below k. Returns the histogram's total.
+__device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k, Scan::TempStorage &scan,
+                         Head *s) {
+  const uint4 v = reinterpret_cast<const uint4 *>(h)[threadIdx.x];
+  const uint32_t mine = v.x + v.y + v.z + v.w;
+  uint32_t below = 0, total = 0;
+  Scan(scan).ExclusiveSum(mine, below, total);
+  const uint32_t hi = above + (total - below - mine);  // keys in the higher threads' bins
+  if (hi < k && hi + mine >= k) {
+    const uint32_t c[4] = {v.x, v.y, v.z, v.w};
+    uint32_t at = hi;
+    for (int j = 3; j >= 0; j--) {
+      if (at + c[j] >= k) {
+        s->bin = threadIdx.x * 4u + (uint32_t)j;
+        s->n_at = at + c[j];
+        s->n_above = at;
+        break;
+      }
+      at += c[j];
+    }
+  }
+  __syncthreads();
+  return total;
+}
+#endif
+
+__global__ void __launch_bounds__(kT, 1)
+    rowsort_kernel(const fp4idx_cuda_topk_row_t *rows, int32_t k, int32_t *pos, float *val,
+                   int32_t *count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Head s;
+  __shared__ Scan::TempStorage scan;
+  uint32_t *keys = reinterpret_cast<uint32_t *>(smem);
+  uint32_t *h = reinterpret_cast<uint32_t *>(smem + kOffHist);
+  unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + kOffList);
+  constexpr int kPer = kWidth / kT;  // positions a thread loads
+  static_assert(kWidth % kT == 0, "whole loads per thread");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r = blockIdx.x;
+  // Programmatic dependent launch: the next kernel may start its prologue
+  // at once; this one touches global memory only after the wait, so its
+  // start and the histogram's zeroing run under the previous kernel.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  reinterpret_cast<uint4 *>(h)[tid] = make_uint4(0u, 0u, 0u, 0u);
+  __syncthreads();
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const fp4idx_cuda_topk_row_t row = rows[r];
+  const int n = (int)row.width;  // <= kWidth (the planner's rule)
+  int32_t *po = pos + (size_t)r * (size_t)k;
+  float *vo = val + (size_t)r * (size_t)k;
+
+  // The row into shared memory as keys (thread t: positions j * kT + t),
+  // every load in flight before the first use; the top 12 bits counted.
+  {
+    float f[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+      const int i = j * kT + tid;
+      f[j] = i < n ? __ldg(row.logits + i) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+      const int i = j * kT + tid;
+      const uint32_t key = ord_key(f[j]);
+      if (i < n) keys[i] = key;
+      hist_inc(h, key >> 20, i < n && key > kInvisibleMax);
+    }
+  }
+  __syncthreads();
+
+  // The select: candidates are keys >= lo; with an exact T (exact != 0) the
+  // keys > T (lo = T + 1) and the first `take` keys == T. At most k visible
+  // keys: every one of them (lo just above the key of -inf).
+  uint32_t lo = kInvisibleMax + 1, t_key = 0, take = 0, above = 0, prefix = 0;
+  int exact = 0;
+  for (int pass = 0; pass < 3; pass++) {
+    const int shift = pass == 0 ? 20 : pass == 1 ? 8 : 0;
+    if (pass > 0) {  // the next digit's bins inside the chosen bin
+      reinterpret_cast<uint4 *>(h)[tid] = make_uint4(0u, 0u, 0u, 0u);
+      __syncthreads();
+      const int wide = pass == 1 ? 20 : 8;  // key bits above this digit
+      const uint32_t mask = pass == 1 ? 4095u : 255u;
+#pragma unroll 4
+      for (int j = 0; j < kPer; j++) {
+        const int i = j * kT + tid;
+        const uint32_t key = i < n ? keys[i] : 0u;
+        hist_inc(h, (key >> shift) & mask, i < n && (key >> wide) == prefix);
+      }
+      __syncthreads();
+    }
+    const uint32_t total = find_bin(h, above, (uint32_t)k, scan, &s);
+    if (pass == 0 && total <= (uint32_t)k) break;
+    const uint32_t bin = s.bin, n_at = s.n_at, n_above = s.n_above;
+    __syncthreads();  // s is read before the next pass writes it
+    prefix = (prefix << (pass == 2 ? 8 : 12)) | bin;
+    if (n_at <= (uint32_t)kCandMax) {  // the whole bin joins the candidates
+      lo = prefix << shift;
+      break;
+    }
+    if (pass == 2) {  // ties: T, the k-th key, is the last digit's bin
+      exact = 1;
+      t_key = prefix;
+      lo = prefix + 1;  // T <= 0xFF800000 (the key of +inf): no wrap
+      take = (uint32_t)k - n_above;
+      break;
+    }
+    above = n_above;
+  }
+
+  // The list in position order: warp w takes positions [w * per_w, (w + 1) * per_w).
+  const int per_w = (n + 32 * 32 - 1) / (32 * 32) * 32;
+  const int w0 = warp * per_w, w1 = w0 + per_w < n ? w0 + per_w : n;
+  {
+    uint32_t cgt = 0, ceq = 0;
+    for (int b = w0; b < w1; b += 32) {
+      const int i = b + lane;
+      const uint32_t key = i < w1 ? keys[i] : 0u;
+      cgt += __popc(__ballot_sync(0xffffffffu, i < w1 && key >= lo));
+      ceq += __popc(__ballot_sync(0xffffffffu, exact && i < w1 && key == t_key));
+    }
+    if (lane == 0) {
+      s.wgt[warp] = cgt;
+      s.weq[warp] = ceq;
+    }
+  }
+  __syncthreads();
+  uint32_t gt_base = 0, eq_base = 0, n_gt = 0;
+  for (int w = 0; w < 32; w++) {
+    if (w < warp) {
+      gt_base += s.wgt[w];
+      eq_base += s.weq[w];
+    }
+    n_gt += s.wgt[w];
+  }
+  {
+    const unsigned lt = (1u << lane) - 1u;
+    for (int b = w0; b < w1; b += 32) {
+      const int i = b + lane;
+      const uint32_t key = i < w1 ? keys[i] : 0u;
+      const bool gt = i < w1 && key >= lo, eq = exact && i < w1 && key == t_key;
+      const unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
+      if (gt) list[gt_base + __popc(bg & lt)] = cand_of(key, i);
+      const uint32_t er = eq_base + __popc(be & lt);
+      if (eq && er < take) list[n_gt + er] = cand_of(key, i);
+      gt_base += __popc(bg);
+      eq_base += __popc(be);
+    }
+  }
+  const uint32_t n_cand = n_gt + take;  // exact: n_gt + take == k; else n_gt (may pass k)
+  __syncthreads();
+
+  // The key bits to sort: those that differ; only the upper 16 where every
+  // candidate's lower 16 follow from its sign (a bf16 value's key).
+  uint32_t diff = key_diff<kT>(list, n_cand, &s.kor, &s.kand);
+  int bf16 = 1;
+  for (uint32_t i = tid; i < n_cand; i += kT) {
+    const uint32_t key = (uint32_t)(list[i] >> 32);
+    bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
+  }
+  if (__syncthreads_and(bf16)) diff &= 0xFFFF0000u;
+  const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
+  sort_write_n<kT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
+                   row.logits, po, vo);
+  pad_row(po, vo, count + r, n_out, k, 0, 1, kT);
+#endif
+}
+
+// Per device: the kernel's shared memory limit set (once), whether the
+// device runs it (sm_90+) and its SM count (0: no row-sort path).
+struct Caps {
+  std::atomic<int> ready{0};
+  int sms = 0;
+};
+Caps g_caps[64];
+
+int device_sms() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  Caps &c = g_caps[dev];
+  if (!c.ready.load(std::memory_order_acquire)) {
+    int major = 0, sms = 0;
+    const int ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        major >= 9 &&
+        cudaFuncSetAttribute(rowsort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)kSmem) == cudaSuccess;
+    (void)cudaGetLastError();  // a failed query means: no row-sort path
+    c.sms = ok ? sms : 0;
+    c.ready.store(1, std::memory_order_release);
+  }
+  return c.sms;
+}
+
+}  // namespace
+
+extern "C" int fp4idx__cuda_topk_rowsort_plan(const fp4idx_cuda_topk_row_t *rows, int32_t n_rows,
+                                              int32_t k, int automatic,
+                                              fp4idx_cuda_topk_plan_t *p) {
+  if (n_rows < 1 || k > FP4IDX_CUDA_TOPK_CLUSTER_K) return FP4IDX_ENODEV;
+  for (int32_t i = 0; i < n_rows; i++)
+    if (rows[i].width > kWidth) return FP4IDX_ENODEV;
+  const int sms = device_sms();
+  if (!sms) return FP4IDX_ENODEV;
+  // The planner's rule: one wave of blocks (a block per row, one per SM),
+  // and more rows than a quarter of the SMs, where the cluster path gets
+  // at most two blocks a row. Measured (H100, docs/RESULTS.md): 64 rows of
+  // 9,295 keys, k = 2048, 18.9 us against the cluster path's 23.0 (k = 512
+  // the same, 13.6); 4 rows of 16,384 (clusters of 4) 18.4 against 14.1.
+  if (automatic && !(n_rows <= sms && (int64_t)n_rows * 4 > sms)) return FP4IDX_ENODEV;
+  p->rowsort = 1;
+  p->ws_bytes = 256;  // unused; non-zero so every caller's allocation is valid
+  return FP4IDX_OK;
+}
+
+extern "C" int fp4idx__cuda_topk_rowsort_describe(const fp4idx_cuda_topk_plan_t *p,
+                                                  const fp4idx_cuda_topk_row_t *rows,
+                                                  int32_t *pos, float *val, int32_t *count,
+                                                  fp4idx_cuda_launch_t *l) {
+  if (p->rowsort != 1 || p->k > FP4IDX_CUDA_TOPK_CLUSTER_K) return FP4IDX_EINVAL;
+  if (!device_sms()) return FP4IDX_ENODEV;
+  // Programmatic dependent launch, as the cluster path's: the block's start
+  // and zeroing run under the scorer's tail.
+  fp4idx__launch_begin(l, rowsort_kernel, (unsigned)p->n_rows, kT, kSmem, 0, 1);
+  fp4idx__launch_arg(l, rows);
+  fp4idx__launch_arg(l, (int32_t)p->k);
+  fp4idx__launch_arg(l, pos);
+  fp4idx__launch_arg(l, val);
+  fp4idx__launch_arg(l, count);
+  return FP4IDX_OK;
+}
