@@ -37,39 +37,39 @@ namespace {
 
 using namespace fp4idx_topk;
 
-constexpr int kT = 1024;                                 // threads of the row's block
+constexpr int kRowT = 1024;                                 // threads of the row's block
 constexpr int kWidth = FP4IDX_CUDA_TOPK_ROWSORT_WIDTH;   // positions a block holds
-constexpr int kCandMax = 8 * kT;                         // the largest list sort_write_n sorts
-constexpr int kBins = 4096;                              // digit bins (the last pass uses 256)
-static_assert(kBins == 4 * kT, "a thread scans four bins");
-using Scan = cub::BlockScan<uint32_t, kT, cub::BLOCK_SCAN_WARP_SCANS>;
+constexpr int kCandMax = 8 * kRowT;                         // the largest list sort_write_n sorts
+constexpr int kRowBins = 4096;                              // digit bins (the last pass uses 256)
+static_assert(kRowBins == 4 * kRowT, "a thread scans four bins");
+using RowScan = cub::BlockScan<uint32_t, kRowT, cub::BLOCK_SCAN_WARP_SCANS>;
 
-// Dynamic shared memory: keys[kWidth] | hist[kBins] | list[kCandMax]
+// Dynamic shared memory: keys[kWidth] | hist[kRowBins] | list[kCandMax]
 // (key << 32 | ~position; also the block sort's storage).
 constexpr size_t kOffHist = (size_t)kWidth * 4;
-constexpr size_t kOffList = kOffHist + (size_t)kBins * 4;
+constexpr size_t kOffList = kOffHist + (size_t)kRowBins * 4;
 constexpr size_t kSmem = kOffList + (size_t)kCandMax * 8;
-static_assert(sizeof(cub::BlockRadixSort<uint32_t, kT, 8, uint32_t>::TempStorage) <=
+static_assert(sizeof(cub::BlockRadixSort<uint32_t, kRowT, 8, uint32_t>::TempStorage) <=
                   (size_t)kCandMax * 8,
               "the block sort's storage fits in the list");
 
-struct Head {
+struct RowHead {
   uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
   uint32_t wgt[32], weq[32];    // candidates > / == the threshold per warp
   uint32_t kor, kand;           // key_diff's scratch
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The bin b of h[kBins] where `above` plus the keys in bins >= b first
+// The bin b of h[kRowBins] where `above` plus the keys in bins >= b first
 // reach k, into s->bin, with the keys at or above it (s->n_at) and above it
 // (s->n_above), both counting `above`; nothing where above plus the
 // histogram's total stays below k. Returns the histogram's total.
-__device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k, Scan::TempStorage &scan,
-                         Head *s) {
+__device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k, RowScan::TempStorage &scan,
+                         RowHead *s) {
   const uint4 v = reinterpret_cast<const uint4 *>(h)[threadIdx.x];
   const uint32_t mine = v.x + v.y + v.z + v.w;
   uint32_t below = 0, total = 0;
-  Scan(scan).ExclusiveSum(mine, below, total);
+  RowScan(scan).ExclusiveSum(mine, below, total);
   const uint32_t hi = above + (total - below - mine);  // keys in the higher threads' bins
   if (hi < k && hi + mine >= k) {
     const uint32_t c[4] = {v.x, v.y, v.z, v.w};
@@ -89,18 +89,18 @@ __device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k, Scan
 }
 #endif
 
-__global__ void __launch_bounds__(kT, 1)
+__global__ void __launch_bounds__(kRowT, 1)
     rowsort_kernel(const fp4idx_cuda_topk_row_t *rows, int32_t k, int32_t *pos, float *val,
                    int32_t *count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ Head s;
-  __shared__ Scan::TempStorage scan;
+  __shared__ RowHead s;
+  __shared__ RowScan::TempStorage scan;
   uint32_t *keys = reinterpret_cast<uint32_t *>(smem);
   uint32_t *h = reinterpret_cast<uint32_t *>(smem + kOffHist);
   unsigned long long *list = reinterpret_cast<unsigned long long *>(smem + kOffList);
-  constexpr int kPer = kWidth / kT;  // positions a thread loads
-  static_assert(kWidth % kT == 0, "whole loads per thread");
+  constexpr int kPer = kWidth / kRowT;  // positions a thread loads
+  static_assert(kWidth % kRowT == 0, "whole loads per thread");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r = blockIdx.x;
   // Programmatic dependent launch: the next kernel may start its prologue
@@ -115,18 +115,18 @@ __global__ void __launch_bounds__(kT, 1)
   int32_t *po = pos + (size_t)r * (size_t)k;
   float *vo = val + (size_t)r * (size_t)k;
 
-  // The row into shared memory as keys (thread t: positions j * kT + t),
+  // The row into shared memory as keys (thread t: positions j * kRowT + t),
   // every load in flight before the first use; the top 12 bits counted.
   {
     float f[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; j++) {
-      const int i = j * kT + tid;
+      const int i = j * kRowT + tid;
       f[j] = i < n ? __ldg(row.logits + i) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kPer; j++) {
-      const int i = j * kT + tid;
+      const int i = j * kRowT + tid;
       const uint32_t key = ord_key(f[j]);
       if (i < n) keys[i] = key;
       hist_inc(h, key >> 20, i < n && key > kInvisibleMax);
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kT, 1)
       const uint32_t mask = pass == 1 ? 4095u : 255u;
 #pragma unroll 4
       for (int j = 0; j < kPer; j++) {
-        const int i = j * kT + tid;
+        const int i = j * kRowT + tid;
         const uint32_t key = i < n ? keys[i] : 0u;
         hist_inc(h, (key >> shift) & mask, i < n && (key >> wide) == prefix);
       }
@@ -217,27 +217,27 @@ __global__ void __launch_bounds__(kT, 1)
 
   // The key bits to sort: those that differ; only the upper 16 where every
   // candidate's lower 16 follow from its sign (a bf16 value's key).
-  uint32_t diff = key_diff<kT>(list, n_cand, &s.kor, &s.kand);
+  uint32_t diff = key_diff<kRowT>(list, n_cand, &s.kor, &s.kand);
   int bf16 = 1;
-  for (uint32_t i = tid; i < n_cand; i += kT) {
+  for (uint32_t i = tid; i < n_cand; i += kRowT) {
     const uint32_t key = (uint32_t)(list[i] >> 32);
     bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
   }
   if (__syncthreads_and(bf16)) diff &= 0xFFFF0000u;
   const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
-  sort_write_n<kT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
+  sort_write_n<kRowT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
                    row.logits, po, vo);
-  pad_row(po, vo, count + r, n_out, k, 0, 1, kT);
+  pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
 #endif
 }
 
 // Per device: the kernel's shared memory limit set (once), whether the
 // device runs it (sm_90+) and its SM count (0: no row-sort path).
-struct Caps {
+struct RowCaps {
   std::atomic<int> ready{0};
   int sms = 0;
 };
-Caps g_caps[64];
+RowCaps g_row_caps[64];
 
 int device_sms() {
   int dev = 0;
@@ -245,7 +245,7 @@ int device_sms() {
     (void)cudaGetLastError();
     return 0;
   }
-  Caps &c = g_caps[dev];
+  RowCaps &c = g_row_caps[dev];
   if (!c.ready.load(std::memory_order_acquire)) {
     int major = 0, sms = 0;
     const int ok =
@@ -290,7 +290,7 @@ extern "C" int fp4idx__cuda_topk_rowsort_describe(const fp4idx_cuda_topk_plan_t 
   if (!device_sms()) return FP4IDX_ENODEV;
   // Programmatic dependent launch, as the cluster path's: the block's start
   // and zeroing run under the scorer's tail.
-  fp4idx__launch_begin(l, rowsort_kernel, (unsigned)p->n_rows, kT, kSmem, 0, 1);
+  fp4idx__launch_begin(l, rowsort_kernel, (unsigned)p->n_rows, kRowT, kSmem, 0, 1);
   fp4idx__launch_arg(l, rows);
   fp4idx__launch_arg(l, (int32_t)p->k);
   fp4idx__launch_arg(l, pos);
