@@ -15,10 +15,9 @@
  * written out is the logit read back at the chosen position (bit-exact).
  *
  * The row-sort path (topk_rowsort.cu) takes batches of (SMs / 4, SMs] rows
- * up to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, the cluster path other shapes that
- * fit it; the chunked
- * path takes what neither can (k > 4096, rows wider than
- * FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, devices before sm_90).
+ * up to FP4IDX_CUDA_TOPK_ROWSORT_WIDTH, the cluster path the other shapes
+ * that fit it; the chunked path takes what neither can (k > 4096, rows
+ * wider than FP4IDX_CUDA_TOPK_CLUSTER_WIDTH, devices before sm_90).
  * Rows are cut into chunks of plan.chunk_len positions; one 256-thread block
  * per chunk, all rows of the batch in one grid:
  *   1. hist_kernel: a 4096-bin histogram of the top 12 key bits per row
