@@ -159,9 +159,9 @@ enum {
  * shared memory, ONE kernel node, no workspace) when the device is sm_90+,
  * k <= FP4IDX_CUDA_TOPK_CLUSTER_K, every row has at most
  * FP4IDX_CUDA_TOPK_ROWSORT_WIDTH positions and the batch has more rows than
- * a quarter of the SMs and at most as many as the SMs; else the cluster path (topk_cluster.cu: one thread-block cluster of
- * 1..16 blocks per row, the row in shared memory, ONE kernel node, no
- * workspace, no memset) when the device is sm_90+, k <=
+ * a quarter of the SMs and at most as many as the SMs; else the cluster
+ * path (topk_cluster.cu: one thread-block cluster of 1..16 blocks per row,
+ * the row in shared memory, ONE kernel node, no workspace, no memset) when the device is sm_90+, k <=
  * FP4IDX_CUDA_TOPK_CLUSTER_K and every row has at most
  * FP4IDX_CUDA_TOPK_CLUSTER_WIDTH positions; else the chunked path (topk.cu:
  * a memset and histogram, compaction and a counting-rank finish over the

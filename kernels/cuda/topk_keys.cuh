@@ -59,8 +59,8 @@ __device__ __forceinline__ void hist_add(uint32_t *h, uint32_t bin, bool on) {
 
 // Histogram increment by a whole warp (every lane calls it): one atomic
 // when every active lane has the same bin (ties, dense logits), else one
-// per lane. (hist_add above waits on __match_any_sync:
-// the top stall of the cluster path's histograms in ncu.)
+// per lane. (hist_add above waits on __match_any_sync: the top stall of
+// the cluster path's histograms in ncu.)
 __device__ __forceinline__ void hist_inc(uint32_t *h, uint32_t bin, bool on) {
   const unsigned act = __ballot_sync(0xffffffffu, on);
   if (!act) return;

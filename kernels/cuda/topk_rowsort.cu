@@ -66,8 +66,8 @@ struct RowHead {
 // reach k, into s->bin, with the keys at or above it (s->n_at) and above it
 // (s->n_above), both counting `above`; nothing where above plus the
 // histogram's total stays below k. Returns the histogram's total.
-__device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k, RowScan::TempStorage &scan,
-                         RowHead *s) {
+__device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k,
+                             RowScan::TempStorage &scan, RowHead *s) {
   const uint4 v = reinterpret_cast<const uint4 *>(h)[threadIdx.x];
   const uint32_t mine = v.x + v.y + v.z + v.w;
   uint32_t below = 0, total = 0;
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kRowT, 1)
   if (__syncthreads_and(bf16)) diff &= 0xFFFF0000u;
   const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
   sort_write_n<kRowT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
-                   row.logits, po, vo);
+                      row.logits, po, vo);
   pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
 #endif
 }
