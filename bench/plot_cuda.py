@@ -46,7 +46,7 @@ for k, sc in enumerate(scorers):
             ax.loglog([int(r["ctx"])], [float(r["hot_us"])], "D", color="C%d" % k)
             ax.annotate("%s: %.1f us" % (lbl, float(r["hot_us"])), (int(r["ctx"]), float(r["hot_us"])),
                         textcoords="offset points", xytext=(8, 8 - 11 * k), fontsize=7)
-ax.loglog([16384, 100000, 400000], [4, 7, 20], "v", color="C3", label="goal (issue 9)")
+ax.loglog([16384, 100000, 400000], [3.5, 7, 20], "v", color="C3", label="goal (issue 26)")
 ax.set_xlabel("context (keys)")
 ax.set_ylabel("us per call (median of 3 x 10 graph replays)")
 ax.set_title("FP4 index scorer, R=4 rows x 32 heads, one %s" % gpu)

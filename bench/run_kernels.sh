@@ -90,7 +90,8 @@ if python3 -c "import matplotlib" 2> /dev/null; then
   cat "$OUT"/scorer.*.1.csv | awk 'NR == 1 || $0 !~ /^case,/' > "$OUT/scorer.csv"
   python3 "$here/plot_cuda.py" "$OUT/scorer.csv" "$OUT/cuda.png" "$(cut -d, -f1 "$OUT/gpu.txt")" \
     > /dev/null 2>&1 || echo "run_kernels.sh: plot_cuda.py failed"
-  python3 "$here/plot_topk.py" "$OUT/topk.new.1.csv" "$OUT/topk.png" > /dev/null 2>&1 ||
+  python3 "$here/plot_topk.py" "$OUT/topk.new.1.csv" "$OUT/topk.png" "$(cut -d, -f1 "$OUT/gpu.txt")" \
+    > /dev/null 2>&1 ||
     echo "run_kernels.sh: plot_topk.py failed"
 fi
 exit $bad
