@@ -17,11 +17,13 @@
  * candidates go to a list in position order (warp ballots, the warps'
  * counts scanned): the keys at or above the threshold, or with an exact T
  * the keys > T and then the first keys == T by position until k are
- * taken. The output order (ties by lower position) comes from buckets of
- * the candidates' top 16 key bits (a bf16 logit's whole value) with a
- * counting rank inside each bucket, where the buckets span at most 4,096
- * values and none holds more than kRankMax candidates (a rank's cost grows
- * with the square of its bucket); else from a stable block radix sort of
+ * taken. The output order (ties by lower position) comes, for k <= kRankK,
+ * from buckets of the candidates' top 16 key bits (a bf16 logit's whole
+ * value) with a counting rank inside each bucket, where the buckets span
+ * at most 4,096 values and none holds more than kRankMax candidates (a
+ * rank's cost grows with the square of its bucket: on an H100 it wins at
+ * k = 512, 64 x 9,295 keys 11.0 against 13.4 us, and loses at k = 2048,
+ * 19.1 against 18.8, docs/RESULTS.md); else from a stable block radix sort of
  * the list (descending, only the key bits that differ; the upper 16 where
  * every candidate is a bf16 value, as the scorer writes them). The first
  * min(k, candidates) pairs are written, the rest padded.
@@ -57,6 +59,7 @@ static_assert(sizeof(cub::BlockRadixSort<uint32_t, kRowT, 8, uint32_t>::TempStor
               "the block sort's storage fits in the list");
 
 constexpr uint32_t kRankMax = 256;  // the largest bucket the counting rank takes
+constexpr int32_t kRankK = 512;     // the largest k the counting rank serves
 
 struct RowHead {
   uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(kRowT, 1)
   const uint32_t n_cand = n_gt + take;  // exact: n_gt + take == k; else n_gt (may pass k)
   __syncthreads();
   const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
-  if (bucket_rank_write(list, n_cand, k, h, keys, scan, &s, row.logits, po, vo)) {
+  if (k <= kRankK && bucket_rank_write(list, n_cand, k, h, keys, scan, &s, row.logits, po, vo)) {
     pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
     return;
   }
