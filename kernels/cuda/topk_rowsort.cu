@@ -64,7 +64,7 @@ constexpr int32_t kRankK = 512;     // the largest k the counting rank serves
 struct RowHead {
   uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
   uint32_t wgt[32], weq[32];    // candidates > / == the threshold per warp
-  uint32_t kor, kand, kmin, kmax;  // the candidates' keys: OR, AND, smallest, largest
+  uint32_t kor, kand;           // key_diff's scratch
   uint32_t top16, low16, big;   // the candidates' top 16 key bits: largest, smallest; largest bucket
 };
 
@@ -173,58 +173,6 @@ __device__ int bucket_rank_write(const unsigned long long *list, uint32_t n_cand
     }
   }
   return 1;
-}
-
-// The candidates' keys list[0, n) less their smallest, in place (an
-// order-keeping shift, so the sort needs only the bits of the keys' span:
-// one or two digit passes fewer where the keys straddle a power of two),
-// and the key bits to sort: from the lowest bit that differs among the
-// keys (16 where every key is a bf16 value's: its lower 16 bits follow
-// from its sign, and then only the upper 16 bits are shifted) to the
-// span's highest. 0 where all keys are equal.
-__device__ uint32_t shift_keys(unsigned long long *list, uint32_t n, RowHead *s) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  if (tid == 0) {
-    s->kor = 0;
-    s->kand = 0xFFFFFFFFu;
-    s->kmin = 0xFFFFFFFFu;
-    s->kmax = 0;
-  }
-  __syncthreads();
-  uint32_t kor = 0, kand = 0xFFFFFFFFu, mn = 0xFFFFFFFFu, mx = 0;
-  int bf16 = 1;
-  for (uint32_t i = tid; i < n; i += kRowT) {
-    const uint32_t key = (uint32_t)(list[i] >> 32);
-    kor |= key;
-    kand &= key;
-    mn = key < mn ? key : mn;
-    mx = key > mx ? key : mx;
-    bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
-  }
-  kor = __reduce_or_sync(0xffffffffu, kor);
-  kand = __reduce_and_sync(0xffffffffu, kand);
-  mn = __reduce_min_sync(0xffffffffu, mn);
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  if (lane == 0) {
-    atomicOr(&s->kor, kor);
-    atomicAnd(&s->kand, kand);
-    atomicMin(&s->kmin, mn);
-    atomicMax(&s->kmax, mx);
-  }
-  bf16 = __syncthreads_and(bf16);  // also orders the atomics before the reads
-  const uint32_t low = s->kmin, high = s->kmax, same = s->kor ^ s->kand;
-  if (n <= 1 || !same) return 0;
-  const uint32_t base = bf16 ? low & 0xFFFF0000u : low;
-  const uint32_t span = bf16 ? (high & 0xFFFF0000u) - base : high - base;
-  const int b = bf16 ? 16 : __ffs(same) - 1, e = 32 - __clz(span);
-  for (uint32_t i = tid; i < n; i += kRowT) {
-    const unsigned long long c = list[i];
-    const uint32_t key = (uint32_t)(c >> 32);
-    const uint32_t shifted = bf16 ? (key & 0xFFFF0000u) - base : key - base;
-    list[i] = (unsigned long long)shifted << 32 | (uint32_t)c;
-  }
-  __syncthreads();
-  return e > b ? (uint32_t)((e >= 32 ? 0xFFFFFFFFu : (1u << e) - 1u) & ~((1u << b) - 1u)) : 0u;
 }
 
 __global__ void __launch_bounds__(kRowT, 1)
@@ -358,7 +306,15 @@ __global__ void __launch_bounds__(kRowT, 1)
     return;
   }
 
-  const uint32_t diff = shift_keys(list, n_cand, &s);
+  // The key bits to sort: those that differ; only the upper 16 where every
+  // candidate's lower 16 follow from its sign (a bf16 value's key).
+  uint32_t diff = key_diff<kRowT>(list, n_cand, &s.kor, &s.kand);
+  int bf16 = 1;
+  for (uint32_t i = tid; i < n_cand; i += kRowT) {
+    const uint32_t key = (uint32_t)(list[i] >> 32);
+    bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
+  }
+  if (__syncthreads_and(bf16)) diff &= 0xFFFF0000u;
   sort_write_n<kRowT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
                       row.logits, po, vo);
   pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
