@@ -17,14 +17,16 @@
  * candidates go to a list in position order (warp ballots, the warps'
  * counts scanned): the keys at or above the threshold, or with an exact T
  * the keys > T and then the first keys == T by position until k are
- * taken. A stable block radix sort of the list (descending, only the key
- * bits that differ; the upper 16 where every candidate is a bf16 value, as
- * the scorer writes them) gives the output order with ties by lower
- * position; the first min(k, candidates) pairs are written, the rest
- * padded. No counting rank: its cost grows with the square of a bucket,
- * which is what makes the cluster path slow with one or two blocks a row
- * (docs/RESULTS.md: 64 x 9,295 keys, k = 2048, 18.9 against 23.0 us on an
- * H100; with four blocks a row the cluster path stays faster).
+ * taken. The output order (ties by lower position) comes, for k <= kRankK,
+ * from buckets of the candidates' top 16 key bits (a bf16 logit's whole
+ * value) with a counting rank inside each bucket, where the buckets span
+ * at most 4,096 values and none holds more than kRankMax candidates (a
+ * rank's cost grows with the square of its bucket: on an H100 it wins at
+ * k = 512, 64 x 9,295 keys 11.0 against 13.4 us, and loses at k = 2048,
+ * 19.1 against 18.8, docs/RESULTS.md); else from a stable block radix sort of
+ * the list (descending, only the key bits that differ; the upper 16 where
+ * every candidate is a bf16 value, as the scorer writes them). The first
+ * min(k, candidates) pairs are written, the rest padded.
  * No host synchronization: capturable in a CUDA graph.
  */
 #include <cub/block/block_scan.cuh>
@@ -51,14 +53,19 @@ using RowScan = cub::BlockScan<uint32_t, kRowT, cub::BLOCK_SCAN_WARP_SCANS>;
 constexpr size_t kOffHist = (size_t)kWidth * 4;
 constexpr size_t kOffList = kOffHist + (size_t)kRowBins * 4;
 constexpr size_t kSmem = kOffList + (size_t)kCandMax * 8;
+static_assert((size_t)kCandMax * 8 <= (size_t)kWidth * 4, "the bucketed list fits in the keys");
 static_assert(sizeof(cub::BlockRadixSort<uint32_t, kRowT, 8, uint32_t>::TempStorage) <=
                   (size_t)kCandMax * 8,
               "the block sort's storage fits in the list");
+
+constexpr uint32_t kRankMax = 256;  // the largest bucket the counting rank takes
+constexpr int32_t kRankK = 512;     // the largest k the counting rank serves
 
 struct RowHead {
   uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
   uint32_t wgt[32], weq[32];    // candidates > / == the threshold per warp
   uint32_t kor, kand;           // key_diff's scratch
+  uint32_t top16, low16, big;   // the candidates' top 16 key bits: largest, smallest; largest bucket
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -90,6 +97,83 @@ __device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k,
   return total;
 }
 #endif
+
+// The candidates list[0, n_cand) written in output order by a counting
+// rank, where it is cheap: their top 16 key bits span at most kRowBins
+// values (buckets, keys descending) and no bucket holds more than
+// kRankMax. A candidate's index is its bucket's start plus the candidates
+// of its bucket that order before it ((key, ~position) pairs are
+// distinct, so the count is exact). h (kRowBins words) and keys (the row,
+// done with; n_cand * 8 bytes) are scratch. Returns 0, writing nothing,
+// where the buckets are too wide or too full (the caller sorts).
+__device__ int bucket_rank_write(const unsigned long long *list, uint32_t n_cand, int32_t k,
+                                 uint32_t *h, uint32_t *keys, RowScan::TempStorage &scan,
+                                 RowHead *s, const float *logits, int32_t *po, float *vo) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  if (tid == 0) {
+    s->top16 = 0;
+    s->low16 = 0xFFFFFFFFu;
+    s->big = 0;
+  }
+  __syncthreads();
+  uint32_t mx = 0, mn = 0xFFFFu;
+  for (uint32_t i = tid; i < n_cand; i += kRowT) {
+    const uint32_t u = (uint32_t)(list[i] >> 48);
+    mx = u > mx ? u : mx;
+    mn = u < mn ? u : mn;
+  }
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  mn = __reduce_min_sync(0xffffffffu, mn);
+  if (lane == 0) {
+    atomicMax(&s->top16, mx);
+    atomicMin(&s->low16, mn);
+  }
+  reinterpret_cast<uint4 *>(h)[tid] = make_uint4(0u, 0u, 0u, 0u);
+  __syncthreads();
+  const uint32_t top = s->top16, range = n_cand ? top - s->low16 + 1u : 0u;
+  if (range > (uint32_t)kRowBins) return 0;  // uniform: every thread reads the same words
+  for (uint32_t i = tid; i < n_cand; i += kRowT) atomicAdd(&h[top - (uint32_t)(list[i] >> 48)], 1u);
+  __syncthreads();
+  uint4 v = reinterpret_cast<const uint4 *>(h)[tid];
+  uint32_t below = 0, total = 0;
+  RowScan(scan).ExclusiveSum(v.x + v.y + v.z + v.w, below, total);
+  uint32_t big = v.x > v.y ? v.x : v.y;
+  big = big > v.z ? big : v.z;
+  big = big > v.w ? big : v.w;
+  big = __reduce_max_sync(0xffffffffu, big);
+  if (lane == 0) atomicMax(&s->big, big);
+  v.x += below;  // each bucket's end
+  v.y += v.x;
+  v.z += v.y;
+  v.w += v.z;
+  reinterpret_cast<uint4 *>(h)[tid] = v;
+  __syncthreads();
+  if (s->big > kRankMax) return 0;
+  unsigned long long *bucketed = reinterpret_cast<unsigned long long *>(keys);
+  for (uint32_t i = tid; i < n_cand; i += kRowT) {
+    const unsigned long long c = list[i];
+    bucketed[atomicSub(&h[top - (uint32_t)(c >> 48)], 1u) - 1u] = c;
+  }
+  __syncthreads();  // h[d]: the start of bucket d
+  for (uint32_t i = tid; i < n_cand; i += kRowT) {
+    const unsigned long long c = list[i];
+    const uint32_t d = top - (uint32_t)(c >> 48);
+    const uint32_t b0 = h[d], b1 = d + 1u < range ? h[d + 1u] : n_cand;
+    uint32_t rank = b0, j = b0;
+    for (; j + 4 <= b1 && rank < (uint32_t)k; j += 4) {
+      const unsigned long long y0 = bucketed[j], y1 = bucketed[j + 1], y2 = bucketed[j + 2],
+                               y3 = bucketed[j + 3];
+      rank += (y0 > c) + (y1 > c) + (y2 > c) + (y3 > c);
+    }
+    for (; j < b1 && rank < (uint32_t)k; j++) rank += bucketed[j] > c;
+    if (rank < (uint32_t)k) {
+      const int32_t p = cand_pos(c);
+      po[rank] = p;
+      vo[rank] = logits[p];
+    }
+  }
+  return 1;
+}
 
 __global__ void __launch_bounds__(kRowT, 1)
     rowsort_kernel(const fp4idx_cuda_topk_row_t *rows, int32_t k, int32_t *pos, float *val,
@@ -216,6 +300,11 @@ __global__ void __launch_bounds__(kRowT, 1)
   }
   const uint32_t n_cand = n_gt + take;  // exact: n_gt + take == k; else n_gt (may pass k)
   __syncthreads();
+  const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
+  if (k <= kRankK && bucket_rank_write(list, n_cand, k, h, keys, scan, &s, row.logits, po, vo)) {
+    pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
+    return;
+  }
 
   // The key bits to sort: those that differ; only the upper 16 where every
   // candidate's lower 16 follow from its sign (a bf16 value's key).
@@ -226,7 +315,6 @@ __global__ void __launch_bounds__(kRowT, 1)
     bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
   }
   if (__syncthreads_and(bf16)) diff &= 0xFFFF0000u;
-  const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
   sort_write_n<kRowT>(reinterpret_cast<unsigned char *>(list), list, n_cand, n_out, diff,
                       row.logits, po, vo);
   pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
