@@ -10,6 +10,7 @@
  * call = elapsed / 200, the median of 3 such runs. Each top-k launch
  * includes its workspace memset and every kernel.
  * --only CASE: the cases whose name contains CASE.
+ * --k N: only k = N (512 or 2048), e.g. to profile one kernel launch.
  * --path auto|chunked|cluster|rowsort: the planner's choice (default) or a forced
  * path (fp4idx_cuda_topk_plan_path), to time both paths of one binary.
  * --bucket-cap N: the chunked path's counting-rank finish with the plan's
@@ -124,7 +125,7 @@ size_t check_rows(const std::vector<float> &lg, const std::vector<int64_t> &row_
 }  // namespace
 
 extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
-  int check = 0, bucket_cap = -1, cluster_max = 0, beside_wait = 0;
+  int check = 0, bucket_cap = -1, cluster_max = 0, beside_wait = 0, k_only = 0;
   const char *csv = nullptr, *only = nullptr;
   int gaps[kMaxGaps], n_gaps = 0;
   fp4idx_cuda_topk_path_t path = FP4IDX_CUDA_TOPK_AUTO;
@@ -139,6 +140,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       path = FP4IDX_CUDA_TOPK_ROWSORT, i++;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--k") && i + 1 < argc) k_only = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--bucket-cap") && i + 1 < argc) bucket_cap = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--cluster-max") && i + 1 < argc) cluster_max = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--beside-wait")) beside_wait = 1;
@@ -151,7 +153,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
         }
       }
     } else {
-      fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE]"
+      fprintf(stderr, "usage: fp4idx-bench-cuda --topk [--check] [--csv FILE] [--only CASE] [--k N]"
                       " [--path auto|chunked|cluster|rowsort] [--bucket-cap N] [--cluster-max N]"
                       " [--beside-wait] [--isolated GAP_US[,GAP_US...]]\n");
       return 2;
@@ -231,6 +233,7 @@ extern "C" int fp4idx_bench_topk_main(int argc, char **argv) {
       sc_iso.push_back(bench_time_isolated(st, kIsolatedCalls, gaps[gi], 1, score));
 
     for (int k : {512, 2048}) {
+      if (k_only && k != k_only) continue;
       fp4idx_cuda_topk_plan_t tp;
       const int prc = fp4idx_cuda_topk_plan_path(rows.data(), nr, k, path, &tp);
       if (prc == FP4IDX_ENODEV && path != FP4IDX_CUDA_TOPK_AUTO) {  // a forced path that cannot run
