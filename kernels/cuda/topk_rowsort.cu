@@ -17,7 +17,10 @@
  * candidates go to a list in position order (warp ballots, the warps'
  * counts scanned): the keys at or above the threshold, or with an exact T
  * the keys > T and then the first keys == T by position until k are
- * taken. The output order (ties by lower position) comes, for k <= kRankK,
+ * taken. The output order (ties by lower position) comes from a stable
+ * counting sort on the candidates' top 16 key bits where they are all
+ * bf16 values' keys spanning at most kStableBins values (a bucket then
+ * holds one key, in position order); else, for k <= kRankK,
  * from buckets of the candidates' top 16 key bits (a bf16 logit's whole
  * value) with a counting rank inside each bucket, where the buckets span
  * at most 4,096 values and none holds more than kRankMax candidates (a
@@ -60,6 +63,9 @@ static_assert(sizeof(cub::BlockRadixSort<uint32_t, kRowT, 8, uint32_t>::TempStor
 
 constexpr uint32_t kRankMax = 256;  // the largest bucket the counting rank takes
 constexpr int32_t kRankK = 512;     // the largest k the counting rank serves
+constexpr uint32_t kStableBins = 512;  // the most buckets the stable counting order takes
+static_assert(32u * kStableBins * 4u <= (uint32_t)kWidth * 4u,
+              "a count per warp and bucket fits in the keys");
 
 struct RowHead {
   uint32_t bin, n_at, n_above;  // the select's bin, keys at or above it, keys above it
@@ -97,6 +103,97 @@ __device__ uint32_t find_bin(const uint32_t *h, uint32_t above, uint32_t k,
   return total;
 }
 #endif
+
+// The candidates list[0, n_cand) written in output order by a stable
+// counting sort on their top 16 key bits, where every candidate is a bf16
+// value's key (so one bucket holds one key) and they span at most
+// kStableBins values. The list is in position order within each key (its
+// keys > T, then its keys == T), so a bucket's order by list index is its
+// order by position: warp w takes the list slice w and counts its
+// candidates per bucket, the counts per bucket scanned over the warps and
+// the buckets' totals over the buckets (keys descending) give each warp
+// where its candidates of a bucket start, and the warp writes them in
+// list order (its lanes of one bucket by __match_any_sync). keys (the
+// row, done with) holds the counts, h the buckets' starts. Returns 0,
+// writing nothing, where the candidates are not bf16 keys or span more.
+__device__ int stable_bucket_write(const unsigned long long *list, uint32_t n_cand, int32_t k,
+                                   uint32_t *h, uint32_t *keys, RowScan::TempStorage &scan,
+                                   RowHead *s, const float *logits, int32_t *po, float *vo) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    s->top16 = 0;
+    s->low16 = 0xFFFFFFFFu;
+  }
+  __syncthreads();
+  uint32_t mx = 0, mn = 0xFFFFu;
+  int bf16 = 1;
+  for (uint32_t i = tid; i < n_cand; i += kRowT) {
+    const uint32_t key = (uint32_t)(list[i] >> 32), u = key >> 16;
+    mx = u > mx ? u : mx;
+    mn = u < mn ? u : mn;
+    bf16 &= (key & 0xFFFFu) == (key & 0x80000000u ? 0u : 0xFFFFu);
+  }
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  mn = __reduce_min_sync(0xffffffffu, mn);
+  if (lane == 0) {
+    atomicMax(&s->top16, mx);
+    atomicMin(&s->low16, mn);
+  }
+  bf16 = __syncthreads_and(bf16);  // also orders the atomics before the reads
+  const uint32_t top = s->top16, range = n_cand ? top - s->low16 + 1u : 0u;
+  if (!bf16 || range > kStableBins) return 0;  // uniform
+  uint32_t *cnt = keys;  // cnt[w * range + d]: warp w's candidates in bucket d
+  for (uint32_t i = tid; i < 32u * range; i += kRowT) cnt[i] = 0;
+  __syncthreads();
+  const uint32_t per = (n_cand + 31u) / 32u, w0 = (uint32_t)warp * per;
+  const uint32_t w1 = w0 + per < n_cand ? w0 + per : n_cand;
+  uint32_t *mine = cnt + (uint32_t)warp * range;
+  for (uint32_t b = w0; b < w1; b += 32) {  // warp-uniform bounds
+    const uint32_t i = b + (uint32_t)lane;
+    const bool on = i < w1;
+    const unsigned act = __ballot_sync(0xffffffffu, on);
+    if (on) {
+      const uint32_t d = top - (uint32_t)(list[i] >> 48);
+      const unsigned peers = __match_any_sync(act, d);
+      if (lane == __ffs(peers) - 1) mine[d] += (uint32_t)__popc(peers);
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+  uint32_t total = 0;  // bucket tid's candidates; its counts become the warps' starts in it
+  if ((uint32_t)tid < range) {
+    for (uint32_t w = 0; w < 32u; w++) {
+      const uint32_t c = cnt[w * range + (uint32_t)tid];
+      cnt[w * range + (uint32_t)tid] = total;
+      total += c;
+    }
+  }
+  uint32_t start = 0, all = 0;
+  RowScan(scan).ExclusiveSum(total, start, all);
+  if ((uint32_t)tid < range) h[tid] = start;
+  __syncthreads();
+  const unsigned below = (1u << lane) - 1u;
+  for (uint32_t b = w0; b < w1; b += 32) {
+    const uint32_t i = b + (uint32_t)lane;
+    const bool on = i < w1;
+    const unsigned act = __ballot_sync(0xffffffffu, on);
+    if (on) {
+      const unsigned long long c = list[i];
+      const uint32_t d = top - (uint32_t)(c >> 48);
+      const unsigned peers = __match_any_sync(act, d);
+      const uint32_t rank = h[d] + mine[d] + (uint32_t)__popc(peers & below);
+      if (rank < (uint32_t)k) {
+        const int32_t p = cand_pos(c);
+        po[rank] = p;
+        vo[rank] = logits[p];
+      }
+      __syncwarp(peers);  // every peer has read mine[d]
+      if (lane == __ffs(peers) - 1) mine[d] += (uint32_t)__popc(peers);
+    }
+    __syncwarp();
+  }
+  return 1;
+}
 
 // The candidates list[0, n_cand) written in output order by a counting
 // rank, where it is cheap: their top 16 key bits span at most kRowBins
@@ -301,7 +398,8 @@ __global__ void __launch_bounds__(kRowT, 1)
   const uint32_t n_cand = n_gt + take;  // exact: n_gt + take == k; else n_gt (may pass k)
   __syncthreads();
   const uint32_t n_out = n_cand < (uint32_t)k ? n_cand : (uint32_t)k;
-  if (k <= kRankK && bucket_rank_write(list, n_cand, k, h, keys, scan, &s, row.logits, po, vo)) {
+  if (stable_bucket_write(list, n_cand, k, h, keys, scan, &s, row.logits, po, vo) ||
+      (k <= kRankK && bucket_rank_write(list, n_cand, k, h, keys, scan, &s, row.logits, po, vo))) {
     pad_row(po, vo, count + r, n_out, k, 0, 1, kRowT);
     return;
   }
