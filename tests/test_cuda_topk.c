@@ -631,6 +631,40 @@ Test(cuda_topk, rowsort_orderings, .timeout = 600) {
   free(x);
 }
 
+/* The row sort's bucket spans: rows whose keys are S consecutive bf16
+ * values (from 1.0 up, or both signs around zero's neighbours), each
+ * repeated at scattered positions, with k past the width so that every key
+ * is a candidate: S = 512 (the stable counting order's widest span) and
+ * 513 (one past it: the rank or the sort), at k = 4096 and 64. */
+Test(cuda_topk, rowsort_bucket_spans, .timeout = 600) {
+  NEED_GPU();
+  const int64_t w[4] = {4000, 3999, 4096, 2048};
+  float *x = rows_alloc(4, w);
+  static const int32_t spans[2] = {512, 513};
+  for (int si = 0; si < 2; si++) {
+    for (int sign = 0; sign < 2; sign++) {
+      int64_t at = 0;
+      for (int32_t r = 0; r < 4; r++) {
+        for (int64_t i = 0; i < w[r]; i++) {
+          const uint32_t v = (uint32_t)((i * 7919 + r) % spans[si]);
+          const uint32_t bits = sign ? 0xBF80u + v : 0x3F80u + v; /* 1.0 up, or -1.0 down */
+          const uint32_t u = bits << 16;
+          memcpy(&x[at + i], &u, 4);
+        }
+        at += w[r];
+      }
+      static const int32_t ks[2] = {4096, 64};
+      for (int ki = 0; ki < 2; ki++) {
+        char what[96];
+        snprintf(what, sizeof what, "bucket span %d (%s), k=%d", spans[si],
+                 sign ? "negative" : "positive", ks[ki]);
+        direct(what, 4, w, x, ks[ki]);
+      }
+    }
+  }
+  free(x);
+}
+
 /* A small case of the cluster path (2 rows x 9,000: clusters of 2 blocks),
  * bf16 ties and all-equal rows, for compute-sanitizer runs. */
 Test(cuda_topk, cluster_small, .timeout = 600) {
