@@ -594,10 +594,13 @@ Test(cuda_topk, cluster_bf16_ties, .timeout = 600) {
 }
 
 /* The row sort's orderings, 4 rows of 16,384 against the host sort: keys
- * over 120 binades of both signs (the sort takes every key bit), bf16
+ * over 120 binades of both signs (the sort takes every key bit; the
+ * rank's buckets of 16 key bits hold keys that differ below them), bf16
  * Gaussian keys (the upper 16 bits only), each value 300 and 256 times
- * (ties deep in the list and at the threshold), at k = 64, 2048 and 4096;
- * the other paths on the same rows. */
+ * (ties deep in the list and at the threshold; at k = 64 a 300-deep bucket
+ * sends the rank to the sort, a 256-deep one is the rank's largest), at
+ * k = 64 (the counting rank where it can) and 2048 and 4096 (the block
+ * sort); the other paths on the same rows. */
 Test(cuda_topk, rowsort_orderings, .timeout = 600) {
   NEED_GPU();
   fp4idx_test_rng_t g;

@@ -364,8 +364,9 @@ extern "C" int fp4idx__cuda_topk_rowsort_plan(const fp4idx_cuda_topk_row_t *rows
   // The planner's rule: one wave of blocks (a block per row, one per SM),
   // and more rows than a quarter of the SMs, where the cluster path gets
   // at most two blocks a row. Measured (H100, docs/RESULTS.md): 64 rows of
-  // 9,295 keys, k = 2048, 18.9 us against the cluster path's 23.0 (k = 512
-  // the same, 13.6); 4 rows of 16,384 (clusters of 4) 18.4 against 14.1.
+  // 9,295 keys, k = 2048, 18.9 us against the cluster path's 23.0 (k = 512,
+  // with the counting rank, 11.1 against 13.7); 4 rows of 16,384 (clusters
+  // of 4) 18.4 against 14.1.
   if (automatic && !(n_rows <= sms && (int64_t)n_rows * 4 > sms)) return FP4IDX_ENODEV;
   p->rowsort = 1;
   p->ws_bytes = 256;  // unused; non-zero so every caller's allocation is valid
