@@ -18,7 +18,11 @@
 struct fp4idx_client_s {
   int fd;                 /* -1 when not connected */
   int timeout_ms;         /* 0 = no limit */
-  int busy_poll_us;       /* spin on recv this long before sleeping in poll */
+  int busy_poll_us;       /* spin on recv this long before sleeping in poll,
+                             or FP4IDX_CLIENT_BUSY_POLL_AUTO (spin.h) */
+  int64_t sent_us;        /* when the last request went out, until its reply's
+                             first bytes come (0: none awaited) */
+  int64_t spin_recent_us; /* recent waits for a reply (fp4idx__client_spin_learn) */
   uint64_t next_id;       /* id of the next request */
   uint64_t max_frame;     /* daemon's request limit once known, else 0 */
   int channels;           /* channels open on this connection (channel.c) */

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 
 #include "client_internal.h"
 #include "fp4idx_codec.h"
+#include "spin.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "libfp4idx-client passes arrays through as little-endian");
@@ -99,12 +101,13 @@ fp4idx_client_t *fp4idx_client_new(void) {
   if (c == NULL) return NULL;
   c->fd = -1;
   c->next_id = 1;
-  /* Spin briefly by default where a core can spare it: a reply that comes
-   * within the window skips the scheduler's wake-up (10-13 us of an info
-   * round trip on the H200 host, docs/RESULTS.md); on a machine of
-   * 1-3 cores the spin would take the core the daemon needs. */
+  /* Spin by default where a core can spare it, as long as this
+   * connection's replies usually take: a reply that comes within the
+   * window skips the scheduler's wake-up (10-13 us of an info round trip
+   * on the H200 host, docs/RESULTS.md); on a machine of 1-3 cores the spin
+   * would take the core the daemon needs. */
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  c->busy_poll_us = ncpu >= 4 ? FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US : 0;
+  c->busy_poll_us = ncpu >= 4 ? FP4IDX_CLIENT_BUSY_POLL_AUTO : 0;
   return c;
 }
 
@@ -115,6 +118,7 @@ void fp4idx__client_disconnect(fp4idx_client_t *c) {
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
   c->max_frame = 0;
+  c->sent_us = 0; /* no reply awaited on the next connection */
 }
 
 void fp4idx_client_close(fp4idx_client_t *c) {
@@ -149,8 +153,9 @@ fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c,
 
 fp4idx_status_t fp4idx_client_set_busy_poll(fp4idx_client_t *c, int us) {
   if (c == NULL) return FP4IDX_EINVAL;
-  if (us < 0 || us > 1000000)
-    return fp4idx__client_fail(c, FP4IDX_EINVAL, "busy poll of %d us outside 0..1000000", us);
+  if (us != FP4IDX_CLIENT_BUSY_POLL_AUTO && (us < 0 || us > 1000000))
+    return fp4idx__client_fail(c, FP4IDX_EINVAL,
+                               "busy poll of %d us outside 0..1000000 (or -1: automatic)", us);
   c->busy_poll_us = us;
   return fp4idx__client_fail(c, FP4IDX_OK, NULL);
 }
@@ -244,6 +249,10 @@ static fp4idx_status_t recv_chunk(fp4idx_client_t *c, char *p, size_t cap, size_
   for (;;) {
     ssize_t r = recv(c->fd, p, cap, 0);
     if (r > 0) {
+      if (c->sent_us) { /* a reply's first bytes: how long they took */
+        c->spin_recent_us = fp4idx__client_spin_learn(c->spin_recent_us, now_us() - c->sent_us);
+        c->sent_us = 0;
+      }
       *got = (size_t)r;
       return FP4IDX_OK;
     }
@@ -254,10 +263,14 @@ static fp4idx_status_t recv_chunk(fp4idx_client_t *c, char *p, size_t cap, size_
           what, have, total);
     }
     if (errno == EINTR) continue;
-    if ((errno == EAGAIN || errno == EWOULDBLOCK) && c->busy_poll_us > 0) {
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) && c->busy_poll_us != 0) {
       int64_t t = now_us();
-      if (spin_until == 0) spin_until = t + c->busy_poll_us;
-      if (t < spin_until) continue;
+      if (spin_until == 0)
+        spin_until = t + fp4idx__client_spin_window(c->busy_poll_us, c->spin_recent_us);
+      if (t < spin_until) {
+        sched_yield(); /* a runnable thread of this CPU (the daemon's) goes first */
+        continue;
+      }
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       fp4idx_status_t st = wait_fd(c->fd, POLLIN, deadline);
@@ -317,7 +330,10 @@ fp4idx_status_t fp4idx__client_sendv(fp4idx_client_t *c, struct iovec *iov, int 
       iov++;
       left--;
     }
-    if (left == 0) return FP4IDX_OK; /* a frame is >= 4 bytes: the fd went */
+    if (left == 0) { /* a frame is >= 4 bytes: the fd went */
+      c->sent_us = now_us(); /* the reply's wait starts */
+      return FP4IDX_OK;
+    }
     mh.msg_iov = iov;
     mh.msg_iovlen = left < IOV_MAX ? left : IOV_MAX; /* sendmsg takes at most IOV_MAX */
     ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);

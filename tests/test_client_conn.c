@@ -19,6 +19,7 @@
 
 #include "fp4idx_client.h"
 #include "fp4idx_codec.h"
+#include "spin.h"
 
 typedef enum {
   FAKE_SLOW_OK,      /* info reply written one byte at a time */
@@ -464,7 +465,8 @@ Test(conn, arguments) {
   fp4idx_client_t *c = fp4idx_client_new();
   cr_expect_eq(fp4idx_client_set_timeout(c, -1), FP4IDX_EINVAL);
   cr_expect_eq(fp4idx_client_set_busy_poll(NULL, 1), FP4IDX_EINVAL);
-  cr_expect_eq(fp4idx_client_set_busy_poll(c, -1), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_busy_poll(c, -2), FP4IDX_EINVAL);
+  cr_expect_eq(fp4idx_client_set_busy_poll(c, FP4IDX_CLIENT_BUSY_POLL_AUTO), FP4IDX_OK);
   cr_expect_eq(fp4idx_client_set_busy_poll(c, 1000001), FP4IDX_EINVAL);
   cr_expect_eq(fp4idx_client_set_busy_poll(c, 50), FP4IDX_OK);
   char longp[300];
@@ -698,4 +700,35 @@ Test(conn, score_into_small_buffer_is_e2big_and_keeps_the_stream) {
   cr_expect_str_eq(in.server, "fake 9.9.9");
   fp4idx_client_close(c);
   fake_stop(&f);
+}
+
+/* The automatic busy poll's window (spin.h): a fixed setting is the window
+ * itself; automatic follows the recent waits within [50, 500] us and falls
+ * back to the least where waits are long (clients queued behind others). */
+Test(conn, spin_window_follows_recent_waits) {
+  const int A = FP4IDX_CLIENT_BUSY_POLL_AUTO, lo = FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US,
+            hi = FP4IDX__CLIENT_SPIN_AUTO_MAX_US;
+  cr_expect_eq(fp4idx__client_spin_window(0, 90), 0, "0: sleep at once");
+  cr_expect_eq(fp4idx__client_spin_window(1000, 5000), 1000, "a fixed window ignores the waits");
+  cr_expect_eq(fp4idx__client_spin_window(A, 0), lo, "nothing learned: the least window");
+  cr_expect_eq(fp4idx__client_spin_window(A, 10), lo, "short waits: the least window");
+  cr_expect_eq(fp4idx__client_spin_window(A, 90), 90 + 45 + 20, "1.5 x the wait + 20 us");
+  cr_expect_eq(fp4idx__client_spin_window(A, 400), hi, "capped");
+  cr_expect_eq(fp4idx__client_spin_window(A, hi), hi);
+  cr_expect_eq(fp4idx__client_spin_window(A, hi + 1), lo, "long waits: the least window");
+  cr_expect_eq(fp4idx__client_spin_window(A, 100000), lo);
+
+  /* learning: the longest wait holds, shrinking by an eighth a call */
+  int64_t r = 0;
+  r = fp4idx__client_spin_learn(r, 96);
+  cr_expect_eq(r, 96);
+  r = fp4idx__client_spin_learn(r, 8); /* an info between two scores */
+  cr_expect_eq(r, 84, "96 less an eighth, not the info's 8");
+  cr_expect_geq(fp4idx__client_spin_window(A, r), 96, "the next score still within the window");
+  r = fp4idx__client_spin_learn(r, 200);
+  cr_expect_eq(r, 200, "a longer wait takes over at once");
+  for (int i = 0; i < 40; i++) r = fp4idx__client_spin_learn(r, 10);
+  cr_expect_lt(r, 20, "a run of short waits brings it down: %lld", (long long)r);
+  cr_expect_geq(r, 10);
+  cr_expect_eq(fp4idx__client_spin_learn(-5, -7), 0, "never below zero");
 }

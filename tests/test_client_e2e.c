@@ -184,12 +184,13 @@ Test(e2e, topk_matches_sorted_full_logits) {
   uint32_t width;
   CHECK(c, fp4idx_client_score_into(c, 3, 64, (uint32_t)g.rows, g.q, g.w,
                                     g.lens, full, (size_t)g.rows * W, &width));
-  /* the top-k replies read with busy polling: same results as the sleeping
-   * reads of the full logits */
-  CHECK(c, fp4idx_client_set_busy_poll(c, 200));
+  /* the top-k replies read with busy polling, a fixed window and the
+   * automatic one in turn: same results as the sleeping reads of the full
+   * logits */
   static const uint32_t ks[] = {1, 16, 64, 500, 2048};
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
     uint32_t k = ks[i];
+    CHECK(c, fp4idx_client_set_busy_poll(c, i % 2 ? FP4IDX_CLIENT_BUSY_POLL_AUTO : 200));
     size_t m = (size_t)g.rows * k;
     int32_t *pos = malloc(m * 4), *cnt = malloc((size_t)g.rows * 4);
     float *val = malloc(m * 4);

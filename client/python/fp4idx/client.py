@@ -17,10 +17,33 @@ from .methods import Methods, Queue, Scan, first_error
 _KEEP = 4 << 20  # a receive buffer grown above this is dropped after use
 _IOV_MAX = 1024
 _SMALL = 4096  # bodies below this are joined to their header for one send
-# The busy poll of a new Client on a host of at least 4 CPUs, as
-# libfp4idx-client's FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US (on fewer, 0: the
-# spin would take the core the daemon needs).
+# The busy poll, as libfp4idx-client's (client/spin.h): BUSY_POLL_AUTO, what
+# a new Client on a host of at least 4 CPUs starts with (on fewer, 0: the
+# spin would take the core the daemon needs), spins about one and a half
+# times the connection's recent waits for a reply, at least
+# BUSY_POLL_DEFAULT_US and at most BUSY_POLL_AUTO_MAX_US, and the least
+# where replies take longer than that (the daemon busy with other clients).
 BUSY_POLL_DEFAULT_US = 50
+BUSY_POLL_AUTO = -1
+BUSY_POLL_AUTO_MAX_US = 500
+
+
+def spin_window(setting, recent_us):
+    """The spin window of the next wait, us (libfp4idx-client's
+    fp4idx__client_spin_window): a fixed setting is the window; BUSY_POLL_AUTO
+    follows recent_us (spin_learn)."""
+    if setting != BUSY_POLL_AUTO:
+        return max(setting, 0)
+    if recent_us <= 0 or recent_us > BUSY_POLL_AUTO_MAX_US:
+        return BUSY_POLL_DEFAULT_US
+    return min(max(recent_us + recent_us // 2 + 20, BUSY_POLL_DEFAULT_US), BUSY_POLL_AUTO_MAX_US)
+
+
+def spin_learn(recent_us, wait_us):
+    """The recent wait after a reply whose first bytes came wait_us after the
+    wait began: the longer of wait_us and recent_us less an eighth."""
+    recent_us = max(recent_us, 0)
+    return max(max(wait_us, 0), recent_us - recent_us // 8)
 
 
 class Client(Methods, Scan):
@@ -33,11 +56,14 @@ class Client(Methods, Scan):
     and the whole exchange of a pipeline.
 
     busy_poll_us: how long each wait for a reply polls the socket before
-    the thread sleeps (0: sleep at once); None: BUSY_POLL_DEFAULT_US on a
-    host of 4 or more CPUs, else 0, as libfp4idx-client. A reply that comes
-    within it is taken without the scheduler's wake-up (on a busy or
-    virtualized host, most of a small call's round trip), at the price of
-    the calling thread spinning meanwhile.
+    the thread sleeps: us (0: sleep at once), or BUSY_POLL_AUTO (-1: about
+    one and a half times this connection's recent waits, 50..500 us, see
+    BUSY_POLL_AUTO); None: BUSY_POLL_AUTO on a host of 4 or more CPUs, else
+    0, as libfp4idx-client. A reply that comes within it is taken without
+    the scheduler's wake-up (on a busy or virtualized host, most of a small
+    call's round trip), at the price of the calling thread spinning
+    meanwhile; the spin yields the CPU to any other runnable thread on
+    each turn.
 
     Connects at once (ConnectionLost when no daemon answers). When the
     connection is lost, or a call times out, that call raises
@@ -50,12 +76,13 @@ class Client(Methods, Scan):
         self.socket_path = socket if socket is not None else wire.default_socket()
         self.timeout = timeout
         if busy_poll_us is None:
-            busy_poll_us = BUSY_POLL_DEFAULT_US if (os.cpu_count() or 1) >= 4 else 0
+            busy_poll_us = BUSY_POLL_AUTO if (os.cpu_count() or 1) >= 4 else 0
         if isinstance(busy_poll_us, bool) or not isinstance(busy_poll_us, int) or \
-                not 0 <= busy_poll_us <= 1000000:
-            raise BY_NAME["EINVAL"](f"busy_poll_us must be an int in 0..1000000, "
-                                    f"got {busy_poll_us!r}")
+                not (0 <= busy_poll_us <= 1000000 or busy_poll_us == BUSY_POLL_AUTO):
+            raise BY_NAME["EINVAL"](f"busy_poll_us must be an int in 0..1000000 or "
+                                    f"BUSY_POLL_AUTO (-1), got {busy_poll_us!r}")
         self.busy_poll_us = busy_poll_us
+        self._spin_recent = 0  # recent waits for a reply, us (spin_learn)
         self._poll = None  # the socket's poll(0), for the busy poll
         self._sock = None
         self._enc = wire.Encoder()
@@ -357,18 +384,27 @@ class Client(Methods, Scan):
         self._end += n
 
     def _recv_reply(self):
+        t0 = None  # the wait for this reply's first bytes began (spun calls)
         while True:
             r = self._try_frame()
             if r is not None:
                 return r
             if self.busy_poll_us:
+                if t0 is None:
+                    t0 = time.perf_counter()
                 self._spin()
+            had = self._end
             self._recv_some(self._sock)
+            if t0 and self._end != had:
+                self._spin_recent = spin_learn(self._spin_recent,
+                                               int((time.perf_counter() - t0) * 1e6))
+                t0 = 0  # learned: not again for this reply
 
     def _spin(self):
-        """Polls the socket, without sleeping, until it has bytes or
-        busy_poll_us have passed; the receive after it then finds them
-        without a wake-up (or sleeps as before)."""
+        """Polls the socket, without sleeping and yielding the CPU to any
+        other runnable thread on each turn, until it has bytes or the spin
+        window (spin_window) has passed; the receive after it then finds
+        them without a wake-up (or sleeps as before)."""
         poll = self._poll
         if poll is None:
             poller = select.poll()
@@ -376,9 +412,9 @@ class Client(Methods, Scan):
             poll = self._poll = poller.poll
         if poll(0):
             return
-        end = time.perf_counter() + self.busy_poll_us * 1e-6
+        end = time.perf_counter() + spin_window(self.busy_poll_us, self._spin_recent) * 1e-6
         while not poll(0) and time.perf_counter() < end:
-            pass
+            os.sched_yield()
 
 
 class _Guard:
