@@ -663,6 +663,27 @@ fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
                            .lens = lens};
   if ((uint64_t)rows * k > SIZE_MAX / 4)
     return bad_arg(c, "rows x k too large");
+  /* Large results through the connection's reply region, [positions |
+   * logits | counts] with no gap (the daemon brings them back by one copy);
+   * where no region can be had, the socket from now on. */
+  const size_t kk = (size_t)rows * k * 4;
+  if (rows > 0 && kk <= (SIZE_MAX - rows * 4u) / 2 &&
+      fp4idx__client_reply_wanted(c, 2 * kk + (size_t)rows * 4)) {
+    void *p = NULL;
+    uint64_t rid = 0;
+    fp4idx_status_t st = fp4idx__client_reply_region(c, 2 * kk + (size_t)rows * 4, &p, &rid);
+    if (st == FP4IDX_OK) {
+      st = fp4idx_client_topk_region(c, seq, heads, rows, q, w, lens, k, rid, 0, kk, 2 * kk);
+      if (st == FP4IDX_OK) {
+        memcpy(positions, p, kk);
+        memcpy(logits, (const char *)p + kk, kk);
+        if (counts) memcpy(counts, (const char *)p + 2 * kk, (size_t)rows * 4);
+      }
+      return st;
+    }
+    if (!fp4idx_client_connected(c)) return st;
+    c->reply_min = 0;
+  }
   score_into_t into = {.logits = logits, .logits_cap = (size_t)rows * k,
                        .positions = positions, .counts = counts};
   return score_exchange(c, heads, k, &s, 1, NULL, NULL, NULL, &into);

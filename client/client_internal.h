@@ -26,6 +26,12 @@ struct fp4idx_client_s {
   uint64_t next_id;       /* id of the next request */
   uint64_t max_frame;     /* daemon's request limit once known, else 0 */
   int channels;           /* channels open on this connection (channel.c) */
+  /* The reply region (reply_region.c): fp4idx_client_topk's results of at
+   * least reply_min bytes come back through it (0: always the socket). */
+  size_t reply_min;
+  uint64_t reply_id;      /* its id on the daemon (0: none on this connection) */
+  void *reply_ptr;        /* this process's mapping of it */
+  size_t reply_size;
   fp4idx_status_t last_status;
   char last_error[512];
 };
@@ -36,8 +42,22 @@ fp4idx_status_t fp4idx__client_fail(fp4idx_client_t *c, fp4idx_status_t st,
                                     const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Closes the socket (keeps the handle). */
+/* Closes the socket (keeps the handle; the reply region is unmapped: the
+ * daemon releases it with the connection). */
 void fp4idx__client_disconnect(fp4idx_client_t *c);
+
+/* Whether results of `bytes` bytes come back through the reply region. */
+int fp4idx__client_reply_wanted(const fp4idx_client_t *c, size_t bytes);
+
+/* The connection's reply region with room for `bytes`: *ptr its mapping
+ * here, *id its region id; made (or replaced by a larger one) as needed.
+ * Returns FP4IDX_OK, or the error of fp4idx_client_region_create /
+ * _unregister (the region is then gone). */
+fp4idx_status_t fp4idx__client_reply_region(fp4idx_client_t *c, size_t bytes, void **ptr,
+                                            uint64_t *id);
+
+/* Unmaps the reply region and forgets it (nothing sent to the daemon). */
+void fp4idx__client_reply_forget(fp4idx_client_t *c);
 
 /* A memfd of `size` bytes (named `name`), sealed with `seals` (F_SEAL_*),
  * mapped shared into *ptr: what a host region or a channel's control block

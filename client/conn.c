@@ -108,6 +108,7 @@ fp4idx_client_t *fp4idx_client_new(void) {
    * would take the core the daemon needs. */
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   c->busy_poll_us = ncpu >= 4 ? FP4IDX_CLIENT_BUSY_POLL_AUTO : 0;
+  c->reply_min = FP4IDX_CLIENT_REPLY_REGION_DEFAULT;
   return c;
 }
 
@@ -119,6 +120,7 @@ void fp4idx__client_disconnect(fp4idx_client_t *c) {
   c->fd = -1;
   c->max_frame = 0;
   c->sent_us = 0; /* no reply awaited on the next connection */
+  fp4idx__client_reply_forget(c); /* the daemon released it with the connection */
 }
 
 void fp4idx_client_close(fp4idx_client_t *c) {

@@ -145,6 +145,22 @@ fp4idx_status_t fp4idx_client_set_timeout(fp4idx_client_t *c, int timeout_ms);
  * FP4IDX_CLIENT_BUSY_POLL_AUTO nor within 0..1000000). */
 fp4idx_status_t fp4idx_client_set_busy_poll(fp4idx_client_t *c, int us);
 
+/* fp4idx_client_topk's results of at least this many bytes (4 rows of
+ * top-512 and up) come back through the connection's reply region. */
+#define FP4IDX_CLIENT_REPLY_REGION_DEFAULT ((size_t)16 << 10)
+
+/* Sets the smallest result (bytes of positions, logits and counts) that
+ * fp4idx_client_topk receives through the connection's reply region rather
+ * than the socket: a host region (sealed memfd, PROTOCOL.md "Regions") the
+ * client registers at the first such call and keeps for the connection,
+ * into which the daemon's copy of the results lands; the socket then
+ * carries only the reply's header. 0: always the socket (and a reply
+ * region held now is released). A new client starts at
+ * FP4IDX_CLIENT_REPLY_REGION_DEFAULT.
+ * Returns: FP4IDX_OK; FP4IDX_EINVAL (c NULL); the errors of a region
+ *   release (min_bytes 0 with a region held: the setting still applies). */
+fp4idx_status_t fp4idx_client_set_reply_region(fp4idx_client_t *c, size_t min_bytes);
+
 /* Returns 1 when c holds an open connection, else 0. */
 int fp4idx_client_connected(const fp4idx_client_t *c);
 
@@ -342,7 +358,13 @@ fp4idx_status_t fp4idx_client_score_into(fp4idx_client_t *c, uint64_t seq,
  *   room for R*k values each (required); counts: room for R (may be NULL).
  * Returns: FP4IDX_OK with [R,k] pairs per row (see fp4idx_client_result_t);
  *   else as fp4idx_client_score. Received in place like
- *   fp4idx_client_score_into (partly written after a connection error). */
+ *   fp4idx_client_score_into (partly written after a connection error).
+ * Results of at least the reply-region size (fp4idx_client_set_reply_region;
+ * 16 KiB by default) come back through a host region that the client
+ * creates for the connection (and grows, up to 64 MiB), then are copied
+ * into the caller's buffers: the same values, with no result bytes on the
+ * socket; where no region can be had (memfd, mmap or the daemon's region
+ * limits), this and later calls use the socket. */
 fp4idx_status_t fp4idx_client_topk(fp4idx_client_t *c, uint64_t seq,
                                    uint32_t heads, uint32_t rows,
                                    const uint16_t *q, const uint16_t *w,

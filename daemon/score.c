@@ -426,10 +426,16 @@ static int fp4idx__score_submit(fp4idx_daemon_t *d, fp4idx_score_job_t **jobs, i
                                       .topk_pos = pos, .topk_val = val, .topk_count = count,
                                       .timing = &l->timing, .outputs_on_device = on_device,
                                       .input_error = &l->input_error,
-                                      /* [pos | val | count] of mem */
-                                      .topk_one_buffer = k && staged && pos == (int32_t *)mem &&
-                                                         val == (float *)(mem + at_val) &&
-                                                         count == (int32_t *)(mem + at_cnt)};
+                                      /* [pos | val | count] of mem, or of a host
+                                       * region with no gap between them (the
+                                       * client's reply region) */
+                                      .topk_one_buffer =
+                                          k && !on_device &&
+                                          ((staged && pos == (int32_t *)mem &&
+                                            val == (float *)(mem + at_val) &&
+                                            count == (int32_t *)(mem + at_cnt)) ||
+                                           (!staged && (uint8_t *)val == (uint8_t *)pos + kk &&
+                                            (uint8_t *)count == (uint8_t *)val + kk))};
   if (n == 1 && jobs[0]->done_word) {
     jobs[0]->done_written = 0;
     l->batch.done_word = jobs[0]->done_word;

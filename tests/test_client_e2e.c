@@ -533,6 +533,88 @@ Test(e2e, timeout_on_a_stopped_daemon) {
   fp4idx_client_close(c);
 }
 
+/* Bytes the daemon has sent so far (its stats, this connection's stats
+ * call included). */
+static uint64_t response_bytes(fp4idx_client_t *c) {
+  fp4idx_client_stats_t *st = NULL;
+  CHECK(c, fp4idx_client_stats(c, &st));
+  uint64_t b = st->response_bytes;
+  fp4idx_client_free(st);
+  return b;
+}
+
+/* fp4idx_client_topk through the connection's reply region (the default
+ * for results of 16 KiB and more) gives the socket's bytes; the results
+ * then do not cross the socket; the region grows for a larger k, comes back
+ * after a reconnect, and is given up with fp4idx_client_set_reply_region(0);
+ * errors are the socket's. */
+Test(e2e, topk_through_the_reply_region_equals_the_socket) {
+  golden_t g;
+  golden_load(&g, "gauss_h64", 64);
+  fp4idx_client_t *c = open_client(), *plain = open_client();
+  CHECK(plain, fp4idx_client_set_reply_region(plain, 0));
+  golden_append(c, 5, &g);
+  static const uint32_t ks[] = {16, 2048, 1200, 4096, 2048};
+  for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+    uint32_t k = ks[i];
+    size_t m = (size_t)g.rows * k, bytes = m * 8 + (size_t)g.rows * 4;
+    int32_t *pos = malloc(m * 4), *cnt = malloc((size_t)g.rows * 4);
+    int32_t *rpos = malloc(m * 4), *rcnt = malloc((size_t)g.rows * 4);
+    float *val = malloc(m * 4), *rval = malloc(m * 4);
+    memset(pos, 0x5a, m * 4);
+    memset(val, 0x5a, m * 4);
+    memset(cnt, 0x5a, (size_t)g.rows * 4);
+    if (i == 3) { /* a new connection: a new region */
+      fp4idx_client_close(c);
+      c = open_client();
+    }
+    uint64_t b0 = response_bytes(c);
+    CHECK(c, fp4idx_client_topk(c, 5, 64, (uint32_t)g.rows, g.q, g.w, g.lens, k, pos, val,
+                                cnt));
+    uint64_t sent = response_bytes(c) - b0;
+    CHECK(plain, fp4idx_client_topk(plain, 5, 64, (uint32_t)g.rows, g.q, g.w, g.lens, k, rpos,
+                                    rval, rcnt));
+    cr_expect_eq(memcmp(pos, rpos, m * 4), 0, "k %u: positions differ", k);
+    cr_expect_eq(memcmp(val, rval, m * 4), 0, "k %u: logits differ", k);
+    cr_expect_eq(memcmp(cnt, rcnt, (size_t)g.rows * 4), 0, "k %u: counts differ", k);
+    /* `sent` holds the first stats call's own reply too (~10 kB): the
+     * results of these k take 38-131 kB */
+    if (bytes >= FP4IDX_CLIENT_REPLY_REGION_DEFAULT)
+      cr_expect_lt(sent, bytes / 2, "k %u: %llu bytes through the socket", k,
+                   (unsigned long long)sent);
+    else
+      cr_expect_geq(sent, bytes, "k %u: small results come by the socket", k);
+    free(pos), free(cnt), free(rpos), free(rcnt), free(val), free(rval);
+  }
+  /* errors as the socket gives them, and the connection stays usable */
+  size_t m = (size_t)g.rows * 2048;
+  int32_t *pos = malloc(m * 4);
+  float *val = malloc(m * 4);
+  cr_expect_eq(fp4idx_client_topk(c, 999, 64, (uint32_t)g.rows, g.q, g.w, g.lens, 2048, pos, val,
+                                  NULL),
+               FP4IDX_ENOSEQ);
+  cr_expect_eq(fp4idx_client_topk(plain, 999, 64, (uint32_t)g.rows, g.q, g.w, g.lens, 2048, pos,
+                                  val, NULL),
+               FP4IDX_ENOSEQ);
+  cr_expect_str_eq(fp4idx_client_last_error(c), fp4idx_client_last_error(plain));
+  uint16_t bad = g.q[0];
+  g.q[0] = 0x7fc0; /* a NaN in q */
+  cr_expect_eq(fp4idx_client_topk(c, 5, 64, (uint32_t)g.rows, g.q, g.w, g.lens, 2048, pos, val,
+                                  NULL),
+               FP4IDX_ENONFINITE);
+  g.q[0] = bad;
+  /* no reply region: the results come by the socket again */
+  CHECK(c, fp4idx_client_set_reply_region(c, 0));
+  uint64_t b0 = response_bytes(c);
+  CHECK(c, fp4idx_client_topk(c, 5, 64, (uint32_t)g.rows, g.q, g.w, g.lens, 2048, pos, val,
+                              NULL));
+  cr_expect_geq(response_bytes(c) - b0, m * 8, "set_reply_region(0): the socket");
+  free(pos), free(val);
+  fp4idx_client_close(c);
+  fp4idx_client_close(plain);
+  golden_free(&g);
+}
+
 TestSuite(e2e_small_frame, .init = start_small_frame, .fini = stop);
 
 Test(e2e_small_frame, oversized_request_is_e2big) {

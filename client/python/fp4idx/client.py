@@ -26,6 +26,14 @@ _SMALL = 4096  # bodies below this are joined to their header for one send
 BUSY_POLL_DEFAULT_US = 50
 BUSY_POLL_AUTO = -1
 BUSY_POLL_AUTO_MAX_US = 500
+# topk's results of at least REPLY_REGION_DEFAULT bytes come back through
+# the connection's reply region (libfp4idx-client's
+# FP4IDX_CLIENT_REPLY_REGION_DEFAULT): a host region made at the first such
+# call, grown in steps of _REPLY_GRAIN up to _REPLY_MAX (larger results
+# stay on the socket).
+REPLY_REGION_DEFAULT = 16 << 10
+_REPLY_GRAIN = 64 << 10
+_REPLY_MAX = 64 << 20
 
 
 def spin_window(setting, recent_us):
@@ -55,6 +63,14 @@ class Client(Methods, Scan):
     each wait for the socket of a call (connect, every send and receive),
     and the whole exchange of a pipeline.
 
+    reply_region: topk's results of at least this many bytes (positions,
+    logits and counts; 0: never) come back through a host region the client
+    registers for the connection at the first such call (and grows, up to
+    64 MiB; one of the connection's regions), then are copied into the
+    returned arrays: the same values, with no result bytes on the socket.
+    Where no region can be had (the daemon's region limits, no memfd), the
+    socket from then on.
+
     busy_poll_us: how long each wait for a reply polls the socket before
     the thread sleeps: us (0: sleep at once), or BUSY_POLL_AUTO (-1: about
     one and a half times this connection's recent waits, 50..500 us, see
@@ -72,7 +88,8 @@ class Client(Methods, Scan):
     may not have been applied, as for any lost reply).
     """
 
-    def __init__(self, socket=None, timeout=None, busy_poll_us=None):
+    def __init__(self, socket=None, timeout=None, busy_poll_us=None,
+                 reply_region=REPLY_REGION_DEFAULT):
         self.socket_path = socket if socket is not None else wire.default_socket()
         self.timeout = timeout
         if busy_poll_us is None:
@@ -83,6 +100,11 @@ class Client(Methods, Scan):
                                     f"BUSY_POLL_AUTO (-1), got {busy_poll_us!r}")
         self.busy_poll_us = busy_poll_us
         self._spin_recent = 0  # recent waits for a reply, us (spin_learn)
+        if isinstance(reply_region, bool) or not isinstance(reply_region, int) or \
+                reply_region < 0:
+            raise BY_NAME["EINVAL"](f"reply_region must be an int >= 0, got {reply_region!r}")
+        self.reply_region = reply_region
+        self._reply = None  # the reply region (a Region), once made
         self._poll = None  # the socket's poll(0), for the busy poll
         self._sock = None
         self._enc = wire.Encoder()
@@ -203,6 +225,44 @@ class Client(Methods, Scan):
         connection errors."""
         bind = _channel._bindings(self._regions, region, q, w, lens, out)
         return _channel.Channel(self, stream, bind, slots)
+
+    def topk(self, seq, q, w, k, lens=None, mask=None, out=None):
+        """As Methods.topk; without out=, large results come back through the
+        connection's reply region (reply_region)."""
+        shape = getattr(q, "shape", None)
+        if out is None and self.reply_region and isinstance(k, int) and k > 0 and \
+                shape is not None and len(shape) == 3 and shape[0] > 0:
+            rows = int(shape[0])
+            kk = rows * k * 4
+            nbytes = 2 * kk + rows * 4
+            if self.reply_region <= nbytes <= _REPLY_MAX:
+                r = self._reply_region(nbytes)
+                if r is not None:
+                    res = (r.array("int32", (rows, k), 0), r.array("float32", (rows, k), kk),
+                           r.array("int32", (rows,), 2 * kk))
+                    pos, val, cnt = Methods.topk(self, seq, q, w, k, lens, mask, out=res)
+                    return pos.copy(), val.copy(), cnt.copy()
+        return Methods.topk(self, seq, q, w, k, lens, mask, out)
+
+    def _reply_region(self, nbytes):
+        """The reply region with room for nbytes (made or grown), or None
+        where none can be had (reply_region is then 0)."""
+        r = self._reply
+        if r is not None and not r.closed and r.size >= nbytes:
+            return r
+        size = max(nbytes, 2 * r.size if r is not None else 0)
+        size = min((size + _REPLY_GRAIN - 1) // _REPLY_GRAIN * _REPLY_GRAIN, _REPLY_MAX)
+        self._reply = None
+        if r is not None and not r.closed:
+            r.close()
+        try:
+            self._reply = self.region(size)
+        except Error:
+            if self._sock is None:
+                raise  # the connection is gone: as the socket's call would
+            self.reply_region = 0
+            return None
+        return self._reply
 
     def _unregister(self, rid):
         if self._sock is None:  # the connection closed: the daemon let go already
