@@ -186,3 +186,55 @@ Test(cuda_regions, device_buffers_equal_the_cpu_backend) {
   free(keys), free(q), free(w), free(ref), free(got), free(pos), free(cnt), free(val), free(top);
   stop_all();
 }
+
+/* fp4idx_client_topk's reply region on the CUDA daemon (its results
+ * downloaded by one copy into the client's host region, [pos | val |
+ * count] with no gap) and a host region with gaps between the three (three
+ * copies) give the CPU backend's bytes through the socket. */
+Test(cuda_regions, reply_region_topk_equals_the_cpu_backend) {
+  if (!have_gpu()) cr_skip_test("no CUDA device");
+  start_gpu();
+  enum { N = 100000, R = 4, H = 32 };
+  fp4idx_client_t *g = open_client(&gpu_), *c = open_client(&cpu_);
+  CHECK(c, fp4idx_client_set_reply_region(c, 0));
+  uint16_t *keys = make_bf16((size_t)N * 128, 4, -12, 12, 4);
+  uint16_t *q = make_bf16((size_t)R * H * 128, 5, -8, 8, 8);
+  uint16_t *w = make_bf16((size_t)R * H, 6, 0, 8, 8);
+  int32_t lens[R] = {N, N - 3, 700, N / 2};
+  CHECK(g, fp4idx_client_append_bf16(g, 1, keys, N, FP4IDX_ROUNDING_RNE, NULL, NULL));
+  CHECK(c, fp4idx_client_append_bf16(c, 1, keys, N, FP4IDX_ROUNDING_RNE, NULL, NULL));
+  static const uint32_t ks[] = {16, 512, 2048, 4096, 1024};
+  for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+    const uint32_t K = ks[i];
+    const size_t kk = (size_t)R * K * 4;
+    int32_t *pos = malloc(kk), *cnt = malloc(R * 4), *rpos = malloc(kk), *rcnt = malloc(R * 4);
+    float *val = malloc(kk), *rval = malloc(kk);
+    CHECK(c, fp4idx_client_topk(c, 1, H, R, q, w, lens, K, rpos, rval, rcnt));
+    CHECK(g, fp4idx_client_topk(g, 1, H, R, q, w, lens, K, pos, val, cnt));
+    cr_expect_eq(memcmp(pos, rpos, kk), 0, "k %u: positions differ", K);
+    cr_expect_eq(memcmp(val, rval, kk), 0, "k %u: logits differ", K);
+    cr_expect_eq(memcmp(cnt, rcnt, R * 4), 0, "k %u: counts differ", K);
+    /* gaps between the outputs: three copies, the gaps untouched */
+    const size_t vo = kk + 256, co = vo + kk + 1024, hb = co + R * 4 + 256;
+    uint64_t rh = 0;
+    void *hmem = NULL;
+    CHECK(g, fp4idx_client_region_create(g, hb, &rh, &hmem));
+    memset(hmem, 0x77, hb);
+    CHECK(g, fp4idx_client_topk_region(g, 1, H, R, q, w, lens, K, rh, 0, vo, co));
+    const unsigned char *h = hmem;
+    cr_expect_eq(memcmp(h, rpos, kk), 0, "k %u: positions in a region differ", K);
+    cr_expect_eq(memcmp(h + vo, rval, kk), 0, "k %u: logits in a region differ", K);
+    cr_expect_eq(memcmp(h + co, rcnt, R * 4), 0, "k %u: counts in a region differ", K);
+    for (size_t b = kk; b < vo; b++) cr_assert_eq(h[b], 0x77, "k %u: gap byte %zu written", K, b);
+    for (size_t b = vo + kk; b < co; b++)
+      cr_assert_eq(h[b], 0x77, "k %u: gap byte %zu written", K, b);
+    for (size_t b = co + R * 4; b < hb; b++)
+      cr_assert_eq(h[b], 0x77, "k %u: byte %zu past the counts written", K, b);
+    CHECK(g, fp4idx_client_region_destroy(g, rh, hmem, hb));
+    free(pos), free(cnt), free(rpos), free(rcnt), free(val), free(rval);
+  }
+  fp4idx_client_close(g);
+  fp4idx_client_close(c);
+  free(keys), free(q), free(w);
+  stop_all();
+}
