@@ -37,10 +37,16 @@ fp4idx_status_t fp4idx__client_reply_region(fp4idx_client_t *c, size_t bytes, vo
     size = (size + FP4IDX__CLIENT_REPLY_REGION_GRAIN - 1) & ~(FP4IDX__CLIENT_REPLY_REGION_GRAIN - 1);
     if (size > FP4IDX__CLIENT_REPLY_REGION_MAX) size = FP4IDX__CLIENT_REPLY_REGION_MAX;
     if (c->reply_id != 0) { /* too small: released before the larger one is made */
-      fp4idx_status_t st =
-          fp4idx_client_region_destroy(c, c->reply_id, c->reply_ptr, c->reply_size);
-      c->reply_ptr = NULL; /* unmapped either way */
-      fp4idx__client_reply_forget(c);
+      const uint64_t old = c->reply_id;
+      void *op = c->reply_ptr;
+      const size_t os = c->reply_size;
+      /* forgotten first: an unregister that loses the connection must not
+       * unmap it a second time (disconnect forgets the reply region) */
+      c->reply_id = 0;
+      c->reply_ptr = NULL;
+      c->reply_size = 0;
+      fp4idx_status_t st = fp4idx_client_region_unregister(c, old);
+      munmap(op, os);
       if (st != FP4IDX_OK) return st;
     }
     uint64_t rid = 0;

@@ -545,8 +545,8 @@ static uint64_t response_bytes(fp4idx_client_t *c) {
 
 /* fp4idx_client_topk through the connection's reply region (the default
  * for results of 16 KiB and more) gives the socket's bytes; the results
- * then do not cross the socket; the region grows for a larger k, comes back
- * after a reconnect, and is given up with fp4idx_client_set_reply_region(0);
+ * then do not cross the socket; the region grows for a larger k (released
+ * and made again), comes back after a reconnect, and is given up with fp4idx_client_set_reply_region(0);
  * errors are the socket's. */
 Test(e2e, topk_through_the_reply_region_equals_the_socket) {
   golden_t g;
@@ -554,7 +554,7 @@ Test(e2e, topk_through_the_reply_region_equals_the_socket) {
   fp4idx_client_t *c = open_client(), *plain = open_client();
   CHECK(plain, fp4idx_client_set_reply_region(plain, 0));
   golden_append(c, 5, &g);
-  static const uint32_t ks[] = {16, 2048, 1200, 4096, 2048};
+  static const uint32_t ks[] = {16, 2048, 1200, 4096, 2048, 4096};
   for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
     uint32_t k = ks[i];
     size_t m = (size_t)g.rows * k, bytes = m * 8 + (size_t)g.rows * 4;
@@ -564,7 +564,7 @@ Test(e2e, topk_through_the_reply_region_equals_the_socket) {
     memset(pos, 0x5a, m * 4);
     memset(val, 0x5a, m * 4);
     memset(cnt, 0x5a, (size_t)g.rows * 4);
-    if (i == 3) { /* a new connection: a new region */
+    if (i == 4) { /* a new connection: a new region (k 4096 grew the last one) */
       fp4idx_client_close(c);
       c = open_client();
     }

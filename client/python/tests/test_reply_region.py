@@ -24,8 +24,11 @@ def test_topk_through_the_reply_region_equals_the_socket(daemon, seq):
             fp4idx.Client(daemon.socket, timeout=60, reply_region=0) as plain:
         assert c.reply_region == client_mod.REPLY_REGION_DEFAULT == 16 << 10
         c.append(s, keys)
-        for i, k in enumerate((16, 2048, 1200, 4096, 2048)):
+        for i, k in enumerate((16, 2048, 1200, 4096, 2048, 4096)):
             if i == 3:
+                small = c._reply                   # k 4096 outgrows it
+            if i == 4:
+                assert small.closed and c._reply is not small
                 c.close()                          # a new connection: a new region
             b0 = _sent(c)
             got = c.topk(s, q, w, k, lens=lens)
