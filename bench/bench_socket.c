@@ -103,6 +103,7 @@ typedef struct opts_s {
 
 static FILE *g_csv;
 static int g_client_busy_us = -1; /* --client-busy-poll: fp4idx_client_set_busy_poll; -1: the library's default */
+static long g_reply_region = -1;  /* --reply-region: fp4idx_client_set_reply_region; -1: the library's default */
 
 static double median3(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -688,6 +689,7 @@ static void *conc_main(void *arg) {
   for (size_t i = 0; i < sizeof w / 2; i++) w[i] = bf16_of(0.5f);
   if (!c || !pos || !val || fp4idx_client_set_timeout(c, 600000) ||
       (g_client_busy_us >= 0 && fp4idx_client_set_busy_poll(c, g_client_busy_us)) ||
+      (g_reply_region >= 0 && fp4idx_client_set_reply_region(c, (size_t)g_reply_region)) ||
       fp4idx_client_connect(c, t->sock))
     t->failed = 1;
   if (!t->failed) /* warm-up */
@@ -894,7 +896,10 @@ static void usage(FILE *f) {
           "  --region-cuda    (e) also into CUDA regions (the daemon must run CUDA)\n"
           "  --client-busy-poll US  every client polls its socket US us before\n"
           "                   sleeping (fp4idx_client_set_busy_poll; default: the\n"
-          "                   library's, FP4IDX_CLIENT_BUSY_POLL_DEFAULT_US on 4+ CPUs)\n");
+          "                   library's automatic window on 4+ CPUs)\n"
+          "  --reply-region B every client takes top-k results of B bytes and more\n"
+          "                   through its reply region (fp4idx_client_set_reply_region;\n"
+          "                   0: the socket; default: the library's, 16 KiB)\n");
 }
 
 int main(int argc, char **argv) {
@@ -922,6 +927,7 @@ int main(int argc, char **argv) {
                                      {"region-ctx", required_argument, NULL, 7},
                                      {"region-cuda", no_argument, NULL, 8},
                                      {"client-busy-poll", required_argument, NULL, 9},
+                                     {"reply-region", required_argument, NULL, 10},
                                      {NULL, 0, NULL, 0}};
   int opt, bad = 0;
   o.daemon = getenv("FP4IDXD") && *getenv("FP4IDXD") ? getenv("FP4IDXD") : FP4IDXD_PATH;
@@ -950,12 +956,14 @@ int main(int argc, char **argv) {
     case 7: o.region_ctx = atol(optarg); break;
     case 8: o.region_cuda = 1; break;
     case 9: g_client_busy_us = atoi(optarg); break;
+    case 10: g_reply_region = atol(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
   }
   for (int i = 0; i < o.nclients; i++) bad |= o.clients[i] < 1 || o.clients[i] > 1024;
   bad |= g_client_busy_us < -1 || g_client_busy_us > 1000000;
+  bad |= g_reply_region < -1;
   for (int i = 0; i < o.nctx; i++) bad |= o.ctx[i] < 1;
   if (bad || o.iters < 1 || o.warmup < 0 || o.append_keys < 1 || o.big_iters < 1 ||
       o.big_iters > 100000 || o.conc_calls < 1 || o.conc_ctx < 1 || o.conc_topk < 1 ||
@@ -999,6 +1007,7 @@ int main(int argc, char **argv) {
   if (!c) goto fail;
   CHECK(fp4idx_client_set_timeout(c, 600000));
   if (g_client_busy_us >= 0) CHECK(fp4idx_client_set_busy_poll(c, g_client_busy_us));
+  if (g_reply_region >= 0) CHECK(fp4idx_client_set_reply_region(c, (size_t)g_reply_region));
   CHECK(fp4idx_client_connect(c, o.sock));
   o.daemon_pid = bench_threads_peer(o.sock);
   CHECK(fp4idx_client_info(c, &info));
