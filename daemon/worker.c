@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "worker.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -158,10 +160,13 @@ static void *fp4idx__worker_main(void *arg) {
       w->batches++;
       w->batched_jobs += (uint64_t)n;
     }
+    static int x_collect_first = -1; /* experiment: X_COLLECT_FIRST=1 ends the previous run first */
+    if (x_collect_first < 0) x_collect_first = getenv("X_COLLECT_FIRST") != NULL;
     if (first->batch && first->batch_begin) {
       /* begin this one, then end the previous: its device work ran under
        * this one's preparation */
       R->end = first->batch_end;
+      if (x_collect_first && prev) fp4idx__worker_end(w, &prev);
       R->state = first->batch_begin(R->jobs, n);
       if (prev) fp4idx__worker_end(w, &prev);
       if (R->state)
@@ -271,6 +276,9 @@ void fp4idx__worker_stop(fp4idx_worker_t *w) {
   pthread_cond_signal(&w->cv);
   pthread_mutex_unlock(&w->mu);
   pthread_join(w->thread, NULL);
+  if (getenv("X_BATCH_LOG")) /* experiment: the runs' mean size */
+    fprintf(stderr, "X worker batches %llu jobs %llu\n", (unsigned long long)w->batches,
+            (unsigned long long)w->batched_jobs);
   w->started = 0;
   fp4idx__worker_drain_done(w);
   uv_close((uv_handle_t *)&w->async, NULL);
