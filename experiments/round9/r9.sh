@@ -79,21 +79,22 @@ if command -v perf > /dev/null; then
   perf report -i $L/perf.data --stdio --no-children --sort comm 2>/dev/null | grep -v '^#' | grep -v '^$' | head -20 >> $S
   grep -a -E '^    32 ' $L/perfb.log >> $S
   rm -f $L/perf.data
-elif command -v gdb > /dev/null; then
-  # no perf: the worker's and the loop's stacks sampled by gdb (poor man's profiler)
+elif command -v cuda-gdb > /dev/null; then
+  # no perf (nor gdb) on these machines: the daemon's thread stacks sampled by
+  # cuda-gdb attaching (it debugs host code too), a poor man's profiler
   $D --backend cuda --socket /tmp/p8.sock --cache-bytes 24G > $L/perfd.log 2>&1 &
   DP=$!
   for i in $(seq 100); do [ -S /tmp/p8.sock ] && break; sleep 0.1; done
   timeout 120 $C -s /tmp/p8.sock --sections d --clients 32 --conc-calls 3000 -r 3 --local none > $L/perfb.log 2>&1 &
   BP=$!
   sleep 1.5
-  for i in $(seq 40); do
-    timeout 10 gdb -p $DP -batch -ex "thread apply all bt 12" >> $L/gdb.txt 2>/dev/null
+  for i in $(seq 20); do
+    timeout 10 cuda-gdb -p $DP -batch -ex "thread apply all bt 12" >> $L/gdb.txt 2>/dev/null
   done
   wait $BP
   kill $DP; wait $DP
-  echo "no perf; gdb samples in gdb.txt: $(grep -c '^Thread' $L/gdb.txt) thread stacks" >> $S
+  echo "no perf; cuda-gdb samples in gdb.txt: $(grep -c '^Thread' $L/gdb.txt) thread stacks" >> $S
 else
-  echo "no perf, no gdb" >> $S
+  echo "no perf, no cuda-gdb" >> $S
 fi
 snap; cat $S
