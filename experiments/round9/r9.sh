@@ -82,7 +82,7 @@ if command -v perf > /dev/null; then
 elif command -v cuda-gdb > /dev/null; then
   # no perf (nor gdb) on these machines: the daemon's thread stacks sampled by
   # cuda-gdb attaching (it debugs host code too), a poor man's profiler
-  $D --backend cuda --socket /tmp/p8.sock --cache-bytes 24G > $L/perfd.log 2>&1 &
+  $PWD/rr/fp4idxd --backend cuda --socket /tmp/p8.sock --cache-bytes 24G > $L/perfd.log 2>&1 &
   DP=$!
   for i in $(seq 100); do [ -S /tmp/p8.sock ] && break; sleep 0.1; done
   timeout 120 $C -s /tmp/p8.sock --sections d --clients 32 --conc-calls 3000 -r 3 --local none > $L/perfb.log 2>&1 &
