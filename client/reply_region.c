@@ -5,8 +5,9 @@
  * daemon's device-to-host copy lands in it, the socket carries only the
  * reply's header, and the caller's arrays are filled by one memcpy: the
  * socket's two copies of the results through the kernel, and the daemon's
- * write of them, are gone (H100, 400,000 keys top-2048: 110 us into a host
- * region against 125 through the socket, docs/RESULTS.md). */
+ * write of them, are gone (H100, 400,000 keys top-2048, two runs: 110 and
+ * 121 us into a host region against 125 and 141 through the socket,
+ * docs/RESULTS.md). */
 #define _GNU_SOURCE
 #include <stddef.h>
 #include <stdint.h>
