@@ -615,6 +615,43 @@ Test(e2e, topk_through_the_reply_region_equals_the_socket) {
   golden_free(&g);
 }
 
+/* A connection that already holds the daemon's 16 regions gets no reply
+ * region: the top-k comes through the socket, right, and later calls stay
+ * there (no new register attempt per call). */
+Test(e2e, topk_without_room_for_a_reply_region_uses_the_socket) {
+  golden_t g;
+  golden_load(&g, "gauss_h64", 64);
+  fp4idx_client_t *c = open_client(), *plain = open_client();
+  CHECK(plain, fp4idx_client_set_reply_region(plain, 0));
+  golden_append(c, 6, &g);
+  uint64_t ids[16];
+  void *ptrs[16];
+  for (int i = 0; i < 16; i++) CHECK(c, fp4idx_client_region_create(c, 4096, &ids[i], &ptrs[i]));
+  const uint32_t k = 2048;
+  size_t m = (size_t)g.rows * k;
+  int32_t *pos = malloc(m * 4), *rpos = malloc(m * 4);
+  float *val = malloc(m * 4), *rval = malloc(m * 4);
+  for (int call = 0; call < 2; call++) {
+    uint64_t b0 = response_bytes(c);
+    CHECK(c, fp4idx_client_topk(c, 6, 64, (uint32_t)g.rows, g.q, g.w, g.lens, k, pos, val, NULL));
+    cr_expect_geq(response_bytes(c) - b0, m * 8, "call %d: the results by the socket", call);
+  }
+  CHECK(plain, fp4idx_client_topk(plain, 6, 64, (uint32_t)g.rows, g.q, g.w, g.lens, k, rpos, rval,
+                                  NULL));
+  cr_expect_eq(memcmp(pos, rpos, m * 4), 0, "positions differ");
+  cr_expect_eq(memcmp(val, rval, m * 4), 0, "logits differ");
+  /* the region refused, the client does not ask again: still 16 regions */
+  fp4idx_client_stats_t *st = NULL;
+  CHECK(c, fp4idx_client_stats(c, &st));
+  cr_expect_eq(st->status_errors[-FP4IDX_E2BIG], 1, "one refused register, not one per call");
+  fp4idx_client_free(st);
+  for (int i = 0; i < 16; i++) CHECK(c, fp4idx_client_region_destroy(c, ids[i], ptrs[i], 4096));
+  free(pos), free(rpos), free(val), free(rval);
+  fp4idx_client_close(c);
+  fp4idx_client_close(plain);
+  golden_free(&g);
+}
+
 TestSuite(e2e_small_frame, .init = start_small_frame, .fini = stop);
 
 Test(e2e_small_frame, oversized_request_is_e2big) {
