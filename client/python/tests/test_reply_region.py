@@ -59,3 +59,25 @@ def test_topk_through_the_reply_region_equals_the_socket(daemon, seq):
         assert c.topk(s, q, w, 2048, lens=lens)[2].tolist() == [2048, 2048, 2048, 17]
     with pytest.raises(fp4idx.InvalidArgument, match="reply_region"):
         fp4idx.Client(daemon.socket, reply_region=-1)
+
+
+def test_no_room_for_a_reply_region_uses_the_socket(daemon, seq):
+    """A connection holding the daemon's 16 regions: topk by the socket,
+    right, and reply_region drops to 0 (no register attempt per call)."""
+    rng = np.random.default_rng(12)
+    s = seq()
+    q = fp4idx.bf16_bits(rng.standard_normal((4, 16, 128), dtype=np.float32))
+    w = fp4idx.bf16_bits(rng.random((4, 16), dtype=np.float32))
+    with fp4idx.Client(daemon.socket, timeout=60) as c, \
+            fp4idx.Client(daemon.socket, timeout=60, reply_region=0) as plain:
+        c.append(s, rng.standard_normal((3000, 128), dtype=np.float32))
+        held = [c.region(4096) for _ in range(16)]
+        for _ in range(2):
+            b0 = _sent(c)
+            got = c.topk(s, q, w, 2048)
+            assert _sent(c) - b0 >= 4 * 2048 * 8
+        assert c.reply_region == 0
+        want = plain.topk(s, q, w, 2048)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
+        for r in held:
+            r.close()
